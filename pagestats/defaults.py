@@ -1,0 +1,71 @@
+"""Every default that encodes a choice of the PAGE paper, in one place.
+
+Each constant cites where the paper fixes it. Outputs (manifests, report indexes)
+record the values they were computed with, so change them here and nowhere else.
+"""
+
+from __future__ import annotations
+
+#: Observation window: the last ``w`` prompt rows are averaged (§3, "Head-Agreement Drop D").
+WINDOW = 32
+#: Top-k key set size used by the agreement a_ℓ (§3, Eq. 3; App. A.3.1).
+TOP_K = 32
+#: Top-k indices stored per (layer, head) so any k ≤ k_max replays offline (DESIGN §3).
+K_MAX = 128
+#: Fraction of layers in each of the early/late bins (§3: "binning the L layers into thirds").
+BIN_FRACTION = 1.0 / 3.0
+#: Bin convention: "deployed" = equal-size bins early=[0,⌊fL⌋), late=[L−⌊fL⌋, L) (App. F);
+#: "strict" = strict thirds, late=[⌊(1−f)L⌋, L) (Table 24).
+BIN_CONVENTION = "deployed"
+#: Fixed gate threshold (§3 "Calibration", Table 8).
+TAU = 0.07
+#: z-scored gate: τ_M = μ_M + θ_z σ_M (App. A.3.4, "Architecture-normalized variant").
+THETA_Z = -0.69
+#: Unlabelled pilot size per model for the z-scored gate (§3 "Calibration": ~100 inputs).
+PILOT_N = 100
+#: Inputs per class for the 40-input midpoint recipe (App. A.3.4, Eq. 5).
+MIDPOINT_N = 20
+#: Pre-registered dilution-prone threshold on ρ (§3, Eq. 1).
+RHO_THRESHOLD = 0.05
+#: Nominal budgets (§4 "Setup", Table 2; 1.0 is the full-cache audit arm).
+BUDGETS = (0.0625, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0)
+#: Protected positions: first n_sink and last n_recent prompt tokens (§3 "Algorithm", App. F).
+N_SINK = 4
+N_RECENT = 32
+#: Base evictors of the headline matrix (§4, Table 2).
+EVICTORS = ("snapkv", "h2o", "streamingllm", "pyramidkv")
+#: Statistics (App. A.7.2, Table 28).
+CONFIDENCE_LEVEL = 0.95
+N_BOOTSTRAP = 10_000
+FDR_Q = 0.05
+#: Task classes are data; these are only the defaults (§4 "The partition", Table 3).
+CAPACITY_BOUND = "capacity-bound"
+DILUTION_PRONE = "dilution-prone"
+DEFAULT_CAPACITY_BOUND_TASKS = ("niah_multikey_3", "niah_multiquery")
+RULER_TASKS = (
+    "niah_single_1",
+    "niah_multikey_1",
+    "niah_multikey_2",
+    "niah_multikey_3",
+    "niah_multivalue",
+    "niah_multiquery",
+    "vt",
+    "cwe",
+    "fwe",
+    "qa_1",
+    "qa_2",
+)
+
+
+def default_task_class(task: str) -> str:
+    """Class of ``task`` under the default partition (capacity-bound or dilution-prone)."""
+    return CAPACITY_BOUND if task in DEFAULT_CAPACITY_BOUND_TASKS else DILUTION_PRONE
+
+
+def as_dict() -> dict:
+    """The defaults as a plain dict, for recording in manifests and report indexes."""
+    return {
+        name.lower(): value
+        for name, value in globals().items()
+        if name.isupper() and isinstance(value, (int, float, str, tuple))
+    }

@@ -1,0 +1,201 @@
+"""Log schema v1: the contract between ``collectors`` (writer) and ``pagestats`` (reader).
+
+Declared once here, exactly as DESIGN §3, and imported by both halves. A *run* is a
+directory::
+
+    <run>/manifest.json        run-level metadata (``MANIFEST_KEYS``) and file hashes
+    <run>/inputs/*.parquet     one row per input                     (``INPUTS``)
+    <run>/outcomes/*.parquet   one row per (input, evictor, budget)  (``OUTCOMES``)
+    <run>/topk/*.parquet       optional per (input, layer, head) top-k_max key indices (``TOPK``)
+
+Types (DESIGN §3): ids, counts and lengths are int64; budgets, drops, scores and timings
+float64; text utf-8; ``signals`` a struct of float64 fields (may be absent). Readers accept
+any integer width for int columns and float32 for float columns, and reject anything else
+(:func:`type_problem`). Input identity is ``(run_id, task, input_id)`` (``INPUT_KEY``).
+
+Notes
+-----
+``pair_jaccard`` is layer-major: for layer ℓ and the pair (i, j), i < j, in lexicographic
+order, the value sits at ``ℓ·P + p`` with ``P = H(H−1)/2`` and ``p`` the pair's rank
+(:func:`pagestats.profile.pair_index`). ``agreement`` is a_ℓ (§3, Eq. 3 inputs) and ``drop``
+is D (Eq. 3) computed from the stored float32 ``agreement`` by
+:func:`pagestats.profile.drop_from_agreement`, so an offline replay of the logged defaults
+reproduces ``drop`` bit for bit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+#: Versions this reader can load (older ones are upgraded on read, see ``pagestats.io``).
+READABLE_VERSIONS = (1,)
+
+INPUT_KEY = ("run_id", "task", "input_id")
+OUTCOME_KEY = (*INPUT_KEY, "evictor", "budget")
+TOPK_KEY = (*INPUT_KEY, "layer", "head")
+
+# Kinds used by the type check: what the writer produces and what the reader accepts.
+INT = "int"  # int64 written; any integer width accepted
+FLOAT = "float"  # float64 written; float32 accepted
+STRING = "string"
+FLOAT_LIST = "list<float>"  # list<float32> written; list<float64> accepted
+INT_LIST = "list<int>"  # list<int32> written; any integer width accepted
+STRING_LIST = "list<string>"
+STRUCT = "struct<float>"  # struct of float64 fields
+
+
+@dataclass(frozen=True)
+class Column:
+    """One declared column: name, kind, writer's arrow type, and whether it may be absent."""
+
+    name: str
+    kind: str
+    arrow_type: pa.DataType
+    required: bool = True
+    doc: str = ""
+
+
+def _c(name, kind, arrow_type, doc="", required=True):
+    return Column(name, kind, arrow_type, required, doc)
+
+
+INPUTS: tuple[Column, ...] = (
+    _c("run_id", STRING, pa.string(), "run identifier (manifest run_id)"),
+    _c("model", STRING, pa.string(), "model name as in the manifest"),
+    _c("context_length", INT, pa.int64(), "target context length in tokens"),
+    _c("task", STRING, pa.string(), "RULER task name"),
+    _c("input_id", INT, pa.int64(), "index of the input within (run, task)"),
+    _c("draw", INT, pa.int64(), "seed of the input draw"),
+    _c("n_tokens", INT, pa.int64(), "prompt length T in tokens"),
+    _c("drop", FLOAT, pa.float64(), "D of Eq. 3 as the collector computed it"),
+    _c("agreement", FLOAT_LIST, pa.list_(pa.float32()), "a_ℓ per layer, length L"),
+    _c("pair_jaccard", FLOAT_LIST, pa.list_(pa.float32()), "layer-major pair Jaccards, L·H(H−1)/2"),
+    _c("signals", STRUCT, pa.struct([]), "other cheap prefill statistics", required=False),
+    _c("prompt", STRING, pa.string(), "exact text given to the tokenizer"),
+    _c("references", STRING_LIST, pa.list_(pa.string()), "reference answers"),
+    _c("full_prediction", STRING, pa.string(), "full-KV generation"),
+    _c("full_score", FLOAT, pa.float64(), "full-KV score in [0, 1]"),
+    _c("prefill_ms", FLOAT, pa.float64(), "prefill wall time"),
+    _c("gate_ms", FLOAT, pa.float64(), "time to compute D from the window"),
+)
+
+OUTCOMES: tuple[Column, ...] = (
+    _c("run_id", STRING, pa.string()),
+    _c("task", STRING, pa.string()),
+    _c("input_id", INT, pa.int64()),
+    _c("evictor", STRING, pa.string(), "base evictor name"),
+    _c("budget", FLOAT, pa.float64(), "nominal budget b"),
+    _c("n_kept", INT, pa.int64(), "prompt positions retained"),
+    _c("prediction", STRING, pa.string(), "plain-eviction generation"),
+    _c("score", FLOAT, pa.float64(), "A(b, x) in [0, 1]"),
+    _c("decode_ms", FLOAT, pa.float64(), "decode wall time of this arm"),
+)
+
+TOPK: tuple[Column, ...] = (
+    _c("run_id", STRING, pa.string()),
+    _c("task", STRING, pa.string()),
+    _c("input_id", INT, pa.int64()),
+    _c("layer", INT, pa.int64()),
+    _c("head", INT, pa.int64(), "query head"),
+    _c("indices", INT_LIST, pa.list_(pa.int32()), "k_max key positions, descending score, ties → lower position"),
+)
+
+TABLES: dict[str, tuple[Column, ...]] = {"inputs": INPUTS, "outcomes": OUTCOMES, "topk": TOPK}
+#: Tables a run must have (topk is optional).
+REQUIRED_TABLES = ("inputs", "outcomes")
+
+MANIFEST_KEYS = (
+    "schema_version",
+    "run_id",
+    "created_at",
+    "model",
+    "device",
+    "context_length",
+    "tasks",
+    "evictors",
+    "budgets",
+    "gate",
+    "protection",
+    "seed",
+    "software",
+    "files",
+)
+MANIFEST_MODEL_KEYS = ("name", "n_layers", "n_heads", "n_kv_heads", "head_dim", "dtype", "attn_impl")
+MANIFEST_GATE_KEYS = ("w", "k", "k_max_stored", "bins")
+MANIFEST_PROTECTION_KEYS = ("n_sink", "n_recent")
+
+
+def columns(table: str) -> tuple[Column, ...]:
+    """Declared columns of ``table`` ("inputs", "outcomes" or "topk")."""
+    try:
+        return TABLES[table]
+    except KeyError:
+        raise ValueError(f"unknown table {table!r}; expected one of {sorted(TABLES)}") from None
+
+
+def arrow_schema(table: str, signal_names: tuple[str, ...] = ()) -> pa.Schema:
+    """The writer's arrow schema of ``table``.
+
+    ``signal_names`` fixes the float64 fields of the ``signals`` struct (inputs only);
+    with none, the column is left out.
+    """
+    fields = []
+    for col in columns(table):
+        if col.name == "signals":
+            if not signal_names:
+                continue
+            fields.append(pa.field("signals", pa.struct([pa.field(n, pa.float64()) for n in signal_names])))
+        else:
+            fields.append(pa.field(col.name, col.arrow_type))
+    return pa.schema(fields)
+
+
+def _is_int(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t)
+
+
+def _is_float(t: pa.DataType) -> bool:
+    return pa.types.is_float32(t) or pa.types.is_float64(t)
+
+
+def _is_string(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t)
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+
+
+def type_problem(kind: str, t: pa.DataType) -> str | None:
+    """``None`` when arrow type ``t`` is acceptable for a column of ``kind``, else a reason.
+
+    Reader rule of DESIGN §3: any integer width for ints, float32 or float64 for floats.
+    """
+    ok = {
+        INT: _is_int(t),
+        FLOAT: _is_float(t),
+        STRING: _is_string(t),
+        FLOAT_LIST: _is_list(t) and _is_float(t.value_type),
+        INT_LIST: _is_list(t) and _is_int(t.value_type),
+        STRING_LIST: _is_list(t) and _is_string(t.value_type),
+        STRUCT: pa.types.is_struct(t) and all(_is_float(t.field(i).type) for i in range(t.num_fields)),
+    }[kind]
+    return None if ok else f"type {t} is not acceptable for a {kind} column"
+
+
+def schema_problems(table: str, schema: pa.Schema) -> list[str]:
+    """Problems of a file's arrow ``schema`` against the declared ``table``: missing or mistyped columns."""
+    problems = []
+    for col in columns(table):
+        idx = schema.get_field_index(col.name)
+        if idx < 0:
+            if col.required:
+                problems.append(f"missing column {col.name!r}")
+            continue
+        reason = type_problem(col.kind, schema.field(idx).type)
+        if reason:
+            problems.append(f"column {col.name!r}: {reason}")
+    return problems
