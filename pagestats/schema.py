@@ -199,3 +199,90 @@ def schema_problems(table: str, schema: pa.Schema) -> list[str]:
         if reason:
             problems.append(f"column {col.name!r}: {reason}")
     return problems
+
+
+# --------------------------------------------------------------------------- writing
+# Shared by the collector and by pagestats.testing, so every writer produces the same types.
+
+
+def sha256_file(path) -> str:
+    """Hex sha256 of a file's bytes (streamed)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def to_arrow(table: str, data) -> pa.Table:
+    """Cast ``data`` (a pyarrow Table, a polars DataFrame, or a dict of columns) to the
+    writer's declared types of ``table``; columns are put in declared order.
+
+    ``signals`` (inputs) keeps whatever float fields it has, cast to float64.
+    """
+    if isinstance(data, dict):
+        data = pa.table(data)
+    elif not isinstance(data, pa.Table):  # polars (or anything with to_arrow)
+        data = data.to_arrow()
+    signal_names: tuple[str, ...] = ()
+    if table == "inputs" and "signals" in data.column_names:
+        t = data.schema.field("signals").type
+        signal_names = tuple(t.field(i).name for i in range(t.num_fields))
+    target = arrow_schema(table, signal_names)
+    missing = [f.name for f in target if f.name not in data.column_names]
+    if missing:
+        raise ValueError(f"{table}: missing columns {missing}")
+    return pa.table([data.column(f.name).cast(f.type) for f in target], schema=target)
+
+
+def write_parquet(table: str, data, path) -> int:
+    """Write ``data`` as a schema-v1 ``table`` parquet file atomically (temp file + rename).
+
+    Returns the number of rows written. A crash leaves either the old file or none, never a
+    truncated one.
+    """
+    import os
+
+    import pyarrow.parquet as pq
+
+    arrow = to_arrow(table, data)
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    pq.write_table(arrow, tmp, compression="zstd")
+    with open(tmp, "rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    return arrow.num_rows
+
+
+def write_manifest(run_dir, manifest: dict) -> str:
+    """Write ``<run_dir>/manifest.json`` atomically, filling ``files`` with the path (relative
+    to the run), sha256 and row count of every parquet file under ``inputs/``, ``outcomes/``
+    and ``topk/``. ``schema_version`` is set to :data:`SCHEMA_VERSION`. Returns the path."""
+    import json
+    import os
+    from pathlib import Path
+
+    import pyarrow.parquet as pq
+
+    run = Path(run_dir)
+    files = []
+    for name in TABLES:
+        for f in sorted((run / name).glob("*.parquet")):
+            files.append(
+                {
+                    "path": f.relative_to(run).as_posix(),
+                    "sha256": sha256_file(f),
+                    "rows": pq.ParquetFile(f).metadata.num_rows,
+                }
+            )
+    out = {"schema_version": SCHEMA_VERSION, **manifest, "files": files}
+    out["schema_version"] = SCHEMA_VERSION
+    path = run / "manifest.json"
+    tmp = run / f"manifest.json.tmp-{os.getpid()}"
+    tmp.write_text(json.dumps(out, indent=2, sort_keys=False, default=str) + "\n")
+    os.replace(tmp, path)
+    return str(path)
