@@ -1,0 +1,85 @@
+"""Shared fixtures: tiny randomly initialised causal LMs built from a config in code.
+
+No weights are downloaded (DESIGN §2). Each model has 4 layers, 4 query heads and 2 KV heads
+(grouped-query attention), hidden size 64, a 512-token vocabulary, float32 weights, eval mode,
+``sdpa`` attention, and is initialised from a fixed seed so every test sees the same weights.
+
+Fixtures
+--------
+tiny_llama, tiny_qwen2
+    A fresh ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` per test (cheap: ~0.2 M parameters).
+tiny_model
+    Parametrised over both families (``request.param`` is "llama" or "qwen2").
+make_tiny_model
+    The factory itself, ``make_tiny_model(family="llama", *, seed=0, **config_overrides)``, for
+    tests that need another vocabulary size, depth or attention implementation.
+tiny_input_ids
+    ``torch.LongTensor`` of shape (1, 80), seeded, ids in [3, 512).
+
+Tests that do not use torch never import it: the import happens inside the fixtures.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+TINY_CONFIG = dict(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=4096,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+)
+
+
+def _make_tiny_model(family: str = "llama", *, seed: int = 0, attn_impl: str = "sdpa", **overrides):
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+    configs = {"llama": LlamaConfig, "qwen2": Qwen2Config}
+    if family not in configs:
+        raise ValueError(f"unknown tiny model family {family!r}; choose from {sorted(configs)}")
+    config = configs[family](**{**TINY_CONFIG, **overrides})
+    config._attn_implementation = attn_impl
+    generator_state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    finally:
+        torch.random.set_rng_state(generator_state)
+    if attn_impl != model.config._attn_implementation:
+        model.set_attn_implementation(attn_impl)
+    return model.eval()
+
+
+@pytest.fixture
+def make_tiny_model():
+    return _make_tiny_model
+
+
+@pytest.fixture
+def tiny_llama():
+    return _make_tiny_model("llama")
+
+
+@pytest.fixture
+def tiny_qwen2():
+    return _make_tiny_model("qwen2")
+
+
+@pytest.fixture(params=["llama", "qwen2"])
+def tiny_model(request):
+    return _make_tiny_model(request.param)
+
+
+@pytest.fixture
+def tiny_input_ids():
+    import torch
+
+    gen = torch.Generator().manual_seed(1234)
+    return torch.randint(3, TINY_CONFIG["vocab_size"], (1, 80), generator=gen)
