@@ -1,0 +1,333 @@
+"""Observation-window capture during prefill, through ``transformers.AttentionInterface``.
+
+The paper's gate (§3 "Head-Agreement Drop D") needs, per layer ℓ and query head h, the
+observation attention ā_{ℓ,h}: the mean over the last w prompt rows of the causal softmax
+attention over all prompt keys. H2O (§4, Table 2) needs the attention accumulated over *all*
+prompt queries. Both are computed here from the post-RoPE queries and keys that the model hands
+to its attention function, without touching the output path.
+
+How it works
+------------
+:func:`install` registers, once per stock kernel ``base`` (``"sdpa"``, ``"eager"``,
+``"flash_attention_2"``, ...), an attention function named ``pagestats_capture_<base>`` in
+``transformers.AttentionInterface`` and the stock mask function under the same name in
+``transformers.masking_utils.AttentionMaskInterface``, so the model builds exactly the mask the
+stock kernel would get. The function
+
+1. calls the stock kernel with the unchanged arguments and returns its output unchanged (App. A.3.6
+   reports that rewriting the output path shifted D by 33%; logits are therefore bit-identical to a
+   stock run, which the tests check with ``torch.equal``);
+2. when a :class:`Recorder` is active (a context variable, set only inside :func:`capture_attention`)
+   and the call is the layer's first in that context (the prefill), computes
+   softmax(q_{last w} Kᵀ · scaling + mask) for the last w rows only — a w × T block per head, never
+   T × T — and averages over the rows; and, when asked, accumulates the column sums of the causal
+   softmax over all prompt queries in chunks of ``query_chunk`` rows (chunk × T per head at a time).
+
+Outside a capture context the function is a pure pass-through, so a model left with the capture
+implementation behaves like the stock one. :func:`capture_attention` switches the model's
+implementation and restores the previous one on exit, so nothing leaks between calls or models.
+
+Limitations: batch size 1 (one prompt per prefill, no padding); the probabilities use the mask the
+stock kernel receives (causal when it receives none), logit soft-capping when the model passes
+``softcap``; attention-sink logits (``s_aux``) are not modelled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import sys
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from pagestats import defaults
+
+#: Prefix of the attention-implementation names this module registers.
+CAPTURE_PREFIX = "pagestats_capture_"
+
+_ACTIVE: contextvars.ContextVar["Recorder | None"] = contextvars.ContextVar(
+    "pagestats_capture_recorder", default=None
+)
+
+
+@dataclass
+class Prefill:
+    """Everything one prefill yields for the gate and for every eviction arm (DESIGN §7).
+
+    Attributes
+    ----------
+    input_ids : torch.LongTensor, shape (1, T)
+    past_key_values : transformers.Cache
+        Full-prompt KV cache (``DynamicCache``), positions 0..T−1.
+    last_logits : torch.Tensor, shape (vocab,)
+        float32 logits at position T−1 (those of the first generated token).
+    window_attention : torch.Tensor, shape (L, H, T)
+        float32 ā_{ℓ,h}: mean over the last w prompt rows (all rows when T < w) of the causal
+        softmax attention over all prompt keys, per query head (GQA keys repeated) (§3).
+    accumulated_attention : torch.Tensor or None, shape (L, H, T)
+        float32 sum over all prompt queries of the causal softmax attention (H2O's score), or
+        ``None`` unless requested.
+    prefill_ms : float
+        Wall time of the forward pass (``time.perf_counter``), milliseconds.
+    """
+
+    input_ids: torch.LongTensor
+    past_key_values: object
+    last_logits: torch.Tensor
+    window_attention: torch.Tensor
+    accumulated_attention: torch.Tensor | None
+    prefill_ms: float
+
+    @property
+    def n_tokens(self) -> int:
+        """T, the prompt length."""
+        return int(self.input_ids.shape[-1])
+
+
+@dataclass
+class Recorder:
+    """Per-call store of captured attention statistics, keyed by ``module.layer_idx``.
+
+    Parameters
+    ----------
+    window : int
+        w, the number of last prompt rows averaged (all rows when T < w).
+    accumulate : bool
+        Also accumulate H2O column sums over all prompt queries.
+    query_chunk : int
+        Rows per chunk of the accumulation (memory chunk × T per head).
+    """
+
+    window: int = defaults.WINDOW
+    accumulate: bool = False
+    query_chunk: int = 256
+    window_attention: dict[int, torch.Tensor] = field(default_factory=dict)
+    accumulated_attention: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if int(self.window) < 1:
+            raise ValueError(f"window must be ≥ 1, got {self.window}")
+        if int(self.query_chunk) < 1:
+            raise ValueError(f"query_chunk must be ≥ 1, got {self.query_chunk}")
+
+    def stacked(self, name: str) -> torch.Tensor:
+        """The per-layer tensors of ``name`` stacked to (L, H, T), float32, on the CPU."""
+        store = getattr(self, name)
+        if not store:
+            raise RuntimeError(
+                "no attention was captured: the model never called its attention interface "
+                "(is it an AttentionInterface-based transformers model?)"
+            )
+        layers = sorted(store)
+        if layers != list(range(len(layers))):
+            raise RuntimeError(f"captured layers {layers} are not 0..L-1")
+        return torch.stack([store[i] for i in layers]).to("cpu", torch.float32)
+
+
+# --------------------------------------------------------------------------- probabilities
+
+
+def _scores(module, query, key, attention_mask, scaling, softcap, rows: slice) -> torch.Tensor:
+    """Masked, scaled logits of query rows ``rows`` against all keys, shape (H, r, T_k), float32.
+
+    GQA: query head h uses KV head h // g (the order of ``repeat_kv``); computed by grouping the
+    query heads instead of materialising the repeated keys.
+    """
+    _, n_heads, q_len, head_dim = query.shape
+    n_kv = key.shape[1]
+    t_k = key.shape[2]
+    group = n_heads // n_kv
+    q = query[0, :, rows, :].float()  # (H, r, d)
+    r = q.shape[1]
+    k = key[0].float()  # (Hkv, T_k, d)
+    s = torch.matmul(q.reshape(n_kv, group * r, head_dim), k.transpose(1, 2))
+    s = s.reshape(n_heads, r, t_k) * scaling
+    if softcap is not None:
+        s = torch.tanh(s / softcap) * softcap
+    if attention_mask is None:
+        # Causal, bottom-right aligned: query row i sits at absolute position t_k − q_len + i.
+        offset = t_k - q_len
+        row_pos = torch.arange(rows.start, rows.stop, device=s.device) + offset
+        allowed = torch.arange(t_k, device=s.device)[None, :] <= row_pos[:, None]
+        s = s.masked_fill(~allowed, float("-inf"))
+    else:
+        m = attention_mask[0, :, rows, :t_k]  # (1 or H, r, T_k)
+        if m.dtype == torch.bool:
+            s = s.masked_fill(~m, float("-inf"))
+        else:
+            s = s + m.float()
+    return s
+
+
+def window_probabilities(module, query, key, attention_mask, scaling, window, softcap=None):
+    """ā for one layer: mean over the last ``window`` query rows of the softmax, shape (H, T_k).
+
+    Notes
+    -----
+    §3: ā_{ℓ,h} = (1/w) Σ_{i ∈ last w rows} softmax(q_i Kᵀ · scaling + causal mask). Only the
+    w × T_k block is formed. When the call has fewer than w query rows, all rows are used.
+    """
+    q_len = query.shape[2]
+    w = min(int(window), q_len)
+    s = _scores(module, query, key, attention_mask, scaling, softcap, slice(q_len - w, q_len))
+    return torch.softmax(s, dim=-1).mean(dim=1)
+
+
+def accumulated_probabilities(module, query, key, attention_mask, scaling, query_chunk, softcap=None):
+    """H2O score for one layer: Σ over all query rows of the causal softmax, shape (H, T_k).
+
+    Built chunk by chunk (``query_chunk`` rows × T_k per head), never the full T × T matrix.
+    """
+    q_len = query.shape[2]
+    total = None
+    for start in range(0, q_len, int(query_chunk)):
+        stop = min(start + int(query_chunk), q_len)
+        s = _scores(module, query, key, attention_mask, scaling, softcap, slice(start, stop))
+        part = torch.softmax(s, dim=-1).sum(dim=1)
+        total = part if total is None else total + part
+    return total
+
+
+# --------------------------------------------------------------------------- registration
+
+
+def _stock_attention(base: str, module):
+    from transformers import AttentionInterface
+
+    if base == "eager":
+        # "eager" is each model's own function, defined in its modeling module.
+        fn = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+        if fn is None:
+            raise RuntimeError(f"{type(module).__name__} has no eager_attention_forward to delegate to")
+        return fn
+    return AttentionInterface._global_mapping[base]
+
+
+def _make_capture_function(base: str):
+    def capture_attention_forward(module, query, key, value, attention_mask, *args, **kwargs):
+        output = _stock_attention(base, module)(module, query, key, value, attention_mask, *args, **kwargs)
+        recorder = _ACTIVE.get()
+        if recorder is None:
+            return output
+        layer = getattr(module, "layer_idx", None)
+        if layer is None:
+            raise RuntimeError(f"{type(module).__name__} has no layer_idx; cannot attribute captured attention")
+        if layer in recorder.window_attention:  # not the prefill call of this layer
+            return output
+        if query.shape[0] != 1:
+            raise ValueError(f"capture supports batch size 1, got {query.shape[0]}")
+        scaling = kwargs.get("scaling", args[1] if len(args) > 1 else None)
+        if scaling is None:
+            scaling = getattr(module, "scaling", query.shape[-1] ** -0.5)
+        softcap = kwargs.get("softcap")
+        mask = attention_mask if isinstance(attention_mask, torch.Tensor) else None
+        with torch.no_grad():
+            recorder.window_attention[layer] = window_probabilities(
+                module, query, key, mask, scaling, recorder.window, softcap
+            )
+            if recorder.accumulate:
+                recorder.accumulated_attention[layer] = accumulated_probabilities(
+                    module, query, key, mask, scaling, recorder.query_chunk, softcap
+                )
+        return output
+
+    capture_attention_forward.__name__ = f"{CAPTURE_PREFIX}{base}"
+    return capture_attention_forward
+
+
+def install(base: str = "sdpa") -> str:
+    """Register the capture implementation wrapping stock kernel ``base``; idempotent.
+
+    Returns
+    -------
+    str
+        The implementation name, ``"pagestats_capture_<base>"``, to pass to
+        ``model.set_attn_implementation``.
+    """
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    if base.startswith(CAPTURE_PREFIX):
+        return base
+    if base != "eager" and base not in AttentionInterface._global_mapping:
+        raise ValueError(f"unknown stock attention implementation {base!r}")
+    if base not in AttentionMaskInterface._global_mapping:
+        raise ValueError(f"no mask function is registered for attention implementation {base!r}")
+    name = f"{CAPTURE_PREFIX}{base}"
+    if name not in AttentionInterface._global_mapping:
+        AttentionInterface.register(name, _make_capture_function(base))
+        AttentionMaskInterface.register(name, AttentionMaskInterface._global_mapping[base])
+    return name
+
+
+@contextlib.contextmanager
+def capture_attention(model, *, window: int = defaults.WINDOW, accumulate: bool = False, query_chunk: int = 256):
+    """Context manager: run ``model`` with the capture installed; yields the :class:`Recorder`.
+
+    The model's attention implementation is switched to the capture wrapper of its current stock
+    kernel and restored on exit; the recorder is visible only inside the ``with`` block.
+    """
+    recorder = Recorder(window=window, accumulate=accumulate, query_chunk=query_chunk)
+    previous = model.config._attn_implementation
+    base = previous[len(CAPTURE_PREFIX):] if previous.startswith(CAPTURE_PREFIX) else previous
+    name = install(base)
+    if previous != name:
+        model.set_attn_implementation(name)
+    token = _ACTIVE.set(recorder)
+    try:
+        yield recorder
+    finally:
+        _ACTIVE.reset(token)
+        if previous != name:
+            model.set_attn_implementation(previous)
+
+
+def prefill(model, input_ids, *, window: int = defaults.WINDOW, accumulate: bool = False, query_chunk: int = 256) -> Prefill:
+    """One prompt forward pass with the observation window (and optionally H2O scores) captured.
+
+    Parameters
+    ----------
+    model : transformers.PreTrainedModel
+        A causal LM whose attention goes through ``AttentionInterface`` (Llama, Qwen2, ...).
+    input_ids : torch.LongTensor, shape (1, T) or (T,)
+    window : int
+        w (§3; default 32).
+    accumulate : bool
+        Also compute H2O's accumulated attention.
+    query_chunk : int
+        Query rows per accumulation chunk.
+
+    Returns
+    -------
+    Prefill
+    """
+    from transformers import DynamicCache
+
+    input_ids = torch.as_tensor(input_ids)
+    if input_ids.ndim == 1:
+        input_ids = input_ids[None]
+    if input_ids.ndim != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] < 1:
+        raise ValueError(f"input_ids must have shape (1, T) with T ≥ 1, got {tuple(input_ids.shape)}")
+    device = next(model.parameters()).device
+    input_ids = input_ids.to(device=device, dtype=torch.long)
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad(), capture_attention(model, window=window, accumulate=accumulate, query_chunk=query_chunk) as rec:
+        start = time.perf_counter()
+        out = model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        prefill_ms = (time.perf_counter() - start) * 1e3
+    n_layers = model.config.num_hidden_layers
+    window_attention = rec.stacked("window_attention")
+    if window_attention.shape[0] != n_layers:
+        raise RuntimeError(f"captured {window_attention.shape[0]} layers, model has {n_layers}")
+    return Prefill(
+        input_ids=input_ids,
+        past_key_values=cache,
+        last_logits=out.logits[0, -1].float(),
+        window_attention=window_attention,
+        accumulated_attention=rec.stacked("accumulated_attention") if accumulate else None,
+        prefill_ms=prefill_ms,
+    )
