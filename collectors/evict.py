@@ -1,0 +1,246 @@
+"""Base evictors: prefill attention scores → the prompt positions an arm keeps.
+
+Every evictor works on one prefill (:class:`collectors.capture.Prefill`, or any object with the same
+attributes) and returns the kept prompt positions, sorted ascending. All but ``snapkv-perlayer``
+produce ONE mask shared by every layer (DESIGN §7); ``snapkv-perlayer`` returns one row per layer.
+
+Budget rule (DESIGN §7; PAGE App. A.2.3, Table 26)
+----------------------------------------------------
+An arm at budget ``b`` keeps ``n_kept = min(T, max(⌊b·T⌋, n_sink + n_recent))`` prompt positions.
+The first ``n_sink`` (attention sinks) and the last ``n_recent`` (the observation window) are always
+kept and are counted inside ``n_kept`` — protection overrides the budget (App. A.2.3) and otherwise
+the kept size is ≈ b·T (Table 26). The remaining ``n_kept − |protected|`` slots go to the unprotected
+positions of highest score; ties go to the lower position, so selection is deterministic.
+
+Evictors (PAGE §4 "Setup", Table 2, App. A.4.7, App. C)
+-------------------------------------------------------
+snapkv
+    score_t = mean over layers ℓ and query heads h of ā_{ℓ,h,t}, the window attention (the softmax
+    attention of the last w = 32 prompt queries onto key t, averaged over those queries). §4 "Setup":
+    "we score each prompt position by the average attention from the last w=32 queries across heads
+    and layers". The published SnapKV also smooths scores with a 1-D pooling kernel; the paper does
+    not mention it, so the default is no pooling (``pool_kernel=1``); an odd ``pool_kernel`` > 1
+    applies average pooling (stride 1, same length, zero-free edge handling via
+    ``count_include_pad=False``) before selection.
+h2o
+    score_t = mean over ℓ, h of the attention accumulated over ALL prompt queries onto key t
+    (Heavy-Hitter Oracle); needs ``prefill.accumulated_attention``.
+streamingllm
+    The n_sink sinks plus the most recent ``n_kept − n_sink`` positions (budget-scaled).
+streamingllm-fixed
+    The paper's variant: the n_sink sinks and the last n_recent positions only, i.e. 36 tokens
+    "regardless of budget" (App. A.4.7, discussion of Table 17).
+pyramidkv
+    The paper's "depth-weighted variant of the published per-layer budget schedule" whose scoring
+    "biases toward bottom layers" (App. A.4.7). PyramidKV allocates cache linearly decreasing with
+    depth; we carry that schedule into the score as linear depth weights
+    ``λ_ℓ = (L − ℓ) / Σ_j (L − j)``, ℓ = 0..L−1 (bottom layer weight L, top layer weight 1), and
+    score_t = Σ_ℓ λ_ℓ · mean_h ā_{ℓ,h,t}: one shared mask.
+snapkv-perlayer
+    Each layer ℓ keeps the top positions of its own head-averaged window attention mean_h ā_{ℓ,h,t},
+    the same ``n_kept`` in every layer (uniform cache shape; App. C, Table 32).
+
+Budget 1.0 (and any budget where ``n_kept == T``) keeps every position for every evictor, including
+``streamingllm-fixed``: Table 2's budget 1.0 is the full-cache audit arm (``pagestats.defaults``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from pagestats import defaults
+
+EVICTORS = ("snapkv", "h2o", "streamingllm", "streamingllm-fixed", "pyramidkv", "snapkv-perlayer")
+#: Evictors whose kept positions differ per layer: kept_positions returns (L, n_kept).
+PER_LAYER_EVICTORS = ("snapkv-perlayer",)
+
+__all__ = [
+    "EVICTORS",
+    "PER_LAYER_EVICTORS",
+    "n_kept",
+    "scores",
+    "pyramid_weights",
+    "select_top",
+    "kept_positions",
+]
+
+
+def _check_protection(n_sink: int, n_recent: int) -> None:
+    for name, value in (("n_sink", n_sink), ("n_recent", n_recent)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+
+
+def n_kept(
+    n_tokens: int, budget: float, n_sink: int = defaults.N_SINK, n_recent: int = defaults.N_RECENT
+) -> int:
+    """Number of prompt positions an arm at ``budget`` keeps.
+
+    Parameters
+    ----------
+    n_tokens : int
+        Prompt length T (≥ 1).
+    budget : float
+        Nominal budget b ∈ (0, 1], the fraction of prompt positions the evictor may retain.
+    n_sink, n_recent : int
+        Protected first and last positions, counted inside the result.
+
+    Returns
+    -------
+    int
+        ``min(T, max(⌊b·T⌋, n_sink + n_recent))``.
+
+    References
+    ----------
+    PAGE App. A.2.3 (protection overrides the budget), Table 26 (kept size ≈ b·T); DESIGN §7.
+    """
+    if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < 1:
+        raise ValueError(f"n_tokens must be a positive int, got {n_tokens!r}")
+    budget = float(budget)
+    if not (0.0 < budget <= 1.0):
+        raise ValueError(f"budget must lie in (0, 1], got {budget!r}")
+    _check_protection(n_sink, n_recent)
+    return min(n_tokens, max(math.floor(budget * n_tokens), n_sink + n_recent))
+
+
+def pyramid_weights(n_layers: int) -> torch.Tensor:
+    """Linear depth weights λ_ℓ ∝ (L − ℓ), summing to 1 (bottom layer heaviest).
+
+    See the module docstring (``pyramidkv``; PAGE App. A.4.7).
+    """
+    if n_layers < 1:
+        raise ValueError(f"n_layers must be ≥ 1, got {n_layers}")
+    w = torch.arange(n_layers, 0, -1, dtype=torch.float64)
+    return (w / w.sum()).to(torch.float32)
+
+
+def _head_mean(attention: torch.Tensor | None, name: str) -> torch.Tensor:
+    if attention is None:
+        raise ValueError(
+            f"prefill.{name} is None; the evictor needs it "
+            + ("(call capture.prefill(..., accumulate=True))" if name == "accumulated_attention" else "")
+        )
+    if attention.ndim != 3:
+        raise ValueError(f"prefill.{name} must have shape (L, H, T), got {tuple(attention.shape)}")
+    if not torch.isfinite(attention).all():
+        raise ValueError(f"prefill.{name} contains non-finite values")
+    return attention.to(torch.float32).mean(dim=1)  # (L, T)
+
+
+def _avg_pool(score: torch.Tensor, kernel: int) -> torch.Tensor:
+    if kernel == 1:
+        return score
+    if kernel < 1 or kernel % 2 == 0:
+        raise ValueError(f"pool_kernel must be a positive odd int, got {kernel}")
+    x = score.reshape(-1, 1, score.shape[-1])
+    pooled = torch.nn.functional.avg_pool1d(
+        x, kernel_size=kernel, stride=1, padding=kernel // 2, count_include_pad=False
+    )
+    return pooled.reshape(score.shape)
+
+
+def scores(evictor: str, prefill, *, pool_kernel: int = 1) -> torch.Tensor | None:
+    """Per-position retention score of an attention-scored evictor.
+
+    Parameters
+    ----------
+    evictor : str
+        One of :data:`EVICTORS`.
+    prefill : Prefill
+        Needs ``window_attention`` (L, H, T), and ``accumulated_attention`` for ``h2o``.
+    pool_kernel : int
+        Odd average-pooling width applied to SnapKV-family scores (1 = none, the default).
+
+    Returns
+    -------
+    torch.Tensor or None
+        (T,) float32 for shared-mask evictors, (L, T) for ``snapkv-perlayer``, None for the
+        position-only StreamingLLM evictors.
+    """
+    if evictor not in EVICTORS:
+        raise ValueError(f"unknown evictor {evictor!r}; choose from {EVICTORS}")
+    if evictor in ("streamingllm", "streamingllm-fixed"):
+        return None
+    if evictor == "h2o":
+        return _head_mean(prefill.accumulated_attention, "accumulated_attention").mean(dim=0)
+    per_layer = _head_mean(prefill.window_attention, "window_attention")  # (L, T)
+    if evictor == "snapkv":
+        return _avg_pool(per_layer.mean(dim=0), pool_kernel)
+    if evictor == "pyramidkv":
+        lam = pyramid_weights(per_layer.shape[0])
+        return _avg_pool(lam @ per_layer, pool_kernel)
+    return _avg_pool(per_layer, pool_kernel)  # snapkv-perlayer
+
+
+def _protected(n_tokens: int, n_sink: int, n_recent: int) -> torch.Tensor:
+    mask = torch.zeros(n_tokens, dtype=torch.bool)
+    mask[: min(n_sink, n_tokens)] = True
+    if n_recent > 0:
+        mask[max(0, n_tokens - n_recent) :] = True
+    return mask
+
+
+def select_top(score: torch.Tensor, count: int, protected: torch.Tensor) -> torch.Tensor:
+    """Protected positions plus the ``count − |protected|`` best unprotected ones, sorted.
+
+    ``score`` is (T,) or (L, T); ties in score go to the lower position (stable descending sort).
+    Returns (count,) or (L, count) int64.
+    """
+    n_prot = int(protected.sum())
+    if count < n_prot:
+        raise ValueError(f"count {count} is smaller than the {n_prot} protected positions")
+    n_free = count - n_prot
+    squeeze = score.ndim == 1
+    s = score.reshape(-1, score.shape[-1]).to(torch.float32)
+    # protected positions first (score +inf), then unprotected by score; stable → ties to lower index.
+    key = torch.where(protected, torch.tensor(math.inf), s)
+    order = torch.sort(key, dim=-1, descending=True, stable=True).indices
+    kept = torch.sort(order[:, : n_prot + n_free], dim=-1).values
+    return kept[0] if squeeze else kept
+
+
+def kept_positions(
+    evictor: str,
+    prefill,
+    budget: float,
+    *,
+    n_sink: int = defaults.N_SINK,
+    n_recent: int = defaults.N_RECENT,
+    pool_kernel: int = 1,
+) -> torch.LongTensor:
+    """Prompt positions an evictor keeps at ``budget``.
+
+    Parameters
+    ----------
+    evictor : str
+        One of :data:`EVICTORS` (see the module docstring for each definition).
+    prefill : Prefill
+        ``input_ids`` (1, T) and the captured attention (``window_attention``; ``accumulated_attention``
+        for ``h2o``).
+    budget : float
+        Nominal budget b ∈ (0, 1].
+    n_sink, n_recent : int
+        Protected first/last positions (PAGE §3 "Algorithm", App. F: 4 and 32).
+    pool_kernel : int
+        Optional SnapKV pooling width (1 = none; see module docstring).
+
+    Returns
+    -------
+    torch.LongTensor
+        Sorted unique positions, shape (n_kept,), or (L, n_kept) for ``snapkv-perlayer``.
+    """
+    if evictor not in EVICTORS:
+        raise ValueError(f"unknown evictor {evictor!r}; choose from {EVICTORS}")
+    n_tokens = int(prefill.input_ids.shape[-1])
+    count = n_kept(n_tokens, budget, n_sink, n_recent)
+    if evictor == "streamingllm-fixed" and count < n_tokens:
+        count = min(n_tokens, n_sink + n_recent)
+    protected = _protected(n_tokens, n_sink, n_recent)
+    score = scores(evictor, prefill, pool_kernel=pool_kernel)
+    if score is None:  # StreamingLLM: sinks + the most recent positions
+        score = torch.arange(n_tokens, dtype=torch.float32)
+    elif score.shape[-1] != n_tokens:
+        raise ValueError(f"attention covers {score.shape[-1]} positions but the prompt has {n_tokens}")
+    return select_top(score, count, protected)

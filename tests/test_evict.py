@@ -1,0 +1,169 @@
+"""Evictors and the budget rule against brute-force references written here (PAGE §4, App. A.2.3)."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from collectors import evict
+from collectors.evict import EVICTORS, kept_positions, n_kept
+
+N_SINK, N_RECENT = 4, 32
+
+
+def fake_prefill(n_layers=3, n_heads=4, n_tokens=200, seed=0, accumulate=True):
+    gen = torch.Generator().manual_seed(seed)
+    window = torch.rand((n_layers, n_heads, n_tokens), generator=gen)
+    acc = torch.rand((n_layers, n_heads, n_tokens), generator=gen) if accumulate else None
+    return SimpleNamespace(
+        input_ids=torch.zeros((1, n_tokens), dtype=torch.long),
+        window_attention=window,
+        accumulated_attention=acc,
+    )
+
+
+def brute_top(score, n_tokens, count, n_sink=N_SINK, n_recent=N_RECENT):
+    """Protected positions + best unprotected by (score desc, position asc), by a plain loop."""
+    protected = {t for t in range(n_tokens) if t < n_sink or t >= n_tokens - n_recent}
+    free = [t for t in range(n_tokens) if t not in protected]
+    free.sort(key=lambda t: (-float(score[t]), t))
+    return sorted(protected | set(free[: count - len(protected)]))
+
+
+def brute_mean_score(att):
+    L, H, T = att.shape
+    return [sum(float(att[l, h, t]) for l in range(L) for h in range(H)) / (L * H) for t in range(T)]
+
+
+@pytest.mark.parametrize(
+    "T,b,expected",
+    [(1000, 0.0625, 62), (1000, 0.875, 875), (100, 0.0625, 36), (100, 0.375, 37), (20, 0.5, 20),
+     (36, 0.0625, 36), (4096, 1.0, 4096), (4097, 0.125, 512)],
+)
+def test_n_kept_closed_form(T, b, expected):
+    assert n_kept(T, b) == expected == min(T, max(math.floor(b * T), N_SINK + N_RECENT))
+
+
+@pytest.mark.parametrize("bad", [dict(n_tokens=0, budget=0.5), dict(n_tokens=10, budget=0.0),
+                                 dict(n_tokens=10, budget=1.5), dict(n_tokens=10, budget=0.5, n_sink=-1)])
+def test_n_kept_rejects_bad_input(bad):
+    with pytest.raises(ValueError):
+        n_kept(**bad)
+
+
+@pytest.mark.parametrize("evictor", EVICTORS)
+@pytest.mark.parametrize("budget", [0.0625, 0.125, 0.25, 0.5, 0.875, 1.0])
+def test_kept_positions_invariants(evictor, budget):
+    pf = fake_prefill()
+    T = 200
+    kept = kept_positions(evictor, pf, budget)
+    rows = kept if kept.ndim == 2 else kept.unsqueeze(0)
+    assert kept.dtype == torch.long
+    if evictor == "snapkv-perlayer":
+        assert kept.shape[0] == 3
+    expected = n_kept(T, budget)
+    if evictor == "streamingllm-fixed" and budget < 1.0:
+        expected = N_SINK + N_RECENT
+    for row in rows.tolist():
+        assert len(row) == expected
+        assert row == sorted(set(row))  # sorted and unique
+        assert set(range(N_SINK)) <= set(row)
+        assert set(range(T - N_RECENT, T)) <= set(row)
+        assert 0 <= row[0] and row[-1] < T
+
+
+@pytest.mark.parametrize("budget", [0.0625, 0.25, 0.5, 0.875])
+def test_snapkv_h2o_pyramidkv_match_brute_force(budget):
+    pf = fake_prefill(seed=3)
+    T, L = 200, 3
+    count = n_kept(T, budget)
+    snap = brute_mean_score(pf.window_attention)
+    h2o = brute_mean_score(pf.accumulated_attention)
+    weights = [(L - l) for l in range(L)]
+    pyr = [
+        sum(weights[l] / sum(weights) * sum(float(pf.window_attention[l, h, t]) for h in range(4)) / 4
+            for l in range(L))
+        for t in range(T)
+    ]
+    assert kept_positions("snapkv", pf, budget).tolist() == brute_top(snap, T, count)
+    assert kept_positions("h2o", pf, budget).tolist() == brute_top(h2o, T, count)
+    assert kept_positions("pyramidkv", pf, budget).tolist() == brute_top(pyr, T, count)
+    per_layer = kept_positions("snapkv-perlayer", pf, budget)
+    for l in range(L):
+        score = [sum(float(pf.window_attention[l, h, t]) for h in range(4)) / 4 for t in range(T)]
+        assert per_layer[l].tolist() == brute_top(score, T, count)
+
+
+def test_snapkv_pooling_matches_brute_force():
+    pf = fake_prefill(seed=5)
+    T = 200
+    base = brute_mean_score(pf.window_attention)
+    pooled = []
+    for t in range(T):
+        neigh = [base[j] for j in range(t - 2, t + 3) if 0 <= j < T]
+        pooled.append(sum(neigh) / len(neigh))
+    got = kept_positions("snapkv", pf, 0.25, pool_kernel=5).tolist()
+    assert got == brute_top(pooled, T, n_kept(T, 0.25))
+    with pytest.raises(ValueError):
+        kept_positions("snapkv", pf, 0.25, pool_kernel=4)
+
+
+@pytest.mark.parametrize("budget", [0.0625, 0.25, 0.75])
+def test_streamingllm_keeps_sinks_and_most_recent(budget):
+    pf = fake_prefill()
+    T = 200
+    count = n_kept(T, budget)
+    assert kept_positions("streamingllm", pf, budget).tolist() == list(range(4)) + list(
+        range(T - (count - 4), T)
+    )
+    fixed = kept_positions("streamingllm-fixed", pf, budget).tolist()
+    assert fixed == list(range(4)) + list(range(T - 32, T)) and len(fixed) == 36
+
+
+def test_budget_one_keeps_everything_for_every_evictor():
+    pf = fake_prefill()
+    for evictor in EVICTORS:
+        kept = kept_positions(evictor, pf, 1.0)
+        rows = kept if kept.ndim == 2 else kept.unsqueeze(0)
+        for row in rows.tolist():
+            assert row == list(range(200))
+
+
+def test_ties_go_to_lower_positions():
+    pf = fake_prefill()
+    pf.window_attention = torch.ones_like(pf.window_attention)
+    count = n_kept(200, 0.5)  # 100: 36 protected + 64 free
+    got = kept_positions("snapkv", pf, 0.5).tolist()
+    assert got == list(range(4)) + list(range(4, 4 + 64)) + list(range(168, 200))
+    assert len(got) == count
+
+
+def test_short_prompt_keeps_all():
+    pf = fake_prefill(n_tokens=30)
+    for evictor in EVICTORS:
+        kept = kept_positions(evictor, pf, 0.0625)
+        assert kept.shape[-1] == 30
+
+
+def test_errors():
+    pf = fake_prefill(accumulate=False)
+    with pytest.raises(ValueError, match="accumulated_attention"):
+        kept_positions("h2o", pf, 0.5)
+    with pytest.raises(ValueError, match="unknown evictor"):
+        kept_positions("random", pf, 0.5)
+    bad = fake_prefill()
+    bad.window_attention = bad.window_attention[:, :, :100]
+    with pytest.raises(ValueError, match="positions"):
+        kept_positions("snapkv", bad, 0.5)
+    nan = fake_prefill()
+    nan.window_attention[0, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match="non-finite"):
+        kept_positions("snapkv", nan, 0.5)
+
+
+def test_pyramid_weights_decrease_with_depth():
+    w = evict.pyramid_weights(4)
+    assert torch.allclose(w, torch.tensor([4, 3, 2, 1], dtype=torch.float32) / 10)
