@@ -1,0 +1,383 @@
+"""One prefill → the full-KV arm and every (evictor, budget) arm, decoded greedily in batches.
+
+Why one prefill serves every arm (DESIGN §7)
+--------------------------------------------
+Eviction happens after the prefill (PAGE Eq. 2: "the gate fires once per input, at prefill, before any
+decode step"), so the prompt's hidden states, its KV cache and the logits at the last prompt position
+are the same for every arm. Hence the first generated token of every arm is ``argmax(last_logits)``
+of the full prefill, exactly as in kvpress, where the press compresses each layer's cache after that
+layer's prefill forward; eviction changes tokens 2..n. An arm's cache is every layer's K and V
+restricted to its kept positions (:func:`slice_cache`: new tensors, the shared full cache is never
+mutated).
+
+Positions (PAGE §4 "Setup", App. F)
+-----------------------------------
+Decode step s (s = 0 feeds the first generated token) runs with explicit ``position_ids = T + s`` —
+continuing from the prompt length T, not from n_kept — so RoPE of the new queries stays aligned with
+the keys cached at their original positions (the "attention-mask trick" would silently shift them).
+The causal mask is built by transformers from the shortened cache length, which lets the new token
+see every cached (kept) key.
+
+Batched arm decoding
+--------------------
+Arms are grouped (longest cache first, at most ``max_batch`` per group) and decoded as one batch.
+Caches of different lengths are LEFT-padded to the group's longest kept set; a 2-D attention mask
+(0 over the padding, 1 over kept keys and every generated token) hides the padding, and every row
+uses the same ``position_ids = T + s``. A row that finished (EOS / stop string / max_new_tokens) is
+dropped from the batch (``Cache.batch_select_indices``); the batch stops when every row is done.
+Arms whose kept set equals another's (e.g. every ``streamingllm-fixed`` budget, or short prompts where
+protection dominates) are decoded once. Arms keeping all T positions (budget 1.0, or n_kept ≥ T)
+ARE the full-KV arm and are not decoded again unless ``audit=True``, which decodes them through the
+eviction path (sliced cache, batch, padding) and warns (:class:`AuditWarning`) on any token mismatch
+with the full arm (PAGE App. F "pipeline audit").
+
+``decode_ms`` of an arm is the wall time of the batch that decoded it divided by the number of
+distinct decodes in that batch (an amortised share, so the shares add up to the sweep's decode time);
+arms that reuse another decode carry that decode's share.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from collectors.evict import EVICTORS, PER_LAYER_EVICTORS, kept_positions
+from pagestats import defaults
+
+__all__ = [
+    "ArmResult",
+    "AuditWarning",
+    "eos_token_ids",
+    "slice_cache",
+    "decode_arms",
+    "run_sweep",
+]
+
+
+class AuditWarning(UserWarning):
+    """A budget-1.0 arm decoded through the eviction path differs from the full-KV arm."""
+
+
+@dataclass
+class ArmResult:
+    """Outcome of one arm: its evictor and nominal budget, positions kept, greedy tokens and text."""
+
+    evictor: str
+    budget: float
+    n_kept: int
+    token_ids: list[int]
+    text: str
+    decode_ms: float
+
+
+def eos_token_ids(model, tokenizer) -> frozenset[int]:
+    """EOS ids: the model's ``generation_config.eos_token_id`` (int or list) ∪ ``tokenizer.eos_token_id``."""
+    ids: set[int] = set()
+    for source in (getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+                   getattr(tokenizer, "eos_token_id", None)):
+        if source is None:
+            continue
+        ids.update(int(i) for i in ([source] if isinstance(source, int) else source))
+    return frozenset(ids)
+
+
+def _full_layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        raise TypeError(f"expected a transformers Cache with .layers, got {type(cache).__name__}")
+    if any(getattr(layer, "is_sliding", False) for layer in layers):
+        raise NotImplementedError("sliding-window cache layers are not supported by the eviction sweep")
+    out = []
+    for i, layer in enumerate(layers):
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if keys is None or values is None or keys.ndim != 4 or keys.shape[0] != 1:
+            raise ValueError(f"cache layer {i} must hold (1, H_kv, T, d) keys and values")
+        out.append((keys, values))
+    return out
+
+
+def _index_per_layer(positions: torch.Tensor, n_layers: int) -> torch.Tensor:
+    """(n,) or (L, n) positions → (L, n)."""
+    if positions.ndim == 1:
+        return positions.unsqueeze(0).expand(n_layers, -1)
+    if positions.ndim == 2 and positions.shape[0] == n_layers:
+        return positions
+    raise ValueError(f"positions must be (n,) or ({n_layers}, n), got {tuple(positions.shape)}")
+
+
+def slice_cache(cache, positions: torch.Tensor):
+    """A new DynamicCache holding every layer's K, V at ``positions`` only.
+
+    Parameters
+    ----------
+    cache : transformers.DynamicCache
+        Full prompt cache, batch 1 (not modified).
+    positions : torch.LongTensor
+        (n,) shared or (L, n) per-layer prompt positions.
+    """
+    from transformers import DynamicCache
+
+    layers = _full_layers(cache)
+    index = _index_per_layer(positions.to(torch.long), len(layers))
+    data = []
+    for (k, v), idx in zip(layers, index):
+        idx = idx.to(k.device)
+        data.append((k.index_select(2, idx), v.index_select(2, idx)))
+    return DynamicCache(ddp_cache_data=data)
+
+
+def _batched_cache(layers, kept: Sequence[torch.Tensor | None], n_tokens: int):
+    """Left-padded batch cache and its (B, n_max) key mask for a group of arms."""
+    from transformers import DynamicCache
+
+    n_layers = len(layers)
+    device = layers[0][0].device
+    lengths = [n_tokens if p is None else int(p.shape[-1]) for p in kept]
+    n_max = max(lengths)
+    index = torch.zeros((n_layers, len(kept), n_max), dtype=torch.long)
+    key_mask = torch.zeros((len(kept), n_max), dtype=torch.long)
+    for row, (p, n) in enumerate(zip(kept, lengths)):
+        p = torch.arange(n_tokens) if p is None else p.to(torch.long).cpu()
+        index[:, row, n_max - n :] = _index_per_layer(p, n_layers)
+        key_mask[row, n_max - n :] = 1
+    index = index.to(device)
+    data = []
+    for (k, v), idx in zip(layers, index):
+        # k: (1, H, T, d) → (H, B, n_max, d) → (B, H, n_max, d)
+        data.append((k[0][:, idx].transpose(0, 1).contiguous(), v[0][:, idx].transpose(0, 1).contiguous()))
+    return DynamicCache(ddp_cache_data=data), key_mask.to(device), all(n == n_max for n in lengths)
+
+
+def _check_stop(token_ids: list[int], tokenizer, stop_strings) -> bool:
+    if not stop_strings:
+        return False
+    text = tokenizer.decode(token_ids, skip_special_tokens=True)
+    return any(s in text for s in stop_strings)
+
+
+@torch.no_grad()
+def decode_arms(
+    model,
+    prefill,
+    kept: Sequence[torch.Tensor | None],
+    *,
+    max_new_tokens: int,
+    eos_ids: frozenset[int] | set[int] = frozenset(),
+    tokenizer=None,
+    stop_strings: Sequence[str] | None = None,
+    return_step_logits: bool = False,
+):
+    """Greedy decode of several arms together from one prefill.
+
+    Parameters
+    ----------
+    model : transformers PreTrainedModel
+        The causal LM the prefill came from.
+    prefill : Prefill
+        ``input_ids`` (1, T), ``past_key_values`` (full DynamicCache), ``last_logits`` (vocab,).
+    kept : sequence of LongTensor or None
+        Per arm, its kept positions ((n,) shared or (L, n) per layer); None = the full cache.
+    max_new_tokens : int
+        Tokens to generate per arm (the first comes from ``last_logits``).
+    eos_ids : set of int
+        A row stops after emitting one of these (the EOS is kept in its token ids, as generate does).
+    tokenizer, stop_strings
+        Optional: a row also stops once its decoded text contains a stop string.
+    return_step_logits : bool
+        Also return, per arm, the float32 logits of each decode step (step s predicts token s+1).
+
+    Returns
+    -------
+    list[list[int]] or (list[list[int]], list[list[torch.Tensor]])
+    """
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+    if stop_strings and tokenizer is None:
+        raise ValueError("stop_strings need a tokenizer")
+    n_arms = len(kept)
+    if n_arms == 0:
+        return ([], []) if return_step_logits else []
+    n_tokens = int(prefill.input_ids.shape[-1])
+    layers = _full_layers(prefill.past_key_values)
+    device = layers[0][0].device
+
+    first = int(torch.argmax(prefill.last_logits))
+    tokens = [[first] for _ in range(n_arms)]
+    step_logits: list[list[torch.Tensor]] = [[] for _ in range(n_arms)]
+    done = [first in eos_ids or max_new_tokens == 1 or _check_stop([first], tokenizer, stop_strings)] * n_arms
+    if all(done):
+        return (tokens, step_logits) if return_step_logits else tokens
+
+    cache, key_mask, uniform = _batched_cache(layers, kept, n_tokens)
+    if n_arms == 1 or uniform:
+        key_mask = None  # no padding: let the kernel use its plain (unmasked) path
+    rows = list(range(n_arms))  # arm index of each active batch row
+    step = 0
+    while rows:
+        batch = len(rows)
+        input_ids = torch.tensor([[tokens[a][-1]] for a in rows], dtype=torch.long, device=device)
+        position_ids = torch.full((batch, 1), n_tokens + step, dtype=torch.long, device=device)
+        attention_mask = None
+        if key_mask is not None:
+            key_mask = torch.cat([key_mask, key_mask.new_ones((batch, 1))], dim=1)
+            attention_mask = key_mask
+        out = model(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            attention_mask=attention_mask,
+            cache=cache,
+            use_cache=True,
+        )
+        cache = out.cache
+        logits = out.logits[:, -1, :].float()
+        next_ids = torch.argmax(logits, dim=-1).tolist()
+        keep_rows = []
+        for r, a in enumerate(rows):
+            if return_step_logits:
+                step_logits[a].append(logits[r].detach().cpu())
+            tokens[a].append(int(next_ids[r]))
+            finished = (
+                next_ids[r] in eos_ids
+                or len(tokens[a]) >= max_new_tokens
+                or _check_stop(tokens[a], tokenizer, stop_strings)
+            )
+            if not finished:
+                keep_rows.append(r)
+        if len(keep_rows) < batch and keep_rows:
+            sel = torch.tensor(keep_rows, dtype=torch.long, device=device)
+            cache.batch_select_indices(sel)
+            if key_mask is not None:
+                key_mask = key_mask[sel]
+        rows = [rows[r] for r in keep_rows]
+        step += 1
+    return (tokens, step_logits) if return_step_logits else tokens
+
+
+def _check_sweep_args(evictors, budgets, max_batch):
+    evictors = tuple(evictors)
+    budgets = tuple(float(b) for b in budgets)
+    for e in evictors:
+        if e not in EVICTORS:
+            raise ValueError(f"unknown evictor {e!r}; choose from {EVICTORS}")
+    for b in budgets:
+        if not (0.0 < b <= 1.0):
+            raise ValueError(f"budget must lie in (0, 1], got {b!r}")
+    if len(set(evictors)) != len(evictors) or len(set(budgets)) != len(budgets):
+        raise ValueError("evictors and budgets must not repeat")
+    if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+        raise ValueError(f"max_batch must be a positive int, got {max_batch!r}")
+    return evictors, budgets
+
+
+def run_sweep(
+    model,
+    tokenizer,
+    prefill,
+    *,
+    evictors: Sequence[str],
+    budgets: Sequence[float],
+    max_new_tokens: int,
+    n_sink: int = defaults.N_SINK,
+    n_recent: int = defaults.N_RECENT,
+    batch_arms: bool = True,
+    max_batch: int = 16,
+    stop_strings: Sequence[str] | None = None,
+    audit: bool = False,
+    pool_kernel: int = 1,
+) -> tuple[ArmResult, list[ArmResult]]:
+    """Full-KV arm and one arm per (evictor, budget), all from one prefill.
+
+    Parameters
+    ----------
+    model, tokenizer
+        The causal LM of the prefill and its tokenizer (``decode``, ``eos_token_id``).
+    prefill : Prefill
+        From :func:`collectors.capture.prefill` (``accumulate=True`` when ``h2o`` is swept).
+    evictors : sequence of str
+        Names from :data:`collectors.evict.EVICTORS`.
+    budgets : sequence of float
+        Nominal budgets in (0, 1] (DESIGN §7: ``pagestats.defaults.BUDGETS``).
+    max_new_tokens : int
+        Greedy tokens per arm (the task's tokens to generate).
+    n_sink, n_recent : int
+        Protected first/last positions (4 and 32).
+    batch_arms : bool
+        Decode arms together (left-padded caches) rather than one at a time.
+    max_batch : int
+        Most arms per decode batch.
+    stop_strings : sequence of str, optional
+        Extra stop condition on the decoded text.
+    audit : bool
+        Decode arms that keep every position through the eviction path and warn on any mismatch with
+        the full arm (PAGE App. F).
+    pool_kernel : int
+        Optional SnapKV-family pooling width (see :mod:`collectors.evict`).
+
+    Returns
+    -------
+    (ArmResult, list[ArmResult])
+        The full-KV arm (evictor ``"full"``, budget 1.0, n_kept T) and the arms in
+        ``evictors × budgets`` order (evictor-major).
+    """
+    evictors, budgets = _check_sweep_args(evictors, budgets, max_batch)
+    n_tokens = int(prefill.input_ids.shape[-1])
+
+    # Plan: distinct decodes. Key None = full cache; "audit" = the full set through the eviction path.
+    plan_keys: list = [None]
+    plan_kept: list[torch.Tensor | None] = [None]
+    arms = []  # (evictor, budget, n_kept, plan index)
+    key_index: dict = {None: 0}
+    for evictor in evictors:
+        for budget in budgets:
+            pos = kept_positions(evictor, prefill, budget, n_sink=n_sink, n_recent=n_recent,
+                                 pool_kernel=pool_kernel)
+            count = int(pos.shape[-1])
+            if count == n_tokens:
+                key = "audit" if audit else None
+                if audit:
+                    pos = torch.arange(n_tokens)
+            else:
+                key = (evictor in PER_LAYER_EVICTORS, tuple(pos.reshape(-1).tolist()))
+            if key not in key_index:
+                key_index[key] = len(plan_kept)
+                plan_keys.append(key)
+                plan_kept.append(pos)
+            arms.append((evictor, budget, count, key_index[key]))
+
+    # Groups: longest caches first, so each batch pads little.
+    lengths = [n_tokens if p is None else int(p.shape[-1]) for p in plan_kept]
+    order = sorted(range(len(plan_kept)), key=lambda i: (-lengths[i], i))
+    size = max_batch if batch_arms else 1
+    groups = [order[i : i + size] for i in range(0, len(order), size)]
+
+    eos_ids = eos_token_ids(model, tokenizer)
+    plan_tokens: list[list[int] | None] = [None] * len(plan_kept)
+    plan_ms = [0.0] * len(plan_kept)
+    for group in groups:
+        start = time.perf_counter()
+        out = decode_arms(model, prefill, [plan_kept[i] for i in group], max_new_tokens=max_new_tokens,
+                          eos_ids=eos_ids, tokenizer=tokenizer, stop_strings=stop_strings)
+        share = (time.perf_counter() - start) * 1000.0 / len(group)
+        for i, toks in zip(group, out):
+            plan_tokens[i], plan_ms[i] = toks, share
+
+    texts: dict[int, str] = {}
+
+    def result(evictor, budget, count, i):
+        if i not in texts:
+            texts[i] = tokenizer.decode(plan_tokens[i], skip_special_tokens=True)
+        return ArmResult(evictor, budget, count, list(plan_tokens[i]), texts[i], plan_ms[i])
+
+    full = result("full", 1.0, n_tokens, 0)
+    if audit and "audit" in key_index and plan_tokens[key_index["audit"]] != full.token_ids:
+        warnings.warn(
+            f"audit: arm keeping all {n_tokens} positions decoded {plan_tokens[key_index['audit']]} "
+            f"but the full-KV arm decoded {full.token_ids}",
+            AuditWarning,
+            stacklevel=2,
+        )
+    return full, [result(*arm) for arm in arms]
