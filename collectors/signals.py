@@ -1,0 +1,195 @@
+"""Gate signals from the captured observation window: top-k sets, a_ℓ, pair Jaccards, D, and
+other cheap prefill statistics.
+
+Everything is vectorised in torch: one stable sort for the top-k lists of every (layer, head),
+one one-hot batched matmul (L, H, T) → (L, H, H) for every pair's intersection size, no Python
+loop over pairs. The drop is computed by :func:`pagestats.profile.drop_from_agreement` on the
+float32 agreements that are logged, so an offline replay of the logged defaults reproduces the
+logged ``drop`` bit for bit.
+
+References
+----------
+PAGE paper §3 "Head-Agreement Drop D" (Eq. 3: a_ℓ, D); App. F (deployed bins); Table 24 (strict
+thirds); App. A.3.1 (k, stored top-k_max); App. A.3.3 (late plateau, slope, monotonicity);
+Tables 5–6 (other cheap prefill signals).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from pagestats import defaults, profile
+
+#: Positions counted as attention sinks by the ``sink_mass`` signal (the protected sinks, App. F).
+N_SINK = defaults.N_SINK
+#: Recent positions counted by the ``recent_mass`` signal (the protected recent window, App. F).
+N_RECENT = defaults.N_RECENT
+
+#: The ``signals`` fields and what each one is (all float64; DESIGN §3 ``signals`` struct).
+SIGNAL_DOCS = {
+    "entropy_early": "mean over early-bin (layer, head) of the Shannon entropy of ā_{ℓ,h}, divided by log T",
+    "entropy_late": "mean over late-bin (layer, head) of the Shannon entropy of ā_{ℓ,h}, divided by log T",
+    "sink_mass": "mean over (layer, head) of the window attention on the first 4 positions",
+    "recent_mass": "mean over (layer, head) of the window attention on the last 32 positions",
+    "topk_mass": "mean over (layer, head) of the window attention inside that head's top-k set",
+    "early_plateau": "mean a_ℓ over the early bin",
+    "late_plateau": "mean a_ℓ over the late bin (App. A.3.3)",
+    "agreement_slope": "least-squares slope of a_ℓ on relative depth ℓ/(L−1) (App. A.3.3)",
+    "frac_decreasing": "fraction of adjacent layer pairs with a_{ℓ+1} < a_ℓ (App. A.3.3)",
+    "head_cosine": "mean over layers and head pairs of the cosine similarity of ā_{ℓ,h} and ā_{ℓ,h'}",
+}
+
+
+@dataclass
+class GateSignals:
+    """The gate's inputs for one prompt (DESIGN §3 ``inputs`` and ``topk`` rows).
+
+    Attributes
+    ----------
+    agreement : numpy.ndarray, shape (L,), float32
+        a_ℓ, mean Jaccard of the top-k sets over the head pairs of layer ℓ (Eq. 3).
+    pair_jaccard : numpy.ndarray, shape (L·H(H−1)/2,), float32
+        Layer-major, pairs (i < j) in lexicographic order (:func:`pagestats.profile.pair_index`).
+    drop : float
+        D = :func:`pagestats.profile.drop_from_agreement` of ``agreement`` (float32) (Eq. 3).
+    topk : numpy.ndarray, shape (L, H, k_max), int32
+        Key positions of ā_{ℓ,h}, descending score, ties to the lower position.
+    signals : dict[str, float]
+        Other cheap prefill statistics, see :data:`SIGNAL_DOCS`.
+    gate_ms : float
+        Wall time of this computation, milliseconds.
+    k : int
+        The set size used (``min(k, T)``).
+    """
+
+    agreement: np.ndarray
+    pair_jaccard: np.ndarray
+    drop: float
+    topk: np.ndarray
+    signals: dict
+    gate_ms: float
+    k: int = defaults.TOP_K
+
+
+def topk_positions(window_attention: torch.Tensor, k_max: int) -> torch.Tensor:
+    """The ``k_max`` highest-scoring key positions per (layer, head), shape (L, H, k_max), int64.
+
+    Descending score; ties go to the lower position (a stable sort on −score keeps the original,
+    ascending position order among equal scores).
+    """
+    order = torch.sort(-window_attention, dim=-1, stable=True).indices
+    return order[..., :k_max]
+
+
+def pair_intersections(topk: torch.Tensor, n_positions: int) -> torch.Tensor:
+    """|topk[ℓ,i] ∩ topk[ℓ,j]| for every layer and every head pair (i < j), shape (L, P), int64.
+
+    One-hot encode each set over the T positions and take the batched Gram matrix
+    (L, H, T) @ (L, T, H) → (L, H, H); entries are exact integers (≤ k ≪ 2^24 in float32).
+    """
+    n_layers, n_heads, _ = topk.shape
+    onehot = torch.zeros(n_layers, n_heads, n_positions, dtype=torch.float32, device=topk.device)
+    onehot.scatter_(2, topk, 1.0)
+    gram = torch.bmm(onehot, onehot.transpose(1, 2))
+    i, j = torch.triu_indices(n_heads, n_heads, offset=1, device=topk.device)
+    return gram[:, i, j].round().to(torch.int64)
+
+
+def gate_signals(
+    window_attention,
+    *,
+    k: int = defaults.TOP_K,
+    k_max: int = defaults.K_MAX,
+    bin_fraction: float = defaults.BIN_FRACTION,
+    convention: str = defaults.BIN_CONVENTION,
+) -> GateSignals:
+    """Agreement profile, pair Jaccards, drop D, stored top-k and other signals from ā.
+
+    Parameters
+    ----------
+    window_attention : torch.Tensor or numpy.ndarray, shape (L, H, T)
+        ā_{ℓ,h} from :func:`collectors.capture.prefill` (§3).
+    k : int
+        Top-k set size of the agreement (§3: k = 32).
+    k_max : int
+        Number of top positions stored per (layer, head) for offline replay of any k ≤ k_max
+        (DESIGN §3; App. A.3.1).
+    bin_fraction, convention
+        Early/late bins of D, see :func:`pagestats.profile.bin_layers`.
+
+    Returns
+    -------
+    GateSignals
+
+    Notes
+    -----
+    Short prompts: when T < k_max only T positions exist, so ``topk`` has ``min(k_max, T)``
+    columns; likewise the agreement uses k' = min(k, T) (with k' = T every set is the whole
+    prompt and every Jaccard is 1). The Jaccard of two k'-sets is |A∩B| / (2k' − |A∩B|),
+    computed in float64 exactly as :func:`pagestats.profile.agreement_from_topk` does, averaged
+    over pairs, then cast to float32 for the log; D is computed from that float32 vector.
+    """
+    start = time.perf_counter()
+    att = torch.as_tensor(window_attention).detach().to("cpu", torch.float32)
+    if att.ndim != 3:
+        raise ValueError(f"window_attention must have shape (L, H, T), got {tuple(att.shape)}")
+    n_layers, n_heads, n_tokens = att.shape
+    if n_layers < 2 or n_heads < 2 or n_tokens < 1:
+        raise ValueError(f"need L ≥ 2 layers, H ≥ 2 heads and T ≥ 1 positions, got {tuple(att.shape)}")
+    if not torch.isfinite(att).all():
+        raise ValueError("window_attention contains NaN or infinite values")
+    if k < 1 or k_max < k:
+        raise ValueError(f"need 1 ≤ k ≤ k_max, got k={k}, k_max={k_max}")
+    k_eff = min(k, n_tokens)
+    k_max_eff = min(k_max, n_tokens)
+
+    topk = topk_positions(att, k_max_eff)
+    inter = pair_intersections(topk[..., :k_eff], n_tokens).numpy()
+    jaccard = profile.jaccard_from_intersections(inter, k_eff)  # (L, P) float64
+    agreement = jaccard.mean(axis=-1).astype(np.float32)
+    pair_jaccard = jaccard.astype(np.float32).reshape(-1)
+    drop = float(profile.drop_from_agreement(agreement, bin_fraction, convention))
+    signals = _other_signals(att, topk[..., :k_eff], agreement, bin_fraction, convention)
+    gate_ms = (time.perf_counter() - start) * 1e3
+    return GateSignals(
+        agreement=agreement,
+        pair_jaccard=pair_jaccard,
+        drop=drop,
+        topk=topk.to(torch.int32).numpy(),
+        signals=signals,
+        gate_ms=gate_ms,
+        k=k_eff,
+    )
+
+
+def _other_signals(att, topk, agreement, bin_fraction, convention) -> dict:
+    """The statistics of :data:`SIGNAL_DOCS`, float64 scalars."""
+    n_layers, n_heads, n_tokens = att.shape
+    early, late = profile.bin_layers(n_layers, bin_fraction, convention)
+    a = att.double()
+    p = a / a.sum(-1, keepdim=True).clamp_min(1e-30)
+    entropy = -(p * torch.log(p.clamp_min(1e-30))).sum(-1)  # (L, H)
+    entropy = entropy / np.log(n_tokens) if n_tokens > 1 else torch.zeros_like(entropy)
+    topk_mass = torch.gather(a, 2, topk).sum(-1)
+    unit = a / a.norm(dim=-1, keepdim=True).clamp_min(1e-30)
+    gram = torch.bmm(unit, unit.transpose(1, 2))
+    i, j = torch.triu_indices(n_heads, n_heads, offset=1)
+    ag = agreement.astype(np.float64)
+    depth = np.arange(n_layers) / (n_layers - 1)
+    slope = np.polyfit(depth, ag, 1)[0]
+    return {
+        "entropy_early": float(entropy[early].mean()),
+        "entropy_late": float(entropy[late].mean()),
+        "sink_mass": float(a[..., :N_SINK].sum(-1).mean()),
+        "recent_mass": float(a[..., -N_RECENT:].sum(-1).mean()),
+        "topk_mass": float(topk_mass.mean()),
+        "early_plateau": float(ag[early].mean()),
+        "late_plateau": float(ag[late].mean()),
+        "agreement_slope": float(slope),
+        "frac_decreasing": float(np.mean(np.diff(ag) < 0)),
+        "head_cosine": float(gram[:, i, j].mean()),
+    }
