@@ -1,0 +1,184 @@
+"""pagestats.whatif: the DESIGN §5 table against a hand-computed log and a brute-force loop."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io as stdio
+import math
+from contextlib import redirect_stdout
+from types import SimpleNamespace
+
+import numpy as np
+import polars as pl
+import pytest
+
+from pagestats import defaults
+from pagestats.replay import FixedTau, Midpoint, ProfileSpec, TaskOracle, ZScored, gated_outcomes
+from pagestats.whatif import WHATIF_COLUMNS, parse_layers, policy_from_args, profile_from_args, whatif_table
+
+
+def tiny_logs():
+    """2 tasks × 2 inputs, L = 3 (bins {0}, {2}), so D = a_0 − a_2 exactly in float32."""
+    spec = [  # task, input_id, a_0, n_tokens, full_score, score at b = 0.5
+        ("niah_multikey_3", 0, 0.0625, 100, 1.0, 0.0),
+        ("niah_multikey_3", 1, 0.25, 200, 1.0, 0.5),
+        ("vt", 0, 0.5, 100, 0.0, 1.0),
+        ("vt", 1, -0.125, 120, 1.0, 0.0),
+    ]
+    inputs, outcomes = [], []
+    for task, i, a0, n_tokens, full, score in spec:
+        inputs.append(
+            dict(run_id="r1", model="m", context_length=4096, task=task, input_id=i, draw=0, n_tokens=n_tokens,
+                 drop=a0, agreement=[a0, 0.5, 0.0], pair_jaccard=[a0, 0.5, 0.0], full_score=full,
+                 task_class=defaults.default_task_class(task))
+        )  # fmt: skip
+        outcomes.append(dict(run_id="r1", task=task, input_id=i, evictor="snapkv", budget=0.5,
+                             n_kept=n_tokens // 2, score=score))  # fmt: skip
+        outcomes.append(dict(run_id="r1", task=task, input_id=i, evictor="snapkv", budget=1.0,
+                             n_kept=n_tokens, score=full))  # fmt: skip
+    schema = {"agreement": pl.List(pl.Float32), "pair_jaccard": pl.List(pl.Float32)}
+    return SimpleNamespace(
+        inputs=pl.DataFrame(inputs, schema_overrides=schema), outcomes=pl.DataFrame(outcomes), topk=None, manifests={}
+    )
+
+
+def test_whatif_tiny_log_by_hand():
+    table = whatif_table(tiny_logs(), FixedTau(0.07))
+    assert table.columns == list(WHATIF_COLUMNS)
+    assert table.dtypes[5] == pl.Int64 and all(t == pl.Float64 for t in table.dtypes[6:])
+    # gate: mk3/0 D=0.0625 closed, mk3/1 0.25 open, vt/0 0.5 open, vt/1 −0.125 closed
+    expected = [
+        # task, b, n, full, plain, gated, delta, harm_p, harm_g, p_open, kept_kv
+        ("niah_multikey_3", 0.5, 2, 1.0, 0.25, 0.75, 0.5, 1.0, 0.5, 0.5, (1.0 + 0.5) / 2),
+        ("niah_multikey_3", 1.0, 2, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.5, 1.0),
+        ("vt", 0.5, 2, 0.5, 0.5, 1.0, 0.5, 0.5, 0.0, 0.5, (0.5 + 1.0) / 2),
+        ("vt", 1.0, 2, 0.5, 0.5, 0.5, 0.0, 0.0, 0.0, 0.5, 1.0),
+    ]
+    got = table.rows()
+    assert len(got) == len(expected)
+    for row, exp in zip(got, expected):
+        assert row[:3] == ("m", 4096, "snapkv")
+        assert row[3:6] == exp[:3]
+        assert row[6:] == pytest.approx(exp[3:], abs=1e-15)
+
+
+def test_whatif_extremes_and_oracle():
+    logs = tiny_logs()
+    lo = whatif_table(logs, FixedTau(-math.inf))
+    assert (lo["delta"] == 0).all() and (lo["p_open"] == 1).all() and lo["harm_gated"].equals(lo["harm_plain"])
+    hi = whatif_table(logs, FixedTau(math.inf))
+    assert hi["acc_gated"].equals(hi["acc_full"], check_names=False) and (hi["kept_kv"] == 1).all()
+    orc = whatif_table(logs, TaskOracle())
+    assert orc.filter(pl.col("task") == "vt")["p_open"].to_list() == [1.0, 1.0]
+    assert orc.filter(pl.col("task") == "niah_multikey_3")["p_open"].to_list() == [0.0, 0.0]
+
+
+def _brute_whatif(logs, policy, profile=ProfileSpec()):
+    """Row-by-row Python loop over gated outcomes; averages over head-pair draws."""
+    out = gated_outcomes(logs, policy, profile)
+    if "pair_draw" not in out.columns:
+        out = out.with_columns(pl.lit(0).alias("pair_draw"))
+    acc = {}
+    for r in out.iter_rows(named=True):
+        cell = (r["model"], r["context_length"], r["evictor"], r["task"], r["budget"])
+        d = acc.setdefault(cell, {}).setdefault(r["pair_draw"], [])
+        d.append(r)
+    table = []
+    for cell in sorted(acc):
+        per_draw = []
+        for rows in acc[cell].values():
+            n = len(rows)
+            full = sum(r["score_full"] for r in rows) / n
+            plain = sum(r["score_plain"] for r in rows) / n
+            gated = sum(r["score_gated"] for r in rows) / n
+            per_draw.append([
+                n, full, plain, gated, gated - plain,
+                sum(r["score_plain"] < r["score_full"] for r in rows) / n,
+                sum(r["score_gated"] < r["score_full"] for r in rows) / n,
+                sum(r["gate_open"] for r in rows) / n,
+                sum(r["n_kept_gated"] / r["n_tokens"] for r in rows) / n,
+            ])  # fmt: skip
+        table.append((*cell, *np.mean(per_draw, axis=0)))
+    return table
+
+
+@pytest.fixture(scope="module")
+def synth():
+    from pagestats.testing import synthetic_logs
+
+    s = synthetic_logs(
+        models={"qwen-like": (6, 4), "llama-like": (8, 3)},
+        n_inputs=5,
+        tasks=("niah_multikey_3", "vt", "fwe"),
+        evictors=("snapkv", "h2o"),
+        budgets=(0.25, 0.5, 1.0),
+        k_max=32,
+        with_text=False,
+        seed=3,
+    )
+    return SimpleNamespace(inputs=s.inputs, outcomes=s.outcomes, topk=s.topk, manifests=s.manifests)
+
+
+@pytest.mark.parametrize(
+    "policy,profile",
+    [
+        (FixedTau(0.05), ProfileSpec()),
+        (ZScored(pilot_n=6), ProfileSpec(layers="every-2")),
+        (Midpoint(n=3), ProfileSpec(k=16)),
+        (FixedTau(0.03), ProfileSpec(pairs_fraction=0.5, draws=3, seed=1)),
+    ],
+)
+def test_whatif_matches_brute_force(synth, policy, profile):
+    table = whatif_table(synth, policy, profile)
+    ref = _brute_whatif(synth, policy, profile)
+    assert table.height == len(ref)
+    for row, exp in zip(table.rows(), ref):
+        assert row[:6] == tuple(exp[:5]) + (int(exp[5]),)
+        assert row[6:] == pytest.approx(exp[6:], abs=1e-12)
+
+
+def _args(**kw):
+    base = dict(tau=None, policy=None, theta=-0.69, pilot=100, pilot_by="model", layers=None,
+                pairs_fraction=None, draws=20, seed=0, k=None, bins=None, strict_bins=False)  # fmt: skip
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_args_to_policy_and_profile():
+    assert policy_from_args(_args()) == FixedTau(0.07)
+    assert policy_from_args(_args(tau=0.04)) == FixedTau(0.04)
+    assert policy_from_args(_args(policy="z", theta=-0.5, pilot=50, pilot_by="model,context_length", seed=4)) == (
+        ZScored(theta_z=-0.5, pilot_n=50, pilot_by=("model", "context_length"), seed=4)
+    )
+    assert policy_from_args(_args(policy="midpoint")) == Midpoint()
+    assert policy_from_args(_args(policy="oracle")) == TaskOracle()
+    assert profile_from_args(_args()) == ProfileSpec()
+    spec = profile_from_args(_args(layers="0:3,7", pairs_fraction=0.1, draws=5, seed=2, k=16, bins=0.25, strict_bins=True))
+    assert spec == ProfileSpec(layers=(0, 1, 2, 7), pairs_fraction=0.1, draws=5, seed=2, k=16, bin_fraction=0.25,
+                               convention="strict")  # fmt: skip
+    assert parse_layers("every-4") == "every-4"
+    with pytest.raises(ValueError, match="cannot read"):
+        parse_layers("1,x2")
+
+
+def test_cli_whatif_csv(tmp_path, synth):
+    pytest.importorskip("pagestats.io", reason="pagestats.io not available yet")
+    from pagestats.cli import main
+    from pagestats.io import load
+    from pagestats.testing import synthetic_logs
+
+    s = synthetic_logs(models={"qwen-like": (6, 4)}, n_inputs=4, tasks=("niah_multikey_3", "vt"),
+                       evictors=("snapkv",), budgets=(0.5, 1.0), with_topk=False, seed=1)  # fmt: skip
+    run_dirs = s.write(tmp_path)
+    buf = stdio.StringIO()
+    with redirect_stdout(buf):
+        rc = main(["whatif", str(run_dirs[0]), "--format", "csv", "--tau", "0.05"])
+    assert rc == 0
+    rows = list(csv.reader(stdio.StringIO(buf.getvalue())))
+    assert tuple(rows[0]) == WHATIF_COLUMNS
+    ref = whatif_table(load([str(run_dirs[0])]), FixedTau(0.05))
+    assert len(rows) - 1 == ref.height
+    for got, exp in zip(rows[1:], ref.rows()):
+        assert got[0] == exp[0] and got[2:4] == list(exp[2:4])
+        assert int(got[1]) == exp[1] and float(got[4]) == exp[4] and int(got[5]) == exp[5]
+        assert [float(x) for x in got[6:]] == list(exp[6:])  # full float precision round-trips
