@@ -1,0 +1,152 @@
+"""Shared look of every paper figure: single-column size, fonts, colours, saving.
+
+Figures are built on :class:`matplotlib.figure.Figure` directly (never ``pyplot``), so no
+GUI backend is touched, nothing is registered in pyplot's figure list (nothing to close)
+and rendering works headless with the Agg canvas. Notebooks display the returned
+``Figure`` as usual.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from collections.abc import Sequence
+
+import matplotlib as mpl
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+#: Single-column width of a two-column paper, inches.
+COLUMN_WIDTH = 3.3
+#: Height of one row of panels, inches.
+ROW_HEIGHT = 1.45
+
+RC = {
+    "font.size": 7,
+    "axes.titlesize": 7,
+    "axes.labelsize": 7,
+    "xtick.labelsize": 6,
+    "ytick.labelsize": 6,
+    "legend.fontsize": 6,
+    "legend.frameon": False,
+    "legend.handlelength": 1.8,
+    "axes.linewidth": 0.6,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "xtick.major.width": 0.6,
+    "ytick.major.width": 0.6,
+    "xtick.major.size": 2.5,
+    "ytick.major.size": 2.5,
+    "lines.linewidth": 1.1,
+    "lines.markersize": 3.5,
+    "grid.linewidth": 0.4,
+    "grid.alpha": 0.5,
+    "pdf.fonttype": 42,
+    "ps.fonttype": 42,
+    "savefig.dpi": 300,
+    "figure.dpi": 150,
+}
+
+#: Arm colours/styles (Fig. 3: plain solid, gated dashed).
+ARM_STYLE = {
+    "full": {"color": "0.55", "linestyle": ":", "marker": None, "label": "full KV"},
+    "plain": {"color": "0.15", "linestyle": "-", "marker": "o", "label": "plain"},
+    "gated": {"color": "#1f77b4", "linestyle": "--", "marker": "s", "label": "gated"},
+}
+#: Task-class colours (capacity-bound warm, dilution-prone cool).
+CLASS_COLOR = {"capacity-bound": "#d62728", "dilution-prone": "#1f77b4"}
+CLASS_MARKER = {"capacity-bound": "^", "dilution-prone": "o"}
+EARLY_COLOR = "#2ca02c"
+LATE_COLOR = "#9467bd"
+TAU_COLOR = "0.3"
+
+
+def class_color(task_class: str) -> str:
+    return CLASS_COLOR.get(task_class, "0.4")
+
+
+def cycle_colors(n: int) -> list:
+    """``n`` distinguishable colours (tab10, then tab20)."""
+    cmap = mpl.colormaps["tab10" if n <= 10 else "tab20"]
+    return [cmap(i % cmap.N) for i in range(n)]
+
+
+@contextlib.contextmanager
+def style():
+    """Context in which figures of this package are created and drawn."""
+    with mpl.rc_context(RC):
+        yield
+
+
+def new_figure(n_panels: int = 1, *, ncols: int | None = None, width: float = COLUMN_WIDTH,
+               row_height: float = ROW_HEIGHT, sharex: bool = False, sharey: bool = False):
+    """A Figure with ``n_panels`` axes on a grid; returns ``(fig, axes_list)``.
+
+    Unused grid slots are removed. ``ncols`` defaults to min(n_panels, 3).
+    """
+    if n_panels < 1:
+        raise ValueError("n_panels must be ≥ 1")
+    ncols = ncols or min(n_panels, 3)
+    nrows = math.ceil(n_panels / ncols)
+    fig = Figure(figsize=(width, 0.45 + row_height * nrows), layout="constrained")
+    FigureCanvasAgg(fig)
+    grid = fig.subplots(nrows, ncols, squeeze=False, sharex=sharex, sharey=sharey)
+    axes = list(grid.ravel())
+    for ax in axes[n_panels:]:
+        ax.remove()
+    return fig, axes[:n_panels]
+
+
+def panels(n_panels: int, ax, **kwargs):
+    """Axes for ``n_panels`` facets: ``ax`` given by the caller (one Axes or a sequence of
+    exactly ``n_panels``) or a new grid. Returns ``(fig, axes_list)``."""
+    if ax is None:
+        return new_figure(n_panels, **kwargs)
+    axes = list(np.ravel(ax)) if isinstance(ax, (Sequence, np.ndarray)) else [ax]
+    if len(axes) != n_panels:
+        raise ValueError(f"this figure draws {n_panels} panel(s); got {len(axes)} axes")
+    return axes[0].figure, axes
+
+
+def percent_axis(ax, axis: str = "y") -> None:
+    """Format a [0, 1] axis as percent."""
+    fmt = mpl.ticker.PercentFormatter(xmax=1.0, decimals=0)
+    (ax.yaxis if axis == "y" else ax.xaxis).set_major_formatter(fmt)
+
+
+def save_figure(fig: Figure, stem: str | os.PathLike, formats: Sequence[str] = ("png", "pdf")) -> list[str]:
+    """Write ``fig`` as ``stem.png`` and ``stem.pdf`` (Agg canvas); returns the paths."""
+    if fig.canvas is None or not isinstance(fig.canvas, FigureCanvasAgg):
+        FigureCanvasAgg(fig)
+    paths = []
+    os.makedirs(os.path.dirname(os.fspath(stem)) or ".", exist_ok=True)
+    for fmt in formats:
+        path = f"{os.fspath(stem)}.{fmt}"
+        with style():
+            fig.savefig(path, bbox_inches="tight", metadata=_metadata(fmt))
+        paths.append(path)
+    return paths
+
+
+def _metadata(fmt: str) -> dict | None:
+    # Reproducible bytes: no creation date in PDF/PNG metadata.
+    if fmt == "pdf":
+        return {"CreationDate": None, "Creator": "pagestats"}
+    if fmt == "png":
+        return {"Software": "pagestats"}
+    return None
+
+
+def cell_label(row: dict) -> str:
+    """Short label of a (model, context_length[, evictor]) cell."""
+    parts = []
+    if row.get("model") is not None:
+        parts.append(str(row["model"]))
+    if row.get("context_length") is not None:
+        ctx = int(row["context_length"])
+        parts.append(f"{ctx // 1024}K" if ctx % 1024 == 0 and ctx >= 1024 else str(ctx))
+    if row.get("evictor") is not None:
+        parts.append(str(row["evictor"]))
+    return " ".join(parts)

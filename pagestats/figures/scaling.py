@@ -1,0 +1,98 @@
+"""Figure of the scaling relation: per-input recovery rate ρ against the accuracy headroom
+1 − A_full, with the through-origin slope fitted on dilution-prone rows (Fig. 9)."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from pagestats import defaults
+from pagestats.figures import _style as st
+from pagestats.figures._frames import require, select_cells
+
+
+def scaling_data(gated: pl.DataFrame, *, evictor=None) -> pl.DataFrame:
+    """ρ and headroom per (model, context_length, task) row, with the through-origin fit
+    (data of Fig. 9).
+
+    Parameters
+    ----------
+    gated : polars.DataFrame
+        ``replay.gated_outcomes(...)`` including the budget-1.0 rows.
+    evictor : str, optional
+        Plain evictor whose ρ is used (needed when the frame holds several).
+
+    Returns
+    -------
+    polars.DataFrame
+        The rows of :func:`pagestats.metrics.scaling_rows` (``model, context_length, task,
+        task_class, n_inputs, acc_full, headroom, rho, rho_low, rho_high``…) plus
+        ``fit_slope``, ``fit_se``, ``fit_n`` (the :func:`pagestats.stats.through_origin_fit`
+        of ρ on headroom over the dilution-prone rows; NaN when there are none or every
+        headroom is 0) and ``fitted`` (slope × headroom).
+
+    References
+    ----------
+    PAGE paper, §5 "Scaling Relation", Eq. 4; App. A.6.4, Table 25; Figure 9 (slope 0.34).
+    """
+    from pagestats import metrics, stats
+
+    require(gated, ("task", "budget", "score_full", "score_plain"), "scaling_data")
+    sub = select_cells(gated, evictor=evictor)
+    if "evictor" in sub.columns and sub["evictor"].n_unique() > 1:
+        raise ValueError(f"scaling_data: choose one evictor of {sub['evictor'].unique().sort().to_list()}")
+    rows = metrics.scaling_rows(sub)
+    dil = rows.filter(pl.col("task_class") == defaults.DILUTION_PRONE)
+    slope = se = np.nan
+    n = dil.height
+    if n and float(dil["headroom"].abs().sum()) > 0:
+        fit = stats.through_origin_fit(dil["headroom"].to_numpy(), dil["rho"].to_numpy())
+        slope, se, n = fit.slope, fit.se, fit.n
+    return rows.with_columns(
+        pl.lit(slope, dtype=pl.Float64).alias("fit_slope"),
+        pl.lit(se, dtype=pl.Float64).alias("fit_se"),
+        pl.lit(n, dtype=pl.Int64).alias("fit_n"),
+        (pl.lit(slope, dtype=pl.Float64) * pl.col("headroom")).alias("fitted"),
+    )
+
+
+def rho_vs_headroom(gated: pl.DataFrame, *, evictor=None, ax=None):
+    """Figure 9: ρ against headroom 1 − A_full per (model, context, task) row; dilution-prone
+    rows as filled circles with the fitted through-origin line, capacity-bound rows as open
+    triangles; Wilson 95% intervals on ρ as vertical bars.
+
+    Returns
+    -------
+    matplotlib.axes.Axes
+
+    References
+    ----------
+    PAGE paper, Figure 9.
+    """
+    data = scaling_data(gated, evictor=evictor)
+    with st.style():
+        fig, (axis,) = st.panels(1, ax, row_height=2.0)
+        for cls in (defaults.DILUTION_PRONE, defaults.CAPACITY_BOUND):
+            c = data.filter(pl.col("task_class") == cls)
+            if c.height == 0:
+                continue
+            color = st.class_color(cls)
+            x, y = c["headroom"].to_numpy(), c["rho"].to_numpy()
+            if "rho_low" in c.columns:
+                axis.vlines(x, c["rho_low"].to_numpy(), c["rho_high"].to_numpy(), color=color, alpha=0.35,
+                            linewidth=0.6)
+            axis.scatter(x, y, marker=st.CLASS_MARKER[cls], s=14,
+                         facecolors=color if cls == defaults.DILUTION_PRONE else "white",
+                         edgecolors=color, linewidths=0.8, label=cls, zorder=3)
+        slope = float(data["fit_slope"][0])
+        xmax = max(float(data["headroom"].max()), 0.05) * 1.05
+        if np.isfinite(slope):
+            xs = np.array([0.0, xmax])
+            axis.plot(xs, slope * xs, color=st.class_color(defaults.DILUTION_PRONE), linewidth=0.9,
+                      linestyle="--", label=f"fit ρ = {slope:.2f}·(1 − A_full)", zorder=2)
+        axis.set_xlim(0, xmax)
+        axis.set_ylim(bottom=-0.01)
+        axis.set_xlabel("headroom 1 − A_full")
+        axis.set_ylabel("recovery rate ρ")
+        axis.legend(loc="upper left")
+    return axis
