@@ -153,8 +153,9 @@ def wilson(k, n, confidence_level: float = defaults.CONFIDENCE_LEVEL) -> Interva
     low, high = proportion_confint(k_arr, safe_n, alpha=1.0 - level, method="wilson")
     est = k_arr / safe_n
     low, high, est = (np.where(empty, np.nan, np.asarray(v, dtype=np.float64)) for v in (low, high, est))
-    # statsmodels may return 1e-17-level excursions outside [0, 1]; the interval is a probability.
-    low, high = np.clip(low, 0.0, 1.0), np.clip(high, 0.0, 1.0)
+    # The closed form gives exactly 0 at k = 0 and 1 at k = n; statsmodels can be off by ~1e-17.
+    low = np.where(k_arr == 0, np.where(empty, np.nan, 0.0), np.clip(low, 0.0, 1.0))
+    high = np.where((k_arr == n_arr) & ~empty, 1.0, np.clip(high, 0.0, 1.0))
     return Interval(
         estimate=_scalar_or_array(est),
         low=_scalar_or_array(low),
