@@ -1,0 +1,367 @@
+"""pagestats.metrics / pagestats.scaling against brute-force Python loops over a hand-built frame."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import numpy as np
+import polars as pl
+import pytest
+from scipy.stats import norm
+
+from pagestats import metrics, stats
+
+BUDGETS = (0.25, 0.5, 1.0)  # 1.0 is the audit row (plain == full)
+CELLS = (("m1", 4096), ("m2", 4096), ("m1", 16384))
+EVICTORS = ("snapkv", "h2o")
+# task → (class, number of inputs); niah_multikey_3 never recovers (0/n), vt always does (n/n),
+# fwe has a single input, qa_1 is random.
+TASKS = {
+    "niah_multikey_3": ("capacity-bound", 5),
+    "vt": ("dilution-prone", 4),
+    "qa_1": ("dilution-prone", 7),
+    "fwe": ("dilution-prone", 1),
+}
+
+
+def build_rows(seed: int = 0) -> list[dict]:
+    g = np.random.default_rng(seed)
+    rows = []
+    for model, ctx in CELLS:
+        run = f"{model}-{ctx}"
+        for task, (cls, n) in TASKS.items():
+            for i in range(n):
+                n_tok = int(g.integers(80, 121))
+                drop = float(g.normal(0.02 if cls == "capacity-bound" else 0.1, 0.05))
+                is_open = drop >= 0.07
+                full = {"niah_multikey_3": 1.0, "vt": 0.0}.get(task, float(g.integers(0, 2)))
+                for ev in EVICTORS:
+                    for b in BUDGETS:
+                        if b == 1.0:
+                            plain = full
+                        elif task == "niah_multikey_3":
+                            plain = 0.0
+                        elif task == "vt":
+                            plain = 1.0 if b == 0.5 else 0.0
+                        else:
+                            plain = float(g.integers(0, 3)) / 2
+                        kept = n_tok if b == 1.0 else int(round(b * n_tok))
+                        rows.append(
+                            dict(run_id=run, task=task, input_id=i, model=model, context_length=ctx, task_class=cls,
+                                 evictor=ev, budget=b, n_tokens=n_tok, drop=drop, tau=0.07, gate_open=is_open,
+                                 score_full=full, score_plain=plain, score_gated=plain if is_open else full,
+                                 n_kept_plain=kept, n_kept_gated=kept if is_open else n_tok)
+                        )
+    return rows
+
+
+ROWS = build_rows()
+FRAME = pl.DataFrame(ROWS)
+TASK_CELL = ("model", "context_length", "evictor", "task")
+
+
+def unit(r):
+    return (r["run_id"], r["task"], r["input_id"], r["evictor"])
+
+
+def wilson_hand(k, n, level=0.95):
+    z = norm.ppf(0.5 + level / 2)
+    p = k / n
+    c = (p + z * z / (2 * n)) / (1 + z * z / n)
+    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, c - h), min(1.0, c + h)
+
+
+def as_dict(frame: pl.DataFrame, by, cols):
+    return {tuple(r[c] for c in by): {c: r[c] for c in cols} for r in frame.iter_rows(named=True)}
+
+
+# --------------------------------------------------------------------------- ρ, harm, r(x)
+
+
+def test_recovery_rate_vs_loop():
+    best, full = defaultdict(lambda: -1.0), {}
+    for r in ROWS:
+        if r["budget"] < 1:
+            key = (tuple(r[c] for c in TASK_CELL), unit(r))
+            best[key] = max(best[key], r["score_plain"])
+            full[key] = r["score_full"]
+    counts = defaultdict(lambda: [0, 0])
+    for (g, u), b in best.items():
+        counts[g][0] += b > full[(g, u)]
+        counts[g][1] += 1
+    got = as_dict(metrics.recovery_rate(FRAME), TASK_CELL, ["k", "n", "rho", "low", "high", "dilution_prone"])
+    assert set(got) == set(counts)
+    for g, (k, n) in counts.items():
+        row = got[g]
+        assert (row["k"], row["n"]) == (k, n)
+        assert row["rho"] == pytest.approx(k / n)
+        assert (row["low"], row["high"]) == pytest.approx(wilson_hand(k, n))
+        assert row["dilution_prone"] == (k / n >= 0.05)
+    # degenerate groups are present: 0/n, n/n and one input
+    assert all(got[g]["k"] == 0 for g in got if g[3] == "niah_multikey_3")
+    assert all(got[g]["k"] == got[g]["n"] for g in got if g[3] == "vt")
+    assert all(got[g]["n"] == 1 for g in got if g[3] == "fwe")
+    assert all(got[g]["low"] == 0.0 for g in got if g[3] == "niah_multikey_3")
+
+
+@pytest.mark.parametrize("arm", ["plain", "gated"])
+def test_harm_rate_vs_loop(arm):
+    by = ("model", "task")
+    counts = defaultdict(lambda: [0, 0])
+    for r in ROWS:
+        counts[(r["model"], r["task"], r["budget"])][0] += r[f"score_{arm}"] < r["score_full"]
+        counts[(r["model"], r["task"], r["budget"])][1] += 1
+    got = as_dict(metrics.harm_rate(FRAME, by=by, arm=arm), (*by, "budget"), ["k", "n", "harm", "low", "high"])
+    assert set(got) == set(counts)
+    for g, (k, n) in counts.items():
+        assert (got[g]["k"], got[g]["n"]) == (k, n)
+        assert (got[g]["low"], got[g]["high"]) == pytest.approx(wilson_hand(k, n))
+
+
+@pytest.mark.parametrize("include_full", [True, False])
+def test_recovery_indicator_vs_loop(include_full):
+    best, full = defaultdict(lambda: -1.0), {}
+    for r in ROWS:
+        if r["budget"] < 1:
+            best[unit(r)] = max(best[unit(r)], r["score_gated"])
+            full[unit(r)] = r["score_full"]
+    got = metrics.recovery_indicator(FRAME, "gated", include_full=include_full)
+    assert got.height == len(best)
+    for r in got.iter_rows(named=True):
+        u = (r["run_id"], r["task"], r["input_id"], r["evictor"])
+        b = max(best[u], full[u]) if include_full else best[u]
+        assert r["r"] == int(np.sign(b - full[u]))
+    if include_full:
+        assert got["r"].min() >= 0  # the identity of App. A.7.1
+    else:
+        assert got["r"].min() == -1  # closed-gate fallback never loses; open inputs can
+
+
+# --------------------------------------------------------------------------- Δ and the bootstrap
+
+
+@pytest.mark.parametrize("by", [("model", "context_length", "evictor"), TASK_CELL])
+def test_delta_vs_loop(by):
+    acc = defaultdict(list)
+    units = defaultdict(set)
+    for r in ROWS:
+        if r["budget"] < 1:
+            g = tuple(r[c] for c in by)
+            acc[g].append(r["score_gated"] - r["score_plain"])
+            units[g].add(unit(r))
+    got = as_dict(metrics.delta(FRAME, by=by), by, ["delta", "n_inputs", "n_rows"])
+    assert set(got) == set(acc)
+    for g, d in acc.items():
+        assert got[g]["delta"] == pytest.approx(sum(d) / len(d))
+        assert (got[g]["n_inputs"], got[g]["n_rows"]) == (len(units[g]), len(d))
+
+
+def test_delta_bootstrap_vs_stats_on_loop_built_cells():
+    by = ("model", "context_length", "evictor")
+    res = metrics.delta_bootstrap(FRAME, by=by, rng=np.random.default_rng(3), n_boot=400)
+    # independent construction of the per-cell (inputs × budgets) matrices, cells in sorted order
+    cells = defaultdict(lambda: defaultdict(dict))
+    for r in ROWS:
+        if r["budget"] < 1:
+            cells[tuple(r[c] for c in by)][unit(r)][r["budget"]] = r["score_gated"] - r["score_plain"]
+    keys = sorted(cells)
+    mats = [np.array([[cells[k][u][b] for b in sorted(cells[k][u])] for u in sorted(cells[k])]) for k in keys]
+    ref = stats.cluster_bootstrap(mats, rng=np.random.default_rng(3), n_boot=400)
+    assert [tuple(r) for r in res.select(by).rows()] == keys
+    np.testing.assert_allclose(res["delta"], ref.estimate)
+    np.testing.assert_allclose(res["low"], ref.low)
+    np.testing.assert_allclose(res["high"], ref.high)
+    np.testing.assert_allclose(res["p_value"], ref.p_value)
+    np.testing.assert_allclose(res["p_adjusted"], stats.bh(ref.p_value).adjusted)
+    np.testing.assert_allclose(res["delta"], metrics.delta(FRAME, by=by)["delta"])
+    assert res["n_budgets"].to_list() == [2] * len(keys)
+
+
+def test_delta_bootstrap_unbalanced_raises():
+    frame = FRAME.filter(~((pl.col("input_id") == 0) & (pl.col("task") == "qa_1") & (pl.col("budget") == 0.25)))
+    with pytest.raises(ValueError, match="budget sets"):
+        metrics.delta_bootstrap(frame, rng=np.random.default_rng(0), n_boot=10)
+
+
+# --------------------------------------------------------------------------- gate and memory
+
+
+def test_p_open_vs_loop():
+    seen = {}
+    for r in ROWS:
+        seen[(r["model"], r["context_length"], r["run_id"], r["task"], r["input_id"])] = r["gate_open"]
+    counts = defaultdict(lambda: [0, 0])
+    for (m, c, *_), is_open in seen.items():
+        counts[(m, c)][0] += is_open
+        counts[(m, c)][1] += 1
+    got = as_dict(metrics.p_open(FRAME), ("model", "context_length"), ["k", "n", "p_open"])
+    for g, (k, n) in counts.items():
+        assert (got[g]["k"], got[g]["n"]) == (k, n) and got[g]["p_open"] == pytest.approx(k / n)
+    bad = FRAME.with_columns(
+        pl.when((pl.col("budget") == 0.25) & (pl.col("input_id") == 0)).then(~pl.col("gate_open"))
+        .otherwise(pl.col("gate_open")).alias("gate_open")
+    )
+    with pytest.raises(ValueError, match="gate_open differs"):
+        metrics.p_open(bad)
+
+
+@pytest.mark.parametrize("arm", ["plain", "gated"])
+@pytest.mark.parametrize("by", [("model", "evictor"), ("model", "evictor", "budget")])
+def test_kept_kv_vs_loop(arm, by):
+    acc, acc_open = defaultdict(list), defaultdict(list)
+    for r in ROWS:
+        if r["budget"] < 1:
+            g = tuple(r[c] for c in by)
+            f = r[f"n_kept_{arm}"] / r["n_tokens"]
+            acc[g].append(f)
+            if r["gate_open"]:
+                acc_open[g].append(f)
+    got = as_dict(metrics.kept_kv(FRAME, by=by, arm=arm), by, ["kept_kv", "compression", "kept_kv_open", "n_rows"])
+    for g, v in acc.items():
+        assert got[g]["kept_kv"] == pytest.approx(np.mean(v))
+        assert got[g]["compression"] == pytest.approx(1 / np.mean(v))
+        assert got[g]["kept_kv_open"] == pytest.approx(np.mean(acc_open[g]))
+        assert got[g]["n_rows"] == len(v)
+    comp = metrics.compression(FRAME, by=by, arm=arm)
+    np.testing.assert_allclose(comp["compression"], 1 / comp["kept_kv"])
+
+
+def test_static_batching_closed_form_and_simulation():
+    out = metrics.static_batching(0.75, 0.0625, [1, 2, 4, 8, 16])
+    comp = dict(zip(out["batch_size"], out["compression"]))
+    assert comp[1] == pytest.approx(1 / (0.25 + 0.75 * 0.0625))  # ≈ 3.37×, Table 22's realized compression
+    assert comp[16] <= 1.05
+    assert list(out["compression"]) == sorted(out["compression"], reverse=True)
+    for b, c in comp.items():
+        assert c == pytest.approx(1 / ((1 - 0.75**b) + 0.75**b * 0.0625))
+    # simulation of "a batch is provisioned for its largest resident cache"
+    g = np.random.default_rng(0)
+    for b in (1, 4):
+        resident = np.where(g.uniform(size=(200_000, b)) < 0.75, 0.0625, 1.0)
+        assert 1 / resident.max(axis=1).mean() == pytest.approx(comp[b], rel=0.02)
+    two = metrics.static_batching([0.5, 1.0], [0.1, 0.2], [1, 3])
+    assert two.height == 4 and two.filter(pl.col("p_open") == 1.0)["compression"].to_list() == pytest.approx([5, 5])
+    with pytest.raises(ValueError):
+        metrics.static_batching(1.5, 0.1, [1])
+    with pytest.raises(ValueError):
+        metrics.static_batching(0.5, 0.1, [0])
+
+
+def test_delta_of_f_linear():
+    assert metrics.delta_of_f(0.78, 0.045, 0.0) == pytest.approx(0.045)
+    assert metrics.delta_of_f(0.78, 0.045, 1.0) == pytest.approx(0.78)
+    assert metrics.delta_of_f(0.78, 0.045, 0.5) == pytest.approx((0.78 + 0.045) / 2)
+    f = np.linspace(0, 1, 11)
+    v = metrics.delta_of_f(np.array([[0.78], [0.5]]), np.array([[0.045], [0.0]]), f)
+    assert v.shape == (2, 11)
+    np.testing.assert_allclose(np.diff(v, 2, axis=1), 0, atol=1e-12)  # linear in f
+    with pytest.raises(ValueError):
+        metrics.delta_of_f(1, 0, 1.2)
+
+
+def test_oracle_gap_vs_loop():
+    oracle_rows = []
+    for r in ROWS:
+        o = r["task_class"] != "capacity-bound"
+        oracle_rows.append({**r, "gate_open": o, "score_gated": r["score_plain"] if o else r["score_full"],
+                            "n_kept_gated": r["n_kept_plain"] if o else r["n_tokens"]})
+    acc = defaultdict(lambda: [[], []])
+    for r, o in zip(ROWS, oracle_rows):
+        if r["budget"] < 1:
+            g = (r["model"], r["context_length"], r["evictor"])
+            acc[g][0].append(r["score_gated"] - r["score_plain"])
+            acc[g][1].append(o["score_gated"] - o["score_plain"])
+    got = as_dict(metrics.oracle_gap(FRAME, pl.DataFrame(oracle_rows)), ("model", "context_length", "evictor"), ["gap"])
+    for g, (p, o) in acc.items():
+        assert got[g]["gap"] == pytest.approx(np.mean(p) - np.mean(o))
+    with pytest.raises(ValueError, match="same cells"):
+        metrics.oracle_gap(FRAME, pl.DataFrame(oracle_rows).filter(pl.col("model") == "m1"))
+
+
+# --------------------------------------------------------------------------- AUC
+
+
+def test_auc_by_signal_vs_pair_count():
+    inputs = {}
+    for r in ROWS:
+        inputs[(r["model"], r["context_length"], r["run_id"], r["task"], r["input_id"])] = (r["drop"], r["task_class"])
+    groups = defaultdict(lambda: ([], []))
+    for (m, c, *_), (d, cls) in inputs.items():
+        groups[(m, c)][cls == "capacity-bound"].append(d)
+    got = as_dict(metrics.auc_by_signal(FRAME), ("model", "context_length"), ["auc", "n_capacity", "n_dilution"])
+    for g, (dil, cap) in groups.items():
+        pairs = [1.0 if x > y else 0.5 if x == y else 0.0 for x in dil for y in cap]
+        assert got[g]["auc"] == pytest.approx(np.mean(pairs))
+        assert (got[g]["n_capacity"], got[g]["n_dilution"]) == (len(cap), len(dil))
+    only = metrics.auc_by_signal(FRAME, capacity_tasks=["niah_multikey_3"], dilution_tasks=["vt"])
+    assert only["n_dilution"].to_list() == [4, 4, 4]
+    none = metrics.auc_by_signal(FRAME.filter(pl.col("task") == "vt"))
+    assert none["auc"].null_count() == none.height and none["n_capacity"].to_list() == [0, 0, 0]
+
+
+# --------------------------------------------------------------------------- scaling
+
+
+def test_scaling_rows_fit_and_band_vs_loop():
+    snap = FRAME.filter(pl.col("evictor") == "snapkv")
+    rows = metrics.scaling_rows(snap)
+    by = ("model", "context_length", "task")
+    full = defaultdict(dict)
+    for r in ROWS:
+        if r["evictor"] == "snapkv":
+            full[tuple(r[c] for c in by)][r["input_id"]] = r["score_full"]
+    got = as_dict(rows, by, ["a_full", "headroom", "n", "rho", "ratio"])
+    rho = as_dict(metrics.recovery_rate(snap, by=by), by, ["rho"])
+    for g, per in full.items():
+        a = np.mean(list(per.values()))
+        assert got[g]["a_full"] == pytest.approx(a) and got[g]["headroom"] == pytest.approx(1 - a)
+        assert got[g]["n"] == len(per) and got[g]["rho"] == rho[g]["rho"]
+        assert got[g]["ratio"] == (None if a == 1 else pytest.approx(rho[g]["rho"] / (1 - a)))
+    fit = metrics.scaling_fit(rows)
+    sub = rows.filter(pl.col("task_class") == "dilution-prone")
+    slope, *_ = np.linalg.lstsq(sub["headroom"].to_numpy()[:, None], sub["rho"].to_numpy(), rcond=None)
+    assert fit.slope == pytest.approx(slope[0]) and fit.n == sub.height
+    # pre-registration band: min/max ratio per task over fitting rows with headroom > 0
+    fit_rows = rows.filter(pl.col("context_length") == 4096)
+    band = metrics.predict_band(fit_rows, pl.DataFrame({"task": ["qa_1", "vt"], "headroom": [0.5, 0.8]}))
+    for r in band.iter_rows(named=True):
+        ratios = [x["rho"] / x["headroom"] for x in fit_rows.iter_rows(named=True)
+                  if x["task"] == r["task"] and x["headroom"] > 0]
+        assert r["predicted_low"] == pytest.approx(min(ratios) * r["headroom"])
+        assert r["predicted_high"] == pytest.approx(max(ratios) * r["headroom"])
+        assert r["n_fit_rows"] == len(ratios)
+    with pytest.raises(ValueError, match="no fitting rows"):
+        metrics.predict_band(fit_rows, pl.DataFrame({"task": ["niah_multikey_3"], "headroom": [0.5]}))
+    with pytest.raises(ValueError, match="several evictors"):
+        metrics.scaling_rows(FRAME)
+
+
+# --------------------------------------------------------------------------- input checking and empties
+
+
+def test_empty_selection_gives_empty_frames():
+    empty = FRAME.filter(pl.col("task") == "no_such_task")
+    for fn in (metrics.recovery_rate, metrics.harm_rate, metrics.delta, metrics.kept_kv, metrics.p_open):
+        out = fn(empty)
+        assert out.height == 0 and len(out.columns) > 0
+    assert metrics.delta_bootstrap(empty, rng=np.random.default_rng(0)).height == 0
+    assert metrics.auc_by_signal(empty).height == 0
+    assert metrics.recovery_indicator(empty).height == 0
+
+
+def test_input_errors():
+    with pytest.raises(ValueError, match="missing columns"):
+        metrics.recovery_rate(FRAME.drop("score_full"))
+    with pytest.raises(ValueError, match="arm"):
+        metrics.recovery_rate(FRAME, arm="full")
+    with pytest.raises(ValueError, match="duplicate"):
+        metrics.delta(pl.concat([FRAME, FRAME.head(1)]))
+    draws = pl.concat([FRAME.with_columns(pl.lit(d).alias("pair_draw")) for d in (0, 1)])
+    with pytest.raises(ValueError, match="pair_draw"):
+        metrics.p_open(draws)
+    per_draw = metrics.p_open(draws, by=("model", "pair_draw"))
+    assert per_draw.height == 4
+    with pytest.raises(TypeError):
+        metrics.delta(ROWS)
