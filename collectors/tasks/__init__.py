@@ -1,0 +1,190 @@
+"""RULER-style long-context tasks: generators, prompt rendering, length fitting and scoring.
+
+Public API (docs/ARCHITECTURE.md, collector contract)::
+
+    TaskInput                      one rendered input (prompt with chat template + answer prefix)
+    make_input(task, *, tokenizer, context_length, input_id, draw, haystack="noise", **files)
+    score(task, prediction, references) -> float      RULER string_match_all / string_match_part
+    TASK_NAMES, TASK_TOKENS_TO_GENERATE
+    render_prompt(tokenizer, text, answer_prefix), tokenize_prompt(tokenizer, prompt)
+
+Inputs are deterministic functions of ``(task, draw, input_id)`` and the tokenizer: the seed of
+every random choice is derived from those three by SHA-256 (:func:`input_seed`).
+
+The prompt is the whole RULER input — instruction, context and question inside the chat template,
+then the answer prefix — and all of it is prefilled (query-aware, as RULER runs; DESIGN §7).
+A query-agnostic mode (context prefilled and evicted, question decoded afterwards) is future work.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+from pagestats import defaults
+
+from collectors.tasks import generators as _gen
+from collectors.tasks import templates as _tp
+from collectors.tasks.haystack import file_sha256
+from collectors.tasks.length import TOLERANCE, fit_length
+from collectors.tasks.scoring import metric_name, postprocess, score, string_match_all, string_match_part
+
+TASK_NAMES: tuple[str, ...] = tuple(defaults.RULER_TASKS)
+TASK_TOKENS_TO_GENERATE: dict[str, int] = {
+    **{t: _tp.NIAH_TOKENS for t in _tp.NIAH_CONFIGS},
+    "vt": _tp.VT_TOKENS,
+    "cwe": _tp.CWE_TOKENS,
+    "fwe": _tp.FWE_TOKENS,
+    "qa_1": _tp.QA_TOKENS,
+    "qa_2": _tp.QA_TOKENS,
+}
+HAYSTACKS = ("noise", "essay")
+
+__all__ = [
+    "TaskInput", "make_input", "score", "postprocess", "string_match_all", "string_match_part", "metric_name",
+    "TASK_NAMES", "TASK_TOKENS_TO_GENERATE", "render_prompt", "tokenize_prompt", "input_seed", "TOLERANCE",
+]
+
+
+@dataclass
+class TaskInput:
+    """One input of a task, ready to prefill.
+
+    Attributes
+    ----------
+    prompt : str
+        Exact text given to the tokenizer: chat template applied to the RULER input, then the answer
+        prefix (schema v1 ``inputs.prompt``).
+    references : list[str]
+        Reference answers for :func:`score`.
+    n_tokens : int
+        Prompt length in tokens (:func:`tokenize_prompt`), within 2 % below ``context_length``.
+    metadata : dict
+        JSON-serialisable details: ``haystack`` (noise / essay file / needles / …), haystack size
+        ``n`` and ``unit``, filler words ``m``, ``chat_template``, the metric, file hashes.
+    """
+
+    task: str
+    input_id: int
+    draw: int
+    prompt: str
+    references: list[str]
+    max_new_tokens: int
+    n_tokens: int
+    metadata: dict = field(default_factory=dict)
+
+
+def input_seed(task: str, draw: int, input_id: int) -> int:
+    """64-bit seed of every random choice of input ``(task, draw, input_id)``."""
+    digest = hashlib.sha256(f"{task}|{int(draw)}|{int(input_id)}".encode()).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+def has_chat_template(tokenizer) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def render_prompt(tokenizer, text: str, answer_prefix: str) -> str:
+    """The chat template (one user turn, generation prompt added) around ``text``, then the answer
+    prefix without RULER's leading space. Tokenizers without a chat template get RULER's plain
+    ``text + answer_prefix``."""
+    if has_chat_template(tokenizer):
+        chat = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+        )
+        return chat + answer_prefix.lstrip()
+    return text + answer_prefix
+
+
+def tokenize_prompt(tokenizer, prompt: str) -> list[int]:
+    """Token ids of ``prompt``: the chat template already holds the special tokens, so none are
+    added then; without a chat template the tokenizer's own (e.g. BOS) are added."""
+    return list(tokenizer(prompt, add_special_tokens=not has_chat_template(tokenizer))["input_ids"])
+
+
+def _generator(task, seed, *, context_length, input_id, draw, haystack, essay_file, qa_file):
+    if task in _tp.NIAH_CONFIGS:
+        return _gen.niah(task, seed, haystack=haystack, essay_file=essay_file)
+    if task == "vt":
+        return _gen.vt(seed, context_length=context_length)
+    if task == "cwe":
+        return _gen.cwe(seed, context_length=context_length)
+    if task == "fwe":
+        return _gen.fwe(seed, context_length=context_length)
+    if task in _tp.QA_CONFIGS:
+        from collectors.tasks.qa import qa
+
+        return qa(task, seed, draw_seed=input_seed(task, draw, -1), input_id=input_id, qa_file=qa_file)
+    raise ValueError(f"unknown task {task!r}; expected one of {', '.join(TASK_NAMES)}")
+
+
+def make_input(
+    task: str,
+    *,
+    tokenizer,
+    context_length: int,
+    input_id: int,
+    draw: int,
+    haystack: str = "noise",
+    max_new_tokens: int | None = None,
+    essay_file=None,
+    qa_file=None,
+) -> TaskInput:
+    """Generate input ``input_id`` of ``task`` at ``context_length`` tokens for ``tokenizer``.
+
+    Parameters
+    ----------
+    haystack : {"noise", "essay"}
+        Haystack of the tasks whose RULER haystack is an essay (niah_multikey_1, niah_multivalue,
+        niah_multiquery): "essay" reads ``essay_file``; other tasks use RULER's own haystack.
+    max_new_tokens : int, optional
+        Overrides RULER's tokens to generate (:data:`TASK_TOKENS_TO_GENERATE`).
+    essay_file, qa_file : path, optional
+        User-supplied essay text / SQuAD (qa_1) or HotpotQA (qa_2) json.
+
+    Raises
+    ------
+    ValueError
+        Unknown task or haystack, missing file, or a context too short for the task.
+    """
+    if task not in TASK_NAMES:
+        raise ValueError(f"unknown task {task!r}; expected one of {', '.join(TASK_NAMES)}")
+    if haystack not in HAYSTACKS:
+        raise ValueError(f"unknown haystack {haystack!r}; expected one of {HAYSTACKS}")
+    if int(context_length) <= 0:
+        raise ValueError(f"context_length must be positive, got {context_length}")
+    if int(input_id) < 0:
+        raise ValueError(f"input_id must be ≥ 0, got {input_id}")
+    seed = input_seed(task, draw, input_id)
+    gen = _generator(task, seed, context_length=int(context_length), input_id=int(input_id), draw=int(draw),
+                     haystack=haystack, essay_file=essay_file, qa_file=qa_file)
+    fit = fit_length(
+        gen,
+        lambda body: render_prompt(tokenizer, body.text, body.answer_prefix),
+        lambda prompt: len(tokenize_prompt(tokenizer, prompt)),
+        int(context_length),
+    )
+    haystack_used = gen.haystack
+    metadata = {
+        "haystack": haystack_used,
+        "unit": gen.unit,
+        "n": fit.n,
+        "m": fit.m,
+        "chat_template": has_chat_template(tokenizer),
+        "metric": metric_name(task),
+        "fill": fit.n_tokens / int(context_length),
+        "within_tolerance": fit.n_tokens >= (1 - TOLERANCE) * int(context_length),
+        **fit.body.metadata,
+    }
+    if haystack_used == "essay":
+        metadata["essay_sha256"] = file_sha256(essay_file)
+    return TaskInput(
+        task=task,
+        input_id=int(input_id),
+        draw=int(draw),
+        prompt=fit.prompt,
+        references=list(fit.body.references),
+        max_new_tokens=int(max_new_tokens) if max_new_tokens is not None else TASK_TOKENS_TO_GENERATE[task],
+        n_tokens=fit.n_tokens,
+        metadata=metadata,
+    )

@@ -1,0 +1,271 @@
+"""Sharded, atomic, resumable output of a run in log schema v1 (DESIGN §3, §7, §9).
+
+Layout of a run directory ``OUT``::
+
+    OUT/manifest.json                      rewritten (atomically, under a lock) after every part
+    OUT/inputs/part-SSSS-of-NNNN-QQQQQQ.parquet
+    OUT/outcomes/part-SSSS-of-NNNN-QQQQQQ.parquet
+    OUT/topk/part-SSSS-of-NNNN-QQQQQQ.parquet     (when top-k indices are stored)
+
+A *part* holds a small batch of finished inputs — their ``inputs`` rows, every ``outcomes`` row and
+every ``topk`` row — written by shard ``SSSS`` of ``NNNN`` as its ``QQQQQQ``-th part.
+
+Guarantees
+----------
+* Atomic files: each file is written to a temp name and renamed (:func:`pagestats.schema.write_parquet`).
+* Atomic parts: ``topk`` and ``outcomes`` are written first and ``inputs`` LAST, so a part counts as
+  finished only when its ``inputs`` file exists (together with the others). On start, a shard
+  deletes its own temp files and its own incomplete parts; other shards' files are left alone, so
+  shards may run concurrently into one directory.
+* Resume: the finished ``(task, input_id)`` are read from every shard's ``inputs`` parts and skipped;
+  an input is written in exactly one part, so no row is ever duplicated.
+* Same run: the ``run_id`` is a hash of the run's parameters (:func:`run_id_for`); starting in a
+  directory whose manifest has another ``run_id`` is refused with the differing parameters named.
+
+Deterministic work split (``--shard i/n``): the inputs are numbered
+``global_index = input_id · len(tasks) + task_index`` (input-major, so raising ``--n`` keeps every
+earlier index) and shard ``i`` takes those with ``global_index % n == i`` (:func:`shard_items`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from pagestats import schema
+
+#: Test hook: after this many complete parts, the next part's write dies (``os._exit``) after its
+#: topk/outcomes files and before its inputs file, as a crash mid-part would.
+CRASH_ENV = "PAGESTATS_COLLECT_CRASH_AFTER_PARTS"
+CRASH_EXIT_CODE = 75
+PART_RE = re.compile(r"^part-(\d{4})-of-(\d{4})-(\d{6})\.parquet$")
+TABLE_ORDER = ("topk", "outcomes", "inputs")  # inputs last: its presence marks a finished part
+
+
+class RunMismatchError(ValueError):
+    """The output directory holds a different run (other parameters)."""
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    index: int
+    task: str
+    input_id: int
+
+
+def work_items(tasks, n: int) -> list[WorkItem]:
+    """Every input of the run, numbered input-major: ``index = input_id · len(tasks) + task_index``."""
+    tasks = list(tasks)
+    return [WorkItem(i * len(tasks) + t, task, i) for i in range(int(n)) for t, task in enumerate(tasks)]
+
+
+def parse_shard(spec: str) -> tuple[int, int]:
+    """``"i/n"`` → ``(i, n)`` with ``0 ≤ i < n``."""
+    try:
+        i, n = (int(x) for x in str(spec).split("/"))
+    except ValueError:
+        raise ValueError(f"--shard must look like i/n (e.g. 0/4), got {spec!r}") from None
+    if n < 1 or not 0 <= i < n:
+        raise ValueError(f"--shard i/n needs 0 ≤ i < n, got {spec!r}")
+    return i, n
+
+
+def shard_items(items, shard: tuple[int, int]) -> list[WorkItem]:
+    """Items whose global index ≡ i (mod n): the shards of one n partition the work."""
+    i, n = shard
+    return [it for it in items if it.index % n == i]
+
+
+def run_id_for(parameters: dict, *, label: str = "run") -> str:
+    """Deterministic run id: a readable label plus the first 16 hex of the sha256 of the
+    canonical JSON of ``parameters``."""
+    import hashlib
+
+    digest = hashlib.sha256(json.dumps(parameters, sort_keys=True, default=str).encode()).hexdigest()
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", label).strip("-")[:48] or "run"
+    return f"{slug}-{digest[:16]}"
+
+
+def _diff(old: dict, new: dict, prefix: str = "") -> list[str]:
+    out = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _diff(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}: existing {a!r} vs requested {b!r}")
+    return out
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    import fcntl
+
+    with open(path, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+class RunWriter:
+    """Writer of one shard of a run.
+
+    Parameters
+    ----------
+    out : path
+        Run directory (created).
+    manifest : dict
+        Every manifest key except ``files``/``schema_version`` (:data:`pagestats.schema.MANIFEST_KEYS`),
+        including ``run_id`` and a ``parameters`` dict (what the run id hashes).
+    shard : (i, n)
+    part_size : int
+        Inputs per part.
+    topk : bool
+        Whether ``topk`` rows are written (a part then needs all three files).
+    """
+
+    def __init__(self, out, manifest: dict, *, shard=(0, 1), part_size: int = 8, topk: bool = True):
+        if part_size < 1:
+            raise ValueError(f"part_size must be ≥ 1, got {part_size}")
+        for key in ("run_id", "parameters"):
+            if key not in manifest:
+                raise ValueError(f"manifest needs {key!r}")
+        self.out = Path(out)
+        self.manifest = dict(manifest)
+        self.shard = tuple(shard)
+        self.part_size = int(part_size)
+        self.tables = TABLE_ORDER if topk else ("outcomes", "inputs")
+        self.prefix = f"part-{self.shard[0]:04d}-of-{self.shard[1]:04d}-"
+        self._buffer: dict[str, list[dict]] = {t: [] for t in schema.TABLES}
+        self._n_buffered = 0
+        self._next_seq = 1
+        self._written_parts = 0
+        self.done: set[tuple[str, int]] = set()
+        self.removed: list[str] = []
+
+    # ------------------------------------------------------------------ start
+    def open(self) -> set[tuple[str, int]]:
+        """Create the directory, check it holds this run, clean this shard's debris, write the
+        manifest; return the finished ``(task, input_id)`` of every shard."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        with _locked(self.out / ".lock"):
+            path = self.out / "manifest.json"
+            if path.exists():
+                old = json.loads(path.read_text())
+                if old.get("run_id") != self.manifest["run_id"]:
+                    lines = _diff(old.get("parameters", {}), self.manifest["parameters"]) or [
+                        f"run_id {old.get('run_id')!r} vs {self.manifest['run_id']!r}"
+                    ]
+                    raise RunMismatchError(
+                        f"{self.out} holds another run ({old.get('run_id')}); refusing to resume into it "
+                        f"with different parameters:\n  " + "\n  ".join(lines)
+                        + "\nUse another --out directory, or the original parameters to resume."
+                    )
+                self.manifest["created_at"] = old.get("created_at", self.manifest.get("created_at"))
+                self.manifest["n_per_task"] = max(old.get("n_per_task", 0), self.manifest.get("n_per_task", 0))
+            elif any((self.out / t).glob("*.parquet") for t in schema.TABLES):
+                raise RunMismatchError(f"{self.out} has parquet parts but no manifest.json; refusing to write into it")
+            self._clean()
+            self.done = self._finished()
+            seqs = [int(m.group(3)) for f in (self.out / "inputs").glob(self.prefix + "*.parquet")
+                    if (m := PART_RE.match(f.name))]
+            self._next_seq = max(seqs, default=0) + 1
+            self._write_manifest()
+        return set(self.done)
+
+    def _clean(self) -> None:
+        for table in schema.TABLES:
+            d = self.out / table
+            d.mkdir(exist_ok=True)
+            for f in d.glob(self.prefix + "*.parquet.tmp-*"):
+                f.unlink()
+                self.removed.append(str(f))
+        parts: dict[str, set[str]] = {}
+        for table in schema.TABLES:
+            for f in (self.out / table).glob(self.prefix + "*.parquet"):
+                parts.setdefault(f.name, set()).add(table)
+        for name, present in parts.items():
+            if not set(self.tables) <= present:  # incomplete part (crash before its inputs file)
+                for table in present:
+                    (self.out / table / name).unlink()
+                    self.removed.append(f"{table}/{name}")
+
+    def _finished(self) -> set[tuple[str, int]]:
+        done: set[tuple[str, int]] = set()
+        for f in sorted((self.out / "inputs").glob("part-*.parquet")):
+            t = pq.read_table(f, columns=["run_id", "task", "input_id"])
+            run_ids = set(t.column("run_id").to_pylist())
+            if run_ids - {self.manifest["run_id"]}:
+                raise RunMismatchError(f"{f} holds rows of run(s) {sorted(run_ids)}, not {self.manifest['run_id']}")
+            for task, input_id in zip(t.column("task").to_pylist(), t.column("input_id").to_pylist()):
+                key = (task, int(input_id))
+                if key in done:
+                    raise RunMismatchError(f"{f}: input {key} already present in another part")
+                done.add(key)
+        return done
+
+    # ------------------------------------------------------------------ rows
+    def add(self, rows: dict[str, list[dict]]) -> None:
+        """Buffer one finished input (``{"inputs": [row], "outcomes": [...], "topk": [...]}``);
+        a part is written every ``part_size`` inputs."""
+        if len(rows.get("inputs", [])) != 1:
+            raise ValueError("add() takes the rows of exactly one input")
+        key = (rows["inputs"][0]["task"], int(rows["inputs"][0]["input_id"]))
+        if key in self.done:
+            raise ValueError(f"input {key} is already written")
+        for table, table_rows in rows.items():
+            if table not in self._buffer:
+                raise ValueError(f"unknown table {table!r}")
+            self._buffer[table].extend(table_rows)
+        self.done.add(key)
+        self._n_buffered += 1
+        if self._n_buffered >= self.part_size:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the buffered inputs as one part (topk, outcomes, then inputs) and the manifest."""
+        if not self._n_buffered:
+            return
+        name = f"{self.prefix}{self._next_seq:06d}.parquet"
+        crash_after = os.environ.get(CRASH_ENV)
+        for table in self.tables:
+            if table == "inputs" and crash_after is not None and self._written_parts >= int(crash_after):
+                os._exit(CRASH_EXIT_CODE)  # test hook: die mid-part
+            schema.write_parquet(table, _columns(self._buffer[table], table), self.out / table / name)
+        self._buffer = {t: [] for t in schema.TABLES}
+        self._n_buffered = 0
+        self._next_seq += 1
+        self._written_parts += 1
+        with _locked(self.out / ".lock"):
+            self._write_manifest()
+
+    def close(self) -> None:
+        self.flush()
+        with _locked(self.out / ".lock"):
+            self._write_manifest()
+
+    def _write_manifest(self) -> None:
+        schema.write_manifest(self.out, self.manifest)
+
+
+def _columns(rows: list[dict], table: str) -> dict:
+    """Row dicts → dict of columns in the declared order of ``table`` (``signals`` kept as structs)."""
+    import pyarrow as pa
+
+    names = [c.name for c in schema.columns(table)]
+    cols = {}
+    for name in names:
+        if rows and name in rows[0]:
+            cols[name] = [r[name] for r in rows]
+        elif not rows:
+            cols[name] = pa.array([], type=schema.arrow_schema(table).field(name).type) if name != "signals" else None
+    cols = {k: v for k, v in cols.items() if v is not None}
+    return cols
