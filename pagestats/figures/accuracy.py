@@ -147,9 +147,10 @@ def frontier_data(gated: pl.DataFrame, *, by=MATRIX_CELL) -> pl.DataFrame:
     Returns
     -------
     polars.DataFrame
-        One row per (cell, budget, arm ∈ {plain, gated}): ``kept_kv`` (mean over inputs of
-        n_kept / n_tokens — achieved, not nominal), ``accuracy`` (mean score), ``n_inputs``
-        and ``on_frontier`` (no other point of the cell, of either arm, keeps at most as
+        One row per (cell, budget b < 1, arm ∈ {plain, gated}) plus one "full" row per cell
+        (budget 1, kept_kv 1, the full-KV accuracy): ``kept_kv`` (achieved mean
+        n_kept / n_tokens, :func:`pagestats.metrics.kept_kv` — not the nominal budget),
+        ``accuracy`` (mean score), ``n_inputs`` and ``on_frontier`` (no other point of the cell, of either arm, keeps at most as
         much cache with at least the accuracy and is strictly better in one of the two).
 
     References
@@ -157,21 +158,27 @@ def frontier_data(gated: pl.DataFrame, *, by=MATRIX_CELL) -> pl.DataFrame:
     PAGE paper, §4.1 "Accuracy-Memory Frontier", Figure 4; Eq. 2 (closed gate keeps
     n_kept = n_tokens); DESIGN §4 (kept-KV).
     """
-    require(gated, ("budget", "n_tokens", "score_plain", "score_gated", "n_kept_plain", "n_kept_gated"),
-            "frontier_data")
+    from pagestats import metrics
+
+    require(gated, ("budget", "n_tokens", "gate_open", "score_full", "score_plain", "score_gated",
+                    "n_kept_plain", "n_kept_gated"), "frontier_data")
     keys = present(gated, by)
+    evicted = gated.filter(pl.col("budget") < 1.0)
+    if evicted.height == 0:
+        raise ValueError("frontier_data: no eviction budgets b < 1")
     points = []
     for arm in ("plain", "gated"):
-        points.append(
-            gated.group_by(*keys, "budget")
-            .agg(
-                (pl.col(f"n_kept_{arm}") / pl.col("n_tokens")).mean().alias("kept_kv"),
-                pl.col(f"score_{arm}").mean().alias("accuracy"),
-                pl.len().alias("n_inputs"),
-            )
-            .with_columns(pl.lit(arm).alias("arm"))
+        kept = metrics.kept_kv(gated, by=[*keys, "budget"], arm=arm).select(*keys, "budget", "kept_kv")
+        acc = evicted.group_by(*keys, "budget").agg(
+            pl.col(f"score_{arm}").mean().alias("accuracy"), pl.len().alias("n_inputs")
         )
-    data = pl.concat(points).select(*keys, "budget", "arm", "kept_kv", "accuracy", "n_inputs")
+        points.append(kept.join(acc, on=[*keys, "budget"], nulls_equal=True).with_columns(pl.lit(arm).alias("arm")))
+    inputs = gated.unique(subset=[*present(gated, ("run_id",)), "task", "input_id", *keys], keep="first")
+    full = inputs.group_by(keys or pl.lit(0)).agg(
+        pl.col("score_full").mean().alias("accuracy"), pl.len().alias("n_inputs")
+    ).with_columns(pl.lit(1.0).alias("budget"), pl.lit(1.0).alias("kept_kv"), pl.lit("full").alias("arm"))
+    cols = [*keys, "budget", "arm", "kept_kv", "accuracy", "n_inputs"]
+    data = pl.concat([p.select(cols) for p in points] + [full.select(cols)], how="vertical_relaxed")
     parts = []
     for cell in cells(data, keys):
         sub = where(data, cell)
@@ -215,6 +222,9 @@ def accuracy_vs_kept_kv(gated: pl.DataFrame, *, evictor=None, context_length=Non
             axis.step(front["kept_kv"].to_numpy(), front["accuracy"].to_numpy(), where="post",
                       color=color, alpha=0.25, linewidth=3.5, solid_capstyle="round", zorder=1)
             label = st.cell_label({k: v for k, v in cell.items() if k != "evictor" or len(groups) == 1})
+            full = c.filter(pl.col("arm") == "full")
+            axis.plot(full["kept_kv"].to_numpy(), full["accuracy"].to_numpy(), marker="*", markersize=5,
+                      color=color, linestyle="none", zorder=3)
             for arm in ("plain", "gated"):
                 a = c.filter(pl.col("arm") == arm).sort("budget")
                 style = st.ARM_STYLE[arm]
@@ -233,6 +243,7 @@ def accuracy_vs_kept_kv(gated: pl.DataFrame, *, evictor=None, context_length=Non
         arm_handles = [Line2D([], [], color="0.2", linestyle=st.ARM_STYLE[a]["linestyle"],
                               marker=st.ARM_STYLE[a]["marker"], markersize=2.5,
                               markerfacecolor="white" if a == "gated" else "0.2", label=a) for a in ("plain", "gated")]
+        arm_handles.append(Line2D([], [], color="0.2", marker="*", markersize=5, linestyle="none", label="full KV"))
         arm_handles.append(Line2D([], [], color="0.6", alpha=0.4, linewidth=3.5, label="frontier"))
         cell_handles, cell_labels = axis.get_legend_handles_labels()
         fig.legend(handles=arm_handles + cell_handles, loc="outside lower center", ncols=3)

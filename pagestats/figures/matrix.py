@@ -72,7 +72,7 @@ def delta_matrix(gated: pl.DataFrame, *, ax=None):
                     dark = abs(grid[i, j]) > 0.6 * limit
                     axis.text(j, i, f"{grid[i, j]:+.1f}", ha="center", va="center", fontsize=6,
                               color="white" if dark else "black")
-        axis.set_xticks(range(len(evictors)), evictors)
+        axis.set_xticks(range(len(evictors)), evictors, rotation=30, ha="right")
         axis.set_yticks(range(len(rows)), [st.cell_label(r) for r in rows])
         axis.tick_params(length=0)
         for spine in axis.spines.values():
@@ -101,7 +101,8 @@ def delta_of_f_data(gated: pl.DataFrame, *, f=None) -> pl.DataFrame:
     -------
     polars.DataFrame
         Long frame with the cell columns (null on the mean line), ``line`` ("cell" or
-        "mean"), ``f`` and ``delta`` (:func:`pagestats.metrics.delta_of_f`), plus
+        "mean"), ``f`` and ``delta`` (:func:`pagestats.metrics.delta_of_f` of the cell's
+        per-class :func:`pagestats.metrics.delta`; cells lacking a class are left out), plus
         ``suite_share`` (the capacity-bound share of the inputs in ``gated``, pooled).
 
     References
@@ -116,7 +117,19 @@ def delta_of_f_data(gated: pl.DataFrame, *, f=None) -> pl.DataFrame:
     if grid.size == 0 or np.any((grid < 0) | (grid > 1)) or not np.all(np.isfinite(grid)):
         raise ValueError("f must be a non-empty array of shares in [0, 1]")
     keys = present(gated, MATRIX_CELL)
-    lines = metrics.delta_of_f(gated, grid, by=keys)
+    by_class = metrics.delta(gated, by=[*keys, "task_class"])
+    wide = by_class.pivot(on="task_class", index=keys or None, values="delta")
+    for name in (defaults.CAPACITY_BOUND, defaults.DILUTION_PRONE):
+        if name not in wide.columns:
+            raise ValueError(f"delta_of_f_data: no {name} inputs; Δ(f) needs both task classes")
+    wide = wide.drop_nulls([defaults.CAPACITY_BOUND, defaults.DILUTION_PRONE])
+    if wide.height == 0:
+        raise ValueError("delta_of_f_data: no cell has inputs of both task classes")
+    lines_np = metrics.delta_of_f(wide[defaults.CAPACITY_BOUND].to_numpy()[:, None],
+                                  wide[defaults.DILUTION_PRONE].to_numpy()[:, None], grid[None, :])
+    lines = wide.select(keys).with_columns(
+        pl.Series("f", [grid.tolist()] * wide.height), pl.Series("delta", lines_np.tolist())
+    ).explode(["f", "delta"])
     mean = lines.group_by("f").agg(pl.col("delta").mean()).sort("f")
     inputs = gated.select(*present(gated, ("run_id",)), "task", "input_id", "task_class").unique()
     share = float((inputs["task_class"] == defaults.CAPACITY_BOUND).mean())

@@ -77,7 +77,7 @@ def recovery_distribution(gated: pl.DataFrame, *, ax=None):
                               xytext=(0, 1), textcoords="offset points", ha="center", va="bottom", fontsize=5)
             axis.set_xticks(list(R_VALUES), ["−1", "0", "+1"])
             axis.set_ylim(0, 1.18)
-            axis.set_title(f"{task} (N={int(t['n'][0])})", fontsize=6)
+            axis.set_title(f"{short_task(task)} (N={int(t['n'][0])})", fontsize=6)
             if i % ncols == 0:
                 axis.set_ylabel("share of inputs")
                 st.percent_axis(axis)
@@ -129,7 +129,7 @@ def recovery_fraction(gated: pl.DataFrame, *, confidence_level: float = 0.95, ax
     data = recovery_fraction_data(gated, confidence_level=confidence_level)
     groups = cells(data, CELL)
     order = task_order(data)
-    ncols = min(len(groups), 3)
+    ncols = min(len(groups), 2 if len(groups) <= 4 else 3)
     ymax = max(float(data["high"].max()), 0.05)
     with st.style():
         fig, axes = st.panels(len(groups), ax, ncols=ncols, sharey=True, row_height=1.3)

@@ -26,8 +26,8 @@ def scaling_data(gated: pl.DataFrame, *, evictor=None) -> pl.DataFrame:
     -------
     polars.DataFrame
         The rows of :func:`pagestats.metrics.scaling_rows` (``model, context_length, task,
-        task_class, n_inputs, acc_full, headroom, rho, rho_low, rho_high``…) plus
-        ``fit_slope``, ``fit_se``, ``fit_n`` (the :func:`pagestats.stats.through_origin_fit`
+        task_class, n, a_full, headroom, k, rho, low, high``, …) plus ``fit_slope``,
+        ``fit_se``, ``fit_n`` (:func:`pagestats.metrics.scaling_fit`: through-origin slope
         of ρ on headroom over the dilution-prone rows; NaN when there are none or every
         headroom is 0) and ``fitted`` (slope × headroom).
 
@@ -35,18 +35,18 @@ def scaling_data(gated: pl.DataFrame, *, evictor=None) -> pl.DataFrame:
     ----------
     PAGE paper, §5 "Scaling Relation", Eq. 4; App. A.6.4, Table 25; Figure 9 (slope 0.34).
     """
-    from pagestats import metrics, stats
+    from pagestats import metrics
 
     require(gated, ("task", "budget", "score_full", "score_plain"), "scaling_data")
     sub = select_cells(gated, evictor=evictor)
     if "evictor" in sub.columns and sub["evictor"].n_unique() > 1:
         raise ValueError(f"scaling_data: choose one evictor of {sub['evictor'].unique().sort().to_list()}")
     rows = metrics.scaling_rows(sub)
-    dil = rows.filter(pl.col("task_class") == defaults.DILUTION_PRONE)
+    dil = rows.filter((pl.col("task_class") == defaults.DILUTION_PRONE) & pl.col("rho").is_not_null())
     slope = se = np.nan
     n = dil.height
     if n and float(dil["headroom"].abs().sum()) > 0:
-        fit = stats.through_origin_fit(dil["headroom"].to_numpy(), dil["rho"].to_numpy())
+        fit = metrics.scaling_fit(rows)
         slope, se, n = fit.slope, fit.se, fit.n
     return rows.with_columns(
         pl.lit(slope, dtype=pl.Float64).alias("fit_slope"),
@@ -78,8 +78,8 @@ def rho_vs_headroom(gated: pl.DataFrame, *, evictor=None, ax=None):
                 continue
             color = st.class_color(cls)
             x, y = c["headroom"].to_numpy(), c["rho"].to_numpy()
-            if "rho_low" in c.columns:
-                axis.vlines(x, c["rho_low"].to_numpy(), c["rho_high"].to_numpy(), color=color, alpha=0.35,
+            if "low" in c.columns:
+                axis.vlines(x, c["low"].to_numpy(), c["high"].to_numpy(), color=color, alpha=0.35,
                             linewidth=0.6)
             axis.scatter(x, y, marker=st.CLASS_MARKER[cls], s=14,
                          facecolors=color if cls == defaults.DILUTION_PRONE else "white",
@@ -89,10 +89,10 @@ def rho_vs_headroom(gated: pl.DataFrame, *, evictor=None, ax=None):
         if np.isfinite(slope):
             xs = np.array([0.0, xmax])
             axis.plot(xs, slope * xs, color=st.class_color(defaults.DILUTION_PRONE), linewidth=0.9,
-                      linestyle="--", label=f"fit ρ = {slope:.2f}·(1 − A_full)", zorder=2)
+                      linestyle="--", label=rf"fit $\rho = {slope:.2f}\,(1 - A_\mathrm{{full}})$", zorder=2)
         axis.set_xlim(0, xmax)
         axis.set_ylim(bottom=-0.01)
-        axis.set_xlabel("headroom 1 − A_full")
-        axis.set_ylabel("recovery rate ρ")
+        axis.set_xlabel(r"headroom $1 - A_\mathrm{full}$")
+        axis.set_ylabel(r"recovery rate $\rho$ (plain)")
         axis.legend(loc="upper left")
     return axis
