@@ -177,6 +177,7 @@ class _Source:
     rows: int | None = None
     frame: pl.DataFrame | None = None  # jsonl: read during inspection
     usable: bool = False
+    failed: bool = False  # could not be read (reported): its table is incomplete
 
 
 class _Discovery:
@@ -284,8 +285,8 @@ def _log_files(d: Path) -> list[Path]:
 
 
 def _one_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return (text[0] if text else type(err).__name__)[:300]
+    text = " ".join(line.strip() for line in str(err).strip().splitlines() if line.strip())
+    return (text or type(err).__name__)[:300]
 
 
 # --------------------------------------------------------------------------- inspection
@@ -344,11 +345,13 @@ def _inspect(src: _Source, con: duckdb.DuckDBPyConnection) -> list[Problem]:
             src.rows = arrow.num_rows
             src.frame = pl.from_arrow(arrow) if arrow.num_rows else None
     except (OSError, pa.ArrowException, duckdb.Error) as err:
+        src.failed = True
         kind = "parquet file (corrupt or truncated?)" if src.fmt == "parquet" else "jsonl file"
         return [Problem(src.path, None, f"cannot read {kind}: {_one_line(err)}")]
     if src.table is None:
         src.table = _table_from_columns(src.arrow_schema.names)
         if src.table is None:
+            src.failed = True
             return [Problem(src.path, None, "cannot tell the table: the parent directory is not inputs/, "
                                             "outcomes/ or topk/ and the columns match none of them")]
     if src.fmt == "jsonl" and src.rows == 0:
@@ -360,6 +363,7 @@ def _inspect(src: _Source, con: duckdb.DuckDBPyConnection) -> list[Problem]:
         else _json_relaxed_problems(src.table, src.arrow_schema)
     )
     src.usable = not issues
+    src.failed = bool(issues)
     return [Problem(src.path, None, f"{src.table} table: {msg}") for msg in issues]
 
 
@@ -431,6 +435,7 @@ def _read_table(con, table: str, sources: list[_Source], wanted: list[str]) -> t
                 try:
                     frames.append(_canonical(_read_parquet(con, table, [s], wanted), table, wanted))
                 except (duckdb.Error, pl.exceptions.PolarsError, pa.ArrowException) as err:
+                    s.failed = True
                     problems.append(Problem(s.path, None, f"cannot read parquet file (corrupt or truncated?): "
                                                           f"{_one_line(err)}"))
     for s in sources:
@@ -441,6 +446,7 @@ def _read_table(con, table: str, sources: list[_Source], wanted: list[str]) -> t
             try:
                 frames.append(_canonical(f, table, wanted))
             except pl.exceptions.PolarsError as err:
+                s.failed = True
                 problems.append(Problem(s.path, None, f"cannot convert jsonl columns: {_one_line(err)}"))
     if not frames:
         return _empty(table, wanted), problems
@@ -553,7 +559,7 @@ def _load(paths, exclude: Sequence[str], columns: str) -> tuple[Logs, list[Probl
                 manifests[run.info.run_id] = run.manifest
             for s in sources:
                 if s.run is not None and s.run.manifest is None and os.path.exists(s.run.manifest_path):
-                    s.usable = False  # manifest unreadable or unknown schema version: reported above
+                    s.usable, s.failed = False, True  # manifest unreadable or unknown schema version: reported above
             wanted = {
                 t: [c.name for c in cols if columns == "all" or c.name not in HEAVY_COLUMNS]
                 for t, cols in schema.TABLES.items()
@@ -576,7 +582,12 @@ def _load(paths, exclude: Sequence[str], columns: str) -> tuple[Logs, list[Probl
         FileRecord(s.path, s.table or "unknown", digest, s.rows if s.rows is not None else -1)
         for s, digest in zip(sources, digests)
     ]
-    problems += _check_against_manifests(disc, sources, digests)
+    manifest_problems, missing_tables = _check_against_manifests(disc, sources, digests)
+    problems += manifest_problems
+    incomplete = set(missing_tables)
+    for s in sources:
+        if s.failed:
+            incomplete |= {s.table} if s.table else set(schema.TABLES)
 
     has_topk = any(s.table == "topk" for s in sources)
     inputs, outcomes = tables["inputs"], tables["outcomes"]
@@ -584,7 +595,9 @@ def _load(paths, exclude: Sequence[str], columns: str) -> tuple[Logs, list[Probl
     inputs, outcomes, topk, lines = _apply_exclusions(list(exclude), inputs, outcomes, topk)
 
     file_runs = {s.index: s.run.info.run_id for s in sources if s.run is not None and s.run.info is not None}
-    problems += check_frames(inputs, outcomes, topk, files=names, runs=runs, file_runs=file_runs)
+    problems += check_frames(
+        inputs, outcomes, topk, files=names, runs=runs, file_runs=file_runs, incomplete=frozenset(incomplete)
+    )
 
     inputs = _task_classes(inputs, runs)
     logs = Logs(
@@ -604,9 +617,13 @@ def _version(src: _Source) -> int:
     return info.schema_version if info is not None and info.schema_version is not None else schema.SCHEMA_VERSION
 
 
-def _check_against_manifests(disc: _Discovery, sources: list[_Source], digests: list[str]) -> list[Problem]:
-    """sha256 and row counts against ``files[]``; listed-but-missing and present-but-unlisted files."""
+def _check_against_manifests(disc: _Discovery, sources: list[_Source], digests: list[str]):
+    """sha256 and row counts against ``files[]``; listed-but-missing and present-but-unlisted files.
+
+    Returns the problems and the set of tables with a listed file missing.
+    """
     problems: list[Problem] = []
+    missing_tables: set[str] = set()
     seen: dict[str, set[str]] = {}
     for s, digest in zip(sources, digests):
         if s.run is None or s.run.info is None:
@@ -628,12 +645,13 @@ def _check_against_manifests(disc: _Discovery, sources: list[_Source], digests: 
         present = seen.get(run.dir, set())
         for rel, entry in run.info.files.items():
             if rel not in present:
+                missing_tables.add(rel.split("/")[0])
                 problems.append(Problem(run.manifest_path, None, f"files[{entry['index']}] {rel!r} is listed but "
                                                                  "missing (or unreadable)"))
         for table in schema.REQUIRED_TABLES:
             if not any(r.split("/")[0] == table for r in present):
                 problems.append(Problem(run.manifest_path, None, f"run has no {table} files"))
-    return problems
+    return problems, missing_tables
 
 
 def validate_paths(paths: Sequence[str]) -> list[Problem]:

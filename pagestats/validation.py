@@ -371,6 +371,7 @@ def check_frames(
     files: list[str],
     runs: Mapping[str, RunInfo],
     file_runs: Mapping[int, str],
+    incomplete: frozenset[str] = frozenset(),
 ) -> list[Problem]:
     """Row-level rules on the loaded tables (each with ``_file`` and ``_row`` columns).
 
@@ -384,6 +385,10 @@ def check_frames(
         Parsed manifests (runs without one are checked for internal consistency only).
     file_runs : mapping file index → run_id
         The manifest run a file lies in, for the run_id-consistency check.
+    incomplete : set of table names
+        Tables of which some file could not be read (already reported): the rules that
+        look for rows missing from them (inputs without outcomes, outcomes or topk rows
+        without an input) are skipped rather than blaming every row of the lost file.
     """
     problems: list[Problem] = []
     problems += _check_file_runs(inputs, "inputs", files, file_runs)
@@ -392,20 +397,20 @@ def check_frames(
         problems += _check_file_runs(topk, "topk", files, file_runs)
 
     problems += _nulls(inputs, "inputs", files)
-    p, inp = _duplicates(inputs, schema.INPUT_KEY, files, "input (run_id, task, input_id)")
+    p, inp = _duplicates(inputs, schema.INPUT_KEY, files, "input")
     problems += p
     problems += _check_inputs(inp, files, runs)
 
     problems += _nulls(outcomes, "outcomes", files)
-    p, oc = _duplicates(outcomes, schema.OUTCOME_KEY, files, "outcome row (run_id, task, input_id, evictor, budget)")
+    p, oc = _duplicates(outcomes, schema.OUTCOME_KEY, files, "outcome row")
     problems += p
-    problems += _check_outcomes(inp, oc, files, runs)
+    problems += _check_outcomes(inp, oc, files, runs, incomplete)
 
     if topk is not None:
         problems += _nulls(topk, "topk", files)
-        p, tk = _duplicates(topk, schema.TOPK_KEY, files, "topk row (run_id, task, input_id, layer, head)")
+        p, tk = _duplicates(topk, schema.TOPK_KEY, files, "topk row")
         problems += p
-        problems += _check_topk(inp, tk, files, runs)
+        problems += _check_topk(inp, tk, files, runs, incomplete)
     return problems
 
 
@@ -546,7 +551,7 @@ def _check_drop(inp: pl.DataFrame, frame: pl.DataFrame, files, runs) -> list[Pro
     return problems
 
 
-def _check_outcomes(inp: pl.DataFrame, oc: pl.DataFrame, files, runs) -> list[Problem]:
+def _check_outcomes(inp: pl.DataFrame, oc: pl.DataFrame, files, runs, incomplete=frozenset()) -> list[Problem]:
     problems: list[Problem] = []
     key = list(schema.INPUT_KEY)
     problems += _out_of_range(oc, "score", 0.0, 1.0, files, "score outside [0, 1] or NaN")
@@ -561,9 +566,11 @@ def _check_outcomes(inp: pl.DataFrame, oc: pl.DataFrame, files, runs) -> list[Pr
     orphans = orphans.with_columns(
         pl.format("input ({}, {}, {}) has {} outcome rows", *key, "_n").alias("_d")
     )
-    problems += emit(orphans, files, "outcomes whose input is missing from inputs", "_d")
-    lonely = inp.join(per_input.select(key), on=key, how="anti")
-    problems += emit(lonely, files, "input with no outcomes")
+    if "inputs" not in incomplete:
+        problems += emit(orphans, files, "outcomes whose input is missing from inputs", "_d")
+    if "outcomes" not in incomplete:
+        lonely = inp.join(per_input.select(key), on=key, how="anti")
+        problems += emit(lonely, files, "input with no outcomes")
 
     # n_kept range and the budget-1.0 arm, against the input's n_tokens / full_score
     joined = oc.select("_file", "_row", *key, "evictor", "budget", "n_kept", "score").join(
@@ -627,7 +634,7 @@ def _check_grid(oc: pl.DataFrame, per_input: pl.DataFrame, files, runs) -> list[
     return problems
 
 
-def _check_topk(inp: pl.DataFrame, tk: pl.DataFrame, files, runs) -> list[Problem]:
+def _check_topk(inp: pl.DataFrame, tk: pl.DataFrame, files, runs, incomplete=frozenset()) -> list[Problem]:
     problems: list[Problem] = []
     key = list(schema.INPUT_KEY)
     joined = tk.select("_file", "_row", *key, "layer", "head", "indices").join(
@@ -636,7 +643,8 @@ def _check_topk(inp: pl.DataFrame, tk: pl.DataFrame, files, runs) -> list[Proble
     missing = joined.filter(pl.col("n_tokens").is_null())
     missing = missing.group_by(key).agg(pl.col("_file").first(), pl.col("_row").first(), pl.len().alias("_n"))
     missing = missing.with_columns(pl.format("input ({}, {}, {}) has {} topk rows", *key, "_n").alias("_d"))
-    problems += emit(missing, files, "topk rows whose input is missing from inputs", "_d")
+    if "inputs" not in incomplete:
+        problems += emit(missing, files, "topk rows whose input is missing from inputs", "_d")
     j = joined.filter(pl.col("n_tokens").is_not_null())
     bad = j.filter((pl.col("layer") < 0) | (pl.col("layer") >= pl.col("_L")))
     problems += emit(bad.with_columns(pl.format("layer {} with L = {}", "layer", "_L").alias("_d")),

@@ -379,6 +379,8 @@ def test_lenient_leaves_out_unreadable_files_and_names_them(run):
     assert_problem(logs.problems, bad, None, "corrupt or truncated")
     assert logs.outcomes.height == N_INPUTS * len(EVICTORS) * len(BUDGETS)  # the other shard
     assert logs.outcomes["task"].unique().to_list() == [TASKS[0]]
+    # the lost shard is reported once, not again as "input with no outcomes" for each of its inputs
+    assert not any("no outcomes" in p.message for p in logs.problems)
 
 
 def test_validate_reports_several_problems_at_once(tmp_path):
@@ -552,6 +554,10 @@ def test_listed_file_missing_and_unlisted_file(run):
     problems = validate_paths([str(run)])
     assert_problem(problems, run / "manifest.json", None, "'outcomes/part-0001.parquet' is listed but missing")
     assert_problem(problems, run / "outcomes" / "renamed.parquet", None, "not listed in")
+    (run / "outcomes" / "renamed.parquet").unlink()
+    problems = validate_paths([str(run)])
+    assert_problem(problems, run / "manifest.json", None, "'outcomes/part-0001.parquet' is listed but missing")
+    assert not any("no outcomes" in p.message for p in problems)
 
 
 def test_manifest_path_escaping_run_dir(run, tmp_path):
