@@ -171,7 +171,7 @@ class RunWriter:
                     )
                 self.manifest["created_at"] = old.get("created_at", self.manifest.get("created_at"))
                 self.manifest["n_per_task"] = max(old.get("n_per_task", 0), self.manifest.get("n_per_task", 0))
-            elif any((self.out / t).glob("*.parquet") for t in schema.TABLES):
+            elif any(any((self.out / t).glob("*.parquet")) for t in schema.TABLES):
                 raise RunMismatchError(f"{self.out} has parquet parts but no manifest.json; refusing to write into it")
             self._clean()
             self.done = self._finished()
