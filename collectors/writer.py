@@ -19,6 +19,7 @@ Guarantees
   shards may run concurrently into one directory.
 * Resume: the finished ``(task, input_id)`` are read from every shard's ``inputs`` parts and skipped;
   an input is written in exactly one part, so no row is ever duplicated.
+* The manifest lists the files of finished parts only, so it never names half a part.
 * Same run: the ``run_id`` is a hash of the run's parameters (:func:`run_id_for`); starting in a
   directory whose manifest has another ``run_id`` is refused with the differing parameters named.
 
@@ -150,6 +151,7 @@ class RunWriter:
         self._written_parts = 0
         self.done: set[tuple[str, int]] = set()
         self.removed: list[str] = []
+        self._hashes: dict[tuple, tuple[str, int]] = {}
 
     # ------------------------------------------------------------------ start
     def open(self) -> set[tuple[str, int]]:
@@ -252,8 +254,37 @@ class RunWriter:
         with _locked(self.out / ".lock"):
             self._write_manifest()
 
+    def _complete_parts(self) -> list[str]:
+        """Names of the finished parts of every shard (an ``inputs`` file and its companions)."""
+        names = []
+        for f in sorted((self.out / "inputs").glob("part-*.parquet")):
+            if all((self.out / t / f.name).exists() for t in self.tables):
+                names.append(f.name)
+        return names
+
     def _write_manifest(self) -> None:
-        schema.write_manifest(self.out, self.manifest)
+        """``manifest.json`` listing the files of finished parts only (path, sha256, rows), written
+        atomically; hashes are cached by (path, size, mtime). Same layout as
+        :func:`pagestats.schema.write_manifest`, which would also list another shard's half-written part."""
+        files = []
+        for name in self._complete_parts():
+            for table in schema.TABLES:
+                f = self.out / table / name
+                if not f.exists():
+                    continue
+                st = f.stat()
+                key = (str(f), st.st_size, st.st_mtime_ns)
+                if key not in self._hashes:
+                    self._hashes[key] = (schema.sha256_file(f), pq.ParquetFile(f).metadata.num_rows)
+                sha, rows = self._hashes[key]
+                files.append({"path": f"{table}/{name}", "sha256": sha, "rows": rows})
+        files.sort(key=lambda x: (list(schema.TABLES).index(x["path"].split("/")[0]), x["path"]))
+        body = {"schema_version": schema.SCHEMA_VERSION, **self.manifest, "files": files}
+        body["schema_version"] = schema.SCHEMA_VERSION
+        path = self.out / "manifest.json"
+        tmp = self.out / f"manifest.json.tmp-{os.getpid()}"
+        tmp.write_text(json.dumps(body, indent=2, default=str) + "\n")
+        os.replace(tmp, path)
 
 
 def _columns(rows: list[dict], table: str) -> dict:
