@@ -233,28 +233,44 @@ def topk_pair_jaccard(indices: np.ndarray, k: int) -> np.ndarray:
 
     Notes
     -----
-    Per (input, layer) the positions are renumbered densely (0 … U−1, U ≤ H·k) so that the
-    one-hot intersection of :func:`pagestats.profile.pairwise_intersections` needs only H·k
-    columns instead of T; renumbering preserves every intersection exactly.
+    Per (input, layer) the positions are renumbered densely (0 … U−1, U ≤ H·k distinct
+    positions) so that the one-hot intersection of
+    :func:`pagestats.profile.pairwise_intersections` (the collector's definition) needs at
+    most H·k columns instead of T; renumbering preserves every intersection exactly. Rows
+    are processed in blocks of 256 (input, layer) rows to keep the one-hot block in cache.
+    Each stored list must be a set (no repeated position), as DESIGN §3 states.
     """
     n, n_layers, h, k_max = indices.shape
     if k > k_max:
         raise ValueError(f"k={k} exceeds the stored k_max={k_max}")
     rows = indices[..., :k].reshape(n * n_layers, h * k)
     out = np.empty((n * n_layers, n_pairs(h)), dtype=np.float64)
-    step = max(1, _CHUNK * 8 // max(h, 1))
+    step = 256  # (input, layer) rows per block: keeps the one-hot block in cache
     for start in range(0, rows.shape[0], step):
-        blk = rows[start : start + step]
-        order = np.argsort(blk, axis=1, kind="stable")
-        srt = np.take_along_axis(blk, order, axis=1)
-        new = np.ones(srt.shape, dtype=np.int64)
-        new[:, 0] = 0
-        new[:, 1:] = srt[:, 1:] != srt[:, :-1]
-        dense = np.empty_like(new)
-        np.put_along_axis(dense, order, np.cumsum(new, axis=1), axis=1)
-        inter = pairwise_intersections(dense.reshape(-1, h, k), n_positions=h * k)
-        out[start : start + blk.shape[0]] = jaccard_from_intersections(inter, k)
+        dense = _dense_ranks(rows[start : start + step])
+        inter = pairwise_intersections(dense.reshape(-1, h, k), n_positions=int(dense.max()) + 1)
+        out[start : start + dense.shape[0]] = jaccard_from_intersections(inter, k)
     return out.reshape(n, n_layers, -1)
+
+
+def _dense_ranks(block: np.ndarray) -> np.ndarray:
+    """Per row, replace each value by its rank among the row's distinct values (0 … U−1).
+
+    One flat sort of (row, value) keys; equal values in a row get equal ranks, so set
+    intersections within a row are unchanged.
+    """
+    n_rows, width = block.shape
+    keys = ((np.arange(n_rows, dtype=np.int64)[:, None] << 32) | block.astype(np.int64)).ravel()
+    order = np.argsort(keys)
+    srt = keys[order]
+    new = np.empty(keys.size, dtype=np.int32)
+    new[:1] = 0
+    np.not_equal(srt[1:], srt[:-1], out=new[1:])
+    cum = np.cumsum(new, dtype=np.int32)
+    dense = np.empty_like(cum)
+    dense[order] = cum
+    dense = dense.reshape(n_rows, width)
+    return dense - cum[::width][:, None]
 
 
 def _require(frame: pl.DataFrame | None, cols, what: str) -> None:
@@ -302,7 +318,10 @@ def _topk_array(logs, keys: pl.DataFrame, n_layers: int, model: str) -> np.ndarr
         raise ValueError(
             f"model {model!r}: topk must hold exactly one row per (input, layer < {n_layers}, head < {n_heads})"
         )
-    return _stack(t["indices"], k_max).reshape(n, n_layers, n_heads, k_max)
+    arr = _stack(t["indices"], k_max).reshape(n, n_layers, n_heads, k_max)
+    if arr.size and (arr.min() < 0 or arr.max() >= 2**31 - 1):
+        raise ValueError(f"model {model!r}: topk indices must be key positions in [0, 2^31-1)")
+    return arr
 
 
 def _pair_jaccard(logs, sub: pl.DataFrame, n_layers: int, model: str, spec: ProfileSpec) -> np.ndarray:
