@@ -195,7 +195,9 @@ def fwe_counts(n: int, vocab_size: int, alpha: float) -> np.ndarray:
 def fwe(seed: int, *, context_length: int, tokens_to_generate: int = tp.FWE_TOKENS) -> Generator:
     """Frequent words extraction (RULER ``freq_words_extraction.py``): coded words with Zipf
     (α = 2) counts, the most frequent one replaced by ``...`` (noise); the answer is ranks 2–4.
-    Vocabulary size ``(context_length − tokens_to_generate) // 50`` as RULER, at least 10."""
+    Vocabulary size ``(context_length − tokens_to_generate) // 50`` as RULER, at least 10. The
+    counts move in steps of up to one word per rank as ``n`` grows, so ``m`` extra noise words
+    ``...`` (rank 1, never an answer) fill the last tokens up to the target."""
     alpha, wordlen = tp.FWE_CONFIG["alpha"], tp.FWE_CONFIG["coded_wordlen"]
     vocab_size = max(10, (context_length - tokens_to_generate) // 50)
 
@@ -204,7 +206,7 @@ def fwe(seed: int, *, context_length: int, tokens_to_generate: int = tp.FWE_TOKE
         vocab = wd.coded_words(vocab_size, wordlen, rng)
         vocab[0] = "..."
         counts = fwe_counts(n, vocab_size, alpha)
-        items = [w for w, c in zip(vocab, counts) for _ in range(int(c))]
+        items = [w for w, c in zip(vocab, counts) for _ in range(int(c))] + ["..."] * m
         items = [items[i] for i in rng.permutation(len(items))]
         return Body(
             text=tp.FWE_TEMPLATE.format(context=" ".join(items)),
@@ -214,4 +216,4 @@ def fwe(seed: int, *, context_length: int, tokens_to_generate: int = tp.FWE_TOKE
         )
 
     # n_min: ranks 2..4 strictly more frequent than rank 5 at α = 2 (n·(1/16 − 1/25)/ζ(2) ≥ 1 ⇒ n ≥ 74)
-    return Generator(build, n_min=100, partial_max=0, unit="zipf scale", haystack="coded words")
+    return Generator(build, n_min=100, partial_max=40, unit="zipf scale", haystack="coded words")
