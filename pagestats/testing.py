@@ -17,22 +17,24 @@ drop_sd)`` and a late-layer agreement level ``base ~ Uniform(level_low, level_hi
 the target agreement ``J*_ℓ = clip(base + d·s_ℓ, 0.005, 0.95)``, where ``s_ℓ`` is linear
 in depth and normalised so that its early-bin mean is 1 and its late-bin mean 0 (bins of
 :func:`pagestats.profile.bin_layers`): the target profile decays with depth by exactly
-``d``. Each head pair of layer ℓ then shares ``i ~ Binomial(k, π_ℓ)`` of its top-k
-positions with ``π_ℓ = 2J*_ℓ/(1+J*_ℓ)`` (k = ``defaults.TOP_K``), so its Jaccard
-``i/(2k−i)`` has mean ≈ ``J*_ℓ`` and the realised D has mean ≈ ``drop_mean`` (the
-convexity of ``i/(2k−i)`` biases it by a few 10⁻³).
+``d``. Slot ``s`` of head ``h``'s ranked top-k list in layer ℓ is *shared* with probability
+``σ_ℓ = round(√π_ℓ·2¹⁰)/2¹⁰`` (:data:`SIGMA_BITS`), ``π_ℓ = 2J*_ℓ/(1+J*_ℓ)``, independently per (head, slot).
+A shared slot holds the layer's anchor position for that slot, an unshared one a position
+private to the head, so two heads' first k entries (k = ``defaults.TOP_K``) intersect in
+exactly the slots both share: ``i ~ Binomial(k, σ_ℓ²)``, Jaccard ``i/(2k−i)`` with mean ≈
+``J*_ℓ``, and the realised D has mean ≈ ``drop_mean`` (the convexity of ``i/(2k−i)``
+biases it by a few 10⁻³). Pairs of one layer are correlated through their heads.
 
-- ``with_topk=True``: top-k_max index lists are drawn first. Per (input, layer) a pool of
+The sharing bits of the first k slots are always drawn (the same way), so ``pair_jaccard``,
+``agreement`` and ``drop`` do not depend on ``with_topk``:
+
+- ``with_topk=True``: the lists are materialised. Per (input, layer) a pool of
   ``(H+1)·k_max`` distinct positions in ``[0, n_tokens)`` is split into ``k_max`` anchors
-  and ``H`` disjoint private lists; slot ``s`` of head ``h`` holds anchor ``s`` with
-  probability ``√π_ℓ`` and its own private position otherwise. Two heads share exactly the
-  anchors of the slots both took, so the intersection of their first k entries is
-  Binomial(k, π_ℓ) (pairs of one layer are correlated through their heads). The pair
-  Jaccards and ``agreement`` are the values :func:`pagestats.profile.agreement_from_topk`
-  computes from these lists (the tests check this bit for bit). Needs
-  ``n_tokens ≥ (H+1)·k_max``.
-- ``with_topk=False`` (fast path, used at 10⁶ inputs): the intersections are drawn
-  directly, independently per pair, with the same Binomial(k, π_ℓ) marginal.
+  and ``H`` disjoint private lists, and slots k..k_max get their own sharing bits. The
+  stored Jaccards equal what :func:`pagestats.profile.agreement_from_topk` computes from
+  these lists (the tests check this bit for bit). Needs ``n_tokens ≥ (H+1)·k_max``.
+- ``with_topk=False`` (fast path, used at 10⁶ inputs): only the intersections are formed
+  (bits packed in 32-bit words, AND and popcount per pair), in chunks of inputs.
 
 ``agreement`` is the float32 of the float64 layer mean of the pair Jaccards; ``drop`` is
 :func:`pagestats.profile.drop_from_agreement` of the stored float32 ``agreement``, so a
@@ -109,7 +111,10 @@ DEFAULT_N_REFERENCES = {"niah_multivalue": 4, "niah_multiquery": 4, "vt": 5, "fw
 DEFAULT_CREATED_AT = "2000-01-01T00:00:00+00:00"
 SIGNAL_NAMES = ("attention_entropy", "top1_mass", "sink_mass", "key_norm_cv", "mean_agreement")
 
-_FAST_CHUNK = 1 << 24  # pair × CDF comparisons per chunk on the fast path (bounds peak memory)
+_WORD_CHUNK = 1 << 20  # sharing words (or pair words) per chunk (bounds peak memory)
+#: Binary digits of the slot-sharing probability σ_ℓ (σ is a multiple of 2^-SIGMA_BITS).
+SIGMA_BITS = 10
+_POPCOUNT8 = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)
 
 
 @dataclass(frozen=True)
@@ -540,12 +545,10 @@ def _draw_cell(ss, *, spec, ctx, n, task_class, m, evictors, budgets, effect, k_
     target = np.clip(base[:, None] + d[:, None] * profile_shape(L)[None, :], 0.005, 0.95)
     pi = 2.0 * target / (1.0 + target)
 
-    indices = None
-    if with_topk:
-        indices, inter = _draw_topk(rng_topk, pi, n_tokens, H, k, k_max)
-        agreement, pair_jaccard = _stored_profile(inter, k)
-    else:
-        agreement, pair_jaccard = _draw_fast_profile(rng_profile, pi, H, k)
+    top = 2**SIGMA_BITS - 1
+    sigma = np.clip(np.rint(np.sqrt(pi) * 2**SIGMA_BITS), 1, top).astype(np.int64)  # σ = sigma / 2^SIGMA_BITS
+    agreement, pair_jaccard, bits = _draw_profile(rng_profile, sigma, H, k, keep_bits=with_topk)
+    indices = _draw_topk(rng_topk, bits, sigma, n_tokens, k_max) if with_topk else None
     drop = profile.drop_from_agreement(agreement)
 
     # outcomes
@@ -600,15 +603,48 @@ def _draw_cell(ss, *, spec, ctx, n, task_class, m, evictors, budgets, effect, k_
     }
 
 
-def binomial_cdf(k: int, p: np.ndarray) -> np.ndarray:
-    """CDF of Binomial(k, p) at 0..k, shape ``p.shape + (k+1,)``, last entry exactly 1."""
-    i = np.arange(k + 1)
-    log_choose = np.array([math.lgamma(k + 1) - math.lgamma(j + 1) - math.lgamma(k - j + 1) for j in i])
-    p = np.asarray(p, dtype=np.float64)[..., None]
-    cdf = np.cumsum(np.exp(log_choose + i * np.log(p) + (k - i) * np.log1p(-p)), axis=-1)
-    np.minimum(cdf, 1.0, out=cdf)
-    cdf[..., k] = 1.0
-    return cdf
+def _sharing_words(rng, sigma: np.ndarray, n_heads: int, n_slots: int) -> np.ndarray:
+    """Slot-sharing bits packed in uint32 words, shape (n, L, H, ⌈n_slots/32⌉).
+
+    Bit s of a head's words is 1 with probability ``sigma / 2^SIGMA_BITS`` (``sigma`` an
+    integer array (n, L)), independently per bit: the dyadic digits of σ are folded in from
+    the least significant one, ``x ← d_j ? (w | x) : (w & x)`` with a fresh fair word ``w``
+    per digit, so that Pr[bit] = (d_j + Pr_before)/2 at each step.
+    """
+    n, L = sigma.shape
+    n_words = -(-n_slots // 32)
+    shape = (n, L, n_heads, n_words)
+    raw = rng.integers(0, 2**32, size=(SIGMA_BITS, *shape), dtype=np.uint32)
+    x = np.zeros(shape, dtype=np.uint32)
+    for j in range(SIGMA_BITS):
+        keep = np.where((sigma >> j) & 1, np.uint32(0xFFFFFFFF), np.uint32(0))[:, :, None, None]
+        w = raw[j]
+        either = w | x
+        either &= keep
+        x &= w
+        x |= either
+    if n_slots % 32:
+        x[..., -1] &= np.uint32((1 << (n_slots % 32)) - 1)
+    return x
+
+
+def _unpack(words: np.ndarray, n_slots: int) -> np.ndarray:
+    """Sharing words → bool (n, L, H, n_slots), slot s = bit s."""
+    bits = np.unpackbits(words.view(np.uint8), axis=-1, bitorder="little")
+    return bits[..., :n_slots].astype(bool)
+
+
+def _intersections(words: np.ndarray) -> np.ndarray:
+    """|S_h ∩ S_g| of the shared-slot sets of every (i<j) head pair, (n, L, P) int64, by popcount."""
+    pairs = profile.pair_index(words.shape[2])
+    both = np.ascontiguousarray(words[:, :, pairs[:, 0]] & words[:, :, pairs[:, 1]])
+    if hasattr(np, "bitwise_count"):  # NumPy ≥ 2.0
+        count = np.bitwise_count(both)
+    else:
+        count = _POPCOUNT8[both.view(np.uint8)].reshape(*both.shape[:-1], -1)
+    if count.shape[-1] == 1:
+        return count[..., 0].astype(np.int64)
+    return count.sum(axis=-1, dtype=np.int64)
 
 
 def _stored_profile(inter: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -621,31 +657,28 @@ def _stored_profile(inter: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return jac.mean(axis=-1).astype(np.float32), jac.astype(np.float32).reshape(inter.shape[0], -1)
 
 
-def _draw_fast_profile(rng, pi: np.ndarray, n_heads: int, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Fast path: intersection sizes ~ Binomial(k, π_ℓ), independent per pair, as stored profiles.
-
-    Inverse-CDF sampling, ``i = #{j < k : F(j) < u}`` with one uniform per pair and the CDF
-    ``F`` of each (input, layer) tabulated once, in chunks of inputs to bound memory
-    (``Generator.binomial`` with a different p per draw is ~20× slower).
-    """
-    n, L = pi.shape
+def _draw_profile(rng, sigma: np.ndarray, n_heads: int, k: int, keep_bits: bool):
+    """Sharing bits of the first k slots, drawn in input chunks; stored profiles (+ the bits)."""
+    n, L = sigma.shape
     P = profile.n_pairs(n_heads)
     agreement = np.empty((n, L), dtype=np.float32)
     pair_jaccard = np.empty((n, L * P), dtype=np.float32)
-    step = max(1, _FAST_CHUNK // (L * P * k))
+    bits = np.empty((n, L, n_heads, k), dtype=bool) if keep_bits else None
+    step = max(1, _WORD_CHUNK // (L * max(P, n_heads) * -(-k // 32)))
     for start in range(0, n, step):
         sl = slice(start, start + step)
-        cdf = binomial_cdf(k, pi[sl])[:, :, None, :k]
-        u = rng.random((cdf.shape[0], L, P))
-        agreement[sl], pair_jaccard[sl] = _stored_profile(np.count_nonzero(u[..., None] > cdf, axis=-1), k)
-    return agreement, pair_jaccard
+        words = _sharing_words(rng, sigma[sl], n_heads, k)
+        agreement[sl], pair_jaccard[sl] = _stored_profile(_intersections(words), k)
+        if keep_bits:
+            bits[sl] = _unpack(words, k)
+    return agreement, pair_jaccard, bits
 
 
-def _draw_topk(rng, pi, n_tokens, n_heads, k, k_max):
-    """Top-k_max lists by the anchor/private rule; returns (indices int32 (n,L,H,k_max), intersections (n,L,P))."""
-    n, L = pi.shape
-    H = n_heads
-    shared = rng.random((n, L, H, k_max)) < np.sqrt(pi)[:, :, None, None]
+def _draw_topk(rng, shared_k, sigma, n_tokens, k_max) -> np.ndarray:
+    """Top-k_max lists (n, L, H, k_max) int32 from the first-k sharing bits plus new slots k..k_max."""
+    n, L, H, k = shared_k.shape
+    extra = _unpack(_sharing_words(rng, sigma, H, k_max - k), k_max - k) if k_max > k else shared_k[..., :0]
+    shared = np.concatenate([shared_k, extra], axis=-1)
     size = (H + 1) * k_max
     gap = n_tokens // size  # ≥ 1, checked by the caller
     inc = rng.integers(1, gap[:, None, None] + 1, size=(n, L, size))
@@ -655,12 +688,7 @@ def _draw_topk(rng, pi, n_tokens, n_heads, k, k_max):
     pool = rng.permuted(pool, axis=-1)
     anchors = pool[..., :k_max]
     private = pool[..., k_max:].reshape(n, L, H, k_max)
-    indices = np.where(shared, anchors[:, :, None, :], private).astype(np.int32)
-    s = shared[..., :k].astype(np.float32)
-    gram = np.einsum("nlhs,nlgs->nlhg", s, s)
-    pairs = profile.pair_index(H)
-    inter = np.rint(gram[..., pairs[:, 0], pairs[:, 1]]).astype(np.int64)
-    return indices, inter
+    return np.where(shared, anchors[:, :, None, :], private).astype(np.int32)
 
 
 # --------------------------------------------------------------------------- frames

@@ -122,7 +122,7 @@ def test_topk_and_text_switches_do_not_change_other_columns(small):
     fast = synthetic_logs(**{**SMALL, "with_topk": False, "with_text": False})
     assert fast.topk is None
     assert fast.outcomes.drop("prediction").equals(small.outcomes.drop("prediction"))
-    same = ["run_id", "task", "input_id", "n_tokens", "full_score", "prefill_ms"]
+    same = ["run_id", "task", "input_id", "n_tokens", "drop", "agreement", "pair_jaccard", "full_score", "prefill_ms"]
     assert fast.inputs.select(same).equals(small.inputs.select(same))
     assert (fast.inputs["prompt"] == "").all() and (fast.inputs["references"].list.len() == 0).all()
 
