@@ -99,7 +99,7 @@ def scenario(name: str) -> dict:
     }
 
 
-def baseline_per_input_loop(n_inputs: int = 40) -> dict:
+def baseline_per_input_loop(n_inputs: int = 10) -> dict:
     """Naive per-input generation of one model's profiles (Qwen2.5-14B shape, the largest)."""
     from pagestats import defaults, profile
 

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pagestats import defaults, schema
-from pagestats.testing import ModelSpec, PlantedEffect, planted_rates, synthetic_logs
+from pagestats.testing import SIGMA_BITS, ClassEffect, ModelSpec, PlantedEffect, planted_rates, synthetic_logs
 
 K = defaults.TOP_K
 SMALL = dict(
@@ -92,7 +92,7 @@ def test_write_refuses_to_overwrite(written, tmp_path):
     assert logs.write(tmp_path, overwrite=True)
 
 
-def test_validates_with_pagestats_io(written):
+def test_validates_with_pagestats_io(written, tmp_path):
     if importlib.util.find_spec("pagestats.io") is None:
         pytest.skip("pagestats.io is not in the repository yet")
     from pagestats import io
@@ -101,6 +101,10 @@ def test_validates_with_pagestats_io(written):
         pytest.skip("pagestats.io has no validate_paths yet")
     _, runs = written
     assert io.validate_paths([str(r) for r in runs]) == []
+    fast = synthetic_logs(**{**SMALL, "with_topk": False, "with_text": False, "draws": (0, 5)})
+    fast_runs = fast.write(tmp_path)
+    assert len(fast_runs) == 4
+    assert io.validate_paths([str(r) for r in fast_runs]) == []
 
 
 # --------------------------------------------------------------------------- determinism
@@ -163,6 +167,31 @@ def test_profile_matches_brute_force_sets(small):
         assert math.isclose(row["drop"], _hand_drop(row["agreement"]), rel_tol=1e-12, abs_tol=1e-12)
         checked += 1
     assert checked == 8
+
+
+def test_sharing_rule_gives_binomial_intersections():
+    """Constant target J*: a pair's intersection is Binomial(k, σ²), σ = round(√π·2^B)/2^B, π = 2J*/(1+J*)."""
+    target = 0.3
+    flat = ClassEffect(
+        drop_mean=0.0, drop_sd=0.0, p_full=0.7, harm_scale=0.1, harm_power=2.0, recovery_scale=0.4,
+        level_low=target, level_high=target,
+    )  # fmt: skip
+    logs = synthetic_logs(
+        models=(ModelSpec("m", 3, 8),), tasks=("vt",), evictors=("snapkv",), n_inputs=600,
+        with_topk=False, with_text=False, effect=PlantedEffect(dilution_prone=flat),
+    )  # fmt: skip
+    pj = np.stack(logs.inputs["pair_jaccard"].to_numpy()).astype(np.float64).reshape(600, 3, 28)
+    inter = np.rint(2 * K * pj / (1 + pj))[:, :, 0].ravel()  # pair (0, 1) of each layer: independent draws
+    pi = 2 * target / (1 + target)
+    q = (round(math.sqrt(pi) * 2**SIGMA_BITS) / 2**SIGMA_BITS) ** 2
+    n = inter.size
+    mean, var = K * q, K * q * (1 - q)
+    assert abs(inter.mean() - mean) < 4 * math.sqrt(var / n)
+    assert abs(inter.var() / var - 1) < 5 * math.sqrt(2 / n)
+    # pairs sharing a head are positively correlated: Cov = k(σ³ − σ⁴)
+    a, b = np.rint(2 * K * pj / (1 + pj))[:, :, 0].ravel(), np.rint(2 * K * pj / (1 + pj))[:, :, 1].ravel()
+    sigma = math.sqrt(q)
+    assert abs(np.cov(a, b)[0, 1] - K * (sigma**3 - sigma**4)) < 5 * var / math.sqrt(n)
 
 
 def test_fast_path_values_are_jaccards_of_k_sets():
