@@ -78,11 +78,42 @@ class GateSignals:
 def topk_positions(window_attention: torch.Tensor, k_max: int) -> torch.Tensor:
     """The ``k_max`` highest-scoring key positions per (layer, head), shape (L, H, k_max), int64.
 
-    Descending score; ties go to the lower position (a stable sort on −score keeps the original,
-    ascending position order among equal scores).
+    Descending score; ties go to the lower position.
+
+    Notes
+    -----
+    ``torch.topk`` returns the right multiset of values but may resolve ties either way, so:
+    (1) inside the (unsorted) selection, order by (−score, position) with two small sorts of
+    (L, H, k_max);
+    (2) a row whose k_max-th value is tied with positions left outside the selection is recomputed
+    exactly with one ``torch.topk`` over a composite int64 key: for non-negative float32 scores the
+    IEEE-754 bit pattern read as an integer is monotone in the value, so
+    ``bits(score) · 2^32 + (2^32 − 1 − position)`` orders by score, then by lower position, and
+    every key is distinct (−0.0 is first mapped to +0.0).
     """
-    order = torch.sort(-window_attention, dim=-1, stable=True).indices
-    return order[..., :k_max]
+    scores = window_attention
+    values, positions = torch.topk(scores, k_max, dim=-1, sorted=False)
+    positions, perm = torch.sort(positions, dim=-1)
+    values = values.gather(-1, perm)
+    order = torch.sort(-values, dim=-1, stable=True).indices
+    top = positions.gather(-1, order)
+    threshold = values.amin(dim=-1, keepdim=True)
+    tied_inside = (values == threshold).sum(-1)
+    tied_total = (scores == threshold).sum(-1)
+    boundary = tied_total > tied_inside
+    if bool(boundary.any()):
+        top[boundary] = _topk_exact(scores[boundary], k_max)
+    return top
+
+
+def _topk_exact(scores: torch.Tensor, k_max: int) -> torch.Tensor:
+    """Exact (−score, position) top-k via a composite int64 key; rows of ``scores`` are (…, T)."""
+    scores = scores.to(torch.float32) + 0.0  # −0.0 → +0.0
+    n_positions = scores.shape[-1]
+    low = (2**32 - 1) - torch.arange(n_positions, dtype=torch.int64, device=scores.device)
+    key = scores.view(torch.int32).to(torch.int64) * 2**32 + low
+    top = torch.topk(key, k_max, dim=-1, sorted=True).values
+    return (2**32 - 1) - (top & (2**32 - 1))
 
 
 def pair_intersections(topk: torch.Tensor, n_positions: int) -> torch.Tensor:
@@ -97,6 +128,26 @@ def pair_intersections(topk: torch.Tensor, n_positions: int) -> torch.Tensor:
     gram = torch.bmm(onehot, onehot.transpose(1, 2))
     i, j = torch.triu_indices(n_heads, n_heads, offset=1, device=topk.device)
     return gram[:, i, j].round().to(torch.int64)
+
+
+def agreement_profile(window_attention: torch.Tensor, k: int, k_max: int):
+    """Top-k_max lists, a_ℓ and pair Jaccards of ā (L, H, T), float32 outputs (§3, Eq. 3).
+
+    The Jaccard of two k-sets is |A∩B| / (2k − |A∩B|), computed in float64 exactly as
+    :func:`pagestats.profile.agreement_from_topk` does, so replays from the stored lists
+    reproduce the float32 agreements bit for bit.
+
+    Returns
+    -------
+    topk : torch.Tensor, (L, H, k_max) int64
+    agreement : numpy.ndarray, (L,) float32
+    pair_jaccard : numpy.ndarray, (L·P,) float32, layer-major
+    """
+    topk = topk_positions(window_attention, k_max)
+    inter = pair_intersections(topk[..., :k], window_attention.shape[-1]).numpy()
+    jaccard = profile.jaccard_from_intersections(inter, k)  # (L, P) float64
+    agreement = jaccard.mean(axis=-1).astype(np.float32)
+    return topk, agreement, jaccard.astype(np.float32).reshape(-1)
 
 
 def gate_signals(
@@ -140,18 +191,15 @@ def gate_signals(
     n_layers, n_heads, n_tokens = att.shape
     if n_layers < 2 or n_heads < 2 or n_tokens < 1:
         raise ValueError(f"need L ≥ 2 layers, H ≥ 2 heads and T ≥ 1 positions, got {tuple(att.shape)}")
-    if not torch.isfinite(att).all():
-        raise ValueError("window_attention contains NaN or infinite values")
+    low, high = torch.aminmax(att)
+    if not (bool(low >= 0) and bool(high < float("inf"))):  # NaN fails both comparisons
+        raise ValueError("window_attention must be finite and non-negative (attention probabilities); found NaN, inf or negative values")
     if k < 1 or k_max < k:
         raise ValueError(f"need 1 ≤ k ≤ k_max, got k={k}, k_max={k_max}")
     k_eff = min(k, n_tokens)
     k_max_eff = min(k_max, n_tokens)
 
-    topk = topk_positions(att, k_max_eff)
-    inter = pair_intersections(topk[..., :k_eff], n_tokens).numpy()
-    jaccard = profile.jaccard_from_intersections(inter, k_eff)  # (L, P) float64
-    agreement = jaccard.mean(axis=-1).astype(np.float32)
-    pair_jaccard = jaccard.astype(np.float32).reshape(-1)
+    topk, agreement, pair_jaccard = agreement_profile(att, k_eff, k_max_eff)
     drop = float(profile.drop_from_agreement(agreement, bin_fraction, convention))
     signals = _other_signals(att, topk[..., :k_eff], agreement, bin_fraction, convention)
     gate_ms = (time.perf_counter() - start) * 1e3
@@ -167,29 +215,39 @@ def gate_signals(
 
 
 def _other_signals(att, topk, agreement, bin_fraction, convention) -> dict:
-    """The statistics of :data:`SIGNAL_DOCS`, float64 scalars."""
+    """The statistics of :data:`SIGNAL_DOCS`, float64 scalars.
+
+    Elementwise work stays in float32 (one pass each over the (L, H, T) tensor); reductions
+    accumulate in float64.
+    """
     n_layers, n_heads, n_tokens = att.shape
     early, late = profile.bin_layers(n_layers, bin_fraction, convention)
-    a = att.double()
-    p = a / a.sum(-1, keepdim=True).clamp_min(1e-30)
-    entropy = -(p * torch.log(p.clamp_min(1e-30))).sum(-1)  # (L, H)
+    f64 = torch.float64
+    row_sum = att.sum(-1, dtype=f64)  # (L, H), 1 up to rounding
+    # H(p) with p = a / Σa:  H = log Σa − Σ a log a / Σa
+    a_log_a = torch.special.entr(att).sum(-1, dtype=f64)  # −Σ a log a
+    entropy = a_log_a / row_sum + torch.log(row_sum)
     entropy = entropy / np.log(n_tokens) if n_tokens > 1 else torch.zeros_like(entropy)
-    topk_mass = torch.gather(a, 2, topk).sum(-1)
-    unit = a / a.norm(dim=-1, keepdim=True).clamp_min(1e-30)
-    gram = torch.bmm(unit, unit.transpose(1, 2))
+    sink = att[..., :N_SINK].sum(-1, dtype=f64)
+    recent = att[..., -N_RECENT:].sum(-1, dtype=f64)
+    topk_mass = torch.gather(att, 2, topk).sum(-1, dtype=f64)
+    gram = torch.bmm(att, att.transpose(1, 2)).to(f64)  # (L, H, H)
+    norms = torch.sqrt(torch.diagonal(gram, dim1=1, dim2=2)).clamp_min(1e-30)
     i, j = torch.triu_indices(n_heads, n_heads, offset=1)
+    cosine = gram[:, i, j] / (norms[:, i] * norms[:, j])
     ag = agreement.astype(np.float64)
     depth = np.arange(n_layers) / (n_layers - 1)
-    slope = np.polyfit(depth, ag, 1)[0]
+    depth_c = depth - depth.mean()
+    slope = float(depth_c @ (ag - ag.mean()) / (depth_c @ depth_c))
     return {
         "entropy_early": float(entropy[early].mean()),
         "entropy_late": float(entropy[late].mean()),
-        "sink_mass": float(a[..., :N_SINK].sum(-1).mean()),
-        "recent_mass": float(a[..., -N_RECENT:].sum(-1).mean()),
+        "sink_mass": float(sink.mean()),
+        "recent_mass": float(recent.mean()),
         "topk_mass": float(topk_mass.mean()),
         "early_plateau": float(ag[early].mean()),
         "late_plateau": float(ag[late].mean()),
-        "agreement_slope": float(slope),
+        "agreement_slope": slope,
         "frac_decreasing": float(np.mean(np.diff(ag) < 0)),
-        "head_cosine": float(gram[:, i, j].mean()),
+        "head_cosine": float(cosine.mean()),
     }

@@ -116,10 +116,10 @@ def test_other_signals_against_loops():
     ent = [[-sum(p * math.log(p) for p in att[l, h] / att[l, h].sum() if p > 0) / math.log(T) for h in range(H)] for l in range(L)]
     assert math.isclose(got.signals["entropy_early"], np.mean(ent[:2]), rel_tol=1e-6)
     assert math.isclose(got.signals["entropy_late"], np.mean(ent[4:]), rel_tol=1e-6)
-    assert math.isclose(got.signals["sink_mass"], np.mean([att[l, h, :4].sum() for l in range(L) for h in range(H)]), rel_tol=1e-9)
-    assert math.isclose(got.signals["recent_mass"], np.mean([att[l, h, -32:].sum() for l in range(L) for h in range(H)]), rel_tol=1e-9)
+    assert math.isclose(got.signals["sink_mass"], np.mean([att[l, h, :4].sum() for l in range(L) for h in range(H)]), rel_tol=1e-6)
+    assert math.isclose(got.signals["recent_mass"], np.mean([att[l, h, -32:].sum() for l in range(L) for h in range(H)]), rel_tol=1e-6)
     tm = [sum(att[l, h, t] for t in brute_topk(att[l, h], k)) for l in range(L) for h in range(H)]
-    assert math.isclose(got.signals["topk_mass"], np.mean(tm), rel_tol=1e-9)
+    assert math.isclose(got.signals["topk_mass"], np.mean(tm), rel_tol=1e-6)
     a = got.agreement.astype(np.float64)
     assert math.isclose(got.signals["late_plateau"], a[4:].mean(), rel_tol=1e-12)
     assert math.isclose(got.signals["early_plateau"], a[:2].mean(), rel_tol=1e-12)
@@ -131,7 +131,7 @@ def test_other_signals_against_loops():
         for l in range(L)
         for i, j in itertools.combinations(range(H), 2)
     ]
-    assert math.isclose(got.signals["head_cosine"], np.mean(cos), rel_tol=1e-9)
+    assert math.isclose(got.signals["head_cosine"], np.mean(cos), rel_tol=1e-6)
     assert got.gate_ms >= 0
 
 
@@ -144,3 +144,27 @@ def test_bad_inputs():
         signals.gate_signals(torch.ones(3, 2, 50), k=64, k_max=32)
     with pytest.raises(ValueError, match="L ≥ 2"):
         signals.gate_signals(torch.ones(3, 1, 50))
+
+
+@pytest.mark.parametrize("levels", [3, 20, 1000])
+@pytest.mark.parametrize("k_max", [1, 7, 50, 100])
+def test_topk_positions_with_many_ties(levels, k_max):
+    """Quantised scores: ties inside the selection and at its boundary, both resolved to lower positions."""
+    rng = np.random.default_rng(levels * 1000 + k_max)
+    scores = rng.integers(0, levels, size=(5, 6, 100)).astype(np.float32) / levels
+    got = signals.topk_positions(torch.from_numpy(scores), k_max)
+    for l in range(5):
+        for h in range(6):
+            assert got[l, h].tolist() == brute_topk(scores[l, h].tolist(), k_max)
+
+
+def test_topk_positions_negative_zero():
+    scores = torch.tensor([[[0.0, -0.0, 0.5, -0.0, 0.0]]])
+    assert signals.topk_positions(scores, 4)[0, 0].tolist() == [2, 0, 1, 3]
+
+
+def test_rejects_negative_and_infinite():
+    with pytest.raises(ValueError, match="non-negative"):
+        signals.gate_signals(torch.full((3, 2, 5), -0.1))
+    with pytest.raises(ValueError, match="finite"):
+        signals.gate_signals(torch.full((3, 2, 5), float("inf")))
