@@ -57,7 +57,8 @@ def whatif_table(logs, policy: Policy = FixedTau(), profile: ProfileSpec = Profi
     ``harm_*`` = Pr[A(b, x) < full_score(x)] (Table 27); ``p_open`` = fraction of inputs whose
     gate opens; ``kept_kv`` = mean n_kept/n_tokens of the gated arm. With head-pair draws
     (``profile.pairs_fraction``) each column is computed per draw and then averaged over
-    the draws (equal weight; ``n_inputs`` is the same in every draw).
+    the draws (equal weight); ``n_inputs``, ``acc_full``, ``acc_plain`` and ``harm_plain`` do
+    not depend on the gate and are taken as they are, so they equal the draw-free values.
     """
     rows = gated_outcomes(logs, policy, profile)
     draws = ["pair_draw"] if "pair_draw" in rows.columns else []
@@ -73,8 +74,9 @@ def whatif_table(logs, policy: Policy = FixedTau(), profile: ProfileSpec = Profi
     )
     table = table.with_columns((pl.col("acc_gated") - pl.col("acc_plain")).alias("delta"))
     if draws:
-        floats = [c for c in WHATIF_COLUMNS if c not in CELL and c != "n_inputs"]
-        table = table.group_by(CELL).agg(pl.col("n_inputs").first(), *(pl.col(c).mean() for c in floats))
+        same = ["n_inputs", "acc_full", "acc_plain", "harm_plain"]  # identical in every draw
+        varying = [c for c in WHATIF_COLUMNS if c not in CELL and c not in same]
+        table = table.group_by(CELL).agg(*(pl.col(c).first() for c in same), *(pl.col(c).mean() for c in varying))
     return table.select(
         *CELL,
         pl.col("n_inputs").cast(pl.Int64),

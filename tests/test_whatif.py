@@ -182,3 +182,10 @@ def test_cli_whatif_csv(tmp_path, synth):
         assert got[0] == exp[0] and got[2:4] == list(exp[2:4])
         assert int(got[1]) == exp[1] and float(got[4]) == exp[4] and int(got[5]) == exp[5]
         assert [float(x) for x in got[6:]] == list(exp[6:])  # full float precision round-trips
+
+
+def test_whatif_draws_keep_gate_free_columns_exact(synth):
+    plain = whatif_table(synth, FixedTau(0.03))
+    draws = whatif_table(synth, FixedTau(0.03), ProfileSpec(pairs_fraction=0.5, draws=3))
+    for c in ("model", "context_length", "evictor", "task", "budget", "n_inputs", "acc_full", "acc_plain", "harm_plain"):
+        assert draws[c].equals(plain[c]), c
