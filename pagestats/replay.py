@@ -563,10 +563,14 @@ def tau_curve(
         .sort([*groups, "drop"])
     )
     keys = units.select(groups)
-    starts = np.flatnonzero(np.r_[True, keys.select(pl.struct(groups).rle_id()).to_series().diff().to_numpy()[1:] != 0])
+    if units.height == 0:
+        raise ValueError("tau_curve: no outcome rows with budget < 1 to replay")
+    run = keys.select(pl.struct(groups).rle_id()).to_series().to_numpy()
+    starts = np.flatnonzero(np.r_[True, run[1:] != run[:-1]])
     ends = np.r_[starts[1:], units.height]
     drop = units["drop"].to_numpy()
-    cums = {c: np.concatenate([[0.0], np.cumsum(units[c].to_numpy())]) for c in ("_cap", "_dil", "_gain", "_kept", "_rows")}
+    sums = ("_cap", "_dil", "_gain", "_kept", "_rows")
+    cums = {c: np.concatenate([[0.0], np.cumsum(units[c].to_numpy())]) for c in sums}
     n_groups, n_taus = len(starts), len(taus)
     metrics = {c: np.empty((n_groups, n_taus)) for c in TAU_CURVE_COLUMNS if c != "tau"}
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -581,7 +585,7 @@ def tau_curve(
             metrics["kept_kv"][g] = (tot["_kept"] - part["_kept"] + part["_rows"]) / tot["_rows"]
             metrics["fp_rate"][g] = (tot["_cap"] - part["_cap"]) / tot["_cap"] if tot["_cap"] else np.nan
             metrics["fn_rate"][g] = part["_dil"] / tot["_dil"] if tot["_dil"] else np.nan
-    out = keys[starts].select(pl.all().repeat_by(n_taus).explode()) if n_groups else keys.clear()
+    out = keys[starts].select(pl.all().repeat_by(n_taus).explode())
     cols = {"tau": np.tile(taus, n_groups)}
     cols.update({c: m.ravel() for c, m in metrics.items()})
     out = out.with_columns(
