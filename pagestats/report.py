@@ -297,6 +297,10 @@ def catalogue() -> tuple[Entry, ...]:
 # --------------------------------------------------------------------------- writing
 
 
+#: Figure formats written by default.
+FIGURE_FORMATS = ("png", "pdf")
+
+
 class _EmptyOutput(ValueError):
     """An entry produced a figure without data or a table without rows (reported as a skip)."""
 
@@ -316,13 +320,13 @@ def _figure_of(item):
     raise TypeError(f"a figure entry must return a Figure or an Axes, got {type(item).__name__}")
 
 
-def _write_figure(item, stem: Path) -> list[str]:
+def _write_figure(item, stem: Path, formats: Sequence[str] = FIGURE_FORMATS) -> list[str]:
     from pagestats.figures import save_figure
 
     fig = _figure_of(item)
     if not fig.axes or not any(ax.has_data() for ax in fig.axes):
         raise _EmptyOutput("the figure came out without data")
-    return save_figure(fig, stem)
+    return save_figure(fig, stem, formats=formats)
 
 
 def _table_parts(item) -> tuple[pl.DataFrame, object | None]:
@@ -360,7 +364,7 @@ def _flat_for_csv(frame: pl.DataFrame) -> pl.DataFrame:
     return frame.with_columns(pl.col(c).map_elements(str, return_dtype=pl.String) for c in nested) if nested else frame
 
 
-def _write_table(item, stem: Path) -> list[str]:
+def _write_table(item, stem: Path, formats=None) -> list[str]:
     frame, gt = _table_parts(item)
     if frame.height == 0:
         raise _EmptyOutput("the table came out without rows")
@@ -394,7 +398,7 @@ def _skip_reason(entry: Entry, ctx: Context) -> str | None:
     return None
 
 
-def _run_entry(entry: Entry, ctx: Context, out: Path) -> Outcome:
+def _run_entry(entry: Entry, ctx: Context, out: Path, formats: Sequence[str] = FIGURE_FORMATS) -> Outcome:
     outcome = Outcome(entry.name, entry.kind, entry.source, entry.caption, [])
     reason = _skip_reason(entry, ctx)
     if reason:
@@ -409,7 +413,7 @@ def _run_entry(entry: Entry, ctx: Context, out: Path) -> Outcome:
     write = _write_figure if entry.kind == "figure" else _write_table
     for part, item in parts:
         stem = folder / (f"{entry.name}-{_safe(part)}" if part else entry.name)
-        outcome.files.extend(_relative(p, out) for p in write(item, stem))
+        outcome.files.extend(_relative(p, out) for p in write(item, stem, formats))
     return outcome
 
 
@@ -427,7 +431,8 @@ def _describe(value) -> dict | str:
     return repr(value)
 
 
-def build_report(logs, out, *, policy=None, profile=None, entries: Sequence[Entry] | None = None) -> str:
+def build_report(logs, out, *, policy=None, profile=None, entries: Sequence[Entry] | None = None,
+                 formats: Sequence[str] = FIGURE_FORMATS) -> str:
     """Write every table and figure of the catalogue and the index; return the index path.
 
     Parameters
@@ -440,6 +445,8 @@ def build_report(logs, out, *, policy=None, profile=None, entries: Sequence[Entr
         Gate policy (default the fixed τ = 0.07) and profile spec (default: the logged D).
     entries : sequence of Entry, optional
         What to produce (default :func:`catalogue`).
+    formats : sequence of str
+        Figure file formats (default PNG and PDF).
 
     Returns
     -------
@@ -460,7 +467,7 @@ def build_report(logs, out, *, policy=None, profile=None, entries: Sequence[Entr
     outcomes = []
     for entry in catalogue() if entries is None else entries:
         try:
-            outcomes.append(_run_entry(entry, ctx, out))
+            outcomes.append(_run_entry(entry, ctx, out, formats))
         except _EmptyOutput as err:
             outcomes.append(Outcome(entry.name, entry.kind, entry.source, entry.caption, [], str(err)))
     index = {

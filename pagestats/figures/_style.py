@@ -45,7 +45,7 @@ RC = {
     "grid.alpha": 0.5,
     "pdf.fonttype": 42,
     "ps.fonttype": 42,
-    "savefig.dpi": 300,
+    "savefig.dpi": 200,
     "figure.dpi": 150,
 }
 
@@ -125,7 +125,7 @@ def save_figure(fig: Figure, stem: str | os.PathLike, formats: Sequence[str] = (
     for fmt in formats:
         path = f"{os.fspath(stem)}.{fmt}"
         with style():
-            fig.savefig(path, bbox_inches="tight", metadata=_metadata(fmt))
+            fig.savefig(path, metadata=_metadata(fmt))
         paths.append(path)
     return paths
 
