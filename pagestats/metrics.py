@@ -361,6 +361,7 @@ def delta_bootstrap(
     n_boot: int = defaults.N_BOOTSTRAP,
     confidence_level: float = defaults.CONFIDENCE_LEVEL,
     q: float = defaults.FDR_Q,
+    shared_inputs: bool = False,
 ) -> pl.DataFrame:
     """Δ per cell with cluster-bootstrap intervals and BH-adjusted p-values (Table 28).
 
@@ -368,6 +369,8 @@ def delta_bootstrap(
     differences ``score_gated − score_plain`` over budgets b < 1 into
     :func:`pagestats.stats.cluster_bootstrap` (cells in ``by`` order, one ``rng``).
     Benjamini–Hochberg at ``q`` runs across all cells of the call (:func:`pagestats.stats.bh`).
+    ``shared_inputs=True`` resamples the inputs jointly across cells (see
+    :func:`~pagestats.stats.cluster_bootstrap`); every cell must then hold the same inputs.
 
     Returns
     -------
@@ -386,7 +389,7 @@ def delta_bootstrap(
     rows = rows.with_columns((pl.col("score_gated") - pl.col("score_plain")).alias("_d")).sort(
         _uniq(by, unit, ["budget"])
     )
-    keys, cells = [], []
+    keys, cells, inputs = [], [], []
     for part in rows.partition_by(by, maintain_order=True):
         n_units = part.select(pl.struct(unit).n_unique()).item()
         n_budgets = part["budget"].n_unique()
@@ -396,12 +399,18 @@ def delta_bootstrap(
             raise ValueError(f"delta_bootstrap: cell {label} has units with different budget sets")
         keys.append(part.select(by).head(1))
         cells.append(part["_d"].to_numpy().reshape(n_units, n_budgets))
+        if shared_inputs:
+            inputs.append(part.select(_input_key(part)).unique(maintain_order=True))
+    if shared_inputs and any(not x.equals(inputs[0]) for x in inputs[1:]):
+        raise ValueError("delta_bootstrap: shared_inputs=True but the cells do not hold the same inputs")
     if not cells:
         schema = {**{c: frame.schema[c] for c in by}, "delta": pl.Float64, "low": pl.Float64,
                   "high": pl.Float64, "p_value": pl.Float64, "p_adjusted": pl.Float64,
                   "rejected": pl.Boolean, "n_inputs": pl.Int64, "n_budgets": pl.Int64, "n_boot": pl.Int64}
         return pl.DataFrame(schema=schema)
-    res = stats.cluster_bootstrap(cells, rng=rng, n_boot=n_boot, confidence_level=confidence_level)
+    res = stats.cluster_bootstrap(
+        cells, rng=rng, n_boot=n_boot, confidence_level=confidence_level, shared_inputs=shared_inputs
+    )
     adj = stats.bh(res.p_value, q=q)
     return pl.concat(keys).with_columns(
         pl.Series("delta", res.estimate),

@@ -365,3 +365,23 @@ def test_input_errors():
     assert per_draw.height == 4
     with pytest.raises(TypeError):
         metrics.delta(ROWS)
+
+
+def test_delta_bootstrap_shared_inputs():
+    by = ("model", "context_length", "evictor")
+    one_cell = FRAME.filter((pl.col("model") == "m1") & (pl.col("context_length") == 4096))
+    shared = metrics.delta_bootstrap(one_cell, by=by, rng=np.random.default_rng(4), n_boot=300, shared_inputs=True)
+    # the two evictor cells hold the same inputs: rebuild them by loop and share one index stream
+    mats = []
+    for ev in sorted(EVICTORS):
+        per = defaultdict(dict)
+        for r in ROWS:
+            if r["model"] == "m1" and r["context_length"] == 4096 and r["evictor"] == ev and r["budget"] < 1:
+                per[(r["run_id"], r["task"], r["input_id"])][r["budget"]] = r["score_gated"] - r["score_plain"]
+        mats.append(np.array([[per[u][b] for b in sorted(per[u])] for u in sorted(per)]))
+    ref = stats.cluster_bootstrap(mats, rng=np.random.default_rng(4), n_boot=300, shared_inputs=True)
+    np.testing.assert_allclose(shared["low"], ref.low)
+    np.testing.assert_allclose(shared["high"], ref.high)
+    with pytest.raises(ValueError, match="same inputs"):
+        metrics.delta_bootstrap(FRAME.filter(pl.col("context_length") == 4096), by=by,
+                                rng=np.random.default_rng(0), n_boot=10, shared_inputs=True)

@@ -318,3 +318,23 @@ def test_predictions_bad_arguments(tmp_path):
     stats.freeze_predictions(frame, path)
     with pytest.raises(ValueError):
         stats.load_predictions(path, "abc")
+
+
+def test_bootstrap_shared_inputs_equals_loop_with_one_resample_for_all_cells():
+    g = np.random.default_rng(21)
+    a, b = g.normal(size=(25, 6)), g.normal(0.3, 1, size=(25, 2))
+    idx = np.random.default_rng(5).integers(0, 25, size=(700, 25), dtype=np.uint16)
+    res = stats.cluster_bootstrap(
+        [a, b], rng=np.random.default_rng(5), n_boot=700, shared_inputs=True, chunk_size=700 * 25,
+        return_replicates=True,
+    )
+    for i, d in enumerate((a, b)):
+        ref = np.array([d[row].mean() for row in idx])
+        np.testing.assert_allclose(res.replicates[i], ref, atol=1e-12)
+        assert res.low[i] == pytest.approx(np.percentile(ref, 2.5), abs=1e-12)
+    # a single cell gives the same replicates shared or not (same index stream)
+    one = stats.cluster_bootstrap(a, rng=np.random.default_rng(5), n_boot=700, chunk_size=700 * 25,
+                                  return_replicates=True)
+    np.testing.assert_allclose(one.replicates, res.replicates[0], atol=1e-12)
+    with pytest.raises(ValueError, match="same n_inputs"):
+        stats.cluster_bootstrap([a, b[:3]], rng=np.random.default_rng(0), shared_inputs=True)
