@@ -157,7 +157,7 @@ def pairwise_intersections(topk: np.ndarray, n_positions: int | None = None) -> 
     t = int(n_positions if n_positions is not None else topk.max() + 1)
     onehot = np.zeros((n_layers, n_heads, t), dtype=np.float32)
     np.put_along_axis(onehot, topk.astype(np.int64), 1.0, axis=2)
-    gram = np.einsum("lht,lgt->lhg", onehot, onehot)
+    gram = onehot @ onehot.transpose(0, 2, 1)
     pairs = pair_index(n_heads)
     return np.rint(gram[:, pairs[:, 0], pairs[:, 1]]).astype(np.int64)
 
