@@ -12,6 +12,8 @@ from __future__ import annotations
 import polars as pl
 
 from pagestats import defaults, stats
+from pagestats._frames import _by, _cols, _input_key
+from pagestats.rates import recovery_rate
 
 __all__ = ["scaling_rows", "scaling_fit", "predict_band", "SCALING_BY"]
 
@@ -41,8 +43,6 @@ def scaling_rows(
         ``headroom``, ``k``, ``rho``, ``low``, ``high`` (Wilson, Eq. 1 on the plain arm),
         ``dilution_prone`` (ρ ≥ 0.05) and ``ratio = rho / headroom`` (null at zero headroom).
     """
-    from pagestats.metrics import _by, _cols, _input_key, recovery_rate  # one-way: metrics re-exports us
-
     by = _by(frame, by, "scaling_rows")
     _cols(frame, [*_input_key(frame), "evictor", "score_full", "task_class"], "scaling_rows")
     many = frame.group_by(by).agg(pl.col("evictor").n_unique().alias("_ne")).filter(pl.col("_ne") > 1)
