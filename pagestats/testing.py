@@ -358,29 +358,26 @@ class SyntheticLogs:
         if not isinstance(n_shards, int) or n_shards < 1:
             raise ValueError(f"n_shards must be a positive integer, got {n_shards!r}")
         root = Path(root)
-        out = []
-        for run_id, manifest in self.manifests.items():
-            run_dir = root / run_id
+        run_dirs = {run_id: root / run_id for run_id in self.manifests}
+        for run_dir in run_dirs.values():
             if run_dir.exists() and any(run_dir.iterdir()):
                 if not overwrite:
                     raise FileExistsError(f"{run_dir} exists and is not empty (pass overwrite=True)")
                 shutil.rmtree(run_dir)
-            inputs = self.inputs.filter(pl.col("run_id") == run_id)
-            shard = (np.arange(inputs.height) * n_shards) // max(inputs.height, 1)
-            keys = inputs.select("task", "input_id").with_columns(pl.Series("_shard", shard))
-            tables = {"inputs": inputs.with_columns(pl.Series("_shard", shard))}
-            for name, frame in (("outcomes", self.outcomes), ("topk", self.topk)):
-                if frame is not None:
-                    sub = frame.filter(pl.col("run_id") == run_id)
-                    tables[name] = sub.join(keys, on=["task", "input_id"], how="left", maintain_order="left")
-            for name, frame in tables.items():
-                for s in range(n_shards):
-                    part = frame.filter(pl.col("_shard") == s).drop("_shard")
-                    if part.height:
-                        schema.write_parquet(name, part, run_dir / name / f"part-{s:05d}.parquet")
-            schema.write_manifest(run_dir, manifest)
-            out.append(run_dir)
-        return out
+        # shard s of a run holds the inputs with input_id in [s·N/n_shards, (s+1)·N/n_shards) of
+        # every task, and their outcome and top-k rows: one vectorised key, one partition pass
+        n_ids = int(self.inputs["input_id"].max()) + 1
+        shard = (pl.col("input_id") * n_shards // n_ids).alias("_shard")
+        for name, frame in (("inputs", self.inputs), ("outcomes", self.outcomes), ("topk", self.topk)):
+            if frame is None:
+                continue
+            parts = frame.with_columns(shard).partition_by(["run_id", "_shard"], as_dict=True, include_key=False)
+            for (run_id, s), part in parts.items():
+                part = part.with_columns(pl.lit(run_id).alias("run_id"))
+                schema.write_parquet(name, part, run_dirs[run_id] / name / f"part-{s:05d}.parquet")
+        for run_id, manifest in self.manifests.items():
+            schema.write_manifest(run_dirs[run_id], manifest)
+        return list(run_dirs.values())
 
 
 def synthetic_logs(
