@@ -1,0 +1,156 @@
+"""pagestats-collect end to end on a tiny random model: kill-and-resume equals an uninterrupted run,
+shards partition the work, a mismatched resume is refused, budget-1.0 rows equal the full arm.
+
+The model is the conftest tiny Llama (random weights) saved with ``save_pretrained`` beside a
+byte-level tokenizer with a small chat template, so nothing is downloaded and loading is fast.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pyarrow.parquet as pq
+import pytest
+
+from collectors import cli
+from collectors.writer import CRASH_ENV, CRASH_EXIT_CODE
+from pagestats import schema
+
+TIMINGS = {"prefill_ms", "gate_ms", "decode_ms"}
+ARGS = ["--tasks", "niah_single_1,niah_multikey_2", "--context-length", "640", "--n", "1",
+        "--evictors", "snapkv,streamingllm", "--budgets", "0.25,0.5,1.0", "--max-new-tokens", "4",
+        "--part-size", "1", "--no-progress", "--k", "8", "--k-max", "16"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from conftest import _make_tiny_model
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2}
+    for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab[ch] = len(vocab)
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    tok.chat_template = ("{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
+                         "{% if add_generation_prompt %}<s>assistant\n{% endif %}")
+    d = tmp_path_factory.mktemp("tiny_model")
+    _make_tiny_model("llama", vocab_size=512).save_pretrained(d)
+    tok.save_pretrained(d)
+    return d
+
+
+def collect(model_dir, out, *extra):
+    return cli.main(["--model", str(model_dir), "--out", str(out), *ARGS, *extra])
+
+
+def rows(out, table):
+    files = sorted((out / table).glob("*.parquet"))
+    data = [{k: v for k, v in r.items() if k not in TIMINGS}
+            for f in files for r in pq.read_table(f).to_pylist()]
+    return sorted(data, key=lambda r: json.dumps(r, sort_keys=True, default=str))
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ref") / "run"
+    assert collect(model_dir, out) == 0
+    return out
+
+
+def test_uninterrupted_run_is_schema_v1(reference):
+    m = json.loads((reference / "manifest.json").read_text())
+    assert set(schema.MANIFEST_KEYS) <= set(m)
+    assert m["tasks"] == {"niah_single_1": "dilution-prone", "niah_multikey_2": "dilution-prone"}
+    assert m["task_options"]["niah_multikey_2"]["haystack"] == "needle"
+    assert m["model"]["n_layers"] == 4 and m["gate"]["k_max_stored"] == 16
+    for f in m["files"]:
+        assert schema.sha256_file(reference / f["path"]) == f["sha256"]
+        assert schema.schema_problems(f["path"].split("/")[0], pq.read_schema(reference / f["path"])) == []
+    inputs, outcomes, topk = (rows(reference, t) for t in ("inputs", "outcomes", "topk"))
+    assert len(inputs) == 2 and len(outcomes) == 2 * 2 * 3 and len(topk) == 2 * 4 * 4
+    full = {(r["task"], r["input_id"]): r for r in inputs}
+    for r in inputs:
+        assert 0.98 * 640 <= r["n_tokens"] <= 640
+        assert len(r["agreement"]) == 4 and len(r["pair_jaccard"]) == 4 * 6
+    for o in outcomes:
+        if o["budget"] == 1.0:  # the full-cache arm reproduces the full-KV outcome (DESIGN §3)
+            assert o["prediction"] == full[(o["task"], o["input_id"])]["full_prediction"]
+            assert o["score"] == full[(o["task"], o["input_id"])]["full_score"]
+            assert o["n_kept"] == full[(o["task"], o["input_id"])]["n_tokens"]
+        else:
+            assert o["n_kept"] == max(int(o["budget"] * full[(o["task"], o["input_id"])]["n_tokens"]), 36)
+    assert all(len(t["indices"]) == 16 for t in topk)
+
+
+def test_validate_accepts_the_run(reference):
+    pytest.importorskip("pagestats.io", reason="pagestats.io not available yet")
+    from pagestats.cli import main as pagestats_main
+
+    assert pagestats_main(["validate", str(reference)]) == 0
+
+
+def test_kill_and_resume_equals_uninterrupted(model_dir, reference, tmp_path):
+    out = tmp_path / "run"
+    env = {**os.environ, CRASH_ENV: "1"}
+    cmd = [sys.executable, "-m", "collectors", "--model", str(model_dir), "--out", str(out), *ARGS]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == CRASH_EXIT_CODE, proc.stderr[-2000:]
+    assert len(list((out / "inputs").glob("*.parquet"))) == 1
+    assert len(list((out / "outcomes").glob("*.parquet"))) == 2  # half-written second part
+    assert collect(model_dir, out) == 0
+    for table in schema.TABLES:
+        assert rows(out, table) == rows(reference, table), table
+    m = json.loads((out / "manifest.json").read_text())
+    assert {f["path"] for f in m["files"]} == {f"{t}/{p.name}" for t in schema.TABLES for p in (out / t).glob("*.parquet")}
+    assert m["run_id"] == json.loads((reference / "manifest.json").read_text())["run_id"]
+
+
+def test_shards_partition_and_rerun_is_a_no_op(model_dir, reference, tmp_path):
+    out = tmp_path / "run"
+    assert collect(model_dir, out, "--shard", "0/2") == 0
+    first = rows(out, "inputs")
+    assert collect(model_dir, out, "--shard", "1/2") == 0
+    for table in schema.TABLES:
+        assert rows(out, table) == rows(reference, table), table
+    assert {(r["task"], r["input_id"]) for r in first} == {("niah_single_1", 0)}
+    n_files = len(list(out.rglob("*.parquet")))
+    assert collect(model_dir, out) == 0  # everything finished: nothing new
+    assert len(list(out.rglob("*.parquet"))) == n_files
+
+
+def test_mismatched_resume_refused(model_dir, reference, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert collect(model_dir, out, "--shard", "0/2") == 0
+    capsys.readouterr()
+    assert cli.main(["--model", str(model_dir), "--out", str(out), *ARGS, "--budgets", "0.5,1.0"]) == 2
+    err = capsys.readouterr().err
+    assert "refusing to resume" in err and "budgets" in err
+
+
+def test_help_documents_every_option(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--help"])
+    assert exc.value.code == 0
+    text = capsys.readouterr().out
+    for action in cli.parser()._actions:
+        for opt in action.option_strings:
+            assert opt in text
+        assert action.help, action.dest
+    for opt in ("--model", "--tasks", "--context-length", "--n", "--seed", "--draw", "--evictors", "--budgets",
+                "--out", "--shard", "--device", "--dtype", "--attn-impl", "--k-max", "--max-new-tokens",
+                "--essay-file", "--qa-file", "--task-classes"):
+        assert opt in text
+
+
+def test_bad_options_exit_with_a_message(capsys):
+    assert cli.main(["--tasks", "niah_single_1", "--context-length", "100", "--n", "1", "--out", "x",
+                     "--evictors", "nope"]) == 2
+    assert "unknown evictor" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["--tasks", "niah_single_1", "--context-length", "100", "--n", "1", "--out", "x", "--shard", "2/2"])
