@@ -400,12 +400,12 @@ def _canonical(frame: pl.DataFrame, table: str, wanted: Sequence[str]) -> pl.Dat
             exprs.append(pl.col(col.name) if dtype == target else pl.col(col.name).cast(target))
         elif col.required:
             exprs.append(pl.lit(None, dtype=_polars_type(col, pl.Null)).alias(col.name))
-    return frame.select(*exprs, pl.col("_file").cast(pl.Int32), pl.col("_row").cast(pl.Int64))
+    return frame.select(*exprs, pl.col("_file").cast(pl.Int32), pl.col("_row").cast(pl.Int32))
 
 
 def _empty(table: str, wanted: Sequence[str]) -> pl.DataFrame:
     cols = {c.name: _polars_type(c, pl.Null) for c in schema.columns(table) if c.name in wanted and c.required}
-    return pl.DataFrame(schema={**cols, "_file": pl.Int32, "_row": pl.Int64})
+    return pl.DataFrame(schema={**cols, "_file": pl.Int32, "_row": pl.Int32})
 
 
 def _read_parquet(con, table: str, sources: list[_Source], wanted: list[str]) -> pl.DataFrame:
@@ -415,7 +415,7 @@ def _read_parquet(con, table: str, sources: list[_Source], wanted: list[str]) ->
     select = ", ".join(f'"{c}"' for c in cols)
     query = (
         f"SELECT {select}, $index[list_position($files, filename)]::INTEGER AS _file, "
-        "file_row_number AS _row FROM read_parquet($files, union_by_name = true, filename = true, "
+        "file_row_number::INTEGER AS _row FROM read_parquet($files, union_by_name = true, filename = true, "
         "file_row_number = true)"
     )
     params = {"files": [s.path for s in sources], "index": [s.index for s in sources]}
@@ -441,7 +441,7 @@ def _read_table(con, table: str, sources: list[_Source], wanted: list[str]) -> t
     for s in sources:
         if s.fmt == "jsonl" and s.frame is not None:
             f = s.frame.with_columns(
-                pl.lit(s.index, dtype=pl.Int32).alias("_file"), pl.int_range(pl.len(), dtype=pl.Int64).alias("_row")
+                pl.lit(s.index, dtype=pl.Int32).alias("_file"), pl.int_range(pl.len(), dtype=pl.Int32).alias("_row")
             )
             try:
                 frames.append(_canonical(f, table, wanted))

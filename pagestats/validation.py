@@ -328,20 +328,30 @@ def _nulls(frame: pl.DataFrame, table: str, files: list[str]) -> list[Problem]:
     return out
 
 
-def _duplicates(frame: pl.DataFrame, key: tuple[str, ...], files: list[str], what: str) -> tuple[list[Problem], pl.DataFrame]:
-    """Problems for later occurrences of a repeated ``key``, and the frame without them."""
+def _duplicates(
+    frame: pl.DataFrame, key: tuple[str, ...], files: list[str], what: str, candidates: pl.Expr | None = None
+) -> tuple[list[Problem], pl.DataFrame]:
+    """Problems for later occurrences of a repeated ``key``, and the frame without them.
+
+    ``candidates`` (a cheap boolean expression, e.g. a duplicated hash) narrows the exact
+    comparison of ``key`` to the rows that can be duplicates.
+    """
+    sub = frame.filter(candidates) if candidates is not None else frame
+    if sub.height == 0:
+        return [], frame
     later = ~pl.struct(list(key)).is_first_distinct()
-    dups = frame.filter(later)
+    dups = sub.filter(later)
     if dups.height == 0:
         return [], frame
-    first = frame.filter(~later).select(*key, pl.col("_file").alias("_f0"), pl.col("_row").alias("_r0"))
+    first = sub.filter(~later).select(*key, pl.col("_file").alias("_f0"), pl.col("_row").alias("_r0"))
     dups = dups.join(first, on=list(key), how="left", nulls_equal=True)
 
     def detail(rec):
         values = _fmt_key(rec[k] for k in key)
         return f"{_fmt_key(key)} = {values}, first at {files[int(rec['_f0'])]}:row {rec['_r0']}".replace("'", "")
 
-    return emit(dups, files, f"duplicate {what}", detail), frame.filter(~later)
+    kept = frame.join(dups.select("_file", "_row"), on=["_file", "_row"], how="anti", maintain_order="left")
+    return emit(dups, files, f"duplicate {what}", detail), kept
 
 
 def _out_of_range(frame, col, lo, hi, files, rule, lo_open=False):
@@ -361,6 +371,13 @@ def _mode_per_run(frame: pl.DataFrame, value: str) -> pl.DataFrame:
 
 
 # --------------------------------------------------------------------------- frames
+
+
+#: Hash of an input's identity (run_id, task, input_id). Grouping and joining 36M outcome
+#: rows on three columns (two of them strings) is the slow part of validation, so the
+#: rules group on this u64 and confirm every hit on the real columns; if two distinct
+#: inputs ever shared a hash, the rules fall back to the real columns throughout.
+INPUT_HASH = pl.struct(list(schema.INPUT_KEY)).hash().alias("_ih")
 
 
 def check_frames(
@@ -389,6 +406,13 @@ def check_frames(
         Tables of which some file could not be read (already reported): the rules that
         look for rows missing from them (inputs without outcomes, outcomes or topk rows
         without an input) are skipped rather than blaming every row of the lost file.
+
+    Notes
+    -----
+    Cost is linear in the rows: per-row range checks, one group-by of the outcomes per
+    input (row count, sum of 32-bit hashes of the (evictor, budget) cells, n_kept
+    extremes) compared with the run's reference signature, and exact per-row checks
+    only on the inputs whose signature differs.
     """
     problems: list[Problem] = []
     problems += _check_file_runs(inputs, "inputs", files, file_runs)
@@ -397,31 +421,38 @@ def check_frames(
         problems += _check_file_runs(topk, "topk", files, file_runs)
 
     problems += _nulls(inputs, "inputs", files)
-    p, inp = _duplicates(inputs, schema.INPUT_KEY, files, "input")
+    inputs = inputs.with_columns(INPUT_HASH)
+    p, inp = _duplicates(inputs, schema.INPUT_KEY, files, "input", pl.col("_ih").is_duplicated())
     problems += p
     problems += _check_inputs(inp, files, runs)
+    key = ["_ih"] if inp["_ih"].n_unique() == inp.height else list(schema.INPUT_KEY)
 
     problems += _nulls(outcomes, "outcomes", files)
-    p, oc = _duplicates(outcomes, schema.OUTCOME_KEY, files, "outcome row")
-    problems += p
-    problems += _check_outcomes(inp, oc, files, runs, incomplete)
+    problems += _check_outcomes(inp, outcomes.with_columns(INPUT_HASH), files, runs, incomplete, key)
 
     if topk is not None:
         problems += _nulls(topk, "topk", files)
-        p, tk = _duplicates(topk, schema.TOPK_KEY, files, "topk row")
+        tk = topk.with_columns(INPUT_HASH)
+        cand = pl.struct("_ih", "layer", "head").hash().is_duplicated()
+        p, tk = _duplicates(tk, schema.TOPK_KEY, files, "topk row", cand)
         problems += p
-        problems += _check_topk(inp, tk, files, runs, incomplete)
+        problems += _check_topk(inp, tk, files, runs, incomplete, key)
     return problems
 
 
 def _check_file_runs(frame, table, files, file_runs) -> list[Problem]:
-    if not file_runs or frame.height == 0:
+    """Rows of a run directory's files carry that run's run_id (compared by hash, then exactly)."""
+    idx = [i for i in file_runs if i is not None]
+    if not idx or frame.height == 0:
         return []
-    mapping = pl.DataFrame(
-        {"_file": list(file_runs), "_run": list(file_runs.values())},
-        schema={"_file": frame.schema["_file"], "_run": pl.String},
-    )
-    bad = frame.select("_file", "_row", "run_id").join(mapping, on="_file", how="inner")
+    expected = pl.Series([file_runs[i] for i in idx], dtype=pl.String)
+    exp_hash = expected.hash()
+    file_idx = pl.Series(idx, dtype=frame.schema["_file"])
+    bad = frame.select("_file", "_row", "run_id").filter(pl.col("_file").is_in(file_idx.implode()))
+    bad = bad.filter(pl.col("run_id").hash() != pl.col("_file").replace_strict(file_idx, exp_hash))
+    if bad.height == 0:
+        return []
+    bad = bad.with_columns(pl.col("_file").replace_strict(file_idx, expected).alias("_run"))
     bad = bad.filter(pl.col("run_id") != pl.col("_run"))
     bad = bad.with_columns(pl.format("run_id {} but the run's manifest says {}", "run_id", "_run").alias("_detail"))
     return emit(bad, files, f"{table} row from another run", "_detail")
@@ -551,35 +582,56 @@ def _check_drop(inp: pl.DataFrame, frame: pl.DataFrame, files, runs) -> list[Pro
     return problems
 
 
-def _check_outcomes(inp: pl.DataFrame, oc: pl.DataFrame, files, runs, incomplete=frozenset()) -> list[Problem]:
+#: 32-bit hash of one (evictor, budget) arm; an input's arms are summarised by their count
+#: and the sum of these (a set signature: equal sets give equal sums).
+CELL_HASH = (pl.struct("evictor", "budget").hash() & 0xFFFFFFFF).alias("_cell")
+
+
+def _cell_signature(evictors, budgets) -> tuple[int, int]:
+    cells = pl.DataFrame(
+        {"evictor": list(evictors), "budget": [float(b) for b in budgets]},
+        schema={"evictor": pl.String, "budget": pl.Float64},
+    )
+    h = cells.select(CELL_HASH)["_cell"]
+    return cells.height, int(h.sum())
+
+
+def _check_outcomes(inp: pl.DataFrame, oc: pl.DataFrame, files, runs, incomplete, key) -> list[Problem]:
     problems: list[Problem] = []
-    key = list(schema.INPUT_KEY)
     problems += _out_of_range(oc, "score", 0.0, 1.0, files, "score outside [0, 1] or NaN")
     problems += _out_of_range(oc, "budget", 0.0, 1.0, files, "budget outside (0, 1] or NaN", lo_open=True)
 
-    # orphans both ways
+    firsts = [pl.col(c).first() for c in schema.INPUT_KEY if c not in key]
     per_input = oc.group_by(key).agg(
+        *firsts,
         pl.col("_file").first(), pl.col("_row").first(), pl.len().alias("_n"),
-        pl.col("evictor").unique().sort().alias("_evictors"),
+        pl.col("n_kept").min().alias("_kmin"), pl.col("n_kept").max().alias("_kmax"),
+        CELL_HASH.cast(pl.UInt64).sum().alias("_sig"),
     )
-    orphans = per_input.join(inp.select(key), on=key, how="anti")
-    orphans = orphans.with_columns(
-        pl.format("input ({}, {}, {}) has {} outcome rows", *key, "_n").alias("_d")
-    )
+    ikey = list(schema.INPUT_KEY)
+
+    # orphans both ways
     if "inputs" not in incomplete:
+        orphans = per_input.join(inp.select(key), on=key, how="anti")
+        orphans = orphans.with_columns(pl.format("input ({}, {}, {}) has {} outcome rows", *ikey, "_n").alias("_d"))
         problems += emit(orphans, files, "outcomes whose input is missing from inputs", "_d")
     if "outcomes" not in incomplete:
         lonely = inp.join(per_input.select(key), on=key, how="anti")
         problems += emit(lonely, files, "input with no outcomes")
 
-    # n_kept range and the budget-1.0 arm, against the input's n_tokens / full_score
-    joined = oc.select("_file", "_row", *key, "evictor", "budget", "n_kept", "score").join(
-        inp.select(*key, "n_tokens", "full_score"), on=key, how="inner"
+    # n_kept in [1, n_tokens]: inputs whose extremes fall outside, then their rows
+    sizes = inp.select(*key, "n_tokens", "full_score")
+    cand = per_input.join(sizes, on=key, how="inner").filter(
+        (pl.col("_kmin") < 1) | (pl.col("_kmax") > pl.col("n_tokens"))
     )
-    bad = joined.filter((pl.col("n_kept") < 1) | (pl.col("n_kept") > pl.col("n_tokens")))
-    problems += emit(bad.with_columns(pl.format("n_kept = {}, n_tokens = {}", "n_kept", "n_tokens").alias("_d")),
-                     files, "n_kept outside [1, n_tokens]", "_d")
-    full = joined.filter(pl.col("budget") == 1.0)
+    if cand.height:
+        rows = oc.join(cand.select(*key, "n_tokens"), on=key, how="inner")
+        bad = rows.filter((pl.col("n_kept") < 1) | (pl.col("n_kept") > pl.col("n_tokens")))
+        problems += emit(bad.with_columns(pl.format("n_kept = {}, n_tokens = {}", "n_kept", "n_tokens").alias("_d")),
+                         files, "n_kept outside [1, n_tokens]", "_d")
+
+    # the budget-1.0 arm reproduces the full-KV outcome (§4 "Setup": full-cache audit)
+    full = oc.filter(pl.col("budget") == 1.0).join(sizes, on=key, how="inner")
     bad = full.filter(((pl.col("score") - pl.col("full_score")).abs() > SCORE_TOLERANCE)
                       | (pl.col("score").is_nan() != pl.col("full_score").is_nan())
                       | (pl.col("n_kept") != pl.col("n_tokens")))
@@ -587,63 +639,105 @@ def _check_outcomes(inp: pl.DataFrame, oc: pl.DataFrame, files, runs, incomplete
                                      "score", "full_score", "n_kept", "n_tokens").alias("_d"))
     problems += emit(bad, files, "budget 1.0 outcome differs from the full-KV outcome", "_d")
 
-    # the budget grid of every (input, evictor) and the evictor set of every input
-    problems += _check_grid(oc, per_input, files, runs)
+    problems += _check_grid(oc, per_input, files, runs, key)
     return problems
 
 
-def _check_grid(oc: pl.DataFrame, per_input: pl.DataFrame, files, runs) -> list[Problem]:
+def _check_grid(oc: pl.DataFrame, per_input: pl.DataFrame, files, runs, key) -> list[Problem]:
     """Every (input, evictor) of a run has the same budget grid and every input the same
-    evictor set: the manifest's when it lists them, else the run's most common one."""
+    evictor set (and no outcome row twice): the manifest's evictors × budgets when it
+    lists them, else the run's most common set of arms."""
     problems: list[Problem] = []
-    key = list(schema.INPUT_KEY)
-    grids = oc.group_by(*key, "evictor").agg(
+    ikey = list(schema.INPUT_KEY)
+    for run_id in sorted(per_input["run_id"].unique().drop_nulls().to_list()):
+        sub = per_input.filter(pl.col("run_id") == run_id)
+        usual_n, usual_sig = sub.group_by("_n", "_sig").len().sort(["len", "_n"], descending=[True, False]).row(0)[:2]
+        one = sub.filter((pl.col("_n") == usual_n) & (pl.col("_sig") == usual_sig)).select(key).head(1)
+        usual = oc.join(one, on=key, how="semi").select("evictor", "budget").unique()
+        usual_cells = sorted(usual.iter_rows())
+        info = runs.get(run_id)
+        first = sub.sort("_file", "_row").head(1)
+        if info is not None and info.evictors is not None and info.budgets is not None:
+            manifest_cells = sorted((e, b) for e in info.evictors for b in info.budgets)
+            if set(manifest_cells) != set(usual_cells):
+                problems += emit(first, files, f"the usual arms of run {run_id!r} differ from the manifest's evictors × "
+                                               f"budgets", lambda rec: _cells_diff(usual_cells, manifest_cells))
+            reference, source = manifest_cells, "the manifest's"
+        else:
+            reference, source = usual_cells, "the run's usual"
+        ref_n, ref_sig = _cell_signature(*zip(*reference)) if reference else (0, 0)
+        odd = sub.filter((pl.col("_n") != ref_n) | (pl.col("_sig") != ref_sig))
+        if odd.height:
+            rows = oc.join(odd.select(key), on=key, how="semi")
+            p, rows = _duplicates(rows, schema.OUTCOME_KEY, files, "outcome row")
+            problems += p
+            problems += _exact_grid(rows, reference, source, run_id, files)
+        if reference and 1.0 not in {b for _, b in reference}:
+            problems += emit(first, files, f"run {run_id!r} has no budget 1.0 (full-cache audit) arm")
+    return problems
+
+
+def _cells_diff(got, reference) -> str:
+    missing = sorted(set(reference) - set(got))
+    extra = sorted(set(got) - set(reference))
+    text = f"{len(got)} arms vs {len(reference)}"
+    if missing:
+        text += f"; missing {missing[:10]}" + (" …" if len(missing) > 10 else "")
+    if extra:
+        text += f"; extra {extra[:10]}" + (" …" if len(extra) > 10 else "")
+    return text
+
+
+def _exact_grid(rows: pl.DataFrame, reference, source, run_id, files) -> list[Problem]:
+    """Exact evictor-set and budget-grid comparison for the (few) inputs whose signature differs."""
+    problems: list[Problem] = []
+    ikey = list(schema.INPUT_KEY)
+    ref_evictors = sorted({e for e, _ in reference})
+    ref_budgets = {e: sorted(b for e2, b in reference if e2 == e) for e in ref_evictors}
+    per_input = rows.group_by(ikey).agg(
+        pl.col("_file").first(), pl.col("_row").first(), pl.col("evictor").unique().sort().alias("_evictors")
+    )
+    bad = per_input.filter(pl.col("_evictors") != pl.lit(pl.Series([ref_evictors], dtype=pl.List(pl.String))))
+
+    def evictor_detail(rec):
+        got = list(rec["_evictors"])
+        missing, extra = sorted(set(ref_evictors) - set(got)), sorted(set(got) - set(ref_evictors))
+        return (f"input ({rec['run_id']}, {rec['task']}, {rec['input_id']}) has {got}; {source} evictor set is "
+                f"{ref_evictors}" + (f"; missing {missing}" if missing else "") + (f"; extra {extra}" if extra else ""))
+
+    problems += emit(bad, files, f"evictor set differs between inputs of run {run_id!r}", evictor_detail)
+    grids = rows.filter(pl.col("evictor").is_in(ref_evictors)).group_by(*ikey, "evictor").agg(
         pl.col("_file").first(), pl.col("_row").first(), pl.col("budget").sort().alias("_grid")
     )
-    for name, frame, col, attr in (
-        ("budget grid", grids, "_grid", "budgets"),
-        ("evictor set", per_input, "_evictors", "evictors"),
-    ):
-        usual = dict(_mode_per_run(frame.select("run_id", col), col).iter_rows())
-        for run_id, usual_ref in usual.items():
-            info = runs.get(run_id)
-            if info is not None and getattr(info, attr) is not None:
-                reference, source = list(getattr(info, attr)), "the manifest's"
-            else:
-                reference, source = list(usual_ref), "the run's usual"
-            sub = frame.filter(pl.col("run_id") == run_id)
-            ref_lit = pl.lit(pl.Series([reference], dtype=sub.schema[col]).first(), dtype=sub.schema[col])
-            bad = sub.filter(pl.col(col) != ref_lit)
+    grids = grids.with_columns(
+        pl.col("evictor").replace_strict(
+            ref_evictors, [ref_budgets[e] for e in ref_evictors], return_dtype=pl.List(pl.Float64)
+        ).alias("_ref")
+    )
+    bad = grids.filter(pl.col("_grid") != pl.col("_ref"))
 
-            def detail(rec, reference=reference, source=source, name=name, col=col):
-                got = list(rec[col])
-                missing = sorted(set(reference) - set(got))
-                extra = sorted(set(got) - set(reference))
-                what = f"evictor {rec['evictor']!r} of " if name == "budget grid" else ""
-                return (
-                    f"{what}input ({rec['run_id']}, {rec['task']}, {rec['input_id']}) has {got}; "
-                    f"{source} {name} is {reference}"
-                    + (f"; missing {missing}" if missing else "")
-                    + (f"; extra {extra}" if extra else "")
-                    + ("; repeated values" if len(got) != len(set(got)) else "")
-                )
+    def grid_detail(rec):
+        got, ref = list(rec["_grid"]), list(rec["_ref"])
+        missing, extra = sorted(set(ref) - set(got)), sorted(set(got) - set(ref))
+        return (f"evictor {rec['evictor']!r} of input ({rec['run_id']}, {rec['task']}, {rec['input_id']}) has {got}; "
+                f"{source} budget grid is {ref}" + (f"; missing {missing}" if missing else "")
+                + (f"; extra {extra}" if extra else ""))
 
-            problems += emit(bad, files, f"{name} differs between arms of run {run_id!r}", detail)
-            if name == "budget grid" and 1.0 not in set(reference):
-                problems += emit(sub.sort("_file", "_row").head(1), files, f"run {run_id!r} has no budget 1.0 (full-cache audit) arm")
+    problems += emit(bad, files, f"budget grid differs between arms of run {run_id!r}", grid_detail)
     return problems
 
 
-def _check_topk(inp: pl.DataFrame, tk: pl.DataFrame, files, runs, incomplete=frozenset()) -> list[Problem]:
+def _check_topk(inp: pl.DataFrame, tk: pl.DataFrame, files, runs, incomplete, key) -> list[Problem]:
     problems: list[Problem] = []
-    key = list(schema.INPUT_KEY)
-    joined = tk.select("_file", "_row", *key, "layer", "head", "indices").join(
+    ikey = list(schema.INPUT_KEY)
+    cols = ["_file", "_row", *ikey, "layer", "head", "indices"] + (["_ih"] if "_ih" in key else [])
+    joined = tk.select(cols).join(
         inp.select(*key, "n_tokens", pl.col("agreement").list.len().alias("_L")), on=key, how="left"
     ).join(_run_frame(runs).select("run_id", "_n_heads"), on="run_id", how="left")
-    missing = joined.filter(pl.col("n_tokens").is_null())
-    missing = missing.group_by(key).agg(pl.col("_file").first(), pl.col("_row").first(), pl.len().alias("_n"))
-    missing = missing.with_columns(pl.format("input ({}, {}, {}) has {} topk rows", *key, "_n").alias("_d"))
     if "inputs" not in incomplete:
+        missing = joined.filter(pl.col("n_tokens").is_null())
+        missing = missing.group_by(ikey).agg(pl.col("_file").first(), pl.col("_row").first(), pl.len().alias("_n"))
+        missing = missing.with_columns(pl.format("input ({}, {}, {}) has {} topk rows", *ikey, "_n").alias("_d"))
         problems += emit(missing, files, "topk rows whose input is missing from inputs", "_d")
     j = joined.filter(pl.col("n_tokens").is_not_null())
     bad = j.filter((pl.col("layer") < 0) | (pl.col("layer") >= pl.col("_L")))
