@@ -358,7 +358,7 @@ def tau_sensitivity(curve: pl.DataFrame, *, tau0: float = defaults.TAU, delta_to
                 axis.axvspan(tau[band].min(), tau[band].max(), color="0.88", lw=0)
             axis.axvline(tau0, color=st.TAU_COLOR, linestyle=":", linewidth=0.8)
             line_d, = axis.plot(tau[finite], sub["delta"].to_numpy()[finite] * 100, color="black",
-                                label="Δ gated − plain (pp, left)")
+                                label="Δ gated − plain (left)")
             axis.set_xlabel("threshold τ")
             if i % 2 == 0:
                 axis.set_ylabel("Δ accuracy (pp)")
@@ -366,16 +366,18 @@ def tau_sensitivity(curve: pl.DataFrame, *, tau0: float = defaults.TAU, delta_to
             twin.spines["right"].set_visible(True)
             line_fp, = twin.plot(tau[finite], sub["fp_rate"].to_numpy()[finite],
                                  color=st.CLASS_COLOR["capacity-bound"], linestyle="--",
-                                 label="FP: opens on capacity-bound (right)")
+                                 label="FP: open on cap.-bound (right)")
             line_fn, = twin.plot(tau[finite], sub["fn_rate"].to_numpy()[finite],
                                  color=st.CLASS_COLOR["dilution-prone"], linestyle="-.",
-                                 label="FN: closed on dilution-prone (right)")
+                                 label="FN: closed on dil.-prone (right)")
             twin.set_ylim(-0.03, 1.03)
             st.percent_axis(twin)
             if i % 2 == 1 or len(groups) == 1:
                 twin.set_ylabel("error rate")
             if cell:
                 axis.set_title(st.cell_label(cell))
-        handles = [line_d, line_fp, line_fn, Patch(color="0.88", label="plateau")]
+        handles = [line_d, line_fp, line_fn]
+        if data["in_band"].any():
+            handles.append(Patch(color="0.88", label="plateau"))
         fig.legend(handles=handles, loc="outside lower center", ncols=2)
     return fig
