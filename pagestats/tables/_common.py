@@ -1,0 +1,115 @@
+"""Small pure helpers shared by the table modules.
+
+Only what the engine (:mod:`pagestats.metrics`, :mod:`pagestats.stats`) does not provide
+lives here: per-task means of a per-input statistic, the class *ordering margin* of
+Tables 6, 9 and 10, and the choice of the headline evictor. Everything else is called
+from the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import polars as pl
+
+from pagestats import defaults
+
+#: A (model, context) cell, the unit of the signal tables (Tables 3–10, 20, 24).
+MODEL_CELL = ("model", "context_length")
+INPUT_KEY = ("run_id", "task", "input_id")
+
+
+def as_list(by) -> list[str]:
+    return [by] if isinstance(by, str) else list(by)
+
+
+def check_columns(frame: pl.DataFrame, cols: Sequence[str], what: str) -> None:
+    """Raise a clear error when ``frame`` is not a polars frame or lacks ``cols``."""
+    if not isinstance(frame, pl.DataFrame):
+        raise TypeError(f"{what}: expected a polars DataFrame, got {type(frame).__name__}")
+    missing = [c for c in cols if c not in frame.columns]
+    if missing:
+        raise ValueError(f"{what}: missing columns {missing}; the frame has {frame.columns}")
+
+
+def headline_evictor(frame: pl.DataFrame) -> str:
+    """SnapKV when present (the paper's single-evictor tables), else the first evictor by name."""
+    check_columns(frame, ["evictor"], "headline_evictor")
+    evictors = sorted(frame["evictor"].unique().to_list())
+    if not evictors:
+        raise ValueError("headline_evictor: the frame has no evictor")
+    return "snapkv" if "snapkv" in evictors else evictors[0]
+
+
+def one_evictor(frame: pl.DataFrame, evictor: str | None) -> tuple[pl.DataFrame, str]:
+    """Rows of ``evictor`` (default :func:`headline_evictor`); raises if it is not logged."""
+    ev = evictor if evictor is not None else headline_evictor(frame)
+    sub = frame.filter(pl.col("evictor") == ev)
+    if sub.height == 0:
+        raise ValueError(f"evictor {ev!r} is not in the outcomes ({sorted(frame['evictor'].unique().to_list())})")
+    return sub, ev
+
+
+def input_rows(frame: pl.DataFrame) -> pl.DataFrame:
+    """One row per input (and head-pair draw) of a gate or gated-outcome frame."""
+    key = [*INPUT_KEY, *(["pair_draw"] if "pair_draw" in frame.columns else [])]
+    return frame.unique(subset=key, keep="first", maintain_order=True)
+
+
+def task_means(frame: pl.DataFrame, value: str = "drop", by=MODEL_CELL) -> pl.DataFrame:
+    """Mean, SD (ddof=1) and count of a per-input ``value`` per (``by``, task, task_class).
+
+    Each input (and head-pair draw) counts once, so a gated-outcome frame gives the same
+    result as the gate frame it came from.
+    """
+    by = as_list(by)
+    check_columns(frame, [*by, *INPUT_KEY, "task_class", value], "task_means")
+    keys = [*by, "task", "task_class"]
+    out = input_rows(frame).group_by(keys).agg(
+        pl.col(value).mean().alias("mean"), pl.col(value).std(ddof=1).alias("sd"),
+        pl.len().cast(pl.Int64).alias("n"),
+    )
+    return out.sort(keys)
+
+
+def ordering_margin(means: pl.DataFrame, by=MODEL_CELL, *, value: str = "mean", exclude: Sequence[str] = ()) -> pl.DataFrame:
+    """The class ordering margin of Tables 6, 9 and 10 per ``by`` group.
+
+    ``margin = min over dilution-prone tasks of the task mean − max over capacity-bound
+    tasks of the task mean``: positive iff every capacity-bound task mean lies strictly
+    below every dilution-prone task mean, i.e. a single threshold separates the classes
+    on task means (Table 9: "the gap between mean D on NIAH-MK3 and the smallest mean D
+    among the dilution-prone tasks"). Tasks in ``exclude`` are left out (Table 6's
+    "margin−" excludes niah_multivalue).
+
+    Returns
+    -------
+    polars.DataFrame
+        ``by``, ``capacity_max``, ``dilution_min``, ``margin``, ``ordered`` (margin > 0),
+        ``n_capacity_tasks``, ``n_dilution_tasks``; margin null when a class is missing.
+    """
+    by = as_list(by)
+    check_columns(means, [*by, "task", "task_class", value], "ordering_margin")
+    m = means.filter(~pl.col("task").is_in(list(exclude)))
+    cap = pl.col("task_class") == defaults.CAPACITY_BOUND
+    dil = pl.col("task_class") == defaults.DILUTION_PRONE
+    agg = [
+        pl.col(value).filter(cap).max().alias("capacity_max"),
+        pl.col(value).filter(dil).min().alias("dilution_min"),
+        cap.sum().cast(pl.Int64).alias("n_capacity_tasks"),
+        dil.sum().cast(pl.Int64).alias("n_dilution_tasks"),
+    ]
+    out = m.group_by(by).agg(*agg) if by else m.select(*agg)
+    out = out.with_columns((pl.col("dilution_min") - pl.col("capacity_max")).alias("margin"))
+    out = out.with_columns((pl.col("margin") > 0).alias("ordered"))
+    cols = [*by, "capacity_max", "dilution_min", "margin", "ordered", "n_capacity_tasks", "n_dilution_tasks"]
+    return out.select(cols).sort(by) if by else out.select(cols)
+
+
+@dataclass(frozen=True)
+class LogsView:
+    """The part of :class:`pagestats.io.Logs` a replay reads (``inputs``, ``topk``), e.g. one model's rows."""
+
+    inputs: pl.DataFrame
+    topk: pl.DataFrame | None = None

@@ -1,0 +1,348 @@
+"""Tables of the gate's effect: the Δ matrix (Tables 2, 12), the budget axis (Table 13),
+the task-label oracle gap (Table 14), best plain vs best gated evictor (Table 17), Δ across
+(model, context) cells (Table 20), compression and static batching (Tables 22–23), the
+cluster-bootstrap intervals (Tables 28–29) and the draw replicates (Table 30).
+
+Inputs are :func:`pagestats.replay.gated_outcomes` frames; every statistic is a call to
+:mod:`pagestats.metrics`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import polars as pl
+
+from pagestats import defaults, metrics
+from pagestats._frames import CELL
+from pagestats.tables._common import MODEL_CELL, check_columns, one_evictor
+
+__all__ = [
+    "delta_matrix_table",
+    "delta_by_task_table",
+    "budget_axis_table",
+    "oracle_gap_table",
+    "best_evictor_table",
+    "cross_cell_table",
+    "compression_table",
+    "batching_table",
+    "bootstrap_table",
+    "draw_replicates_table",
+    "BATCH_SIZES",
+]
+
+#: Batch sizes of Table 23.
+BATCH_SIZES = (1, 2, 4, 8, 16, 32)
+_CAP = pl.col("task_class") == defaults.CAPACITY_BOUND
+
+
+def _rest_open(gated: pl.DataFrame, by) -> pl.DataFrame:
+    """Gate-open fraction over the non-capacity-bound inputs of each group, and whether it is 1."""
+    rest = gated.filter(~_CAP)
+    if rest.height == 0:
+        return pl.DataFrame(schema={**{c: gated.schema[c] for c in by}, "p_open_rest": pl.Float64, "identical": pl.Boolean})
+    po = metrics.p_open(rest, by=by)
+    return po.select(*by, pl.col("p_open").alias("p_open_rest"), (pl.col("k") == pl.col("n")).alias("identical"))
+
+
+def delta_matrix_table(gated: pl.DataFrame) -> pl.DataFrame:
+    """Tables 2 and 12 (summary): Δ per (model, context, evictor) cell, with and without the
+    capacity-bound tasks, the gate-open fraction on the other inputs and the identity marker.
+
+    Returns
+    -------
+    polars.DataFrame
+        ``model, context_length, evictor, delta`` (all tasks), ``delta_rest`` (capacity-bound
+        tasks excluded; null when only capacity-bound tasks are logged), ``n_inputs``,
+        ``p_open_rest`` (gate-open fraction on the non-capacity-bound inputs) and
+        ``identical`` (the gate opens on every non-capacity-bound input, so there gated ≡
+        plain exactly and ``delta_rest`` is 0 by construction; the paper's † rows).
+
+    References
+    ----------
+    PAGE §4.1 "Transfer Across Eviction Mechanisms", Table 2 (grand mean +22.9 pp; +4.5 pp
+    excluding NIAH-MK3, exactly 0.000 in 8 of 16 cells), App. A.4.1, Table 12.
+    """
+    by = list(CELL)
+    full = metrics.delta(gated, by=by)
+    rest_rows = gated.filter(~_CAP)
+    rest = metrics.delta(rest_rows, by=by).select(*by, pl.col("delta").alias("delta_rest")) if rest_rows.height else None
+    out = full.select(*by, "delta", "n_inputs")
+    if rest is not None:
+        out = out.join(rest, on=by, how="left")
+    else:
+        out = out.with_columns(pl.lit(None, pl.Float64).alias("delta_rest"))
+    out = out.join(_rest_open(gated, by), on=by, how="left")
+    return out.select(*by, "delta", "delta_rest", "n_inputs", "p_open_rest", "identical").sort(by)
+
+
+def delta_by_task_table(gated: pl.DataFrame) -> pl.DataFrame:
+    """Table 12: per-task Δ (gated − plain, b < 1) for every matrix cell, with the
+    per-task gate-open fraction and the cell's identity marker.
+
+    Returns
+    -------
+    polars.DataFrame
+        ``model, context_length, evictor, task, task_class, delta, n_inputs, p_open``
+        (of the task's inputs) and ``identical`` (the cell's † marker of
+        :func:`delta_matrix_table`).
+    """
+    by = [*CELL, "task", "task_class"]
+    d = metrics.delta(gated, by=by)
+    po = metrics.p_open(gated, by=[*MODEL_CELL, "task"]).select(*MODEL_CELL, "task", "p_open")
+    out = d.join(po, on=[*MODEL_CELL, "task"], how="left").join(_rest_open(gated, list(CELL)), on=list(CELL), how="left")
+    return out.select(*by, "delta", "n_inputs", "p_open", "identical").sort(by)
+
+
+def budget_axis_table(gated: pl.DataFrame) -> pl.DataFrame:
+    """Table 13: plain vs gated accuracy per budget, per (model, context, evictor), tasks pooled.
+
+    Returns
+    -------
+    polars.DataFrame
+        ``model, context_length, evictor, budget, n_inputs, acc_full, acc_plain,
+        acc_gated, delta`` (:func:`pagestats.metrics.delta` with ``budget`` in ``by``),
+        ``kept_kv_gated`` (:func:`pagestats.metrics.kept_kv`); budgets b < 1.
+
+    References
+    ----------
+    PAGE App. A.4.1 "Budget convention", Table 13 (plain 0.88 → 0.19, gated 0.61–0.88).
+    """
+    by = [*CELL, "budget"]
+    check_columns(gated, [*by, "score_full", "score_plain", "score_gated"], "budget_axis_table")
+    rows = gated.filter(pl.col("budget") < 1.0)
+    acc = rows.group_by(by).agg(
+        pl.col("score_full").mean().alias("acc_full"), pl.col("score_plain").mean().alias("acc_plain"),
+        pl.col("score_gated").mean().alias("acc_gated"),
+    )
+    d = metrics.delta(rows, by=by).select(*by, "delta", "n_inputs")
+    kept = metrics.kept_kv(rows, by=by).select(*by, pl.col("kept_kv").alias("kept_kv_gated"))
+    out = acc.join(d, on=by).join(kept, on=by)
+    return out.select(*by, "n_inputs", "acc_full", "acc_plain", "acc_gated", "delta", "kept_kv_gated").sort(by)
+
+
+def oracle_gap_table(gated: pl.DataFrame, gated_oracle: pl.DataFrame) -> pl.DataFrame:
+    """Table 14: Δ of the gate vs Δ of the task-label oracle per cell.
+
+    Parameters
+    ----------
+    gated, gated_oracle : polars.DataFrame
+        Gated outcomes under the policy and under :class:`pagestats.policies.TaskOracle`.
+
+    Returns
+    -------
+    polars.DataFrame
+        :func:`pagestats.metrics.oracle_gap` columns plus ``same_decisions`` (the two
+        policies take the same decision on every input of the cell, so the gap is exactly 0).
+
+    References
+    ----------
+    PAGE §4.1, App. A.4.3, Table 14.
+    """
+    gap = metrics.oracle_gap(gated, gated_oracle, by=CELL)
+    key = ["run_id", "task", "input_id", *CELL]
+    a = gated.select(*key, "gate_open").unique()
+    b = gated_oracle.select(*key, pl.col("gate_open").alias("_oracle")).unique()
+    same = a.join(b, on=key).group_by(list(CELL)).agg((pl.col("gate_open") == pl.col("_oracle")).all().alias("same_decisions"))
+    return gap.join(same, on=list(CELL), how="left").sort(list(CELL))
+
+
+def best_evictor_table(gated: pl.DataFrame) -> pl.DataFrame:
+    """Table 17: best plain evictor vs best gated evictor per (model, context).
+
+    Accuracy of an arm is its mean score over inputs and budgets b < 1 (the Δ convention of
+    Table 2); the best evictor of an arm maximises it (ties: first by name).
+
+    Returns
+    -------
+    polars.DataFrame
+        ``model, context_length, best_plain, acc_best_plain, best_gated, acc_best_gated,
+        gain`` (= acc_best_gated − acc_best_plain), ``n_evictors``.
+    """
+    check_columns(gated, [*CELL, "budget", "score_plain", "score_gated"], "best_evictor_table")
+    acc = gated.filter(pl.col("budget") < 1.0).group_by(list(CELL)).agg(
+        pl.col("score_plain").mean().alias("plain"), pl.col("score_gated").mean().alias("gated"))
+    acc = acc.sort([*MODEL_CELL, "evictor"])
+    out = acc.group_by(list(MODEL_CELL), maintain_order=True).agg(
+        pl.col("evictor").sort_by("plain", descending=True, maintain_order=True).first().alias("best_plain"),
+        pl.col("plain").max().alias("acc_best_plain"),
+        pl.col("evictor").sort_by("gated", descending=True, maintain_order=True).first().alias("best_gated"),
+        pl.col("gated").max().alias("acc_best_gated"),
+        pl.len().cast(pl.Int64).alias("n_evictors"),
+    )
+    out = out.with_columns((pl.col("acc_best_gated") - pl.col("acc_best_plain")).alias("gain"))
+    return out.select(*MODEL_CELL, "best_plain", "acc_best_plain", "best_gated", "acc_best_gated", "gain",
+                      "n_evictors").sort(list(MODEL_CELL))
+
+
+def cross_cell_table(gated_fixed: pl.DataFrame, gated_calibrated: pl.DataFrame | None = None, *,
+                     evictor: str | None = None) -> pl.DataFrame:
+    """Table 20: Δ across (model, context) cells at the fixed τ and at the calibrated τ.
+
+    Parameters
+    ----------
+    gated_fixed : polars.DataFrame
+        Gated outcomes at the fixed τ.
+    gated_calibrated : polars.DataFrame, optional
+        Gated outcomes under a calibrated policy (the paper: the midpoint recipe, Eq. 5).
+    evictor : str, optional
+        Default the headline evictor.
+
+    Returns
+    -------
+    polars.DataFrame
+        ``model, context_length, evictor, n_inputs, tau_fixed, delta_fixed, p_open_fixed``
+        and, with a calibrated frame, ``tau_calibrated, delta_calibrated, p_open_calibrated``.
+    """
+    sub, ev = one_evictor(gated_fixed, evictor)
+
+    def arm(frame, suffix):
+        d = metrics.delta(frame, by=MODEL_CELL).select(*MODEL_CELL, "n_inputs", pl.col("delta").alias(f"delta_{suffix}"))
+        po = metrics.p_open(frame, by=MODEL_CELL).select(*MODEL_CELL, pl.col("p_open").alias(f"p_open_{suffix}"))
+        tau = frame.group_by(list(MODEL_CELL)).agg(pl.col("tau").mean().alias(f"tau_{suffix}"))
+        return d.join(tau, on=list(MODEL_CELL)).join(po, on=list(MODEL_CELL))
+
+    out = arm(sub, "fixed")
+    cols = [*MODEL_CELL, "evictor", "n_inputs", "tau_fixed", "delta_fixed", "p_open_fixed"]
+    if gated_calibrated is not None:
+        cal = arm(gated_calibrated.filter(pl.col("evictor") == ev), "calibrated").drop("n_inputs")
+        out = out.join(cal, on=list(MODEL_CELL), how="left")
+        cols += ["tau_calibrated", "delta_calibrated", "p_open_calibrated"]
+    return out.with_columns(pl.lit(ev).alias("evictor")).select(cols).sort(list(MODEL_CELL))
+
+
+def compression_table(gated: pl.DataFrame, *, evictor: str | None = None) -> pl.DataFrame:
+    """Table 22: achieved kept-KV and compression of the gated deployment, per budget and grid mean.
+
+    Returns
+    -------
+    polars.DataFrame
+        ``model, context_length, evictor, budget`` (null on the "grid mean" row, which
+        averages the budgets b < 1), ``kept_kv_plain``, ``kept_kv_gated``, ``compression``
+        (gated, = 1/kept_kv_gated), ``kept_kv_open`` (gate-open inputs only) and ``p_open``
+        (per-input, independent of b; the compression floor is 1 − p_open).
+
+    References
+    ----------
+    PAGE App. A.6.2, Table 22 (plain keeps the nominal fraction; grid mean 0.453).
+    """
+    sub, ev = one_evictor(gated, evictor)
+    parts = []
+    for by, grid in (([*MODEL_CELL, "budget"], False), (list(MODEL_CELL), True)):
+        g = metrics.kept_kv(sub, by=by, arm="gated")
+        p = metrics.kept_kv(sub, by=by, arm="plain").select(*by, pl.col("kept_kv").alias("kept_kv_plain"))
+        part = g.join(p, on=by).rename({"kept_kv": "kept_kv_gated"})
+        if grid:
+            part = part.with_columns(pl.lit(None, pl.Float64).alias("budget"))
+        parts.append(part.select(*MODEL_CELL, "budget", "kept_kv_plain", "kept_kv_gated", "compression", "kept_kv_open"))
+    out = pl.concat(parts)
+    po = metrics.p_open(sub, by=MODEL_CELL).select(*MODEL_CELL, "p_open")
+    out = out.join(po, on=list(MODEL_CELL)).with_columns(pl.lit(ev).alias("evictor"))
+    return out.select(*MODEL_CELL, "evictor", "budget", "kept_kv_plain", "kept_kv_gated", "compression",
+                      "kept_kv_open", "p_open").sort([*MODEL_CELL, "budget"], nulls_last=True)
+
+
+def batching_table(gated: pl.DataFrame, *, evictor: str | None = None, budget: float | None = None,
+                   batch_sizes: Sequence[int] = BATCH_SIZES) -> pl.DataFrame:
+    """Table 23: compression under static batch provisioning (:func:`pagestats.metrics.static_batching`).
+
+    ``p_open`` and ``kept_open`` per (model, context) come from Table 22 at ``budget``
+    (default the smallest logged budget; the paper: b = 0.0625).
+
+    Returns
+    -------
+    polars.DataFrame
+        ``model, context_length, evictor, budget, batch_size, p_open, kept_open,
+        p_all_open, provisioned, compression``.
+    """
+    sub, ev = one_evictor(gated, evictor)
+    evict = sub.filter(pl.col("budget") < 1.0)
+    if evict.height == 0:
+        raise ValueError("batching_table: no eviction budgets b < 1")
+    b = float(evict["budget"].min()) if budget is None else float(budget)
+    at = evict.filter(pl.col("budget") == b)
+    if at.height == 0:
+        raise ValueError(f"batching_table: budget {b} is not logged")
+    kept = metrics.kept_kv(at, by=MODEL_CELL)
+    po = metrics.p_open(at, by=MODEL_CELL).select(*MODEL_CELL, "p_open")
+    cells = kept.join(po, on=list(MODEL_CELL)).sort(list(MODEL_CELL))
+    parts = []
+    for row in cells.iter_rows(named=True):
+        k_open = row["kept_kv_open"] if row["kept_kv_open"] is not None else 1.0  # no open input: full cache
+        sb = metrics.static_batching(row["p_open"], k_open, batch_sizes)
+        parts.append(sb.with_columns(pl.lit(row["model"]).alias("model"),
+                                     pl.lit(row["context_length"], pl.Int64).alias("context_length")))
+    out = pl.concat(parts).rename({"kept_open": "kept_open"})
+    out = out.with_columns(pl.lit(ev).alias("evictor"), pl.lit(b).alias("budget"))
+    return out.select(*MODEL_CELL, "evictor", "budget", "batch_size", "p_open", "kept_open", "p_all_open",
+                      "provisioned", "compression")
+
+
+def bootstrap_table(gated: pl.DataFrame, *, rng: np.random.Generator, by=CELL, tasks: Sequence[str] | None = None,
+                    n_boot: int = defaults.N_BOOTSTRAP, confidence_level: float = defaults.CONFIDENCE_LEVEL,
+                    q: float = defaults.FDR_Q) -> pl.DataFrame:
+    """Tables 28–29: Δ per cell with cluster-bootstrap 95% intervals and BH-adjusted p-values.
+
+    Parameters
+    ----------
+    gated : polars.DataFrame
+    rng : numpy.random.Generator
+    by : sequence of str
+        Cells (Table 28: the matrix cells (model, context, evictor)); add ``task`` for a
+        per-task family (Table 29's NIAH-MK3 rows).
+    tasks : sequence of str, optional
+        Restrict to these tasks first.
+
+    Returns
+    -------
+    polars.DataFrame
+        :func:`pagestats.metrics.delta_bootstrap` columns (``delta, low, high, p_value,
+        p_adjusted, rejected, n_inputs, n_budgets, n_boot``) and ``excludes_zero``.
+
+    References
+    ----------
+    PAGE App. A.7.2, Tables 28–29 (10,000 replicates, 2.5–97.5 percentiles, BH at q = 0.05).
+    """
+    sub = gated if tasks is None else gated.filter(pl.col("task").is_in(list(tasks)))
+    out = metrics.delta_bootstrap(sub, by=by, rng=rng, n_boot=n_boot, confidence_level=confidence_level, q=q)
+    return out.with_columns(((pl.col("low") > 0) | (pl.col("high") < 0)).alias("excludes_zero"))
+
+
+def draw_replicates_table(gated: pl.DataFrame, draws: pl.DataFrame, *, evictor: str | None = None) -> pl.DataFrame:
+    """Table 30: Δ per input-draw replicate, with mean, SD (ddof=1) and range over draws.
+
+    Parameters
+    ----------
+    gated : polars.DataFrame
+    draws : polars.DataFrame
+        ``run_id`` → ``draw`` (e.g. ``logs.inputs.select("run_id", "draw").unique()``).
+
+    Returns
+    -------
+    polars.DataFrame
+        ``subset`` ("all tasks" / "capacity-bound"), ``model, context_length, evictor, draw,
+        delta, n_inputs``, and per (subset, cell) ``mean, sd, range, n_draws``.
+
+    References
+    ----------
+    PAGE App. A.7.3, Table 30 (three draws of the 4K split; lower block NIAH-MK3 only).
+    """
+    check_columns(draws, ["run_id", "draw"], "draw_replicates_table")
+    sub, ev = one_evictor(gated, evictor)
+    sub = sub.join(draws.select("run_id", "draw").unique(), on="run_id", how="left")
+    if sub["draw"].null_count():
+        raise ValueError("draw_replicates_table: some runs have no draw")
+    by = [*CELL, "draw"]
+    parts = [metrics.delta(sub, by=by).with_columns(pl.lit("all tasks").alias("subset"))]
+    cap = sub.filter(_CAP)
+    if cap.height:
+        parts.append(metrics.delta(cap, by=by).with_columns(pl.lit(defaults.CAPACITY_BOUND).alias("subset")))
+    out = pl.concat(parts)
+    grp = ["subset", *CELL]
+    out = out.with_columns(
+        pl.col("delta").mean().over(grp).alias("mean"), pl.col("delta").std(ddof=1).over(grp).alias("sd"),
+        (pl.col("delta").max() - pl.col("delta").min()).over(grp).alias("range"),
+        pl.len().over(grp).cast(pl.Int64).alias("n_draws"),
+    )
+    return out.select(*grp, "draw", "delta", "n_inputs", "mean", "sd", "range", "n_draws").sort([*grp, "draw"])

@@ -1,0 +1,270 @@
+"""Tables of the partition and its scaling: ρ (Table 1), D per task (Tables 3, 24), the
+distractor sweep (Table 4), the scaling verification (Table 25), the pre-registered test
+(Table 21) and the fixed-budget harm rate (Table 27).
+
+Each function takes a replay frame (:func:`pagestats.replay.gate` or
+:func:`pagestats.replay.gated_outcomes`) first and returns a tidy polars frame of numbers.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import polars as pl
+
+from pagestats import defaults, metrics, stats
+from pagestats.tables._common import MODEL_CELL, as_list, check_columns, one_evictor, task_means
+
+__all__ = [
+    "recovery_table",
+    "drop_by_task_table",
+    "distractor_sweep_table",
+    "scaling_table",
+    "preregistered_table",
+    "harm_table",
+    "MULTIKEY_TASKS",
+]
+
+#: The NIAH-MultiKey distractor gradient of Table 4 (0, 1, 2 near-tie distractors).
+MULTIKEY_TASKS = ("niah_multikey_1", "niah_multikey_2", "niah_multikey_3")
+
+
+def recovery_table(gated: pl.DataFrame, *, evictor: str | None = None,
+                   confidence_level: float = defaults.CONFIDENCE_LEVEL) -> pl.DataFrame:
+    """Table 1: per-input recovery rate ρ (Eq. 1) with Wilson intervals, per task × cell,
+    and the pooled contrast capacity-bound vs dilution-prone.
+
+    Parameters
+    ----------
+    gated : polars.DataFrame
+        :func:`pagestats.replay.gated_outcomes` (ρ reads the plain arm only, so the policy
+        does not matter).
+    evictor : str, optional
+        The evictor whose plain arm defines ρ (the paper: SnapKV; default
+        :func:`~pagestats.tables._common.headline_evictor`).
+
+    Returns
+    -------
+    polars.DataFrame
+        ``scope`` ("cell" rows per (model, context_length, task); "pooled" rows per
+        task_class over all cells, the contrast on which §4's claim rests), ``model``,
+        ``context_length``, ``task``, ``task_class``, ``evictor``, ``k``, ``n``, ``rho``,
+        ``low``, ``high``, ``dilution_prone`` (ρ ≥ 0.05). Pooled rows have null model,
+        context and task.
+
+    References
+    ----------
+    PAGE §4 "The partition", Table 1 (pooled NIAH-MK3: 2/526, ρ = 0.004, Wilson [0.001, 0.014]).
+    """
+    sub, ev = one_evictor(gated, evictor)
+    cells = metrics.recovery_rate(sub, by=("model", "context_length", "task_class", "task"), confidence_level=confidence_level)
+    pooled = metrics.recovery_rate(sub, by=("task_class",), confidence_level=confidence_level)
+    cells = cells.with_columns(pl.lit("cell").alias("scope"))
+    pooled = pooled.with_columns(
+        pl.lit("pooled").alias("scope"), pl.lit(None, pl.String).alias("model"),
+        pl.lit(None, pl.Int64).alias("context_length"), pl.lit(None, pl.String).alias("task"),
+    )
+    cols = ["scope", "model", "context_length", "task", "task_class", "k", "n", "rho", "low", "high", "dilution_prone"]
+    out = pl.concat([cells.select(cols), pooled.select(cols)], how="vertical_relaxed")
+    return out.with_columns(pl.lit(ev).alias("evictor")).select(*cols[:5], "evictor", *cols[5:])
+
+
+def drop_by_task_table(gate: pl.DataFrame, *, confidence_level: float = defaults.CONFIDENCE_LEVEL) -> pl.DataFrame:
+    """Tables 3 and 24: per-task mean head-agreement drop D and gate-open fraction per cell.
+
+    Call it on the gate frame of the deployed bins (Table 3, App. F) or of the strict
+    thirds (``ProfileSpec(convention="strict")``, Table 24).
+
+    Returns
+    -------
+    polars.DataFrame
+        ``model, context_length, task, task_class, n, mean_drop, sd_drop, p_open, low, high``
+        (Wilson interval of p_open, :func:`pagestats.metrics.p_open`), ``tau`` (mean
+        threshold of the cell's inputs; null for threshold-free policies), ``rank`` (1 =
+        smallest mean D of the cell; Table 24 bolds it) and ``smallest`` (rank == 1).
+
+    References
+    ----------
+    PAGE §4 "Boundary and Confound Analysis", Table 3; App. A.3.3, Table 24 (strict thirds).
+    """
+    check_columns(gate, [*MODEL_CELL, "task", "task_class", "drop", "gate_open", "tau"], "drop_by_task_table")
+    means = task_means(gate, "drop").rename({"mean": "mean_drop", "sd": "sd_drop"})
+    opened = metrics.p_open(gate, by=(*MODEL_CELL, "task"), confidence_level=confidence_level)
+    taus = gate.group_by([*MODEL_CELL, "task"]).agg(pl.col("tau").mean())
+    out = means.join(opened.select(*MODEL_CELL, "task", "p_open", "low", "high"), on=[*MODEL_CELL, "task"])
+    out = out.join(taus, on=[*MODEL_CELL, "task"], how="left")
+    out = out.with_columns(pl.col("mean_drop").rank("min").over(MODEL_CELL).cast(pl.Int64).alias("rank"))
+    out = out.with_columns((pl.col("rank") == 1).alias("smallest"))
+    return out.select(*MODEL_CELL, "task", "task_class", "n", "mean_drop", "sd_drop", "p_open", "low", "high",
+                      "tau", "rank", "smallest").sort([*MODEL_CELL, "task"])
+
+
+def distractor_sweep_table(gate: pl.DataFrame, tasks: Sequence[str] = MULTIKEY_TASKS) -> pl.DataFrame:
+    """Table 4: mean D along the NIAH-MultiKey distractor gradient, with a monotonicity flag.
+
+    Parameters
+    ----------
+    gate : polars.DataFrame
+        :func:`pagestats.replay.gate` output.
+    tasks : sequence of str
+        The gradient in order of increasing near-tie distractors (MK1 → MK2 → MK3).
+
+    Returns
+    -------
+    polars.DataFrame
+        ``model, context_length, task, distractors`` (position in ``tasks``), ``n``,
+        ``mean_drop``, ``sd_drop``, ``p_open``, and per cell ``monotone`` (mean D strictly
+        decreasing along the gradient) and ``ratio_first_last`` (mean D of the first task
+        / mean D of the last; the paper's "~3.5× from 0 → 2 distractors"). Cells lacking
+        a task of the gradient are left out.
+
+    References
+    ----------
+    PAGE §4 "Boundary and Confound Analysis", App. A.2.4, Table 4.
+    """
+    tasks = list(tasks)
+    if len(tasks) < 2:
+        raise ValueError("distractor_sweep_table: the gradient needs at least 2 tasks")
+    check_columns(gate, [*MODEL_CELL, "task", "drop", "gate_open"], "distractor_sweep_table")
+    sub = gate.filter(pl.col("task").is_in(tasks))
+    means = task_means(sub, "drop").rename({"mean": "mean_drop", "sd": "sd_drop"})
+    opened = metrics.p_open(sub, by=(*MODEL_CELL, "task")).select(*MODEL_CELL, "task", "p_open")
+    order = pl.DataFrame({"task": tasks, "distractors": list(range(len(tasks)))}, schema={"task": pl.String, "distractors": pl.Int64})
+    out = means.join(order, on="task").join(opened, on=[*MODEL_CELL, "task"]).sort([*MODEL_CELL, "distractors"])
+    out = out.with_columns(pl.len().over(MODEL_CELL).alias("_n_tasks")).filter(pl.col("_n_tasks") == len(tasks))
+    step = pl.col("mean_drop").diff().over(MODEL_CELL)
+    out = out.with_columns(
+        (step.drop_nulls() < 0).all().over(MODEL_CELL).alias("monotone"),
+        (pl.col("mean_drop").first() / pl.col("mean_drop").last()).over(MODEL_CELL).alias("ratio_first_last"),
+    )
+    return out.select(*MODEL_CELL, "task", "distractors", "n", "mean_drop", "sd_drop", "p_open", "monotone", "ratio_first_last")
+
+
+def scaling_table(gated: pl.DataFrame, *, evictor: str | None = None, select: str = "class") -> pl.DataFrame:
+    """Table 25: scaling verification ρ/(1 − A_full) per (model, context, task), with the
+    through-origin slope of ρ on headroom over dilution-prone rows (Eq. 4; Fig. 9: ≈ 0.34).
+
+    Returns
+    -------
+    polars.DataFrame
+        :func:`pagestats.metrics.scaling_rows` columns plus ``evictor``, ``slope``,
+        ``slope_se``, ``fit_n`` (one fit, repeated on every row), ``fitted_rho`` =
+        slope × headroom and ``in_fit`` (row used by the fit).
+
+    References
+    ----------
+    PAGE §5 (Eq. 4), App. A.6.4, Table 25.
+    """
+    sub, ev = one_evictor(gated, evictor)
+    rows = metrics.scaling_rows(sub)
+    fit = metrics.scaling_fit(rows, select=select)
+    in_fit = (pl.col("task_class") == defaults.DILUTION_PRONE) if select == "class" else pl.col("dilution_prone")
+    return rows.with_columns(
+        pl.lit(ev).alias("evictor"),
+        pl.lit(fit.slope).alias("slope"), pl.lit(fit.se).alias("slope_se"), pl.lit(fit.n, pl.Int64).alias("fit_n"),
+        (pl.lit(fit.slope) * pl.col("headroom")).alias("fitted_rho"),
+        (in_fit & pl.col("rho").is_not_null()).fill_null(False).alias("in_fit"),
+    )
+
+
+def preregistered_table(gated: pl.DataFrame, inputs: pl.DataFrame, *, evictor: str | None = None,
+                        workdir=None, by=("model", "task")) -> pl.DataFrame:
+    """Table 21: pre-registered predictions at the largest context vs the measurement.
+
+    The protocol of §4 "Pre-Registered 32K Test", replayed in order: (1) fit the ratio band
+    ρ/(1 − A_full) per ``by`` group on every context but the largest
+    (:func:`pagestats.metrics.scaling_rows` on those contexts only); (2) take the headroom
+    at the largest context from the **full-KV** scores of ``inputs`` alone; (3) form the
+    bands (:func:`pagestats.metrics.predict_band`) and freeze them
+    (:func:`pagestats.stats.freeze_predictions`, sha256); (4) only then read the eviction
+    outcomes of the largest context, reload the frozen file through
+    :func:`pagestats.stats.load_predictions` (which checks the hash) and compare.
+
+    Parameters
+    ----------
+    gated : polars.DataFrame
+        Gated outcomes (one evictor is used, default the headline one).
+    inputs : polars.DataFrame
+        Per-input rows with ``model, context_length, task, full_score`` (``logs.inputs``).
+    workdir : path, optional
+        Where the prediction file is frozen (default: a temporary directory).
+
+    Returns
+    -------
+    polars.DataFrame
+        ``by``, ``context_length`` (the predicted one), ``n_fit_rows``, ``ratio_low``,
+        ``ratio_high``, ``headroom``, ``predicted_low``, ``predicted_high``, ``task_class``,
+        ``n``, ``rho`` (measured), ``low``, ``high`` (Wilson), ``inside`` (measured ρ in the
+        band), ``sha256`` (of the frozen prediction file). Groups without a fitting row of
+        positive headroom cannot be predicted and are left out.
+
+    Raises
+    ------
+    ValueError
+        Fewer than two context lengths.
+    """
+    by = as_list(by)
+    sub, ev = one_evictor(gated, evictor)
+    contexts = sorted(sub["context_length"].unique().to_list())
+    if len(contexts) < 2:
+        raise ValueError(f"preregistered_table needs ≥2 context lengths, got {contexts}")
+    target = contexts[-1]
+    fit_rows = metrics.scaling_rows(sub.filter(pl.col("context_length") < target))
+    check_columns(inputs, [*by, "context_length", "full_score"], "preregistered_table")
+    headroom = (inputs.filter(pl.col("context_length") == target).group_by(by)
+                .agg((1.0 - pl.col("full_score").mean()).alias("headroom")))
+    fittable = fit_rows.filter(pl.col("headroom") > 0).select(by).unique()
+    headroom = headroom.join(fittable, on=by, how="semi")
+    if headroom.height == 0:
+        raise ValueError("preregistered_table: no group has a fitting row with positive headroom")
+    band = metrics.predict_band(fit_rows, headroom, by=by)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(workdir if workdir is not None else tmp) / f"predictions-{target}.csv"
+        digest = stats.freeze_predictions(band, path, overwrite=True)
+        frozen = stats.load_predictions(path, digest)
+    measured = metrics.scaling_rows(sub.filter(pl.col("context_length") == target), by=(*by, "context_length"))
+    frozen = frozen.with_columns(pl.col(c).cast(band.schema[c]) for c in band.columns)
+    out = frozen.with_columns(pl.lit(target, pl.Int64).alias("context_length")).join(
+        measured.select(*by, "task_class", "n", "rho", "low", "high"), on=by, how="left")
+    out = out.with_columns(
+        ((pl.col("rho") >= pl.col("predicted_low")) & (pl.col("rho") <= pl.col("predicted_high"))).alias("inside"),
+        pl.lit(digest).alias("sha256"), pl.lit(ev).alias("evictor"),
+    )
+    return out.select(*by, "context_length", "evictor", "n_fit_rows", "ratio_low", "ratio_high", "headroom",
+                      "predicted_low", "predicted_high", "task_class", "n", "rho", "low", "high", "inside",
+                      "sha256").sort(by)
+
+
+def harm_table(gated: pl.DataFrame, *, evictor: str | None = None, by=("task", "task_class"),
+               confidence_level: float = defaults.CONFIDENCE_LEVEL) -> pl.DataFrame:
+    """Table 27: fixed-budget harm rate Pr_x[A(b,x) < A_plain(1,x)], gated / plain, pooled over cells.
+
+    Returns
+    -------
+    polars.DataFrame
+        ``by``, ``budget``, ``evictor``, ``n``, ``harm_gated`` (+ ``gated_low``, ``gated_high``),
+        ``harm_plain`` (+ ``plain_low``, ``plain_high``), Wilson intervals, and
+        ``reduction`` = harm_plain / harm_gated (null when harm_gated is 0), budgets b < 1.
+
+    References
+    ----------
+    PAGE §4.1 "Catastrophic Failure Prevention", App. A.7.1, Table 27 (0.75 → 0.026, 29×).
+    """
+    by = as_list(by)
+    sub, ev = one_evictor(gated, evictor)
+    sub = sub.filter(pl.col("budget") < 1.0)
+    keys = [*by, "budget"]
+    g = metrics.harm_rate(sub, by=by, arm="gated", confidence_level=confidence_level).rename(
+        {"harm": "harm_gated", "low": "gated_low", "high": "gated_high"})
+    p = metrics.harm_rate(sub, by=by, arm="plain", confidence_level=confidence_level).rename(
+        {"harm": "harm_plain", "low": "plain_low", "high": "plain_high"})
+    out = g.select(*keys, "n", "harm_gated", "gated_low", "gated_high").join(
+        p.select(*keys, "harm_plain", "plain_low", "plain_high"), on=keys)
+    out = out.with_columns(
+        pl.lit(ev).alias("evictor"),
+        pl.when(pl.col("harm_gated") > 0).then(pl.col("harm_plain") / pl.col("harm_gated")).otherwise(None).alias("reduction"),
+    )
+    return out.select(*keys, "evictor", "n", "harm_gated", "gated_low", "gated_high", "harm_plain", "plain_low",
+                      "plain_high", "reduction").sort(keys)

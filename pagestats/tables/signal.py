@@ -1,0 +1,360 @@
+"""Tables of the gate signal and its calibration: the signal ablation (Tables 5–6), the
+midpoint calibration (Table 7), head-pair and layer subsampling (Tables 9–10), and a table
+the paper lacks — the sensitivity of the z-scored gate to the pilot definition.
+
+These tables replay the logs (:mod:`pagestats.replay`) under several profile specs or
+policies, so they take :class:`pagestats.io.Logs` first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import polars as pl
+from scipy import stats as _sps
+
+from pagestats import defaults, metrics, replay, stats
+from pagestats.policies import FixedTau, Midpoint, ZScored, pilot_mask
+from pagestats.tables._common import MODEL_CELL, LogsView, as_list, one_evictor, ordering_margin, task_means
+
+__all__ = [
+    "auc_table",
+    "signal_ablation_table",
+    "calibration_table",
+    "head_pair_table",
+    "layer_subset_table",
+    "pilot_sensitivity_table",
+    "PAIR_FRACTIONS",
+    "PILOT_SIZES",
+]
+
+#: Head-pair fractions of Table 9 (1.0 = every pair, the reference row).
+PAIR_FRACTIONS = (0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
+#: Pilot sizes of the pilot-sensitivity table (the paper's pilot is "~100 inputs").
+PILOT_SIZES = (25, 50, 100)
+
+
+def _by_statistic(logs, statistic: str, profile: replay.ProfileSpec) -> pl.DataFrame:
+    """The gate frame of ``logs`` with ``drop`` holding ``statistic`` (the policy is irrelevant)."""
+    spec = replay.ProfileSpec(**{**profile.__dict__, "statistic": statistic})
+    return replay.gate(logs, FixedTau(), spec)
+
+
+def signal_names(logs) -> list[str]:
+    """The profile statistics of App. A.3.3 plus every logged ``signals`` field."""
+    names = list(replay.STATISTICS)
+    inputs = logs.inputs
+    if "signals" in inputs.columns and isinstance(inputs.schema["signals"], pl.Struct):
+        names += [f.name for f in inputs.schema["signals"].fields]
+    return names
+
+
+def auc_table(frames: Mapping[str, pl.DataFrame], by=MODEL_CELL, *, q: float = defaults.FDR_Q,
+              confidence_level: float = defaults.CONFIDENCE_LEVEL) -> pl.DataFrame:
+    """Per-input AUC of several gate signals with multiplicity-corrected p-values (BH).
+
+    Parameters
+    ----------
+    frames : mapping
+        Signal name → per-input frame whose ``drop`` column holds the signal (e.g.
+        :func:`pagestats.replay.gate` under ``ProfileSpec(statistic=...)``, or any frame
+        with ``run_id, task, input_id, task_class`` and ``drop``: a custom signal).
+    by : sequence of str
+        Groups (default the (model, context) cell).
+
+    Returns
+    -------
+    polars.DataFrame
+        ``statistic``, ``by``, ``auc``, ``low``, ``high`` (DeLong; :func:`pagestats.metrics.auc_by_signal`,
+        capacity-bound lower orientation), ``auc_oriented`` = max(auc, 1 − auc) (Table 5:
+        "oriented per signal"), ``n_capacity``, ``n_dilution``, ``p_value`` (two-sided
+        Mann–Whitney test of AUC = 0.5), ``p_adjusted`` and ``rejected`` (Benjamini–Hochberg
+        at ``q`` across every (signal, group) row, :func:`pagestats.stats.bh`).
+
+    Notes
+    -----
+    The Mann–Whitney p-value is the one statistic here that the engine lacks: it is
+    ``scipy.stats.mannwhitneyu(dilution, capacity, alternative="two-sided")`` (asymptotic
+    with tie correction when the samples are large, exact otherwise), the test of the
+    same U of which the AUC is U/(n₁n₂). Two-sided because the orientation of a signal is
+    chosen after looking (Table 5), which the family-wise BH correction then covers.
+    """
+    by = as_list(by)
+    parts = []
+    for name, frame in frames.items():
+        a = metrics.auc_by_signal(frame, "drop", by=by, confidence_level=confidence_level)
+        pvals = []
+        for row in a.iter_rows(named=True):
+            if row["auc"] is None:
+                pvals.append(None)
+                continue
+            part = frame.filter(pl.all_horizontal(pl.col(c) == row[c] for c in by)) if by else frame
+            part = part.unique(subset=["run_id", "task", "input_id"], keep="first")
+            cap = (part["task_class"] == defaults.CAPACITY_BOUND).to_numpy()
+            x = part["drop"].to_numpy()
+            pvals.append(float(_sps.mannwhitneyu(x[~cap], x[cap], alternative="two-sided").pvalue))
+        parts.append(a.with_columns(pl.lit(name).alias("statistic"), pl.Series("p_value", pvals, dtype=pl.Float64)))
+    out = pl.concat(parts, how="vertical_relaxed")
+    adj = stats.bh(out["p_value"].fill_null(np.nan).to_numpy(), q=q)
+    out = out.with_columns(
+        pl.max_horizontal(pl.col("auc"), 1.0 - pl.col("auc")).alias("auc_oriented"),
+        pl.Series("p_adjusted", adj.adjusted).fill_nan(None), pl.Series("rejected", adj.rejected),
+    )
+    return out.select("statistic", *by, "auc", "low", "high", "auc_oriented", "n_capacity", "n_dilution",
+                      "p_value", "p_adjusted", "rejected")
+
+
+def _mk_monotone(means: pl.DataFrame, by: list[str], tasks: Sequence[str]) -> pl.DataFrame:
+    sub = means.filter(pl.col("task").is_in(list(tasks)))
+    order = pl.DataFrame({"task": list(tasks), "_pos": list(range(len(tasks)))})
+    sub = sub.join(order, on="task").sort([*by, "_pos"])
+    steps = pl.col("mean").diff().drop_nulls()
+    out = sub.group_by(by).agg(pl.len().alias("_n"), (steps > 0).all().alias("_up"), (steps < 0).all().alias("_down"))
+    return out.select(*by, pl.when(pl.col("_n") == len(tasks)).then(pl.col("_up") | pl.col("_down"))
+                      .otherwise(None).alias("mk_monotone"))
+
+
+def signal_ablation_table(logs, *, statistics: Sequence[str] | None = None, profile: replay.ProfileSpec = replay.ProfileSpec(),
+                          exclude_from_margin: Sequence[str] = ("niah_multivalue",),
+                          mk_tasks: Sequence[str] = ("niah_multikey_1", "niah_multikey_2", "niah_multikey_3"),
+                          q: float = defaults.FDR_Q) -> pl.DataFrame:
+    """Tables 5–6: gate-signal ablation over the profile statistics and the logged ``signals``.
+
+    For every statistic and (model, context) cell: does a single threshold separate the
+    capacity-bound task means from the dilution-prone ones, by what margin, how well does
+    it separate inputs (AUC), is it monotone along MK1 → MK2 → MK3, and how does it
+    correlate with D.
+
+    Returns
+    -------
+    polars.DataFrame
+        ``statistic, model, context_length, n_inputs``, ``separated`` (task means on
+        either side: Table 5's "Sep."), ``below`` (capacity-bound means strictly below every
+        dilution-prone mean: Table 6's "sep."), ``margin`` (:func:`~pagestats.tables._common.ordering_margin`,
+        capacity-lower orientation), ``margin_minus`` (tasks of ``exclude_from_margin``
+        left out: Table 6's "margin−"), the :func:`auc_table` columns (``auc`` … ``rejected``),
+        ``mk_monotone`` (null when an MK task is missing) and ``pearson_r`` (per-input
+        Pearson correlation with D; NaN for a constant signal).
+
+    References
+    ----------
+    PAGE §3 "Gate signal", App. A.3.1–A.3.3, Tables 5–6.
+    """
+    names = list(statistics) if statistics is not None else signal_names(logs)
+    by = list(MODEL_CELL)
+    base = _by_statistic(logs, "drop", profile).select("run_id", "task", "input_id", pl.col("drop").alias("_d"))
+    frames = {s: _by_statistic(logs, s, profile) for s in names}
+    aucs = auc_table(frames, by=by, q=q)
+    rows = []
+    for s, frame in frames.items():
+        means = task_means(frame, "drop", by=by)
+        below = ordering_margin(means, by=by)
+        above = ordering_margin(means.with_columns(-pl.col("mean")), by=by).select(*by, pl.col("ordered").alias("_above"))
+        minus = ordering_margin(means, by=by, exclude=exclude_from_margin).select(*by, pl.col("margin").alias("margin_minus"))
+        mono = _mk_monotone(means, by, mk_tasks)
+        joined = frame.join(base, on=["run_id", "task", "input_id"])
+        corr = []
+        for (model, ctx), part in joined.group_by(by, maintain_order=True):
+            x, y = part["drop"].to_numpy(), part["_d"].to_numpy()
+            r = float(np.corrcoef(x, y)[0, 1]) if part.height > 1 and x.std() > 0 and y.std() > 0 else float("nan")
+            corr.append({"model": model, "context_length": ctx, "pearson_r": r, "n_inputs": part.height})
+        corr = pl.DataFrame(corr, schema={"model": frame.schema["model"], "context_length": frame.schema["context_length"],
+                                          "pearson_r": pl.Float64, "n_inputs": pl.Int64})
+        part = below.join(above, on=by).join(minus, on=by).join(mono, on=by, how="left").join(corr, on=by)
+        part = part.with_columns(pl.lit(s).alias("statistic"),
+                                 (pl.col("ordered") | pl.col("_above")).fill_null(False).alias("separated"),
+                                 pl.col("ordered").fill_null(False).alias("below"))
+        rows.append(part)
+    out = pl.concat(rows, how="vertical_relaxed").join(aucs, on=["statistic", *by], how="left")
+    order = pl.DataFrame({"statistic": names, "_order": list(range(len(names)))})
+    out = out.join(order, on="statistic").sort(["_order", *by])
+    return out.select("statistic", *by, "n_inputs", "separated", "below", "margin", "margin_minus", "auc", "low",
+                      "high", "auc_oriented", "n_capacity", "n_dilution", "p_value", "p_adjusted", "rejected",
+                      "mk_monotone", "pearson_r")
+
+
+def calibration_table(logs, *, tau: float = defaults.TAU, n: int = defaults.MIDPOINT_N,
+                      capacity_tasks: Sequence[str] | None = None, dilution_tasks: Sequence[str] | None = None,
+                      evictor: str | None = None, profile: replay.ProfileSpec = replay.ProfileSpec()) -> pl.DataFrame:
+    """Table 7: the 40-input midpoint recipe (Eq. 5) vs the fixed τ per (model, context) cell.
+
+    Returns
+    -------
+    polars.DataFrame
+        ``model, context_length, evictor, mean_drop_capacity`` (D̄_C over the pilot of
+        ``n`` capacity-bound inputs), ``mean_drop_dilution`` (D̄_D), ``tau_calibrated``
+        (= (D̄_C + D̄_D)/2), ``tau_fixed``, ``delta_fixed``, ``delta_calibrated``,
+        ``p_open_fixed``, ``p_open_calibrated``, ``winner`` ("calibrated", "fixed" or "tie").
+
+    References
+    ----------
+    PAGE App. A.3.4 "Calibration recipe" (Eq. 5), Table 7 (D̄_C on 20 NIAH-MK3, D̄_D on 20 VT).
+    """
+    mid = Midpoint(n=n, by=MODEL_CELL, capacity_tasks=None if capacity_tasks is None else tuple(capacity_tasks),
+                   dilution_tasks=None if dilution_tasks is None else tuple(dilution_tasks))
+    fixed = replay.gated_outcomes(logs, FixedTau(tau), profile)
+    cal = replay.gated_outcomes(logs, mid, profile)
+    fixed, ev = one_evictor(fixed, evictor)
+    cal = cal.filter(pl.col("evictor") == ev)
+    gate = replay.gate(logs, mid, profile)
+    pilots = []
+    for label, tasks, klass in (("mean_drop_capacity", capacity_tasks, defaults.CAPACITY_BOUND),
+                                ("mean_drop_dilution", dilution_tasks, defaults.DILUTION_PRONE)):
+        part = gate.filter(pl.col("task").is_in(list(tasks)) if tasks is not None else pl.col("task_class") == klass)
+        part = part.filter(pilot_mask(part, MODEL_CELL, n, mid.pilot, mid.seed))
+        pilots.append(part.group_by(list(MODEL_CELL)).agg(pl.col("drop").mean().alias(label)))
+    out = pilots[0].join(pilots[1], on=list(MODEL_CELL))
+    for frame, suffix in ((fixed, "fixed"), (cal, "calibrated")):
+        d = metrics.delta(frame, by=MODEL_CELL).select(*MODEL_CELL, pl.col("delta").alias(f"delta_{suffix}"))
+        po = metrics.p_open(frame, by=MODEL_CELL).select(*MODEL_CELL, pl.col("p_open").alias(f"p_open_{suffix}"))
+        out = out.join(d, on=list(MODEL_CELL)).join(po, on=list(MODEL_CELL))
+    taus = gate.group_by(list(MODEL_CELL)).agg(pl.col("tau").first().alias("tau_calibrated"))
+    out = out.join(taus, on=list(MODEL_CELL)).with_columns(
+        pl.lit(ev).alias("evictor"), pl.lit(float(tau)).alias("tau_fixed"),
+        pl.when(pl.col("delta_calibrated") > pl.col("delta_fixed")).then(pl.lit("calibrated"))
+        .when(pl.col("delta_calibrated") < pl.col("delta_fixed")).then(pl.lit("fixed")).otherwise(pl.lit("tie"))
+        .alias("winner"),
+    )
+    return out.select(*MODEL_CELL, "evictor", "mean_drop_capacity", "mean_drop_dilution", "tau_calibrated",
+                      "tau_fixed", "delta_fixed", "delta_calibrated", "p_open_fixed", "p_open_calibrated",
+                      "winner").sort(list(MODEL_CELL))
+
+
+def _pairs_per_layer(logs) -> pl.DataFrame:
+    inputs = logs.inputs
+    return inputs.group_by("model").agg(
+        (pl.col("pair_jaccard").list.len().first() // pl.col("agreement").list.len().first()).cast(pl.Int64).alias("n_pairs"))
+
+
+def head_pair_table(logs, *, fractions: Sequence[float] = PAIR_FRACTIONS, draws: int = 20, seed: int = 0,
+                    profile: replay.ProfileSpec = replay.ProfileSpec()) -> pl.DataFrame:
+    """Table 9: head-pair subsampling — margin over ``draws`` random pair subsets per fraction.
+
+    Returns
+    -------
+    polars.DataFrame
+        ``model, context_length, pairs_fraction, n_pairs`` (P per layer), ``n_pairs_kept``
+        (m = max(1, round(f·P)), as :func:`pagestats.replay.pair_subsets`), ``n_draws``,
+        ``margin_mean``, ``margin_min``, ``margin_max`` and ``n_ordered`` (draws whose margin
+        stayed positive: Table 9's "ordering"), margin as
+        :func:`~pagestats.tables._common.ordering_margin` (capacity-bound below dilution-prone).
+
+    References
+    ----------
+    PAGE App. A.3.5 "How many head pairs does D need?", Table 9 (20 draws per fraction).
+    """
+    pairs = _pairs_per_layer(logs)
+    parts = []
+    for f in fractions:
+        spec = replay.ProfileSpec(**{**profile.__dict__, "pairs_fraction": float(f), "draws": int(draws), "seed": int(seed)})
+        gate = replay.gate(logs, FixedTau(), spec)
+        by = [*MODEL_CELL, "pair_draw"]
+        margins = ordering_margin(task_means(gate, "drop", by=by), by=by)
+        parts.append(margins.group_by(list(MODEL_CELL)).agg(
+            pl.len().cast(pl.Int64).alias("n_draws"), pl.col("margin").mean().alias("margin_mean"),
+            pl.col("margin").min().alias("margin_min"), pl.col("margin").max().alias("margin_max"),
+            pl.col("ordered").sum().cast(pl.Int64).alias("n_ordered"),
+        ).with_columns(pl.lit(float(f)).alias("pairs_fraction")))
+    out = pl.concat(parts).join(pairs, on="model", how="left")
+    out = out.with_columns(pl.max_horizontal(pl.lit(1), (pl.col("pairs_fraction") * pl.col("n_pairs") + 0.5).floor()
+                                             .cast(pl.Int64)).alias("n_pairs_kept"))
+    return out.select(*MODEL_CELL, "pairs_fraction", "n_pairs", "n_pairs_kept", "n_draws", "margin_mean",
+                      "margin_min", "margin_max", "n_ordered").sort([*MODEL_CELL, "pairs_fraction"])
+
+
+def layer_subset_table(logs, *, subsets: Sequence = replay.LAYER_SUBSETS,
+                       profile: replay.ProfileSpec = replay.ProfileSpec()) -> pl.DataFrame:
+    """Table 10: layer subsampling — the class ordering margin of D recomputed on layer subsets.
+
+    Returns
+    -------
+    polars.DataFrame
+        ``layers`` (subset name), ``model, context_length, n_layers`` (kept), ``margin``,
+        ``ordered`` (a separating threshold still exists), ``capacity_max``,
+        ``dilution_min`` and ``note`` (why a subset could not be computed for a model, e.g.
+        it keeps fewer than 2 layers; its numbers are then null).
+
+    References
+    ----------
+    PAGE App. A.3.5 "How many layers does D need?", Table 10.
+    """
+    inputs = logs.inputs
+    widths = inputs.group_by("model").agg(pl.col("agreement").list.len().first().alias("L"))
+    cells = inputs.select(*MODEL_CELL).unique()
+    parts = []
+    for s in subsets:
+        name = s if isinstance(s, str) else ",".join(map(str, s))
+        for model, n_layers in widths.sort("model").iter_rows():
+            spec = replay.ProfileSpec(**{**profile.__dict__, "layers": s})
+            cell = cells.filter(pl.col("model") == model)
+            try:
+                kept = len(replay.resolve_layers(spec, n_layers))
+                sub = LogsView(inputs.filter(pl.col("model") == model), getattr(logs, "topk", None))
+                margins = ordering_margin(task_means(replay.gate(sub, FixedTau(), spec), "drop"))
+                part = margins.with_columns(pl.lit(kept, pl.Int64).alias("n_layers"), pl.lit(None, pl.String).alias("note"))
+            except ValueError as err:
+                part = cell.with_columns(pl.lit(None, pl.Int64).alias("n_layers"), pl.lit(str(err)).alias("note"),
+                                         *(pl.lit(None, pl.Float64).alias(c) for c in ("capacity_max", "dilution_min", "margin")),
+                                         pl.lit(None, pl.Boolean).alias("ordered"))
+            parts.append(part.with_columns(pl.lit(name).alias("layers")).select(
+                "layers", *MODEL_CELL, "n_layers", "margin", "ordered", "capacity_max", "dilution_min", "note"))
+    return pl.concat(parts, how="vertical_relaxed")
+
+
+def _pilot_label(by: Sequence[str]) -> str:
+    return "×".join(by)
+
+
+def pilot_sensitivity_table(logs, *, pilots: Sequence[str] = ("first", "random"),
+                            pilot_by: Sequence[Sequence[str]] = (("model",), ("model", "context_length")),
+                            pilot_sizes: Sequence[int] = PILOT_SIZES, theta_z: float = defaults.THETA_Z,
+                            seed: int = 0, evictor: str | None = None,
+                            reference: ZScored | None = None,
+                            profile: replay.ProfileSpec = replay.ProfileSpec()) -> pl.DataFrame:
+    """NEW (not in the paper): sensitivity of the z-scored gate to the pilot definition.
+
+    The paper leaves the unlabelled pilot of the z-scored gate (App. A.3.4) undefined and
+    notes (§4.1) that its Llama NIAH-MK3 call "flips under three of four plausible
+    definitions of the unlabeled pilot". This table replays every definition — pilot
+    ``"first"`` vs ``"random"`` × pooled per model vs per (model, context) × pilot sizes —
+    and reports, per cell and task, τ, the gate-open fraction, the gate's *call* on the
+    task (closed iff fewer than half of its inputs open) and whether that call flips
+    relative to the ``reference`` definition (default :class:`~pagestats.policies.ZScored`
+    with the library defaults: first 100 inputs per model).
+
+    Returns
+    -------
+    polars.DataFrame
+        ``pilot, pilot_by, pilot_n, model, context_length, task, task_class, tau``,
+        ``p_open`` (of the task's inputs), ``closed_call``, ``flips`` (call differs from the
+        reference), ``n_flipping_definitions`` (over all definitions, per cell and task),
+        ``delta_task`` and ``delta_cell`` (Δ of the headline evictor, :func:`pagestats.metrics.delta`),
+        ``evictor``.
+    """
+    reference = reference if reference is not None else ZScored(theta_z=theta_z)
+    by_task = [*MODEL_CELL, "task", "task_class"]
+
+    def run(policy):
+        gated = replay.gated_outcomes(logs, policy, profile)
+        sub, ev = one_evictor(gated, evictor)
+        po = metrics.p_open(sub, by=by_task).select(*by_task, "p_open")
+        tau = sub.group_by(list(MODEL_CELL)).agg(pl.col("tau").mean())
+        d_task = metrics.delta(sub, by=by_task).select(*by_task, pl.col("delta").alias("delta_task"))
+        d_cell = metrics.delta(sub, by=MODEL_CELL).select(*MODEL_CELL, pl.col("delta").alias("delta_cell"))
+        out = po.join(d_task, on=by_task).join(d_cell, on=list(MODEL_CELL)).join(tau, on=list(MODEL_CELL))
+        return out.with_columns((pl.col("p_open") < 0.5).alias("closed_call"), pl.lit(ev).alias("evictor"))
+
+    ref = run(reference).select(*by_task, pl.col("closed_call").alias("_ref"))
+    parts = []
+    for pilot in pilots:
+        for grp in pilot_by:
+            for n in pilot_sizes:
+                policy = ZScored(theta_z=theta_z, pilot_n=int(n), pilot_by=tuple(grp), pilot=pilot, seed=seed)
+                parts.append(run(policy).with_columns(pl.lit(pilot).alias("pilot"), pl.lit(_pilot_label(grp)).alias("pilot_by"),
+                                                      pl.lit(int(n), pl.Int64).alias("pilot_n")))
+    out = pl.concat(parts).join(ref, on=by_task)
+    out = out.with_columns((pl.col("closed_call") != pl.col("_ref")).alias("flips"))
+    out = out.with_columns(pl.col("flips").sum().over(by_task).cast(pl.Int64).alias("n_flipping_definitions"))
+    return out.select("pilot", "pilot_by", "pilot_n", *by_task, "evictor", "tau", "p_open", "closed_call", "flips",
+                      "n_flipping_definitions", "delta_task", "delta_cell").sort(["pilot", "pilot_by", "pilot_n", *by_task])
