@@ -161,6 +161,18 @@ def _needs_pair_jaccard(ctx) -> str | None:
     return None
 
 
+def _needs_prediction_fit(ctx) -> str | None:
+    inputs = ctx.logs.inputs
+    largest = max(ctx.context_lengths)
+    fit = (inputs.filter(pl.col("context_length") < largest).group_by("model", "task")
+           .agg((1.0 - pl.col("full_score").mean()).alias("h")).filter(pl.col("h") > 0))
+    target = inputs.filter(pl.col("context_length") == largest).select("model", "task").unique()
+    if fit.join(target, on=["model", "task"], how="semi").height == 0:
+        return (f"no (model, task) has full-KV headroom > 0 below the largest context {largest} "
+                "to fit the ratio band on")
+    return None
+
+
 def _needs_capacity(ctx) -> str | None:
     if defaults.CAPACITY_BOUND not in ctx.task_classes:
         return "no capacity-bound task in the logs"
@@ -228,7 +240,7 @@ def _entries():
               (ev, both), "Δ per (model, context) at the fixed and the midpoint-calibrated τ."),
         Entry("tab21_preregistered", "table", "Table 21",
               lambda c: t("tab21_preregistered", preregistered_table(c.gated, c.logs.inputs, evictor=c.headline_evictor)),
-              (ev, needs_contexts(2), needs_dilution_headroom),
+              (ev, needs_contexts(2), _needs_prediction_fit),
               "Ratio-band predictions for the largest context, frozen by sha256, vs measured ρ."),
         Entry("tab22_compression", "table", "Table 22",
               lambda c: t("tab22_compression", compression_table(c.gated, evictor=c.headline_evictor)), (ev,),
