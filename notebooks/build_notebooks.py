@@ -1,0 +1,220 @@
+"""Write the example notebooks of ``notebooks/`` (no stored outputs).
+
+Run ``python notebooks/build_notebooks.py`` after editing a cell here; the committed
+``.ipynb`` files are this script's output. Every notebook reads its logs from the
+environment variable ``PAGESTATS_LOGS`` (a run directory, a folder of runs, or a glob);
+the default is ``../data`` (the logs shipped in ``data/``, seen from ``notebooks/``). When
+that location holds no run, the notebook draws small synthetic logs
+(:func:`pagestats.testing.synthetic_logs`) into a temporary folder and says so.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+HERE = Path(__file__).resolve().parent
+
+SETUP = '''import os, tempfile
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+from IPython.display import Markdown, display
+
+from pagestats import io, metrics, replay, tables, whatif
+from pagestats.policies import FixedTau, Midpoint, ZScored
+
+# Where the logs are: PAGESTATS_LOGS (run directory, folder of runs, or glob); default ../data (shipped logs).
+LOGS = os.environ.get("PAGESTATS_LOGS", "../data")
+
+
+def find_runs(location):
+    p = Path(location)
+    if p.is_file() or any(ch in location for ch in "*?["):
+        return [location]
+    return sorted(str(m.parent) for m in p.glob("**/manifest.json")) if p.exists() else []
+
+
+paths = find_runs(LOGS)
+if not paths:
+    from pagestats import testing
+    tmp = Path(tempfile.mkdtemp(prefix="pagestats-demo-"))
+    syn = testing.synthetic_logs(models={"demo-12L4H": (12, 4)}, evictors=("snapkv", "h2o"),
+                                 tasks=("niah_multikey_1", "niah_multikey_2", "niah_multikey_3", "vt", "fwe"),
+                                 context_lengths=(4096, 16384), n_inputs=12, budgets=(0.125, 0.25, 0.5, 1.0),
+                                 with_topk=True, k_max=32, with_text=False)
+    paths = [str(r) for r in syn.write(tmp)]
+    print(f"No runs under {LOGS!r}: using synthetic logs with a planted partition in {tmp}")
+print(f"{len(paths)} run(s)")'''
+
+
+def quickstart():
+    return [
+        new_markdown_cell("# Quick start\n\nLoad PAGE logs, validate them, and replay the gate offline: one "
+                          "what-if at a fixed threshold τ and one with the z-scored threshold "
+                          "(App. A.3.4), then Figure 3. Set `PAGESTATS_LOGS` to point at your runs."),
+        new_code_cell(SETUP),
+        new_markdown_cell("## Validate and load\n\n`io.validate_paths` lists every problem (file and row); "
+                          "`io.load` raises on any."),
+        new_code_cell('problems = io.validate_paths(paths)\nprint("valid" if not problems else "\\n".join(map(str, problems)))\n'
+                      'logs = io.load(paths)\nprint(logs.inputs.height, "inputs,", logs.outcomes.height, "outcome rows")\n'
+                      'logs.inputs.select("model", "context_length", "task", "task_class").unique().sort("model", "context_length", "task")'),
+        new_markdown_cell("## What if τ = 0.07? And with the z-scored threshold?\n\nOne row per (model, context, "
+                          "evictor, task, budget) — the table `pagestats whatif` prints."),
+        new_code_cell('fixed = whatif.whatif_table(logs, FixedTau(0.07))\nfixed.head(10)'),
+        new_code_cell('z = whatif.whatif_table(logs, ZScored(theta_z=-0.69, pilot_n=100))\n'
+                      'summary = pl.concat([\n'
+                      '    fixed.with_columns(pl.lit("fixed 0.07").alias("policy")),\n'
+                      '    z.with_columns(pl.lit("z-scored").alias("policy")),\n'
+                      ']).group_by("policy", "model", "context_length", "evictor").agg(\n'
+                      '    pl.col("delta").mean(), pl.col("p_open").mean(), pl.col("kept_kv").mean()).sort("policy", "model", "context_length", "evictor")\n'
+                      'summary'),
+        new_markdown_cell("## Figure 3: accuracy vs budget, plain (solid) and gated (dashed)"),
+        new_code_cell('from pagestats.figures import accuracy_vs_budget\n\n'
+                      'gated = replay.gated_outcomes(logs, FixedTau(0.07))\n'
+                      'ev = tables.headline_evictor(gated)\n'
+                      'cell = gated.select("model", "context_length").unique().sort("model", "context_length").row(0, named=True)\n'
+                      'fig = accuracy_vs_budget(gated.filter(pl.col("evictor") == ev), evictor=ev, **cell)'),
+        new_markdown_cell("## Sweep τ\n\nWith `ipywidgets` installed this is a slider; otherwise a static sweep "
+                          "(the whole curve in one pass, `replay.tau_curve`)."),
+        new_code_cell('curve = replay.tau_curve(logs, np.round(np.arange(-0.02, 0.2001, 0.01), 4), by=("model", "context_length", "evictor"))\n\n'
+                      'def show(tau=0.07):\n'
+                      '    display(curve.filter((pl.col("tau") - tau).abs() < 1e-9).select(\n'
+                      '        "model", "context_length", "evictor", "tau", "p_open", "delta", "fp_rate", "fn_rate", "kept_kv"))\n\n'
+                      'try:\n'
+                      '    import ipywidgets as widgets\n'
+                      '    widgets.interact(show, tau=widgets.FloatSlider(value=0.07, min=-0.02, max=0.2, step=0.01))\n'
+                      'except ImportError:\n'
+                      '    print("ipywidgets is not installed: static sweep")\n'
+                      '    display(curve.filter(pl.col("evictor") == ev).pivot(on="tau", index=["model", "context_length"], values="delta"))'),
+    ]
+
+
+def report_notebook():
+    return [
+        new_markdown_cell("# Regenerate the paper's tables and figures\n\n`pagestats.report.build_report` writes every "
+                          "table (CSV, Markdown, HTML) and figure (PNG, PDF) of the catalogue plus an index of the log "
+                          "files (sha256) they came from. Items whose data are missing are skipped with a reason."),
+        new_code_cell(SETUP),
+        new_code_cell('from pagestats import report\n\nlogs = io.load(paths)\nout = Path(tempfile.mkdtemp(prefix="pagestats-report-"))\n'
+                      'index = report.build_report(logs, out, formats=("png",))\nprint(index)\n'
+                      'display(Markdown(Path(index).read_text().split("## Outputs")[1]))'),
+        new_markdown_cell("## A few tables, typeset\n\nEach table is a tidy frame of numbers; `tables.to_gt` typesets it."),
+        new_code_cell('gated = replay.gated_outcomes(logs, FixedTau())\n'
+                      't2 = tables.delta_matrix_table(gated)\n'
+                      'tables.to_gt(t2, tables.LAYOUTS["tab02_delta_matrix"])'),
+        new_code_cell('t1 = tables.recovery_table(gated)\n'
+                      'tables.to_gt(t1.filter(pl.col("scope") == "pooled"), tables.LAYOUTS["tab01_recovery"])'),
+        new_code_cell('t28 = tables.bootstrap_table(gated, rng=np.random.default_rng(0), n_boot=2000)\n'
+                      'tables.to_gt(t28, tables.LAYOUTS["tab28_bootstrap"])'),
+        new_markdown_cell("## A figure from the report"),
+        new_code_cell('from IPython.display import Image\n\npngs = sorted((out / "figures").glob("fig08*.png"))\n'
+                      'Image(filename=str(pngs[0])) if pngs else print("Figure 8 was skipped")'),
+    ]
+
+
+def calibration_notebook():
+    return [
+        new_markdown_cell("# Calibration and transfer\n\nThree ways to choose τ (Table 8): the fixed τ = 0.07, the "
+                          "z-scored threshold τ_M = μ_M + θ_z σ_M from an unlabelled pilot (App. A.3.4), and the 40-input "
+                          "midpoint recipe (Eq. 5). Then the question the paper leaves open: how much does the z-scored "
+                          "gate depend on the definition of its pilot?"),
+        new_code_cell(SETUP),
+        new_code_cell('logs = io.load(paths)\n'
+                      'policies = {"fixed 0.07": FixedTau(0.07), "z-scored": ZScored(), "midpoint": Midpoint()}\n'
+                      'rows = []\n'
+                      'for name, policy in policies.items():\n'
+                      '    g = replay.gated_outcomes(logs, policy)\n'
+                      '    d = metrics.delta(g, by=("model", "context_length"))\n'
+                      '    po = metrics.p_open(g, by=("model", "context_length")).select("model", "context_length", "p_open")\n'
+                      '    tau = g.group_by("model", "context_length").agg(pl.col("tau").mean())\n'
+                      '    rows.append(d.join(po, on=["model", "context_length"]).join(tau, on=["model", "context_length"])\n'
+                      '                .with_columns(pl.lit(name).alias("policy")))\n'
+                      'compare = pl.concat(rows).select("policy", "model", "context_length", "tau", "p_open", "delta")\n'
+                      'compare.pivot(on="policy", index=["model", "context_length"], values="delta")'),
+        new_markdown_cell("## Table 7: the midpoint recipe vs the fixed τ"),
+        new_code_cell('t7 = tables.calibration_table(logs)\ntables.to_gt(t7, tables.LAYOUTS["tab07_calibration"])'),
+        new_markdown_cell("## Pilot-definition sensitivity (new)\n\nPilot = first vs random inputs, pooled per model vs "
+                          "per (model, context), three pilot sizes. `flips` marks a task whose gate call (closed iff "
+                          "fewer than half its inputs open) differs from the reference pilot (first 100 per model)."),
+        new_code_cell('sens = tables.pilot_sensitivity_table(logs, pilot_sizes=(20, 50, 100))\n'
+                      'sens.group_by("pilot", "pilot_by", "pilot_n").agg(\n'
+                      '    pl.col("tau").mean().alias("mean_tau"), pl.col("flips").sum().alias("flipped_calls"),\n'
+                      '    pl.col("delta_cell").mean().alias("mean_delta")).sort("pilot", "pilot_by", "pilot_n")'),
+        new_code_cell('sens.filter(pl.col("n_flipping_definitions") > 0).select(\n'
+                      '    "model", "context_length", "task", "n_flipping_definitions").unique().sort("model", "context_length", "task")'),
+    ]
+
+
+def depth_notebook():
+    return [
+        new_markdown_cell("# The depth profile\n\nD is one contrast of the per-layer agreement profile a_ℓ. The stored "
+                          "profile lets us replay it on layer subsets (Table 10), head-pair subsets (Table 9), other k "
+                          "(App. A.3.1, needs stored top-k), and try new signals — the open problem of §6 — with "
+                          "per-input AUCs corrected for multiplicity (Benjamini–Hochberg)."),
+        new_code_cell(SETUP),
+        new_code_cell('logs = io.load(paths)\nt10 = tables.layer_subset_table(logs)\n'
+                      't10.pivot(on="layers", index=["model", "context_length"], values="margin")'),
+        new_code_cell('t9 = tables.head_pair_table(logs, fractions=(0.05, 0.25, 1.0), draws=5)\nt9'),
+        new_markdown_cell("## Another k (from the stored top-k indices)"),
+        new_code_cell('if logs.topk is not None and logs.topk.height:\n'
+                      '    for k in (8, 16, 32):\n'
+                      '        g = replay.gate(logs, FixedTau(), replay.ProfileSpec(k=k))\n'
+                      '        m = tables.ordering_margin(tables.task_means(g))\n'
+                      '        print(f"k={k}:", m.select("model", "context_length", "margin").rows())\n'
+                      'else:\n'
+                      '    print("skipped: these logs have no topk table")'),
+        new_markdown_cell("## A custom gate signal, written here\n\nExample: the mid-depth dip, mean a_ℓ over the middle "
+                          "third minus the mean over the first and last layers. Any function of the stored frame works: "
+                          "as a signal (AUC) and as a gate (`CustomPolicy`)."),
+        new_code_cell('from pagestats.policies import CustomPolicy\n\n'
+                      'def mid_dip(frame):\n'
+                      '    a = np.stack(frame["agreement"].to_list()).astype(np.float64)\n'
+                      '    L = a.shape[1]\n'
+                      '    mid = a[:, L // 3: L - L // 3].mean(axis=1)\n'
+                      '    return (a[:, [0, -1]].mean(axis=1) - mid)\n\n'
+                      'base = replay.gate(logs, FixedTau())\n'
+                      'meta = logs.inputs.select("run_id", "task", "input_id", "agreement")\n'
+                      'custom = base.join(meta, on=["run_id", "task", "input_id"], maintain_order="left")\n'
+                      'custom = custom.with_columns(pl.Series("drop", mid_dip(custom)))\n'
+                      'frames = {s: replay.gate(logs, FixedTau(), replay.ProfileSpec(statistic=s))\n'
+                      '          for s in ("drop", "late_plateau", "slope", "decreasing_fraction")}\n'
+                      'frames["mid_dip (custom)"] = custom\n'
+                      'aucs = tables.auc_table(frames, by=("model", "context_length"))\n'
+                      'aucs.select("statistic", "model", "context_length", "auc", "low", "high", "p_value", "p_adjusted", "rejected")'),
+        new_code_cell('threshold = float(custom["drop"].median())\n'
+                      'policy = CustomPolicy(lambda f: mid_dip(f) >= threshold, name="mid_dip ≥ median")\n'
+                      'g = replay.gated_outcomes(logs, policy)\n'
+                      'metrics.delta(g, by=("model", "context_length", "evictor"))'),
+    ]
+
+
+NOTEBOOKS = {
+    "01_quickstart.ipynb": quickstart,
+    "02_regenerate_paper.ipynb": report_notebook,
+    "03_calibration_transfer.ipynb": calibration_notebook,
+    "04_depth_profile.ipynb": depth_notebook,
+}
+
+
+def build(folder: Path = HERE) -> list[Path]:
+    out = []
+    for name, cells in NOTEBOOKS.items():
+        stem = name.split("_")[0]
+        cell_list = cells()
+        for i, cell in enumerate(cell_list):
+            cell["id"] = f"nb{stem}-{i:02d}"  # stable ids: rebuilding gives identical files
+        nb = new_notebook(cells=cell_list, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                                  "language": "python"}})
+        path = folder / name
+        nbformat.write(nb, path)
+        out.append(path)
+    return out
+
+
+if __name__ == "__main__":
+    for p in build():
+        print(p)
