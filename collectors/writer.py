@@ -175,6 +175,8 @@ class RunWriter:
                 self.manifest["n_per_task"] = max(old.get("n_per_task", 0), self.manifest.get("n_per_task", 0))
             elif any(any((self.out / t).glob("*.parquet")) for t in schema.TABLES):
                 raise RunMismatchError(f"{self.out} has parquet parts but no manifest.json; refusing to write into it")
+            for stale in self.out.glob("manifest.json.tmp-*"):  # manifest writes hold the lock we hold
+                stale.unlink()
             self._clean()
             self.done = self._finished()
             seqs = [int(m.group(3)) for f in (self.out / "inputs").glob(self.prefix + "*.parquet")
