@@ -176,6 +176,14 @@ def make_input(
         "within_tolerance": fit.n_tokens >= (1 - TOLERANCE) * int(context_length),
         **fit.body.metadata,
     }
+    if not metadata["within_tolerance"]:
+        import warnings
+
+        warnings.warn(
+            f"{task}/{input_id}: prompt has {fit.n_tokens} tokens, more than {TOLERANCE:.0%} below the target "
+            f"{context_length} (the haystack is too coarse here)",
+            stacklevel=2,
+        )
     if haystack_used == "essay":
         metadata["essay_sha256"] = file_sha256(essay_file)
     return TaskInput(
