@@ -162,10 +162,9 @@ def test_drop_by_task_planted_and_loops(syn, gate):
 def test_strict_bins_differ_only_by_convention(syn):
     strict = replay.gate(syn, FixedTau(), replay.ProfileSpec(convention="strict"))
     t24 = tables.drop_by_task_table(strict)
-    a = np.stack(syn.inputs.sort("run_id", "task", "input_id")["agreement"].to_list()[:1])
-    L = a.shape[1]
     first = syn.inputs.sort("run_id", "task", "input_id").row(0, named=True)
     ag = np.asarray(first["agreement"], dtype=np.float64)
+    L = ag.size
     third = L // 3
     d_strict = ag[:third].mean() - ag[(2 * L) // 3:].mean()
     row = strict.filter((pl.col("run_id") == first["run_id"]) & (pl.col("task") == first["task"]) &

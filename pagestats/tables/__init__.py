@@ -72,7 +72,6 @@ __all__ = [
 #: Seed of the cluster bootstrap of the report's Tables 28–29 (recorded so a report is reproducible).
 BOOTSTRAP_SEED = 0
 
-_CI = f"{defaults.CONFIDENCE_LEVEL:.0%} interval"
 _WILSON = f"Wilson {defaults.CONFIDENCE_LEVEL:.0%} intervals."
 _DELTA = "Δ = mean over inputs and budgets b < 1 of gated − plain score."
 

@@ -273,7 +273,7 @@ def batching_table(gated: pl.DataFrame, *, evictor: str | None = None, budget: f
         sb = metrics.static_batching(row["p_open"], k_open, batch_sizes)
         parts.append(sb.with_columns(pl.lit(row["model"]).alias("model"),
                                      pl.lit(row["context_length"], pl.Int64).alias("context_length")))
-    out = pl.concat(parts).rename({"kept_open": "kept_open"})
+    out = pl.concat(parts)
     out = out.with_columns(pl.lit(ev).alias("evictor"), pl.lit(b).alias("budget"))
     return out.select(*MODEL_CELL, "evictor", "budget", "batch_size", "p_open", "kept_open", "p_all_open",
                       "provisioned", "compression")
