@@ -601,14 +601,30 @@ def _check_outcomes(inp: pl.DataFrame, oc: pl.DataFrame, files, runs, incomplete
     problems += _out_of_range(oc, "score", 0.0, 1.0, files, "score outside [0, 1] or NaN")
     problems += _out_of_range(oc, "budget", 0.0, 1.0, files, "budget outside (0, 1] or NaN", lo_open=True)
 
-    firsts = [pl.col(c).first() for c in schema.INPUT_KEY if c not in key]
-    per_input = oc.group_by(key).agg(
-        *firsts,
-        pl.col("_file").first(), pl.col("_row").first(), pl.len().alias("_n"),
-        pl.col("n_kept").min().alias("_kmin"), pl.col("n_kept").max().alias("_kmax"),
-        CELL_HASH.cast(pl.UInt64).sum().alias("_sig"),
-    )
     ikey = list(schema.INPUT_KEY)
+    # one numeric group-by over all outcome rows; identities are attached afterwards from
+    # inputs (or, for the rare outcomes without an input, from their own first row)
+    # (lazy with an explicit projection: the eager group-by is several times slower here)
+    per_input = (
+        oc.lazy()
+        .select(*key, "_file", "_row", "n_kept", "evictor", "budget")
+        .group_by(key)
+        .agg(
+            pl.col("_file").first(), pl.col("_row").first(), pl.len().alias("_n"),
+            pl.col("n_kept").min().alias("_kmin"), pl.col("n_kept").max().alias("_kmax"),
+            CELL_HASH.cast(pl.UInt64).sum().alias("_sig"),
+        )
+        .collect()
+    )
+    if key != ikey:
+        known = per_input.join(inp.select(*key, *ikey), on=key, how="inner")
+        unknown = per_input.join(inp.select(key), on=key, how="anti")
+        if unknown.height:
+            ids = oc.join(unknown.select("_file", "_row"), on=["_file", "_row"], how="semi").select("_file", "_row", *ikey)
+            unknown = unknown.join(ids, on=["_file", "_row"], how="left")
+            per_input = pl.concat([known, unknown.select(known.columns)])
+        else:
+            per_input = known
 
     # orphans both ways
     if "inputs" not in incomplete:
@@ -631,7 +647,13 @@ def _check_outcomes(inp: pl.DataFrame, oc: pl.DataFrame, files, runs, incomplete
                          files, "n_kept outside [1, n_tokens]", "_d")
 
     # the budget-1.0 arm reproduces the full-KV outcome (§4 "Setup": full-cache audit)
-    full = oc.filter(pl.col("budget") == 1.0).join(sizes, on=key, how="inner")
+    full = (
+        oc.lazy()
+        .filter(pl.col("budget") == 1.0)
+        .select("_file", "_row", *{*key, *ikey}, "evictor", "n_kept", "score")
+        .join(sizes.lazy(), on=key, how="inner")
+        .collect()
+    )
     bad = full.filter(((pl.col("score") - pl.col("full_score")).abs() > SCORE_TOLERANCE)
                       | (pl.col("score").is_nan() != pl.col("full_score").is_nan())
                       | (pl.col("n_kept") != pl.col("n_tokens")))
