@@ -278,6 +278,13 @@ class _Discovery:
         self.sources[real] = src
 
 
+def _sha256_or_none(path: str) -> str | None:
+    try:
+        return schema.sha256_file(path)
+    except OSError:  # unreadable: the inspection reports it
+        return None
+
+
 def _log_files(d: Path) -> list[Path]:
     if not d.is_dir():
         return []
@@ -540,7 +547,7 @@ def _load(paths, exclude: Sequence[str], columns: str) -> tuple[Logs, list[Probl
     names = [s.path for s in sources]
 
     with ThreadPoolExecutor(max_workers=2) as pool:
-        hashes = pool.map(schema.sha256_file, names)
+        hashes = pool.map(_sha256_or_none, names)
         con = duckdb.connect()
         try:
             for s in sources:
@@ -579,8 +586,9 @@ def _load(paths, exclude: Sequence[str], columns: str) -> tuple[Logs, list[Probl
         digests = list(hashes)
 
     files = [
-        FileRecord(s.path, s.table or "unknown", digest, s.rows if s.rows is not None else -1)
+        FileRecord(s.path, s.table, digest, s.rows)
         for s, digest in zip(sources, digests)
+        if not s.failed and s.table is not None and digest is not None and s.rows is not None
     ]
     manifest_problems, missing_tables = _check_against_manifests(disc, sources, digests)
     problems += manifest_problems

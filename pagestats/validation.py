@@ -670,7 +670,6 @@ def _check_grid(oc: pl.DataFrame, per_input: pl.DataFrame, files, runs, key) -> 
     evictor set (and no outcome row twice): the manifest's evictors × budgets when it
     lists them, else the run's most common set of arms."""
     problems: list[Problem] = []
-    ikey = list(schema.INPUT_KEY)
     for run_id in sorted(per_input["run_id"].unique().drop_nulls().to_list()):
         sub = per_input.filter(pl.col("run_id") == run_id)
         usual_n, usual_sig = sub.group_by("_n", "_sig").len().sort(["len", "_n"], descending=[True, False]).row(0)[:2]
@@ -682,9 +681,12 @@ def _check_grid(oc: pl.DataFrame, per_input: pl.DataFrame, files, runs, key) -> 
         if info is not None and info.evictors is not None and info.budgets is not None:
             manifest_cells = sorted((e, b) for e in info.evictors for b in info.budgets)
             if set(manifest_cells) != set(usual_cells):
+                # reported once for the run; inputs are then compared with the run's usual arms
                 problems += emit(first, files, f"the usual arms of run {run_id!r} differ from the manifest's evictors × "
                                                f"budgets", lambda rec: _cells_diff(usual_cells, manifest_cells))
-            reference, source = manifest_cells, "the manifest's"
+                reference, source = usual_cells, "the run's usual"
+            else:
+                reference, source = manifest_cells, "the manifest's"
         else:
             reference, source = usual_cells, "the run's usual"
         ref_n, ref_sig = _cell_signature(*zip(*reference)) if reference else (0, 0)

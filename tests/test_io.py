@@ -222,6 +222,11 @@ def test_file_records_have_hashes_and_rows(run):
     assert isinstance(rec, FileRecord) and rec.table == "outcomes"
     assert rec.sha256 == hashlib.sha256((run / "outcomes" / "part-0001.parquet").read_bytes()).hexdigest()
     assert rec.rows == N_INPUTS * len(EVICTORS) * len(BUDGETS)
+    # a file that could not be read is a problem, not a source of the loaded frames
+    data = (run / "topk" / "part-0000.parquet").read_bytes()
+    (run / "topk" / "part-0000.parquet").write_bytes(data[:50])
+    logs = load([str(run)], strict=False)
+    assert {f.table for f in logs.files} == {"inputs", "outcomes"}
 
 
 def test_task_class_defaults_without_manifest_tasks(tmp_path):
@@ -715,6 +720,18 @@ def test_budget_one_differs_from_full_kv(tmp_path):
     assert_problem(problems, f, outcome_row(0, 2, "snapkv", 1.0), "budget 1.0 outcome differs", "n_kept")
 
 
+def test_run_arms_differ_from_manifest_reported_once(tmp_path):
+    def mutate(ins, ocs, tks, man):
+        man["budgets"] = [*BUDGETS[:4], 0.4, *BUDGETS[4:]]  # no input has a 0.4 arm
+
+    run = write_run(tmp_path, mutate=mutate)
+    problems = validate_paths([str(run)])
+    p = assert_problem(problems, run / "outcomes" / "part-0000.parquet", 0, "usual arms of run 'r1' differ from the "
+                       "manifest's evictors × budgets")
+    assert "missing [('h2o', 0.4), ('snapkv', 0.4)]" in p.message
+    assert len(problems) == 1
+
+
 def test_grid_without_full_budget(tmp_path):
     def mutate(ins, ocs, tks, man):
         ocs[:] = [r for r in ocs if r["budget"] != 1.0]
@@ -820,6 +837,7 @@ def test_corrupt_page_inside_valid_footer_is_named(run):
     problems = validate_paths([str(run)])
     bad = [p for p in problems if p.file == os.path.normpath(str(f))]
     assert bad, messages(problems)
+    assert any("cannot read parquet file" in p.message for p in bad), messages(bad)
     assert all("\n" not in str(p) for p in problems)
 
 
