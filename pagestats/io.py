@@ -49,7 +49,7 @@ import json
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import duckdb
@@ -76,12 +76,26 @@ HEAVY_COLUMNS = ("prompt", "full_prediction", "prediction", "references")
 LOG_SUFFIXES = {".parquet": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 
 
+def _same_manifest(manifest: dict) -> dict:
+    return manifest
+
+
+def _same_schema(table: str, arrow_schema: pa.Schema) -> pa.Schema:
+    return arrow_schema
+
+
+def _same_table(table: str, frame: pl.DataFrame) -> pl.DataFrame:
+    return frame
+
+
 @dataclass(frozen=True)
 class Upgrade:
-    """One schema step ``from_version`` → ``from_version + 1``, applied on read."""
+    """One schema step ``v`` → ``v + 1``, applied on read to the manifest, to each file's
+    arrow schema before the type check, and to each table once read (canonical types)."""
 
-    manifest: Callable[[dict], dict]
-    table: Callable[[str, pl.DataFrame], pl.DataFrame]
+    manifest: Callable[[dict], dict] = _same_manifest
+    schema: Callable[[str, pa.Schema], pa.Schema] = _same_schema
+    table: Callable[[str, pl.DataFrame], pl.DataFrame] = _same_table
 
 
 #: from_version → Upgrade. Empty while version 1 is the only one.
@@ -96,6 +110,14 @@ def upgrade_manifest(manifest: dict) -> dict:
         version += 1
         manifest["schema_version"] = version
     return manifest
+
+
+def upgrade_schema(table: str, arrow_schema: pa.Schema, version: int) -> pa.Schema:
+    """A file's arrow schema as the current version declares it (for the type check)."""
+    while version < schema.SCHEMA_VERSION:
+        arrow_schema = UPGRADES[version].schema(table, arrow_schema)
+        version += 1
+    return arrow_schema
 
 
 def upgrade_table(table: str, frame: pl.DataFrame, version: int) -> pl.DataFrame:
@@ -239,9 +261,15 @@ class _Discovery:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
             self.problems.append(Problem(run.manifest_path, None, f"cannot read manifest: {_one_line(err)}"))
             return run
-        if isinstance(manifest, dict):
+        version = manifest.get("schema_version") if isinstance(manifest, dict) else None
+        older = (
+            isinstance(version, int) and version in schema.READABLE_VERSIONS and version < schema.SCHEMA_VERSION
+        )
+        if older:
             manifest = upgrade_manifest(manifest)
         info, problems = check_manifest(run.dir, manifest, run.manifest_path)
+        if info is not None and older:
+            info = replace(info, schema_version=version)  # its tables are upgraded from this version
         self.problems += problems
         run.manifest, run.info = (manifest, info) if info is not None else (None, None)
         return run
@@ -364,10 +392,11 @@ def _inspect(src: _Source, con: duckdb.DuckDBPyConnection) -> list[Problem]:
     if src.fmt == "jsonl" and src.rows == 0:
         src.usable = False
         return []
+    declared = upgrade_schema(src.table, src.arrow_schema, _version(src))
     issues = (
-        schema.schema_problems(src.table, src.arrow_schema)
+        schema.schema_problems(src.table, declared)
         if src.fmt == "parquet"
-        else _json_relaxed_problems(src.table, src.arrow_schema)
+        else _json_relaxed_problems(src.table, declared)
     )
     src.usable = not issues
     src.failed = bool(issues)

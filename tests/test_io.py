@@ -602,6 +602,37 @@ def test_unknown_schema_version_and_missing_manifest_keys(run):
     assert logs.inputs.height == 0
 
 
+def test_older_schema_version_is_upgraded_on_read(run, monkeypatch):
+    """A made-up version 0 without ``gate_ms``: readable, and upgraded by an UPGRADES step."""
+    from pagestats import io
+
+    for name in ("inputs/part-0000.parquet",):
+        f = run / name
+        pq.write_table(pq.read_table(f).drop(["gate_ms"]), f)
+    refresh_manifest(run)
+    man = json.loads((run / "manifest.json").read_text())
+    man["schema_version"] = 0
+    del man["protection"]  # v0 manifests had no protection block
+    (run / "manifest.json").write_text(json.dumps(man))
+    assert_problem(validate_paths([str(run)]), run / "manifest.json", None, "unknown schema_version 0")
+
+    def manifest_v0(m):
+        return {**m, "protection": {"n_sink": 4, "n_recent": 32}}
+
+    def schema_v0(table, s):
+        return s.append(pa.field("gate_ms", pa.float64())) if table == "inputs" else s
+
+    def table_v0(table, frame):
+        return frame.with_columns(pl.lit(float("nan")).alias("gate_ms")) if table == "inputs" else frame
+
+    monkeypatch.setattr(schema, "READABLE_VERSIONS", (0, 1))
+    monkeypatch.setitem(io.UPGRADES, 0, io.Upgrade(manifest=manifest_v0, schema=schema_v0, table=table_v0))
+    assert validate_paths([str(run)]) == []
+    logs = load([str(run)])
+    assert logs.inputs["gate_ms"].is_nan().all()
+    assert logs.manifests["r1"]["schema_version"] == 1 and logs.manifests["r1"]["protection"]["n_sink"] == 4
+
+
 def test_corrupt_manifest_json(run):
     (run / "manifest.json").write_text("{not json")
     assert_problem(validate_paths([str(run)]), run / "manifest.json", None, "cannot read manifest")
