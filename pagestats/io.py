@@ -38,8 +38,8 @@ are reported by :meth:`Logs.exclusion_report`; an exclusion matching nothing rai
 Schema versions: ``schema_version`` comes from the run's manifest (loose files without
 one are taken as the current version). Versions in :data:`pagestats.schema.READABLE_VERSIONS`
 are read; an older readable version is upgraded on read by :data:`UPGRADES` (one step per
-version, applied to the manifest and to every table before validation). Version 1 is
-current, so there are no upgrade steps yet.
+version, applied to the manifest, to each file's arrow schema before the type check, and
+to every table before the row rules). Version 1 is current, so there are no steps yet.
 """
 
 from __future__ import annotations
