@@ -92,7 +92,7 @@ def drop_sets_python(window_attention: list, k: int = 32) -> float:
 
 def drop_vectorised(window_attention: torch.Tensor, k: int = 32) -> float:
     """The collector's vectorised D path (top-k, one-hot matmul intersections, D)."""
-    _, agreement, _ = signals.agreement_profile(window_attention, k, k)
+    _, agreement, _ = signals.agreement_profile(window_attention, k)
     return float(profile.drop_from_agreement(agreement))
 
 

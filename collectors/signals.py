@@ -1,11 +1,11 @@
 """Gate signals from the captured observation window: top-k sets, a_ℓ, pair Jaccards, D, and
 other cheap prefill statistics.
 
-Everything is vectorised in torch: one stable sort for the top-k lists of every (layer, head),
-one one-hot batched matmul (L, H, T) → (L, H, H) for every pair's intersection size, no Python
-loop over pairs. The drop is computed by :func:`pagestats.profile.drop_from_agreement` on the
-float32 agreements that are logged, so an offline replay of the logged defaults reproduces the
-logged ``drop`` bit for bit.
+Everything is vectorised (NumPy selection, torch matmuls): one linear-time partition per (layer,
+head) for the top-k sets with exact tie-breaking, one one-hot batched matmul (L, H, T) → (L, H, H)
+for every pair's intersection size, no Python loop over pairs. The drop is computed by
+:func:`pagestats.profile.drop_from_agreement` on the float32 agreements that are logged, so an
+offline replay of the logged defaults reproduces the logged ``drop`` bit for bit.
 
 References
 ----------
@@ -16,6 +16,8 @@ Tables 5–6 (other cheap prefill signals).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import time
 from dataclasses import dataclass
 
@@ -42,6 +44,27 @@ SIGNAL_DOCS = {
     "frac_decreasing": "fraction of adjacent layer pairs with a_{ℓ+1} < a_ℓ (App. A.3.3)",
     "head_cosine": "mean over layers and head pairs of the cosine similarity of ā_{ℓ,h} and ā_{ℓ,h'}",
 }
+
+
+def _single_threaded(fn):
+    """Run ``fn`` with one intra-op torch thread, restoring the previous count afterwards.
+
+    The gate works on a few hundred thousand floats: a handful of millisecond-scale ops whose
+    cost is dominated by thread hand-offs when torch uses several threads, and by far when the
+    cores are oversubscribed (measured in bench/gate_signal.py: 2 threads on a busy 2-core machine
+    were ~15× slower than 1).
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        previous = torch.get_num_threads()
+        with contextlib.ExitStack() as stack:
+            if previous != 1:
+                torch.set_num_threads(1)
+                stack.callback(torch.set_num_threads, previous)
+            return fn(*args, **kwargs)
+
+    return wrapper
 
 
 @dataclass
@@ -75,81 +98,111 @@ class GateSignals:
     k: int = defaults.TOP_K
 
 
-def topk_positions(window_attention: torch.Tensor, k_max: int) -> torch.Tensor:
+def topk_mask(window_attention, k: int) -> np.ndarray:
+    """Boolean (L, H, T) mask of each (layer, head)'s top-k key positions, exactly k per row.
+
+    Ties go to the lower position: every position scoring above the k-th largest value v is in,
+    and of the positions scoring exactly v the lowest ones fill the remaining places.
+
+    Notes
+    -----
+    One ``numpy.partition`` finds v per row (linear-time selection, no sort); two comparisons
+    give the positions above and at v; a cumulative count over the tied positions is needed only
+    when some row has more positions tied at v than places left.
+    """
+    a = np.asarray(window_attention)
+    n_positions = a.shape[-1]
+    kth = np.partition(a, n_positions - k, axis=-1)[..., n_positions - k, None]
+    above = a > kth
+    tied = a == kth
+    places = k - above.sum(-1, keepdims=True)
+    if np.array_equal(tied.sum(-1, keepdims=True), places):
+        return above | tied
+    return above | (tied & (np.cumsum(tied, axis=-1) <= places))
+
+
+def topk_positions(window_attention, k_max: int) -> np.ndarray:
     """The ``k_max`` highest-scoring key positions per (layer, head), shape (L, H, k_max), int64.
 
     Descending score; ties go to the lower position.
 
     Notes
     -----
-    ``torch.topk`` returns the right multiset of values but may resolve ties either way, so:
-    (1) inside the (unsorted) selection, order by (−score, position) with two small sorts of
-    (L, H, k_max);
-    (2) a row whose k_max-th value is tied with positions left outside the selection is recomputed
-    exactly with one ``torch.topk`` over a composite int64 key: for non-negative float32 scores the
-    IEEE-754 bit pattern read as an integer is monotone in the value, so
-    ``bits(score) · 2^32 + (2^32 − 1 − position)`` orders by score, then by lower position, and
-    every key is distinct (−0.0 is first mapped to +0.0).
+    The set comes from :func:`topk_mask`; ``numpy.nonzero`` lists each row's k_max positions in
+    ascending order, and a stable sort on −score then orders them by (−score, position).
     """
-    scores = window_attention
-    values, positions = torch.topk(scores, k_max, dim=-1, sorted=False)
-    positions, perm = torch.sort(positions, dim=-1)
-    values = values.gather(-1, perm)
-    order = torch.sort(-values, dim=-1, stable=True).indices
-    top = positions.gather(-1, order)
-    threshold = values.amin(dim=-1, keepdim=True)
-    tied_inside = (values == threshold).sum(-1)
-    tied_total = (scores == threshold).sum(-1)
-    boundary = tied_total > tied_inside
-    if bool(boundary.any()):
-        top[boundary] = _topk_exact(scores[boundary], k_max)
-    return top
+    a = np.asarray(window_attention)
+    mask = topk_mask(a, k_max)
+    positions = np.nonzero(mask)[-1].reshape(*a.shape[:-1], k_max)
+    values = np.take_along_axis(a, positions, axis=-1)
+    order = np.argsort(-values, axis=-1, kind="stable")
+    return np.take_along_axis(positions, order, axis=-1)
 
 
-def _topk_exact(scores: torch.Tensor, k_max: int) -> torch.Tensor:
-    """Exact (−score, position) top-k via a composite int64 key; rows of ``scores`` are (…, T)."""
-    scores = scores.to(torch.float32) + 0.0  # −0.0 → +0.0
-    n_positions = scores.shape[-1]
-    low = (2**32 - 1) - torch.arange(n_positions, dtype=torch.int64, device=scores.device)
-    key = scores.view(torch.int32).to(torch.int64) * 2**32 + low
-    top = torch.topk(key, k_max, dim=-1, sorted=True).values
-    return (2**32 - 1) - (top & (2**32 - 1))
+def mask_intersections(mask: np.ndarray) -> np.ndarray:
+    """|S_{ℓ,i} ∩ S_{ℓ,j}| for every layer and head pair (i < j) of a set mask (L, H, T): (L, P) int64.
 
-
-def pair_intersections(topk: torch.Tensor, n_positions: int) -> torch.Tensor:
-    """|topk[ℓ,i] ∩ topk[ℓ,j]| for every layer and every head pair (i < j), shape (L, P), int64.
-
-    One-hot encode each set over the T positions and take the batched Gram matrix
-    (L, H, T) @ (L, T, H) → (L, H, H); entries are exact integers (≤ k ≪ 2^24 in float32).
+    The mask is the sets' one-hot encoding, so the batched Gram matrix (L, H, T) @ (L, T, H)
+    holds every intersection size at once (exact integers in float32 up to 2^24).
     """
-    n_layers, n_heads, _ = topk.shape
-    onehot = torch.zeros(n_layers, n_heads, n_positions, dtype=torch.float32, device=topk.device)
-    onehot.scatter_(2, topk, 1.0)
-    gram = torch.bmm(onehot, onehot.transpose(1, 2))
-    i, j = torch.triu_indices(n_heads, n_heads, offset=1, device=topk.device)
-    return gram[:, i, j].round().to(torch.int64)
+    onehot = torch.from_numpy(np.ascontiguousarray(mask, dtype=np.float32))
+    gram = torch.bmm(onehot, onehot.transpose(1, 2)).numpy()
+    i, j = np.triu_indices(mask.shape[1], k=1)
+    return np.rint(gram[:, i, j]).astype(np.int64)
 
 
-def agreement_profile(window_attention: torch.Tensor, k: int, k_max: int):
-    """Top-k_max lists, a_ℓ and pair Jaccards of ā (L, H, T), float32 outputs (§3, Eq. 3).
+def pair_intersections(topk: np.ndarray, n_positions: int) -> np.ndarray:
+    """|topk[ℓ,i] ∩ topk[ℓ,j]| for every layer and head pair (i < j) of index lists: (L, P) int64."""
+    topk = np.asarray(topk)
+    mask = np.zeros((*topk.shape[:2], n_positions), dtype=np.float32)
+    np.put_along_axis(mask, topk.astype(np.int64), 1.0, axis=-1)
+    return mask_intersections(mask)
 
-    The Jaccard of two k-sets is |A∩B| / (2k − |A∩B|), computed in float64 exactly as
-    :func:`pagestats.profile.agreement_from_topk` does, so replays from the stored lists
-    reproduce the float32 agreements bit for bit.
+
+def _agreement(inter: np.ndarray, k: int):
+    """float32 a_ℓ and layer-major float32 pair Jaccards from (L, P) intersection sizes.
+
+    |A∩B| / (2k − |A∩B|) and the pair mean in float64, exactly as
+    :func:`pagestats.profile.agreement_from_topk` computes them, then cast to float32.
+    """
+    jaccard = profile.jaccard_from_intersections(inter, k)
+    return jaccard.mean(axis=-1).astype(np.float32), jaccard.astype(np.float32).reshape(-1)
+
+
+@_single_threaded
+def agreement_profile(window_attention, k: int, k_max: int | None = None):
+    """Top-k_max lists, a_ℓ and pair Jaccards of ā (L, H, T) (§3, Eq. 3).
+
+    Parameters
+    ----------
+    window_attention : numpy.ndarray or torch.Tensor, (L, H, T) float32, finite, non-negative
+    k : int
+        Set size of the agreement (≤ T).
+    k_max : int or None
+        Number of ordered positions to return (k ≤ k_max ≤ T); ``None`` skips the lists and
+        computes only the agreement (the gate's D path).
 
     Returns
     -------
-    topk : torch.Tensor, (L, H, k_max) int64
+    topk : numpy.ndarray (L, H, k_max) int64, or None
     agreement : numpy.ndarray, (L,) float32
     pair_jaccard : numpy.ndarray, (L·P,) float32, layer-major
+
+    Notes
+    -----
+    Replaying the stored lists with :func:`pagestats.profile.agreement_from_topk` gives the same
+    intersections and therefore the same float32 agreements, bit for bit.
     """
-    topk = topk_positions(window_attention, k_max)
-    inter = pair_intersections(topk[..., :k], window_attention.shape[-1]).numpy()
-    jaccard = profile.jaccard_from_intersections(inter, k)  # (L, P) float64
-    agreement = jaccard.mean(axis=-1).astype(np.float32)
-    return topk, agreement, jaccard.astype(np.float32).reshape(-1)
+    a = window_attention.numpy() if isinstance(window_attention, torch.Tensor) else np.asarray(window_attention)
+    if k_max is None:
+        agreement, pair_jaccard = _agreement(mask_intersections(topk_mask(a, k)), k)
+        return None, agreement, pair_jaccard
+    topk = topk_positions(a, k_max)
+    agreement, pair_jaccard = _agreement(pair_intersections(topk[..., :k], a.shape[-1]), k)
+    return topk, agreement, pair_jaccard
 
 
+@_single_threaded
 def gate_signals(
     window_attention,
     *,
@@ -201,13 +254,13 @@ def gate_signals(
 
     topk, agreement, pair_jaccard = agreement_profile(att, k_eff, k_max_eff)
     drop = float(profile.drop_from_agreement(agreement, bin_fraction, convention))
-    signals = _other_signals(att, topk[..., :k_eff], agreement, bin_fraction, convention)
+    signals = _other_signals(att, torch.from_numpy(topk[..., :k_eff]), agreement, bin_fraction, convention)
     gate_ms = (time.perf_counter() - start) * 1e3
     return GateSignals(
         agreement=agreement,
         pair_jaccard=pair_jaccard,
         drop=drop,
-        topk=topk.to(torch.int32).numpy(),
+        topk=topk.astype(np.int32),
         signals=signals,
         gate_ms=gate_ms,
         k=k_eff,

@@ -54,6 +54,11 @@ def test_matches_brute_force(shape, k, k_max):
     assert got.pair_jaccard.shape == (n_layers * shape[1] * (shape[1] - 1) // 2,)
     assert math.isclose(got.drop, drop, rel_tol=1e-5, abs_tol=1e-7)
     assert got.k == k_eff
+    # the D-only path (sets from the top-k mask, no ordered lists) gives the same float32 profile
+    topk_none, agreement_d, pair_jaccard_d = signals.agreement_profile(att, k_eff)
+    assert topk_none is None
+    np.testing.assert_array_equal(agreement_d, got.agreement)
+    np.testing.assert_array_equal(pair_jaccard_d, got.pair_jaccard)
 
 
 def test_drop_is_bit_exact_replay_of_logged_agreement():
@@ -153,9 +158,12 @@ def test_topk_positions_with_many_ties(levels, k_max):
     rng = np.random.default_rng(levels * 1000 + k_max)
     scores = rng.integers(0, levels, size=(5, 6, 100)).astype(np.float32) / levels
     got = signals.topk_positions(torch.from_numpy(scores), k_max)
+    mask = signals.topk_mask(scores, k_max)
     for l in range(5):
         for h in range(6):
-            assert got[l, h].tolist() == brute_topk(scores[l, h].tolist(), k_max)
+            expected = brute_topk(scores[l, h].tolist(), k_max)
+            assert got[l, h].tolist() == expected
+            assert np.flatnonzero(mask[l, h]).tolist() == sorted(expected)
 
 
 def test_topk_positions_negative_zero():
@@ -168,3 +176,13 @@ def test_rejects_negative_and_infinite():
         signals.gate_signals(torch.full((3, 2, 5), -0.1))
     with pytest.raises(ValueError, match="finite"):
         signals.gate_signals(torch.full((3, 2, 5), float("inf")))
+
+
+def test_thread_count_restored():
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        signals.gate_signals(torch.softmax(torch.randn(3, 2, 40), -1), k=4, k_max=8)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(previous)
