@@ -6,16 +6,18 @@ pairwise intersections (one-hot matmul or equivalent), not per-pair Python sets.
 One real prefill of the embedded default (SmolLM2-135M-Instruct, CPU, fp32) on a 2K-token prompt
 gives ā (30 layers × 9 heads × T). Then, on that same tensor, D (k = 32) is computed by
 
-* ``vectorised``: :func:`collectors.signals.agreement_profile` (one ``torch.topk`` with exact
-  tie-breaking, one one-hot batched matmul for all pair intersections) + D;
+* ``vectorised``: :func:`collectors.signals.agreement_profile` (per-(layer, head) top-k sets as an
+  exact-tie mask from one ``numpy.partition``, all pair intersections from one one-hot batched
+  matmul) + D;
 * ``vectorised_full``: :func:`collectors.signals.gate_signals` as the collector calls it — D plus
   the stored top-128 lists and the ten other prefill signals;
 * ``sets_numpy``: per (layer, head) top-k by a stable ``numpy.argsort`` (ties to the lower
   position), then one Python ``set`` intersection per head pair — the loop implementation;
 * ``sets_python``: the same with the per-head top-k by Python ``sorted`` on lists (no NumPy).
 
-All four must agree on D. Timings are medians of repeats (``time.perf_counter``), in one process,
-same threads; ratios are baseline / vectorised. Writes bench/results/gate_signal.json.
+All four must agree on D. Timings are medians of interleaved repeats (``time.perf_counter``), in
+one process; the vectorised paths run single-threaded (as the collector runs them); ratios are
+baseline / vectorised. Writes bench/results/gate_signal.json.
 
 Run: ``.venv/bin/python bench/gate_signal.py [--tokens 2048] [--repeats 7]``
 """
