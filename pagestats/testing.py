@@ -94,16 +94,7 @@ import polars as pl
 from pagestats import __version__, defaults, profile, schema
 
 #: The eight RULER tasks drawn by default (a subset of ``defaults.RULER_TASKS``).
-SYNTHETIC_TASKS = (
-    "niah_single_1",
-    "niah_multikey_1",
-    "niah_multikey_2",
-    "niah_multikey_3",
-    "niah_multivalue",
-    "niah_multiquery",
-    "vt",
-    "fwe",
-)
+SYNTHETIC_TASKS = tuple(t for t in defaults.RULER_TASKS if t not in ("cwe", "qa_1", "qa_2"))
 #: References per input (RULER ``string_match_all`` scores are multiples of 1/m); tasks
 #: not listed have one reference.
 DEFAULT_N_REFERENCES = {"niah_multivalue": 4, "niah_multiquery": 4, "vt": 5, "fwe": 3, "cwe": 10}

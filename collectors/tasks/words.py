@@ -97,13 +97,5 @@ def coded_words(count: int, length: int, rng: np.random.Generator) -> list[str]:
 
 
 def uppercase_names(count: int, length: int, rng: np.random.Generator) -> list[str]:
-    """``count`` distinct upper-case variable names (RULER vt)."""
-    letters = np.array(list("ABCDEFGHIJKLMNOPQRSTUVWXYZ"))
-    seen: set[str] = set()
-    out: list[str] = []
-    while len(out) < count:
-        w = "".join(letters[rng.integers(0, 26, size=length)])
-        if w not in seen:
-            seen.add(w)
-            out.append(w)
-    return out
+    """``count`` distinct upper-case variable names (RULER vt): :func:`coded_words`, upper-cased."""
+    return [w.upper() for w in coded_words(count, length, rng)]
