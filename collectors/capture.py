@@ -218,9 +218,11 @@ def _make_capture_function(base: str):
             return output
         if query.shape[0] != 1:
             raise ValueError(f"capture supports batch size 1, got {query.shape[0]}")
-        scaling = kwargs.get("scaling", args[1] if len(args) > 1 else None)
+        # transformers passes scaling/dropout as keywords (their positional order differs between
+        # the eager and sdpa signatures, so positional values are not interpreted).
+        scaling = kwargs.get("scaling")
         if scaling is None:
-            scaling = getattr(module, "scaling", query.shape[-1] ** -0.5)
+            scaling = getattr(module, "scaling", None) or query.shape[-1] ** -0.5
         softcap = kwargs.get("softcap")
         mask = attention_mask if isinstance(attention_mask, torch.Tensor) else None
         with torch.no_grad():
