@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-OFFLINE = ("synthetic_scale", "tau_curve", "profile_replay", "bootstrap", "report")
+OFFLINE = ("synthetic_scale", "tau_curve", "profile_replay", "bootstrap", "report", "whatif_scale")
 MODEL = ("gate_signal", "capture_memory", "sweep")
 
 
