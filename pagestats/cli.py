@@ -37,6 +37,9 @@ def _parser() -> argparse.ArgumentParser:
     pol.add_argument("--tau", type=float, help=f"fixed threshold τ (default {defaults.TAU})")
     pol.add_argument("--policy", choices=["fixed", "z", "midpoint", "oracle"], help="gate policy")
     p.add_argument("--theta", type=float, default=defaults.THETA_Z, help="θ_z of the z-scored policy")
+    p.add_argument("--midpoint-tasks", default=None, metavar="CAP,DIL",
+                   help="midpoint policy: take the two samples from these tasks (the paper: niah_multikey_3,vt); "
+                   "default: all capacity-bound vs all dilution-prone inputs")
     p.add_argument("--pilot", type=int, default=defaults.PILOT_N, help="pilot size per model (z-scored)")
     p.add_argument(
         "--pilot-by",
@@ -50,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--draws", type=int, default=20, help="random head-pair draws (averaged)")
     p.add_argument("--seed", type=int, default=0, help="seed of the head-pair draws / pilot sample")
     p.add_argument("--k", type=int, default=None, help="top-k set size, k ≤ k_max (needs topk logs)")
-    p.add_argument("--bins", type=float, default=None, help="bin fraction (default 1/3)")
+    p.add_argument("--bins", default=None, help="bin fraction, decimal or fraction such as 1/4 (default 1/3)")
     p.add_argument("--strict-bins", action="store_true", help="strict-thirds late bin (Table 24)")
     p.add_argument("--format", choices=["csv", "table"], default="table")
 
@@ -85,7 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "whatif":
         from pagestats.whatif import policy_from_args, profile_from_args, whatif_table
 
-        table = whatif_table(logs, policy=policy_from_args(args), profile=profile_from_args(args))
+        try:
+            table = whatif_table(logs, policy=policy_from_args(args), profile=profile_from_args(args))
+        except (ValueError, TypeError) as err:  # bad option values: one line, no traceback
+            print(f"error: {err}", file=sys.stderr)
+            return 2
         if args.format == "csv":
             sys.stdout.write(table.write_csv(float_precision=None))
         else:

@@ -89,7 +89,9 @@ def policy_from_args(args) -> Policy:
 
     ``--tau X`` → :class:`FixedTau` (X); ``--policy fixed`` or no flag → fixed τ = 0.07;
     ``--policy z`` → :class:`ZScored` (``--theta``, ``--pilot``, ``--pilot-by``, ``--seed``);
-    ``--policy midpoint`` → :class:`Midpoint`; ``--policy oracle`` → :class:`TaskOracle`.
+    ``--policy midpoint`` → :class:`Midpoint` (samples by ``task_class``, as DESIGN §4 words
+    Eq. 5; ``--midpoint-tasks niah_multikey_3,vt`` takes them from two named tasks, as the
+    paper's Table 7 does); ``--policy oracle`` → :class:`TaskOracle`.
     """
     tau = getattr(args, "tau", None)
     name = getattr(args, "policy", None)
@@ -108,7 +110,13 @@ def policy_from_args(args) -> Policy:
             seed=int(getattr(args, "seed", 0)),
         )
     if name == "midpoint":
-        return Midpoint()
+        tasks = getattr(args, "midpoint_tasks", None)
+        if tasks is None:
+            return Midpoint()
+        parts = [t.strip() for t in str(tasks).split(",")]
+        if len(parts) != 2 or not all(parts):
+            raise ValueError(f"--midpoint-tasks takes CAPACITY_TASK,DILUTION_TASK (e.g. niah_multikey_3,vt), got {tasks!r}")
+        return Midpoint(capacity_tasks=(parts[0],), dilution_tasks=(parts[1],))
     if name == "oracle":
         return TaskOracle()
     raise ValueError(f"unknown policy {name!r}; expected fixed, z, midpoint or oracle")
@@ -136,13 +144,23 @@ def parse_layers(text: str | None):
     return tuple(idx)
 
 
+def parse_fraction(text) -> float:
+    """``--bins`` value → float: a decimal (``0.25``) or an exact fraction (``1/3``)."""
+    from fractions import Fraction
+
+    try:
+        return float(Fraction(str(text).strip()))
+    except (ValueError, ZeroDivisionError):
+        raise ValueError(f"--bins: cannot read {text!r}; use a decimal or a fraction such as 1/3") from None
+
+
 def profile_from_args(args) -> ProfileSpec:
     """The :class:`ProfileSpec` named by ``--layers``, ``--pairs-fraction``, ``--draws``,
     ``--seed``, ``--k``, ``--bins`` and ``--strict-bins``."""
     bins = getattr(args, "bins", None)
     return ProfileSpec(
         layers=parse_layers(getattr(args, "layers", None)),
-        bin_fraction=defaults.BIN_FRACTION if bins is None else float(bins),
+        bin_fraction=defaults.BIN_FRACTION if bins is None else parse_fraction(bins),
         convention="strict" if getattr(args, "strict_bins", False) else defaults.BIN_CONVENTION,
         pairs_fraction=getattr(args, "pairs_fraction", None),
         draws=int(getattr(args, "draws", 20)),

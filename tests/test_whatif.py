@@ -189,3 +189,24 @@ def test_whatif_draws_keep_gate_free_columns_exact(synth):
     draws = whatif_table(synth, FixedTau(0.03), ProfileSpec(pairs_fraction=0.5, draws=3))
     for c in ("model", "context_length", "evictor", "task", "budget", "n_inputs", "acc_full", "acc_plain", "harm_plain"):
         assert draws[c].equals(plain[c]), c
+
+
+def test_cli_whatif_bad_options_exit_2_with_one_line(tmp_path, capsys):
+    from pagestats.cli import main
+    from pagestats.testing import synthetic_logs
+
+    s = synthetic_logs(models={"m": (6, 4)}, n_inputs=4, tasks=("niah_multikey_3", "vt"), evictors=("snapkv",),
+                       budgets=(0.5, 1.0), with_topk=False, seed=2)  # fmt: skip
+    run = str(s.write(tmp_path)[0])
+    for bad in (["--k", "16"], ["--layers", "99"], ["--bins", "0.7"], ["--bins", "1/3x"], ["--layers", "foo"],
+                ["--policy", "midpoint", "--midpoint-tasks", "vt"]):  # fmt: skip
+        assert main(["whatif", run, *bad]) == 2, bad
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: "), (bad, err)
+
+
+def test_cli_midpoint_tasks_and_fraction_bins():
+    ns = argparse.Namespace(tau=None, policy="midpoint", midpoint_tasks="niah_multikey_3,vt")
+    assert policy_from_args(ns) == Midpoint(capacity_tasks=("niah_multikey_3",), dilution_tasks=("vt",))
+    ns = argparse.Namespace(bins="1/3", layers=None, strict_bins=False, pairs_fraction=None, draws=20, seed=0, k=None)
+    assert profile_from_args(ns).bin_fraction == 1 / 3  # exact third, not 0.3333
