@@ -536,6 +536,21 @@ def test_draw_replicates_by_loops(syn, gated):
         assert r["n_draws"] == 2
 
 
+def test_draw_replicates_compare_common_tasks_only(syn, gated):
+    # A replicate draw that lacks a task: that task leaves the comparison for every draw of the cell.
+    draws = syn.inputs.select("run_id", "draw").unique()
+    dmap = dict(draws.iter_rows())
+    draw1 = [run for run, d in dmap.items() if d == 1]
+    partial = gated.filter(~(pl.col("run_id").is_in(draw1) & (pl.col("task") == "vt")))
+    t = tables.draw_replicates_table(partial, draws)
+    acc = defaultdict(list)
+    for r in rows_of(partial):
+        if r["evictor"] == "snapkv" and r["budget"] < 1 and r["task"] != "vt":
+            acc[(r["model"], r["context_length"], dmap[r["run_id"]])].append(r["score_gated"] - r["score_plain"])
+    for r in rows_of(t.filter(pl.col("subset") == "all tasks")):
+        assert r["delta"] == pytest.approx(statistics.fmean(acc[(r["model"], r["context_length"], r["draw"])]))
+
+
 # --------------------------------------------------------------------------- rendering, errors, registry
 
 

@@ -327,12 +327,23 @@ def draw_replicates_table(gated: pl.DataFrame, draws: pl.DataFrame, *, evictor: 
     References
     ----------
     PAGE App. A.7.3, Table 30 (three draws of the 4K split; lower block NIAH-MK3 only).
+
+    Notes
+    -----
+    Within a cell only the tasks present in every draw are compared, since a replicate
+    run may cover a subset of the tasks (e.g. the shipped second draw).
     """
     check_columns(draws, ["run_id", "draw"], "draw_replicates_table")
     sub, ev = one_evictor(gated, evictor)
     sub = sub.join(draws.select("run_id", "draw").unique(), on="run_id", how="left")
     if sub["draw"].null_count():
         raise ValueError("draw_replicates_table: some runs have no draw")
+    # Compare like with like: a replicate run may cover only some tasks, so each cell keeps
+    # the tasks that every one of its draws has (the others are left out of this table only).
+    n_draws = sub.group_by(CELL).agg(pl.col("draw").n_unique().alias("_all"))
+    common = (sub.group_by([*CELL, "task"]).agg(pl.col("draw").n_unique().alias("_n"))
+              .join(n_draws, on=CELL).filter(pl.col("_n") == pl.col("_all")).select(*CELL, "task"))
+    sub = sub.join(common, on=[*CELL, "task"], how="semi")
     by = [*CELL, "draw"]
     parts = [metrics.delta(sub, by=by).with_columns(pl.lit("all tasks").alias("subset"))]
     cap = sub.filter(_CAP)
