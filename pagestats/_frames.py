@@ -18,12 +18,19 @@ INPUT_KEY = ("run_id", "task", "input_id")
 _ARMS = {"plain": ("score_plain", "n_kept_plain"), "gated": ("score_gated", "n_kept_gated")}
 
 
-def _cols(frame: pl.DataFrame, cols, what: str) -> None:
+def require_columns(frame: pl.DataFrame, cols, what: str, *, non_empty: bool = False) -> None:
+    """Raise a clear error when ``frame`` is not a polars frame, lacks ``cols`` or (with
+    ``non_empty``) has no rows. The one column check used by metrics, replay, tables and figures."""
     if not isinstance(frame, pl.DataFrame):
         raise TypeError(f"{what}: expected a polars DataFrame, got {type(frame).__name__}")
     missing = [c for c in cols if c not in frame.columns]
     if missing:
         raise ValueError(f"{what}: missing columns {missing}; frame has {frame.columns}")
+    if non_empty and frame.height == 0:
+        raise ValueError(f"{what}: the frame is empty")
+
+
+_cols = require_columns
 
 
 def _input_key(frame: pl.DataFrame) -> list[str]:

@@ -23,6 +23,7 @@ import numpy as np
 import polars as pl
 
 from pagestats import defaults
+from pagestats._frames import require_columns
 from pagestats.policies import (  # noqa: F401  (re-exported: replay is the policy entry point)
     POLICY_TYPES,
     CustomPolicy,
@@ -276,9 +277,7 @@ def _dense_ranks(block: np.ndarray) -> np.ndarray:
 def _require(frame: pl.DataFrame | None, cols, what: str) -> None:
     if frame is None:
         raise ValueError(f"{what} is missing from the logs")
-    missing = [c for c in cols if c not in frame.columns]
-    if missing:
-        raise ValueError(f"{what}: missing columns {missing}")
+    require_columns(frame, cols, what)
 
 
 def _stack(series: pl.Series, width: int) -> np.ndarray:

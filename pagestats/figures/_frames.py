@@ -8,19 +8,15 @@ from collections.abc import Iterable
 
 import polars as pl
 
+from pagestats._frames import require_columns
+
 CELL = ("model", "context_length")
 MATRIX_CELL = ("model", "context_length", "evictor")
 
 
 def require(frame: pl.DataFrame, columns: Iterable[str], what: str) -> None:
-    """Raise a clear ValueError when ``frame`` lacks any of ``columns``."""
-    if not isinstance(frame, pl.DataFrame):
-        raise TypeError(f"{what}: expected a polars DataFrame, got {type(frame).__name__}")
-    missing = [c for c in columns if c not in frame.columns]
-    if missing:
-        raise ValueError(f"{what}: missing columns {missing}; got {frame.columns}")
-    if frame.height == 0:
-        raise ValueError(f"{what}: the frame is empty")
+    """Raise a clear error when ``frame`` lacks any of ``columns`` or is empty."""
+    require_columns(frame, list(columns), what, non_empty=True)
 
 
 def with_task_class(frame: pl.DataFrame) -> pl.DataFrame:

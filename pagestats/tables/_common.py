@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from pagestats._frames import require_columns as check_columns  # noqa: F401 (re-exported)
+
 from pagestats import defaults
 
 #: A (model, context) cell, the unit of the signal tables (Tables 3–10, 20, 24).
@@ -22,15 +24,6 @@ INPUT_KEY = ("run_id", "task", "input_id")
 
 def as_list(by) -> list[str]:
     return [by] if isinstance(by, str) else list(by)
-
-
-def check_columns(frame: pl.DataFrame, cols: Sequence[str], what: str) -> None:
-    """Raise a clear error when ``frame`` is not a polars frame or lacks ``cols``."""
-    if not isinstance(frame, pl.DataFrame):
-        raise TypeError(f"{what}: expected a polars DataFrame, got {type(frame).__name__}")
-    missing = [c for c in cols if c not in frame.columns]
-    if missing:
-        raise ValueError(f"{what}: missing columns {missing}; the frame has {frame.columns}")
 
 
 def headline_evictor(frame: pl.DataFrame) -> str:
