@@ -1,0 +1,57 @@
+"""Print the headline numbers of the shipped logs (quoted in data/*/README.md and the issue notes).
+
+Run: ``.venv/bin/python data/summarize.py [RUN ...]`` (default: every run under data/).
+Everything is computed with pagestats from the logs alone.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from pagestats import io, metrics, replay
+from pagestats.policies import FixedTau, ZScored
+
+runs = sys.argv[1:] or sorted(str(m.parent) for m in Path(__file__).parent.glob("*/manifest.json"))
+logs = io.load(runs)
+pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=160, tbl_formatting="MARKDOWN",
+          tbl_hide_column_data_types=True, tbl_hide_dataframe_shape=True, float_precision=3)
+
+inp = logs.inputs
+per_input_s = (inp["prefill_ms"].sum() + logs.outcomes["decode_ms"].sum()) / 1000 / inp.height
+print(f"runs: {', '.join(Path(r).name for r in runs)}; {inp.height} inputs; "
+      f"{logs.outcomes.height} outcome rows")
+print(f"logged compute per input (prefill + all arms' decode): {per_input_s:.1f} s\n")
+
+print("## Full-KV accuracy, mean D and gate-open fraction per (context, task)\n")
+fixed = replay.gate(logs, FixedTau(0.07))
+zs = replay.gate(logs, ZScored())
+tab = (fixed.group_by("context_length", "task", "task_class")
+       .agg(pl.len().alias("n"), pl.col("full_score").mean().alias("acc_full"),
+            pl.col("drop").mean().alias("mean_D"), pl.col("drop").std().alias("sd_D"),
+            pl.col("gate_open").mean().alias("p_open_tau0.07"))
+       .join(zs.group_by("context_length", "task").agg(pl.col("gate_open").mean().alias("p_open_z"),
+                                                         pl.col("tau").first().alias("tau_z")),
+             on=["context_length", "task"])
+       .sort("context_length", "mean_D"))
+print(tab, "\n")
+
+for name, policy in (("fixed τ = 0.07", FixedTau(0.07)), ("z-scored (θ = −0.69, pilot 100 per model)", ZScored())):
+    g = replay.gated_outcomes(logs, policy)
+    print(f"## Δ (gated − plain, budgets b < 1) per (context, evictor), {name}: cluster bootstrap, BH\n")
+    d = metrics.delta_bootstrap(g, by=("model", "context_length", "evictor"), rng=np.random.default_rng(0))
+    print(d.select([c for c in d.columns if c != "model"]), "\n")
+
+g = replay.gated_outcomes(logs, FixedTau(0.07))
+print("## Harm rate Pr[A(b,x) < A_full(x)] at b = 0.0625 and 0.25, plain vs gated (τ = 0.07), per task\n")
+for arm in ("plain", "gated"):
+    h = metrics.harm_rate(g.filter(pl.col("budget").is_in([0.0625, 0.25])),
+                          by=("context_length", "evictor", "task"), arm=arm)
+    print(f"### {arm}\n")
+    print(h.filter(pl.col("evictor") == "snapkv"), "\n")
+
+print("## ρ (Eq. 1) per (context, task), SnapKV, Wilson 95 %\n")
+print(metrics.recovery_rate(g.filter(pl.col("evictor") == "snapkv"), by=("context_length", "task")), "\n")
