@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from pagestats import io, replay, report
-from pagestats.testing import ModelSpec, synthetic_logs
+from pagestats.testing import PAPER_SCALE, synthetic_logs
 
 ROOT = Path(__file__).resolve().parent
 TMP = ROOT / "tmp" / "report"
@@ -36,16 +36,7 @@ TARGET_S = 120.0
 
 
 def write_paper_scale_logs(root: Path) -> list[str]:
-    models = [ModelSpec(f"synthetic-{L}L{H}H", L, H) for L, H in ((28, 12), (36, 16), (32, 32), (24, 14))]
-    logs = synthetic_logs(
-        models=models,
-        context_lengths=(4096,),
-        tasks=("niah_multikey_3", "vt", "fwe", "niah_single_1"),
-        n_inputs=100,
-        with_topk=False,
-        with_text=True,
-        seed=0,
-    )
+    logs = synthetic_logs(**PAPER_SCALE, with_topk=False, with_text=True)
     if root.exists():
         shutil.rmtree(root)
     return [str(p) for p in logs.write(root)]

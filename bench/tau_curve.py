@@ -27,7 +27,7 @@ import numpy as np
 import polars as pl
 
 from pagestats.replay import FixedTau, ProfileSpec, gated_outcomes, tau_curve
-from pagestats.testing import ModelSpec, synthetic_logs
+from pagestats.testing import PAPER_SCALE, synthetic_logs
 
 N_TAUS = 1000
 N_LOOP = 50
@@ -36,16 +36,7 @@ BY = ["model", "context_length", "evictor"]
 
 
 def paper_scale_logs():
-    models = [ModelSpec(f"synthetic-{L}L{H}H", L, H) for L, H in ((28, 12), (36, 16), (32, 32), (24, 14))]
-    s = synthetic_logs(
-        models=models,
-        context_lengths=(4096,),
-        tasks=("niah_multikey_3", "vt", "fwe", "niah_single_1"),
-        n_inputs=100,
-        with_topk=False,
-        with_text=False,
-        seed=0,
-    )
+    s = synthetic_logs(**PAPER_SCALE, with_topk=False, with_text=False)
     from types import SimpleNamespace
 
     return SimpleNamespace(inputs=s.inputs, outcomes=s.outcomes, topk=None, manifests=s.manifests)

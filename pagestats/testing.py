@@ -145,6 +145,16 @@ PAPER_MODELS = (
 )
 
 
+#: The paper-scale log set of DESIGN §8 used by the benchmarks: 4 models × 4 evictors = 16 cells,
+#: 4 tasks × 100 inputs = 400 inputs per cell, 9 budgets. Pass as ``synthetic_logs(**PAPER_SCALE, ...)``.
+PAPER_SCALE = dict(
+    models=tuple(ModelSpec(f"synthetic-{L}L{H}H", L, H) for L, H in ((28, 12), (36, 16), (32, 32), (24, 14))),
+    context_lengths=(4096,),
+    tasks=("niah_multikey_3", "vt", "fwe", "niah_single_1"),
+    n_inputs=100,
+    seed=0,
+)
+
 @dataclass(frozen=True)
 class ClassEffect:
     """Planted parameters of one task class (see the module docstring for the rule).
