@@ -14,9 +14,17 @@ machine is shared, so wall time is recorded too but CPU time is the fair measure
   inputs: one resample per replicate for the four cells); baseline ``loop_shared``: the
   per-replicate loop with one index draw per replicate applied to the model's four cells;
 - ``frame``: :func:`pagestats.metrics.delta_bootstrap` on the same data as a gated-outcome
-  frame (51,200 rows; grouping, balance check and BH included), independent resampling.
+  frame (51,200 rows; grouping, balance check and BH included), independent resampling;
+- ``tie_free``: the same 16 cells with a small continuous jitter added, so that no two
+  inputs share a per-input mean and ``draw="auto"`` must use index draws (the worst case
+  for the vectorised code; continuous scores, unlike the paper's binary ones);
+- ``crossover``: time of the two draws (``"indices"`` / ``"counts"``) for one cell of
+  ``n`` inputs with ``K`` distinct per-input means, the measurement behind
+  :data:`pagestats.bootstrap.COUNTS_CROSSOVER`.
 
-Target: vectorised ≥ 20× faster than the loop. Also checks that the two agree in
+The binary-score cells have at most 17 distinct per-input means (8 budgets), so
+``draw="auto"`` takes multinomial counts there (:func:`pagestats.stats.cluster_bootstrap`,
+Notes). Target: vectorised ≥ 20× faster than the loop. Also checks that the two agree in
 distribution (percentile intervals of cell 0). Writes bench/results/bootstrap.json.
 
 Run: ``.venv/bin/python bench/bootstrap.py``
@@ -32,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from pagestats import metrics, stats
+from pagestats import bootstrap, metrics, stats
 
 N_CELLS, N_INPUTS, N_BUDGETS = 16, 400, 8
 N_BOOT = 10_000
@@ -93,6 +101,20 @@ def loop_shared(cube: np.ndarray, n_boot: int, rng: np.random.Generator) -> np.n
     return reps
 
 
+def crossover(rng: np.random.Generator) -> list[dict]:
+    """Index-draw time over count-draw time for one cell, by inputs n and distinct values K."""
+    rows = []
+    for n in (100, 400, 1000):
+        for k in (2, 4, 8, 16, 32):
+            means = rng.integers(0, k, size=n).astype(float)
+            means[:k] = np.arange(k)  # exactly k distinct values
+            t_idx, _, _ = timed(lambda: stats.cluster_bootstrap(means, rng=rng, n_boot=N_BOOT, draw="indices"))
+            t_cnt, _, _ = timed(lambda: stats.cluster_bootstrap(means, rng=rng, n_boot=N_BOOT, draw="counts"))
+            rows.append({"n": n, "distinct": k, "indices_over_counts": round(t_idx / t_cnt, 2),
+                         "auto_takes": "counts" if bootstrap._use_counts(n, k, "auto") else "indices"})
+    return rows
+
+
 def timed(fn, repeats=REPEATS):
     """Best CPU and wall time of ``repeats`` calls, and the last result."""
     cpu, wall, result = [], [], None
@@ -118,6 +140,11 @@ def main() -> dict:
     )
     fr_cpu, fr_wall, framed = timed(lambda: metrics.delta_bootstrap(frame, rng=np.random.default_rng(1), n_boot=N_BOOT))
 
+    jitter = np.random.default_rng(3)
+    tie_free = [d + jitter.normal(0, 1e-3, size=d.shape) for d in cells]
+    tf_cpu, tf_wall, _ = timed(lambda: stats.cluster_bootstrap(tie_free, rng=np.random.default_rng(1), n_boot=N_BOOT))
+    distinct = [len(np.unique(d.mean(axis=1))) for d in cells]
+
     rng = np.random.default_rng(2)
     loop_cpu, loop_wall, loop_reps = timed(lambda: [loop_bootstrap(d, N_LOOP, rng) for d in cells])
     cubes = [np.stack(m, axis=2) for m in models]
@@ -137,6 +164,11 @@ def main() -> dict:
         "shared_wall_s": round(sh_wall, 4),
         "frame_helper_cpu_s": round(fr_cpu, 4),
         "frame_helper_wall_s": round(fr_wall, 4),
+        "tie_free_cpu_s": round(tf_cpu, 4),
+        "tie_free_wall_s": round(tf_wall, 4),
+        "distinct_means_per_cell": {"min": min(distinct), "max": max(distinct)},
+        "draw_taken": {"independent": "counts" if all(bootstrap._use_counts(N_INPUTS, k, "auto") for k in distinct)
+                       else "indices or mixed", "tie_free": "indices"},
         "loop_replicates_timed": N_LOOP,
         "loop_scaled_cpu_s": round(loop_cpu * scale, 3),
         "loop_scaled_wall_s": round(loop_wall * scale, 3),
@@ -145,6 +177,7 @@ def main() -> dict:
         "speedup_shared_vs_loop": round(loop_cpu * scale / sh_cpu, 1),
         "speedup_shared_vs_loop_shared": round(lsh_cpu * scale / sh_cpu, 1),
         "speedup_frame_vs_loop": round(loop_cpu * scale / fr_cpu, 1),
+        "speedup_tie_free_vs_loop": round(loop_cpu * scale / tf_cpu, 1),
         "target_speedup": TARGET,
         "meets_target_independent": bool(speed >= TARGET),
         "agreement_cell0": {
@@ -153,12 +186,16 @@ def main() -> dict:
             "bootstrap_se": round(se, 4),
         },
         "frame_equals_arrays": bool(np.allclose(framed["low"].to_numpy(), vec.low)),
+        "crossover": crossover(np.random.default_rng(4)),
+        "counts_crossover_constant": bootstrap.COUNTS_CROSSOVER,
         "repeats": REPEATS,
         "notes": (
             f"loops timed on {N_LOOP} replicates per cell (per model for loop_shared) and scaled linearly "
-            f"to {N_BOOT}; independent = uint16 index matrices in row chunks, gather + mean of per-input "
-            "means (RNG and gather cost ~4 ns per resampled input, the floor of this method); shared = one "
-            "index matrix per model gathering rows of the per-input-means matrix; best of repeats on both "
+            f"to {N_BOOT}; independent = draw='auto', which takes multinomial counts over the <=17 distinct "
+            "per-input means of these binary-score cells (exact; same law as index draws); tie_free = the "
+            "same cells jittered so every per-input mean is distinct, which forces uint16 index matrices "
+            "(RNG and gather cost ~3-4 ns per resampled input, the floor of that draw); shared = one draw "
+            "per model for its four cells (index draws here: the rows of four cells' means are mostly distinct); best of repeats on both "
             "sides, on a shared 2-core machine (ratios vary run to run by about ±30%)"
         ),
         "machine": {"python": platform.python_version(), "numpy": np.__version__, "cpu": platform.machine()},

@@ -83,7 +83,21 @@ def _as_cells(diffs) -> tuple[list[np.ndarray], bool]:
     return out, single
 
 
-def _replicates(means: np.ndarray, n_boot: int, rng: np.random.Generator, chunk_size: int) -> np.ndarray:
+#: ``draw="auto"`` uses multinomial counts when a cell has at most ``max(3, n // 40)``
+#: distinct per-input means. The constant is the measured crossover of the two draws
+#: (``bench/bootstrap.py`` writes it to ``bench/results/bootstrap.json``, key
+#: ``crossover``): a multinomial count costs about 25–40 index draws.
+COUNTS_CROSSOVER = 40
+DRAWS = ("auto", "indices", "counts")
+
+
+def _use_counts(n_inputs: int, n_distinct: int, draw: str) -> bool:
+    if draw == "auto":
+        return n_distinct <= max(3, n_inputs // COUNTS_CROSSOVER)
+    return draw == "counts"
+
+
+def _index_replicates(means: np.ndarray, n_boot: int, rng: np.random.Generator, chunk_size: int) -> np.ndarray:
     """Δ* for one cell: mean of per-input means over inputs resampled with replacement."""
     n = means.shape[0]
     dtype = np.uint16 if n <= np.iinfo(np.uint16).max else np.int64
@@ -102,11 +116,11 @@ def _replicates(means: np.ndarray, n_boot: int, rng: np.random.Generator, chunk_
     return out
 
 
-def _shared_replicates(means: np.ndarray, n_boot: int, rng: np.random.Generator, chunk_size: int) -> np.ndarray:
+def _shared_index_replicates(means: np.ndarray, n_boot: int, rng: np.random.Generator, chunk_size: int) -> np.ndarray:
     """Δ* for cells sharing their inputs: one resample of input rows per replicate for all cells.
 
     ``means`` is (n_inputs, n_cells); returns (n_cells, n_boot). The same index chunks as
-    :func:`_replicates` (``rows = chunk_size // n``) gather whole rows of ``means``.
+    :func:`_index_replicates` (``rows = chunk_size // n``) gather whole rows of ``means``.
     """
     n, n_cells = means.shape
     dtype = np.uint16 if n <= np.iinfo(np.uint16).max else np.int64
@@ -122,6 +136,38 @@ def _shared_replicates(means: np.ndarray, n_boot: int, rng: np.random.Generator,
     return out
 
 
+def _count_replicates(
+    values: np.ndarray, counts: np.ndarray, n_boot: int, rng: np.random.Generator, chunk_size: int
+) -> np.ndarray:
+    """Δ* from multinomial counts over the distinct per-input means (rows of ``values``).
+
+    ``values`` is (n_distinct, n_cells) and ``counts`` how many inputs carry each row.
+    Resampling ``n`` inputs with replacement and then grouping them by their row of means
+    gives counts ``C ~ Multinomial(n, counts / n)``, and Δ* = ``C @ values / n``: the
+    same distribution as :func:`_index_replicates`, with ``n_distinct`` binomial draws
+    per replicate instead of ``n`` index draws. Returns (n_cells, n_boot).
+    """
+    n = int(counts.sum())
+    p = counts / n
+    rows = min(n_boot, max(1, chunk_size // len(counts)))
+    out = np.empty((values.shape[1], n_boot))
+    for start in range(0, n_boot, rows):
+        k = min(rows, n_boot - start)
+        out[:, start : start + k] = (rng.multinomial(n, p, size=k) @ values).T / n
+    return out
+
+
+def _replicates(means: np.ndarray, n_boot: int, rng: np.random.Generator, chunk_size: int, draw: str) -> np.ndarray:
+    """Δ* for one cell (``means`` 1-D) or cells sharing inputs (2-D): (n_cells, n_boot)."""
+    table = means[:, None] if means.ndim == 1 else means
+    values, counts = np.unique(table, axis=0, return_counts=True)
+    if _use_counts(table.shape[0], len(counts), draw):
+        return _count_replicates(values, counts, n_boot, rng, chunk_size)
+    if means.ndim == 1:
+        return _index_replicates(means, n_boot, rng, chunk_size)[None, :]
+    return _shared_index_replicates(means, n_boot, rng, chunk_size)
+
+
 def cluster_bootstrap(
     diffs,
     *,
@@ -130,6 +176,7 @@ def cluster_bootstrap(
     confidence_level: float = defaults.CONFIDENCE_LEVEL,
     shared_inputs: bool = False,
     chunk_size: int = 1 << 18,
+    draw: str = "auto",
     return_replicates: bool = False,
 ) -> BootstrapResult:
     """Cluster bootstrap over inputs of the gating Δ (App. A.7.2, Table 28).
@@ -156,8 +203,16 @@ def cluster_bootstrap(
         the joint one keeps the between-cell correlation (needed for contrasts between
         cells). All cells must have the same ``n_inputs``.
     chunk_size : int
-        Index-matrix elements drawn at once (bounds memory: about ``18·chunk_size`` bytes;
-        the default 2¹⁸ keeps a chunk in cache).
+        Random draws made at once (bounds memory: about ``18·chunk_size`` bytes; the
+        default 2¹⁸ keeps a chunk in cache).
+    draw : {"auto", "indices", "counts"}
+        How a replicate's resample is drawn; both give the same bootstrap distribution
+        (see Notes). ``"indices"``: ``n`` input indices per replicate. ``"counts"``: one
+        multinomial count vector over the cell's distinct per-input means (rows of means
+        with ``shared_inputs``). ``"auto"`` (default) takes ``"counts"`` when there are
+        at most ``max(3, n // COUNTS_CROSSOVER)`` distinct values, where it is faster —
+        the usual case for binary scores, whose per-input means over ``m`` budgets take
+        at most ``2m + 1`` values.
     return_replicates : bool
         Keep the Δ* replicates in the result.
 
@@ -171,13 +226,24 @@ def cluster_bootstrap(
     resamples the ``n`` inputs with replacement, each carrying its whole row of
     per-budget differences (the pairing and the within-input correlation across budgets
     are kept), and recomputes Δ. With every input carrying the same budgets, Δ* is the
-    mean over the resampled inputs of the per-input means, so one replicate is a gather
-    and a mean: replicates are drawn in row chunks of an index matrix
-    ``rng.integers(0, n, size=(rows, n), dtype=uint16)`` (int64 above 65,535 inputs),
-    ``rows = max(1, chunk_size // n)``; cells are processed in order, so the random
-    stream is fixed by ``rng``, the cell order and ``chunk_size``. With
-    ``shared_inputs=True`` the same index chunks are drawn once for all cells and
-    gather whole rows of the (n_inputs, n_cells) matrix of per-input means.
+    mean over the resampled inputs of the per-input means. Two draws give it:
+
+    - ``"indices"``: one replicate is a gather and a mean. Replicates are drawn in row
+      chunks of an index matrix ``rng.integers(0, n, size=(rows, n), dtype=uint16)``
+      (int64 above 65,535 inputs), ``rows = max(1, chunk_size // n)``. With
+      ``shared_inputs=True`` the same index chunks are drawn once for all cells and
+      gather whole rows of the (n_inputs, n_cells) matrix of per-input means.
+    - ``"counts"``: Δ* depends on the resample only through how many times each
+      *distinct* per-input mean ``v_j`` (held by ``m_j`` inputs) is drawn, and those
+      counts are ``C ~ Multinomial(n, m / n)`` — the same law as counting ``n`` uniform
+      index draws. So ``Δ* = Σ_j C_j v_j / n`` with ``C`` from ``rng.multinomial`` in
+      chunks of ``max(1, chunk_size // n_distinct)`` replicates (``numpy.unique`` order
+      of the values; rows of means with ``shared_inputs``). This is exact, not an
+      approximation; it only changes which random numbers are drawn.
+
+    Cells are processed in order, so the random stream is fixed by ``rng``, the cell
+    order, ``chunk_size`` and the draw each cell takes (which, under ``"auto"``, is fixed
+    by the data).
 
     Interval: ``numpy.quantile`` (linear) of Δ* at ``α/2`` and ``1 − α/2``. p-value:
     :func:`bootstrap_pvalue` of Δ* against 0. Degenerate cells: all differences equal →
@@ -193,6 +259,8 @@ def cluster_bootstrap(
         raise ValueError("n_boot must be >= 1")
     if int(chunk_size) < 1:
         raise ValueError("chunk_size must be >= 1")
+    if draw not in DRAWS:
+        raise ValueError(f"draw must be one of {DRAWS}, got {draw!r}")
     level = _check_level(confidence_level)
     cells, single = _as_cells(diffs)
     alpha = 1.0 - level
@@ -200,10 +268,10 @@ def cluster_bootstrap(
         sizes = {c.shape[0] for c in cells}
         if len(sizes) != 1:
             raise ValueError(f"shared_inputs=True needs the same n_inputs in every cell, got {sorted(sizes)}")
-        shared = _shared_replicates(np.stack([c.mean(axis=1) for c in cells], axis=1), n_boot, rng, int(chunk_size))
+        shared = _replicates(np.stack([c.mean(axis=1) for c in cells], axis=1), n_boot, rng, int(chunk_size), draw)
     est, low, high, pval, reps_all = [], [], [], [], []
     for i, c in enumerate(cells):
-        reps = shared[i] if shared_inputs else _replicates(c.mean(axis=1), n_boot, rng, int(chunk_size))
+        reps = shared[i] if shared_inputs else _replicates(c.mean(axis=1), n_boot, rng, int(chunk_size), draw)[0]
         lo, hi = np.quantile(reps, [alpha / 2, 1 - alpha / 2])
         est.append(c.mean())
         low.append(lo)

@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 from scipy.stats import norm
 
-from pagestats import stats
+from pagestats import bootstrap, stats
 
 # --------------------------------------------------------------------------- Wilson
 
@@ -338,3 +338,123 @@ def test_bootstrap_shared_inputs_equals_loop_with_one_resample_for_all_cells():
     np.testing.assert_allclose(one.replicates, res.replicates[0], atol=1e-12)
     with pytest.raises(ValueError, match="same n_inputs"):
         stats.cluster_bootstrap([a, b[:3]], rng=np.random.default_rng(0), shared_inputs=True)
+
+
+# ----------------------------------------------------- bootstrap: multinomial-count draw (ties)
+
+
+def binary_diffs(g, n, m, p_help=0.2, p_harm=0.05):
+    """Paired differences of binary scores: values in {-1, 0, 1}, so few distinct per-input means."""
+    return (g.uniform(size=(n, m)) < p_help).astype(float) - (g.uniform(size=(n, m)) < p_harm).astype(float)
+
+
+def test_bootstrap_counts_equals_multinomial_loop_same_stream():
+    diffs = binary_diffs(np.random.default_rng(3), 50, 4)
+    means = [float(r.mean()) for r in diffs]
+    values = sorted(set(means))
+    counts = np.array([means.count(v) for v in values])
+    rng = np.random.default_rng(12)
+    ref = np.array([np.dot(rng.multinomial(50, counts / 50), values) / 50 for _ in range(101)])
+    res = stats.cluster_bootstrap(
+        diffs, rng=np.random.default_rng(12), n_boot=101, draw="counts", chunk_size=3 * len(values),
+        return_replicates=True,
+    )
+    np.testing.assert_allclose(res.replicates, ref, rtol=0, atol=1e-12)
+    assert res.estimate == pytest.approx(diffs.mean())
+
+
+@pytest.mark.parametrize("draw", ["counts", "indices"])
+def test_bootstrap_two_values_follow_the_binomial_law(draw):
+    """Per-input means in {0, 1}, 13 of 60 ones → Δ* = Binomial(60, 13/60) / 60 exactly."""
+    from scipy.stats import binom, chisquare
+
+    diffs = np.zeros((60, 3))
+    diffs[:13] = 1.0
+    res = stats.cluster_bootstrap(diffs, rng=np.random.default_rng(5), n_boot=20_000, draw=draw,
+                                  return_replicates=True)
+    k = np.rint(res.replicates * 60).astype(int)
+    np.testing.assert_allclose(k / 60, res.replicates, atol=1e-12)
+    pmf = binom.pmf(np.arange(61), 60, 13 / 60)
+    # bins: ≤6, 7, …, 19, ≥20 (every expected count ≥ 5 × … well above 5)
+    edges = np.arange(7, 20)
+    observed = np.concatenate([[np.sum(k <= 6)], [np.sum(k == e) for e in edges], [np.sum(k >= 20)]])
+    expected = 20_000 * np.concatenate([[pmf[:7].sum()], pmf[7:20], [pmf[20:].sum()]])
+    assert expected.min() > 5
+    assert chisquare(observed, expected * observed.sum() / expected.sum()).pvalue > 1e-3
+
+
+def test_bootstrap_count_and_index_draws_agree_in_law():
+    """Same data, both draws: variance = population variance / n (closed form), same histogram."""
+    from scipy.stats import chi2_contingency
+
+    diffs = binary_diffs(np.random.default_rng(8), 60, 2)  # per-input means in {-1, -.5, 0, .5, 1}
+    pm = diffs.mean(axis=1)
+    reps = {
+        draw: stats.cluster_bootstrap(diffs, rng=np.random.default_rng(i), n_boot=20_000, draw=draw,
+                                      return_replicates=True).replicates
+        for i, draw in enumerate(("counts", "indices"))
+    }
+    for r in reps.values():
+        assert r.mean() == pytest.approx(pm.mean(), abs=4 * pm.std() / np.sqrt(60 * 20_000))
+        assert r.var() == pytest.approx(pm.var() / 60, rel=0.05)
+    # histogram on the lattice of Δ* (multiples of 1/120), tails pooled
+    lattice = {d: np.rint(r * 120).astype(int) for d, r in reps.items()}
+    lo, hi = np.percentile(lattice["indices"], [2, 98]).astype(int)
+    table = np.array([[np.sum(x < lo), *[np.sum(x == v) for v in range(lo, hi + 1)], np.sum(x > hi)]
+                      for x in lattice.values()])
+    table = table[:, table.sum(axis=0) > 0]
+    assert chi2_contingency(table).pvalue > 1e-3
+
+
+def test_bootstrap_auto_draw_follows_ties():
+    """draw="auto" gives exactly the replicates of the draw its documented rule names."""
+    g = np.random.default_rng(6)
+    cases = {
+        "binary, 8 budgets": binary_diffs(g, 400, 8),
+        "continuous": g.normal(size=(400, 8)),
+        "one budget, two values": (g.uniform(size=(400, 1)) < 0.3).astype(float),
+        "binary, 30 inputs": binary_diffs(g, 30, 8),
+    }
+    taken = {}
+    for name, diffs in cases.items():
+        n_distinct = len({float(x) for x in diffs.mean(axis=1)})
+        want = "counts" if n_distinct <= max(3, len(diffs) // bootstrap.COUNTS_CROSSOVER) else "indices"
+        taken[name] = want
+        auto = stats.cluster_bootstrap(diffs, rng=np.random.default_rng(2), n_boot=200, return_replicates=True)
+        forced = stats.cluster_bootstrap(diffs, rng=np.random.default_rng(2), n_boot=200, draw=want,
+                                         return_replicates=True)
+        np.testing.assert_array_equal(auto.replicates, forced.replicates, err_msg=name)
+    assert taken["continuous"] == "indices" and taken["one budget, two values"] == "counts"
+    assert taken["binary, 30 inputs"] == "indices"  # > 3 distinct means at n = 30
+    with pytest.raises(ValueError, match="draw"):
+        stats.cluster_bootstrap(cases["continuous"], rng=np.random.default_rng(0), draw="poisson")
+
+
+def test_bootstrap_shared_counts_keep_the_cross_cell_covariance():
+    """shared_inputs with count draws over distinct rows: Cov(Δ*_a, Δ*_b) = cov_pop(a, b) / n."""
+    g = np.random.default_rng(9)
+    a = binary_diffs(g, 200, 2)
+    b = np.where(g.uniform(size=(200, 1)) < 0.8, a[:, :1], 0.0)  # correlated with a
+    for draw in ("counts", "indices"):
+        res = stats.cluster_bootstrap([a, b], rng=np.random.default_rng(4), n_boot=20_000, shared_inputs=True,
+                                      draw=draw, return_replicates=True)
+        am, bm = a.mean(axis=1), b.mean(axis=1)
+        cov = np.cov(res.replicates)
+        assert cov[0, 1] == pytest.approx(np.mean((am - am.mean()) * (bm - bm.mean())) / 200, rel=0.06)
+        assert cov[0, 0] == pytest.approx(am.var() / 200, rel=0.06)
+        assert cov[1, 1] == pytest.approx(bm.var() / 200, rel=0.06)
+
+
+def test_bootstrap_counts_coverage_on_binary_scores():
+    """200 binary-score cells with known Δ: the count-draw 95% interval covers it about 95% of the time."""
+    g = np.random.default_rng(77)
+    p_help, p_harm, m = 0.25, 0.10, 4
+    true_delta = p_help - p_harm
+    cells = []
+    for _ in range(200):
+        helped = g.uniform(size=(80, 1)) < p_help  # per-input effect, shared by its budgets
+        harmed = g.uniform(size=(80, m)) < p_harm
+        cells.append(np.repeat(helped, m, axis=1).astype(float) - harmed)
+    res = stats.cluster_bootstrap(cells, rng=np.random.default_rng(1), n_boot=1000, draw="counts")
+    covered = np.sum((res.low <= true_delta) & (true_delta <= res.high))
+    assert 0.90 <= covered / 200 <= 0.99
