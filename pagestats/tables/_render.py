@@ -13,6 +13,8 @@ from pathlib import Path
 
 import polars as pl
 
+from pagestats._outputs import markdown_table
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -98,8 +100,6 @@ def to_gt(frame: pl.DataFrame, layout: Layout):
 
 def to_markdown(frame: pl.DataFrame, layout: Layout | None = None) -> str:
     """GitHub pipe table of ``frame`` (typeset by ``layout`` when given), notes below."""
-    from pagestats.report import markdown_table
-
     shown = display_frame(frame, layout) if layout is not None else frame
     text = markdown_table(shown)
     if layout is not None and layout.notes:
