@@ -40,25 +40,56 @@ one are taken as the current version). Versions in :data:`pagestats.schema.READA
 are read; an older readable version is upgraded on read by :data:`UPGRADES` (one step per
 version, applied to the manifest, to each file's arrow schema before the type check, and
 to every table before the row rules). Version 1 is current, so there are no steps yet.
+
+The code is split by data flow: :mod:`pagestats._discovery` finds the runs and files,
+:mod:`pagestats._read` inspects and reads them through DuckDB, :mod:`pagestats._upgrades`
+holds the schema-version steps; this module holds :class:`Logs`, the exclusions and the
+public ``load`` / ``validate_paths``, and re-exports the names of the other three.
 """
 
 from __future__ import annotations
 
-import glob as _glob
-import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import duckdb
 import polars as pl
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from pagestats import defaults, schema
-from pagestats.validation import LogError, Problem, RunInfo, check_frames, check_manifest
+from pagestats._discovery import (  # noqa: F401  (re-exported: io is the entry point)
+    LOG_SUFFIXES,
+    _Discovery,
+    _log_files,
+    _one_line,
+    _Run,
+    _sha256_or_none,
+    _Source,
+)
+from pagestats._read import (  # noqa: F401  (re-exported: io is the entry point)
+    _canonical,
+    _empty,
+    _inspect,
+    _json_relaxed_problems,
+    _kind,
+    _polars_type,
+    _read_parquet,
+    _read_table,
+    _table_from_columns,
+    _version,
+)
+from pagestats._upgrades import (  # noqa: F401  (re-exported: io is the entry point)
+    UPGRADES,
+    Upgrade,
+    _same_manifest,
+    _same_schema,
+    _same_table,
+    upgrade_manifest,
+    upgrade_schema,
+    upgrade_table,
+)
+from pagestats.validation import LogError, Problem, RunInfo, check_frames, check_manifest  # noqa: F401
 
 __all__ = [
     "LogError",
@@ -73,59 +104,6 @@ __all__ = [
 
 #: Text columns left out by ``columns="analysis"`` (they can be huge).
 HEAVY_COLUMNS = ("prompt", "full_prediction", "prediction", "references")
-LOG_SUFFIXES = {".parquet": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl"}
-
-
-def _same_manifest(manifest: dict) -> dict:
-    return manifest
-
-
-def _same_schema(table: str, arrow_schema: pa.Schema) -> pa.Schema:
-    return arrow_schema
-
-
-def _same_table(table: str, frame: pl.DataFrame) -> pl.DataFrame:
-    return frame
-
-
-@dataclass(frozen=True)
-class Upgrade:
-    """One schema step ``v`` → ``v + 1``, applied on read to the manifest, to each file's
-    arrow schema before the type check, and to each table once read (canonical types)."""
-
-    manifest: Callable[[dict], dict] = _same_manifest
-    schema: Callable[[str, pa.Schema], pa.Schema] = _same_schema
-    table: Callable[[str, pl.DataFrame], pl.DataFrame] = _same_table
-
-
-#: from_version → Upgrade. Empty while version 1 is the only one.
-UPGRADES: dict[int, Upgrade] = {}
-
-
-def upgrade_manifest(manifest: dict) -> dict:
-    """Apply the :data:`UPGRADES` steps from the manifest's version to the current one."""
-    version = manifest.get("schema_version")
-    while isinstance(version, int) and version < schema.SCHEMA_VERSION and version in UPGRADES:
-        manifest = UPGRADES[version].manifest(dict(manifest))
-        version += 1
-        manifest["schema_version"] = version
-    return manifest
-
-
-def upgrade_schema(table: str, arrow_schema: pa.Schema, version: int) -> pa.Schema:
-    """A file's arrow schema as the current version declares it (for the type check)."""
-    while version < schema.SCHEMA_VERSION:
-        arrow_schema = UPGRADES[version].schema(table, arrow_schema)
-        version += 1
-    return arrow_schema
-
-
-def upgrade_table(table: str, frame: pl.DataFrame, version: int) -> pl.DataFrame:
-    """Apply the :data:`UPGRADES` steps to one table read at schema ``version``."""
-    while version < schema.SCHEMA_VERSION:
-        frame = UPGRADES[version].table(table, frame)
-        version += 1
-    return frame
 
 
 @dataclass(frozen=True)
@@ -173,320 +151,6 @@ class Logs:
     def exclusion_report(self) -> list[str]:
         """One line per exclusion, e.g. ``"run r1 task niah_multikey_3: 50 inputs, 1800 outcomes"``."""
         return list(self.exclusions)
-
-
-# --------------------------------------------------------------------------- discovery
-
-
-@dataclass
-class _Run:
-    dir: str
-    manifest_path: str
-    manifest: dict | None = None
-    info: RunInfo | None = None
-    full: bool = False  # the whole directory was named (so listed-but-missing is checked)
-
-
-@dataclass
-class _Source:
-    path: str
-    fmt: str  # "parquet" | "jsonl"
-    table: str | None  # None: told from the columns
-    run: _Run | None = None
-    rel: str | None = None  # path relative to the run directory
-    index: int = -1  # position in the file list (_file)
-    arrow_schema: pa.Schema | None = None
-    rows: int | None = None
-    frame: pl.DataFrame | None = None  # jsonl: read during inspection
-    usable: bool = False
-    failed: bool = False  # could not be read (reported): its table is incomplete
-
-
-class _Discovery:
-    def __init__(self) -> None:
-        self.runs: dict[str, _Run] = {}  # real dir → run
-        self.sources: dict[str, _Source] = {}  # real path → source
-        self.problems: list[Problem] = []
-
-    def add(self, arg) -> None:
-        arg = os.fspath(arg)
-        if os.path.exists(arg):
-            targets = [arg]
-        elif _glob.has_magic(arg):
-            targets = sorted(_glob.glob(arg, recursive=True))
-            if not targets:
-                self.problems.append(Problem(arg, None, "glob matches no files"))
-        else:
-            self.problems.append(Problem(arg, None, "no such file or directory"))
-            return
-        for target in targets:
-            if os.path.isdir(target):
-                self._add_dir(target)
-            else:
-                self._add_file(target, explicit=True)
-
-    def _add_dir(self, d: str) -> None:
-        root = Path(d)
-        if (root / "manifest.json").is_file():
-            self._add_run(d)
-            return
-        nested = sorted(root.rglob("manifest.json"))
-        if nested:
-            for m in nested:
-                self._add_run(str(m.parent))
-            return
-        table_dirs = [root / t for t in schema.TABLES if (root / t).is_dir()]
-        if table_dirs:
-            for td in table_dirs:
-                for f in _log_files(td):
-                    self._add_file(str(f), explicit=False)
-            return
-        files = _log_files(root)
-        if not files:
-            self.problems.append(
-                Problem(d, None, "no manifest.json, no inputs/ outcomes/ topk/ directories and no log files")
-            )
-        for f in files:
-            self._add_file(str(f), explicit=False)
-
-    def _run(self, d: str) -> _Run:
-        real = os.path.realpath(d)
-        if real in self.runs:
-            return self.runs[real]
-        run = _Run(dir=os.path.normpath(d), manifest_path=os.path.join(os.path.normpath(d), "manifest.json"))
-        self.runs[real] = run
-        try:
-            with open(run.manifest_path, encoding="utf-8") as fh:
-                manifest = json.load(fh)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-            self.problems.append(Problem(run.manifest_path, None, f"cannot read manifest: {_one_line(err)}"))
-            return run
-        version = manifest.get("schema_version") if isinstance(manifest, dict) else None
-        older = (
-            isinstance(version, int) and version in schema.READABLE_VERSIONS and version < schema.SCHEMA_VERSION
-        )
-        if older:
-            manifest = upgrade_manifest(manifest)
-        info, problems = check_manifest(run.dir, manifest, run.manifest_path)
-        if info is not None and older:
-            info = replace(info, schema_version=version)  # its tables are upgraded from this version
-        self.problems += problems
-        run.manifest, run.info = (manifest, info) if info is not None else (None, None)
-        return run
-
-    def _add_run(self, d: str) -> None:
-        run = self._run(d)
-        run.full = True
-        root = Path(run.dir)
-        for table in schema.TABLES:
-            for f in _log_files(root / table):
-                self._add_file(str(f), explicit=False, run=run, table=table)
-
-    def _add_file(self, path: str, *, explicit: bool, run: _Run | None = None, table: str | None = None) -> None:
-        suffix = Path(path).suffix.lower()
-        if suffix not in LOG_SUFFIXES:
-            if explicit:
-                self.problems.append(Problem(path, None, f"not a log file (expected {', '.join(LOG_SUFFIXES)})"))
-            return
-        p = Path(path)
-        if table is None and p.parent.name in schema.TABLES:
-            table = p.parent.name
-            if run is None and (p.parent.parent / "manifest.json").is_file():
-                run = self._run(str(p.parent.parent))
-        real = os.path.realpath(path)
-        if real in self.sources:
-            return
-        src = _Source(path=os.path.normpath(path), fmt=LOG_SUFFIXES[suffix], table=table, run=run)
-        if run is not None:
-            root = os.path.realpath(run.dir)
-            if os.path.commonpath([root, real]) != root:
-                self.problems.append(Problem(src.path, None, "resolves outside its run directory (symbolic link?)"))
-                return
-            src.rel = os.path.relpath(real, root).replace(os.sep, "/")
-        self.sources[real] = src
-
-
-def _sha256_or_none(path: str) -> str | None:
-    try:
-        return schema.sha256_file(path)
-    except OSError:  # unreadable: the inspection reports it
-        return None
-
-
-def _log_files(d: Path) -> list[Path]:
-    if not d.is_dir():
-        return []
-    return sorted(f for f in d.iterdir() if f.is_file() and f.suffix.lower() in LOG_SUFFIXES)
-
-
-def _one_line(err: BaseException) -> str:
-    text = " ".join(line.strip() for line in str(err).strip().splitlines() if line.strip())
-    return (text or type(err).__name__)[:300]
-
-
-# --------------------------------------------------------------------------- inspection
-
-
-def _table_from_columns(names: Sequence[str]) -> str | None:
-    names = set(names)
-    if "indices" in names:
-        return "topk"
-    if "evictor" in names or "budget" in names:
-        return "outcomes"
-    if names & {"agreement", "drop", "full_score"}:
-        return "inputs"
-    return None
-
-
-def _json_relaxed_problems(table: str, arrow: pa.Schema) -> list[str]:
-    """Schema problems of a jsonl file: JSON integers are acceptable in float columns."""
-    fields = []
-    for f in arrow:
-        t = f.type
-        if pa.types.is_integer(t):
-            t = pa.float64() if _kind(table, f.name) == schema.FLOAT else t
-        elif pa.types.is_list(t) and pa.types.is_integer(t.value_type) and _kind(table, f.name) == schema.FLOAT_LIST:
-            t = pa.list_(pa.float64())
-        elif pa.types.is_struct(t) and _kind(table, f.name) == schema.STRUCT:
-            t = pa.struct([pa.field(c.name, pa.float64() if pa.types.is_integer(c.type) else c.type) for c in t])
-        elif pa.types.is_null(t) and _kind(table, f.name) is not None:
-            # a column that is null in every row: the type check has nothing to reject;
-            # the null check of the rules reports the rows.
-            t = schema.columns(table)[[c.name for c in schema.columns(table)].index(f.name)].arrow_type
-            if pa.types.is_struct(t):
-                t = pa.struct([])
-        fields.append(pa.field(f.name, t))
-    return schema.schema_problems(table, pa.schema(fields))
-
-
-def _kind(table: str, name: str) -> str | None:
-    for c in schema.columns(table):
-        if c.name == name:
-            return c.kind
-    return None
-
-
-def _inspect(src: _Source, con: duckdb.DuckDBPyConnection) -> list[Problem]:
-    """Read the schema (parquet footer, or the whole jsonl file), decide the table, check types."""
-    try:
-        if src.fmt == "parquet":
-            meta = pq.ParquetFile(src.path)
-            src.arrow_schema = meta.schema_arrow
-            src.rows = meta.metadata.num_rows
-        else:
-            rel = con.sql("SELECT * FROM read_json(?, format = 'newline_delimited')", params=[src.path])
-            arrow = rel.to_arrow_table()
-            src.arrow_schema = arrow.schema
-            src.rows = arrow.num_rows
-            src.frame = pl.from_arrow(arrow) if arrow.num_rows else None
-    except (OSError, pa.ArrowException, duckdb.Error) as err:
-        src.failed = True
-        kind = "parquet file (corrupt or truncated?)" if src.fmt == "parquet" else "jsonl file"
-        return [Problem(src.path, None, f"cannot read {kind}: {_one_line(err)}")]
-    if src.table is None:
-        src.table = _table_from_columns(src.arrow_schema.names)
-        if src.table is None:
-            src.failed = True
-            return [Problem(src.path, None, "cannot tell the table: the parent directory is not inputs/, "
-                                            "outcomes/ or topk/ and the columns match none of them")]
-    if src.fmt == "jsonl" and src.rows == 0:
-        src.usable = False
-        return []
-    declared = upgrade_schema(src.table, src.arrow_schema, _version(src))
-    issues = (
-        schema.schema_problems(src.table, declared)
-        if src.fmt == "parquet"
-        else _json_relaxed_problems(src.table, declared)
-    )
-    src.usable = not issues
-    src.failed = bool(issues)
-    return [Problem(src.path, None, f"{src.table} table: {msg}") for msg in issues]
-
-
-# --------------------------------------------------------------------------- reading
-
-
-def _polars_type(col: schema.Column, current: pl.DataType) -> pl.DataType:
-    if col.kind == schema.INT:
-        return pl.Int64
-    if col.kind == schema.FLOAT:
-        return pl.Float64
-    if col.kind == schema.STRING:
-        return pl.String
-    if col.kind == schema.FLOAT_LIST:
-        return pl.List(pl.Float32)
-    if col.kind == schema.INT_LIST:
-        return pl.List(pl.Int32)
-    if col.kind == schema.STRING_LIST:
-        return pl.List(pl.String)
-    if col.kind == schema.STRUCT and isinstance(current, pl.Struct):
-        return pl.Struct([pl.Field(f.name, pl.Float64) for f in current.fields])
-    return current
-
-
-def _canonical(frame: pl.DataFrame, table: str, wanted: Sequence[str]) -> pl.DataFrame:
-    """Cast to the writer's types and put columns in declared order (+ ``_file``, ``_row``)."""
-    exprs = []
-    for col in schema.columns(table):
-        if col.name not in wanted:
-            continue
-        if col.name in frame.columns:
-            dtype = frame.schema[col.name]
-            target = _polars_type(col, dtype)
-            exprs.append(pl.col(col.name) if dtype == target else pl.col(col.name).cast(target))
-        elif col.required:
-            exprs.append(pl.lit(None, dtype=_polars_type(col, pl.Null)).alias(col.name))
-    return frame.select(*exprs, pl.col("_file").cast(pl.Int32), pl.col("_row").cast(pl.Int32))
-
-
-def _empty(table: str, wanted: Sequence[str]) -> pl.DataFrame:
-    cols = {c.name: _polars_type(c, pl.Null) for c in schema.columns(table) if c.name in wanted and c.required}
-    return pl.DataFrame(schema={**cols, "_file": pl.Int32, "_row": pl.Int32})
-
-
-def _read_parquet(con, table: str, sources: list[_Source], wanted: list[str]) -> pl.DataFrame:
-    present = set().union(*(s.arrow_schema.names for s in sources))
-    cols = [c for c in wanted if c in present]
-    # identifiers come from the declared schema (constants), never from the data or paths
-    select = ", ".join(f'"{c}"' for c in cols)
-    query = (
-        f"SELECT {select}, $index[list_position($files, filename)]::INTEGER AS _file, "
-        "file_row_number::INTEGER AS _row FROM read_parquet($files, union_by_name = true, filename = true, "
-        "file_row_number = true)"
-    )
-    params = {"files": [s.path for s in sources], "index": [s.index for s in sources]}
-    return con.sql(query, params=params).pl()
-
-
-def _read_table(con, table: str, sources: list[_Source], wanted: list[str]) -> tuple[pl.DataFrame, list[Problem]]:
-    problems: list[Problem] = []
-    frames = []
-    parquet = [s for s in sources if s.fmt == "parquet"]
-    if parquet:
-        try:
-            frames.append(_canonical(_read_parquet(con, table, parquet, wanted), table, wanted))
-        except (duckdb.Error, pl.exceptions.PolarsError, pa.ArrowException):
-            # find the culprits one file at a time so the error names them
-            for s in parquet:
-                try:
-                    frames.append(_canonical(_read_parquet(con, table, [s], wanted), table, wanted))
-                except (duckdb.Error, pl.exceptions.PolarsError, pa.ArrowException) as err:
-                    s.failed = True
-                    problems.append(Problem(s.path, None, f"cannot read parquet file (corrupt or truncated?): "
-                                                          f"{_one_line(err)}"))
-    for s in sources:
-        if s.fmt == "jsonl" and s.frame is not None:
-            f = s.frame.with_columns(
-                pl.lit(s.index, dtype=pl.Int32).alias("_file"), pl.int_range(pl.len(), dtype=pl.Int32).alias("_row")
-            )
-            try:
-                frames.append(_canonical(f, table, wanted))
-            except pl.exceptions.PolarsError as err:
-                s.failed = True
-                problems.append(Problem(s.path, None, f"cannot convert jsonl columns: {_one_line(err)}"))
-    if not frames:
-        return _empty(table, wanted), problems
-    return pl.concat(frames, how="diagonal_relaxed"), problems
 
 
 # --------------------------------------------------------------------------- exclusions
@@ -647,11 +311,6 @@ def _load(paths, exclude: Sequence[str], columns: str) -> tuple[Logs, list[Probl
         problems=problems,
     )
     return logs, problems
-
-
-def _version(src: _Source) -> int:
-    info = src.run.info if src.run is not None else None
-    return info.schema_version if info is not None and info.schema_version is not None else schema.SCHEMA_VERSION
 
 
 def _check_against_manifests(disc: _Discovery, sources: list[_Source], digests: list[str]):
