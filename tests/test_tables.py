@@ -341,6 +341,8 @@ def test_pilot_sensitivity_by_hand(syn, gate):
         got = t.filter((pl.col("pilot") == "first") & (pl.col("pilot_by") == "model") & (pl.col("pilot_n") == 8)
                        & (pl.col("model") == model))
         assert np.allclose(got["tau"].to_numpy(), tau)
+        policy_tau = replay.gate(syn, ZScored(pilot_n=8)).filter(pl.col("model") == model)["tau"].unique()
+        assert policy_tau.len() == 1 and (got["tau"] == policy_tau[0]).all()  # bit-exact, not a mean of copies
         for r in rows_of(got):
             task_rows = [g for g in rows if g["model"] == model and g["context_length"] == r["context_length"]
                          and g["task"] == r["task"]]
@@ -419,7 +421,10 @@ def test_cross_cell_fixed_and_calibrated(syn, gated):
         k = (r["model"], r["context_length"])
         assert r["delta_fixed"] == pytest.approx(statistics.fmean(df[k]))
         assert r["delta_calibrated"] == pytest.approx(statistics.fmean(dc[k]))
-        assert r["tau_fixed"] == pytest.approx(0.07)
+        # τ is reported bit-exactly (one value per cell, not a mean of its copies)
+        assert r["tau_fixed"] == 0.07
+        cell_tau = cal.filter((pl.col("model") == k[0]) & (pl.col("context_length") == k[1]))["tau"].unique()
+        assert cell_tau.len() == 1 and r["tau_calibrated"] == cell_tau[0]
 
 
 # --------------------------------------------------------------------------- Tables 21, 22, 23, 25, 27

@@ -22,6 +22,18 @@ MODEL_CELL = ("model", "context_length")
 INPUT_KEY = ("run_id", "task", "input_id")
 
 
+def group_tau(col: str = "tau") -> pl.Expr:
+    """τ of a group of gate rows: the value itself when constant, else the mean.
+
+    A fixed, z-scored or midpoint τ is one number per calibration group, repeated on every
+    row; averaging the copies would round differently with the (thread-dependent) summation
+    order of a parallel group-by, so the report would not be bit-reproducible. The mean is
+    used only when τ really varies in the group (head-pair draws, a custom policy).
+    """
+    tau = pl.col(col)
+    return pl.when(tau.n_unique() == 1).then(tau.first()).otherwise(tau.mean()).alias(col)
+
+
 def as_list(by) -> list[str]:
     return [by] if isinstance(by, str) else list(by)
 

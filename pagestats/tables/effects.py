@@ -16,7 +16,7 @@ import polars as pl
 
 from pagestats import defaults, metrics
 from pagestats._frames import CELL
-from pagestats.tables._common import MODEL_CELL, check_columns, one_evictor
+from pagestats.tables._common import MODEL_CELL, check_columns, group_tau, one_evictor
 
 __all__ = [
     "delta_matrix_table",
@@ -200,7 +200,7 @@ def cross_cell_table(gated_fixed: pl.DataFrame, gated_calibrated: pl.DataFrame |
     def arm(frame, suffix):
         d = metrics.delta(frame, by=MODEL_CELL).select(*MODEL_CELL, "n_inputs", pl.col("delta").alias(f"delta_{suffix}"))
         po = metrics.p_open(frame, by=MODEL_CELL).select(*MODEL_CELL, pl.col("p_open").alias(f"p_open_{suffix}"))
-        tau = frame.group_by(list(MODEL_CELL)).agg(pl.col("tau").mean().alias(f"tau_{suffix}"))
+        tau = frame.group_by(list(MODEL_CELL)).agg(group_tau().alias(f"tau_{suffix}"))
         return d.join(tau, on=list(MODEL_CELL)).join(po, on=list(MODEL_CELL))
 
     out = arm(sub, "fixed")

@@ -15,7 +15,7 @@ from pathlib import Path
 import polars as pl
 
 from pagestats import defaults, metrics, stats
-from pagestats.tables._common import MODEL_CELL, as_list, check_columns, one_evictor, task_means
+from pagestats.tables._common import MODEL_CELL, as_list, check_columns, group_tau, one_evictor, task_means
 
 __all__ = [
     "recovery_table",
@@ -92,7 +92,7 @@ def drop_by_task_table(gate: pl.DataFrame, *, confidence_level: float = defaults
     check_columns(gate, [*MODEL_CELL, "task", "task_class", "drop", "gate_open", "tau"], "drop_by_task_table")
     means = task_means(gate, "drop").rename({"mean": "mean_drop", "sd": "sd_drop"})
     opened = metrics.p_open(gate, by=(*MODEL_CELL, "task"), confidence_level=confidence_level)
-    taus = gate.group_by([*MODEL_CELL, "task"]).agg(pl.col("tau").mean())
+    taus = gate.group_by([*MODEL_CELL, "task"]).agg(group_tau())
     out = means.join(opened.select(*MODEL_CELL, "task", "p_open", "low", "high"), on=[*MODEL_CELL, "task"])
     out = out.join(taus, on=[*MODEL_CELL, "task"], how="left")
     out = out.with_columns(pl.col("mean_drop").rank("min").over(MODEL_CELL).cast(pl.Int64).alias("rank"))

@@ -16,7 +16,7 @@ from scipy import stats as _sps
 
 from pagestats import defaults, metrics, replay, stats
 from pagestats.policies import FixedTau, Midpoint, ZScored, pilot_mask
-from pagestats.tables._common import MODEL_CELL, LogsView, as_list, one_evictor, ordering_margin, task_means
+from pagestats.tables._common import MODEL_CELL, LogsView, as_list, group_tau, one_evictor, ordering_margin, task_means
 
 __all__ = [
     "auc_table",
@@ -339,7 +339,7 @@ def pilot_sensitivity_table(logs, *, pilots: Sequence[str] = ("first", "random")
         gated = replay.gated_outcomes(logs, policy, profile)
         sub, ev = one_evictor(gated, evictor)
         po = metrics.p_open(sub, by=by_task).select(*by_task, "p_open")
-        tau = sub.group_by(list(MODEL_CELL)).agg(pl.col("tau").mean())
+        tau = sub.group_by(list(MODEL_CELL)).agg(group_tau())
         d_task = metrics.delta(sub, by=by_task).select(*by_task, pl.col("delta").alias("delta_task"))
         d_cell = metrics.delta(sub, by=MODEL_CELL).select(*MODEL_CELL, pl.col("delta").alias("delta_cell"))
         out = po.join(d_task, on=by_task).join(d_cell, on=list(MODEL_CELL)).join(tau, on=list(MODEL_CELL))
