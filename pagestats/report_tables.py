@@ -55,7 +55,7 @@ BOOTSTRAP_SEED = 0
 
 
 def _typeset(name: str, frame: pl.DataFrame):
-    return frame, to_gt(frame, LAYOUTS[name])
+    return frame, to_gt(frame, LAYOUTS[name], table_id=name)
 
 
 def _needs_tasks(*tasks: str):

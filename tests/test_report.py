@@ -121,3 +121,15 @@ def test_markdown_table_formats():
     frame = pl.DataFrame({"a": [1, None], "b": [0.123456789, float("nan")], "c": ["x|y", "z"]})
     assert report.markdown_table(frame).splitlines() == [
         "| a | b | c |", "|---|---|---|", "| 1 | 0.1235 | x\\|y |", "|  | NaN | z |"]
+
+
+def test_report_is_byte_reproducible(two_context, tmp_path):
+    """Two builds of the tables from the same logs write identical bytes (HTML ids included)."""
+    logs, _ = two_context
+    outs = [Path(report.build_report(logs, tmp_path / f"run{i}", entries=report.table_entries())).parent
+            for i in (1, 2)]
+    files = sorted(p.relative_to(outs[0]) for p in outs[0].rglob("*") if p.is_file())
+    assert any(f.suffix == ".html" for f in files) and any(f.suffix == ".csv" for f in files)
+    assert files == sorted(p.relative_to(outs[1]) for p in outs[1].rglob("*") if p.is_file())
+    changed = [str(f) for f in files if (outs[0] / f).read_bytes() != (outs[1] / f).read_bytes()]
+    assert changed == []

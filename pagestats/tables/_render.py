@@ -13,7 +13,7 @@ from pathlib import Path
 
 import polars as pl
 
-from pagestats._outputs import markdown_table
+from pagestats._outputs import _flat_for_csv, markdown_table
 
 
 @dataclass(frozen=True)
@@ -78,12 +78,16 @@ def display_frame(frame: pl.DataFrame, layout: Layout) -> pl.DataFrame:
     return out.with_columns(pl.col(c).round(layout.decimals) for c in floats)
 
 
-def to_gt(frame: pl.DataFrame, layout: Layout):
-    """A great_tables ``GT`` of ``frame`` typeset by ``layout``."""
+def to_gt(frame: pl.DataFrame, layout: Layout, table_id: str | None = None):
+    """A great_tables ``GT`` of ``frame`` typeset by ``layout``.
+
+    ``table_id`` becomes the HTML element id; without it great_tables draws a random one,
+    so give it wherever the output should be byte-reproducible (the report does).
+    """
     from great_tables import GT
 
     shown = display_frame(frame, layout)
-    gt = GT(shown)
+    gt = GT(shown, id=table_id)
     if layout.title:
         gt = gt.tab_header(title=layout.title)
     for label, cols in layout.spanners.items():
@@ -114,15 +118,13 @@ def write_table(frame: pl.DataFrame, stem, layout: Layout | None = None, *, form
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = []
     if "csv" in formats:
-        nested = [c for c, t in frame.schema.items() if isinstance(t, (pl.List, pl.Array, pl.Struct))]
-        flat = frame.with_columns(pl.col(c).map_elements(str, return_dtype=pl.String) for c in nested)
-        flat.write_csv(f"{stem}.csv", float_precision=None)
+        _flat_for_csv(frame).write_csv(f"{stem}.csv", float_precision=None)
         paths.append(f"{stem}.csv")
     if "md" in formats:
         Path(f"{stem}.md").write_text(to_markdown(frame, layout))
         paths.append(f"{stem}.md")
     if layout is not None:
-        gt = to_gt(frame, layout)
+        gt = to_gt(frame, layout, table_id=stem.name)
         if "html" in formats:
             Path(f"{stem}.html").write_text(gt.as_raw_html())
             paths.append(f"{stem}.html")
