@@ -452,3 +452,19 @@ def test_tau_curve_bad_group(logs):
         tau_curve(logs, [0.0], by=("nope",))
     with pytest.raises(ValueError, match="NaN"):
         tau_curve(logs, [np.nan])
+
+
+@pytest.mark.parametrize("span", [40, 100_000])  # positions dense in / spread over a long context
+def test_topk_pair_jaccard_equals_python_sets(span):
+    """The vectorised k-replay (dense renumbering + one-hot) equals Python set arithmetic bit for bit."""
+    from pagestats.profile_replay import topk_pair_jaccard
+
+    g = np.random.default_rng(span)
+    n, n_layers, h, k_max, k = 3, 2, 4, 8, 5
+    idx = np.stack([g.choice(span, k_max, replace=False) for _ in range(n * n_layers * h)]).reshape(n, n_layers, h, k_max)
+    got = topk_pair_jaccard(idx, k)
+    for i in range(n):
+        for layer in range(n_layers):
+            sets = [set(idx[i, layer, head, :k].tolist()) for head in range(h)]
+            want = [len(a & b) / len(a | b) for x, a in enumerate(sets) for b in sets[x + 1:]]
+            assert got[i, layer].tolist() == want
