@@ -159,9 +159,12 @@ def _count_replicates(
 
 def _replicates(means: np.ndarray, n_boot: int, rng: np.random.Generator, chunk_size: int, draw: str) -> np.ndarray:
     """Δ* for one cell (``means`` 1-D) or cells sharing inputs (2-D): (n_cells, n_boot)."""
-    table = means[:, None] if means.ndim == 1 else means
-    values, counts = np.unique(table, axis=0, return_counts=True)
-    if _use_counts(table.shape[0], len(counts), draw):
+    if means.ndim == 1:  # 1-D unique is a plain sort; axis=0 would compare rows as bytes
+        values, counts = np.unique(means, return_counts=True)
+        values = values[:, None]
+    else:
+        values, counts = np.unique(means, axis=0, return_counts=True)
+    if _use_counts(means.shape[0], len(counts), draw):
         return _count_replicates(values, counts, n_boot, rng, chunk_size)
     if means.ndim == 1:
         return _index_replicates(means, n_boot, rng, chunk_size)[None, :]
