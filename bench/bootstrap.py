@@ -32,15 +32,15 @@ Run: ``.venv/bin/python bench/bootstrap.py``
 
 from __future__ import annotations
 
-import json
 import platform
 import time
-from pathlib import Path
 
 import numpy as np
 import polars as pl
 
 from pagestats import bootstrap, metrics, stats
+
+from _results import write_result
 
 N_CELLS, N_INPUTS, N_BUDGETS = 16, 400, 8
 N_BOOT = 10_000
@@ -203,8 +203,4 @@ def main() -> dict:
 
 
 if __name__ == "__main__":
-    out = main()
-    path = Path(__file__).resolve().parent / "results" / "bootstrap.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=2) + "\n")
-    print(json.dumps(out, indent=2))
+    write_result("bootstrap", main())

@@ -41,7 +41,8 @@ import subprocess
 import sys
 import tempfile
 
-RESULTS = pathlib.Path(__file__).parent / "results"
+from _results import write_result
+
 #: Floor of the capture's extra memory in the conservative ratio (measurement resolution).
 FLOOR_MIB = 1.0
 MODES = ("plain", "capture", "capture_h2o", "eager_attentions")
@@ -188,9 +189,7 @@ def main(argv=None) -> dict:
         "load_average_at_end": os.getloadavg()[0],
         "python": platform.python_version(),
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "capture_memory.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=2))
+    write_result("capture_memory", result, {k: v for k, v in result.items() if k != "runs"})
     return result
 
 

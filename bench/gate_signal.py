@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
-import pathlib
 import platform
 import statistics
 import time
@@ -39,7 +37,8 @@ import torch
 from collectors import capture, model, signals
 from pagestats import profile
 
-RESULTS = pathlib.Path(__file__).parent / "results"
+from _results import write_result
+
 
 
 def long_prompt_ids(tokenizer, n_tokens: int, seed: int = 0) -> torch.LongTensor:
@@ -162,9 +161,7 @@ def main(argv=None) -> dict:
         "python": platform.python_version(),
         "torch": torch.__version__,
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "gate_signal.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in result.items() if k != "ms_all"}, indent=2))
+    write_result("gate_signal", result, {k: v for k, v in result.items() if k != "ms_all"})
     return result
 
 

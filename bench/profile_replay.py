@@ -20,10 +20,8 @@ Run: ``.venv/bin/python bench/profile_replay.py``
 
 from __future__ import annotations
 
-import json
 import platform
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -32,6 +30,8 @@ import polars as pl
 from pagestats.profile import agreement_from_topk, drop_from_agreement
 from pagestats.replay import ProfileSpec, pair_subsets, profile_drop
 from pagestats.testing import ModelSpec, synthetic_logs
+
+from _results import write_result
 
 MODEL = ModelSpec("synthetic-28L12H", 28, 12)
 FRACTIONS = (0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0)
@@ -142,10 +142,7 @@ def main() -> dict:
         "notes": "baselines are per-input NumPy loops timed on a prefix of the inputs and extrapolated linearly",
         "machine": {"python": platform.python_version(), "polars": pl.__version__, "numpy": np.__version__},
     }
-    path = Path(__file__).parent / "results" / "profile_replay.json"
-    path.parent.mkdir(exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    write_result("profile_replay", result)
     return result
 
 

@@ -30,6 +30,8 @@ from pathlib import Path
 from pagestats import io, replay, report
 from pagestats.testing import PAPER_SCALE, synthetic_logs
 
+from _results import write_result
+
 ROOT = Path(__file__).resolve().parent
 TMP = ROOT / "tmp" / "report"
 TARGET_S = 120.0
@@ -80,10 +82,7 @@ def main() -> dict:
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
                     "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None},
     }
-    path = ROOT / "results" / "report.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    write_result("report", result)
     return result
 
 

@@ -20,8 +20,6 @@ Run: ``.venv/bin/python bench/sweep.py``; writes ``bench/results/sweep.json``.
 
 from __future__ import annotations
 
-import json
-import pathlib
 import platform
 import statistics
 import time
@@ -36,13 +34,14 @@ from collectors.model import load_model
 from collectors.sweep import decode_arms, run_sweep
 from pagestats import defaults
 
+from _results import write_result
+
 N_TOKENS_TARGET = 1024
 MAX_NEW_TOKENS = 16
 EVICTORS = ("snapkv", "h2o", "streamingllm", "pyramidkv")
 BUDGETS = tuple(b for b in defaults.BUDGETS if b < 1.0)  # 8 budgets
 MAX_BATCH = 16
 N_TIMED = 5
-OUT = pathlib.Path(__file__).parent / "results" / "sweep.json"
 
 
 class NoEosTokenizer:
@@ -159,9 +158,7 @@ def main() -> dict:
             f"{n_acc} accumulating prefills + {n_arms} single-arm decodes."
         ),
     }
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    write_result("sweep", result)
     return result
 
 

@@ -35,7 +35,8 @@ import time
 
 import numpy as np
 
-OUT = pathlib.Path(__file__).parent / "results" / "synthetic_scale.json"
+from _results import write_result
+
 PAPER_TASKS = ("niah_multikey_3", "vt", "fwe", "qa_1")
 
 
@@ -156,9 +157,7 @@ def main() -> None:
         "per_input_loop uses the Qwen2.5-14B shape (48 layers, 40 heads), the most expensive of the "
         "four paper models, against the mean vectorised cost over all four.",
     }
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(out, indent=2) + "\n")
-    print(json.dumps(out["ratios"], indent=2))
+    write_result("synthetic_scale", out, out["ratios"])
 
 
 if __name__ == "__main__":

@@ -18,16 +18,16 @@ Run: ``.venv/bin/python bench/tau_curve.py``
 
 from __future__ import annotations
 
-import json
 import platform
 import time
-from pathlib import Path
 
 import numpy as np
 import polars as pl
 
 from pagestats.replay import FixedTau, ProfileSpec, gated_outcomes, tau_curve
 from pagestats.testing import PAPER_SCALE, synthetic_logs
+
+from _results import write_result
 
 N_TAUS = 1000
 N_LOOP = 50
@@ -109,10 +109,7 @@ def main() -> dict:
         "notes": f"loop time = {N_LOOP} timed independent replays × {N_TAUS}/{N_LOOP}; best of {REPEATS} for curve/single",
         "machine": {"python": platform.python_version(), "polars": pl.__version__, "numpy": np.__version__},
     }
-    out = Path(__file__).parent / "results" / "tau_curve.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    write_result("tau_curve", result)
     return result
 
 

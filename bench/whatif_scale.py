@@ -48,8 +48,9 @@ import sys
 import tempfile
 import time
 
+from _results import write_result
+
 HERE = pathlib.Path(__file__).resolve().parent
-OUT = HERE / "results" / "whatif_scale.json"
 TMP_ROOT = HERE / "tmp"
 N_PER_TASK = 125_000
 N_PER_TASK_SMALL = 1_250
@@ -284,9 +285,7 @@ def main() -> int:
         shutil.rmtree(tmp, ignore_errors=True)
         result["loadavg_end"] = list(os.getloadavg())
         result["temp_data_deleted"] = not tmp.exists()
-        OUT.parent.mkdir(exist_ok=True)
-        OUT.write_text(json.dumps(result, indent=2) + "\n")
-        print(json.dumps({k: result.get(k) for k in ("requirement", "ratios", "failures")}, indent=2))
+        write_result("whatif_scale", result, {k: result.get(k) for k in ("requirement", "ratios", "failures")})
     return 1 if result["failures"] else 0
 
 

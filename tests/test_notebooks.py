@@ -5,8 +5,6 @@ committed notebooks carry no outputs and are exactly what notebooks/build_notebo
 from __future__ import annotations
 
 import importlib.util
-import os
-import sys
 import time
 from pathlib import Path
 
