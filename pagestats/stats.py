@@ -196,8 +196,6 @@ def bh(pvalues, q: float = defaults.FDR_Q) -> BHResult:
     return BHResult(rejected=rejected, adjusted=adjusted, q=q, n_tested=m)
 
 
-# --------------------------------------------------------------------------- cluster bootstrap
-
 # --------------------------------------------------------------------------- through-origin fit
 
 

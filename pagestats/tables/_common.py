@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from pagestats._frames import require_columns as check_columns  # noqa: F401 (re-exported)
+from pagestats._frames import require_columns  # noqa: F401 (re-exported)
 
 from pagestats import defaults
 
@@ -40,7 +40,7 @@ def as_list(by) -> list[str]:
 
 def headline_evictor(frame: pl.DataFrame) -> str:
     """SnapKV when present (the paper's single-evictor tables), else the first evictor by name."""
-    check_columns(frame, ["evictor"], "headline_evictor")
+    require_columns(frame, ["evictor"], "headline_evictor")
     evictors = sorted(frame["evictor"].unique().to_list())
     if not evictors:
         raise ValueError("headline_evictor: the frame has no evictor")
@@ -69,7 +69,7 @@ def task_means(frame: pl.DataFrame, value: str = "drop", by=MODEL_CELL) -> pl.Da
     result as the gate frame it came from.
     """
     by = as_list(by)
-    check_columns(frame, [*by, *INPUT_KEY, "task_class", value], "task_means")
+    require_columns(frame, [*by, *INPUT_KEY, "task_class", value], "task_means")
     keys = [*by, "task", "task_class"]
     out = input_rows(frame).group_by(keys).agg(
         pl.col(value).mean().alias("mean"), pl.col(value).std(ddof=1).alias("sd"),
@@ -95,7 +95,7 @@ def ordering_margin(means: pl.DataFrame, by=MODEL_CELL, *, value: str = "mean", 
         ``n_capacity_tasks``, ``n_dilution_tasks``; margin null when a class is missing.
     """
     by = as_list(by)
-    check_columns(means, [*by, "task", "task_class", value], "ordering_margin")
+    require_columns(means, [*by, "task", "task_class", value], "ordering_margin")
     m = means.filter(~pl.col("task").is_in(list(exclude)))
     cap = pl.col("task_class") == defaults.CAPACITY_BOUND
     dil = pl.col("task_class") == defaults.DILUTION_PRONE

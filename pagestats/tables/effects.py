@@ -16,7 +16,7 @@ import polars as pl
 
 from pagestats import defaults, metrics
 from pagestats._frames import CELL
-from pagestats.tables._common import MODEL_CELL, check_columns, group_tau, one_evictor
+from pagestats.tables._common import MODEL_CELL, require_columns, group_tau, one_evictor
 
 __all__ = [
     "delta_matrix_table",
@@ -110,7 +110,7 @@ def budget_axis_table(gated: pl.DataFrame) -> pl.DataFrame:
     PAGE App. A.4.1 "Budget convention", Table 13 (plain 0.88 → 0.19, gated 0.61–0.88).
     """
     by = [*CELL, "budget"]
-    check_columns(gated, [*by, "score_full", "score_plain", "score_gated"], "budget_axis_table")
+    require_columns(gated, [*by, "score_full", "score_plain", "score_gated"], "budget_axis_table")
     rows = gated.filter(pl.col("budget") < 1.0)
     acc = rows.group_by(by).agg(
         pl.col("score_full").mean().alias("acc_full"), pl.col("score_plain").mean().alias("acc_plain"),
@@ -160,7 +160,7 @@ def best_evictor_table(gated: pl.DataFrame) -> pl.DataFrame:
         ``model, context_length, best_plain, acc_best_plain, best_gated, acc_best_gated,
         gain`` (= acc_best_gated − acc_best_plain), ``n_evictors``.
     """
-    check_columns(gated, [*CELL, "budget", "score_plain", "score_gated"], "best_evictor_table")
+    require_columns(gated, [*CELL, "budget", "score_plain", "score_gated"], "best_evictor_table")
     acc = gated.filter(pl.col("budget") < 1.0).group_by(list(CELL)).agg(
         pl.col("score_plain").mean().alias("plain"), pl.col("score_gated").mean().alias("gated"))
     acc = acc.sort([*MODEL_CELL, "evictor"])
@@ -333,7 +333,7 @@ def draw_replicates_table(gated: pl.DataFrame, draws: pl.DataFrame, *, evictor: 
     Within a cell only the tasks present in every draw are compared, since a replicate
     run may cover a subset of the tasks (e.g. the shipped second draw).
     """
-    check_columns(draws, ["run_id", "draw"], "draw_replicates_table")
+    require_columns(draws, ["run_id", "draw"], "draw_replicates_table")
     sub, ev = one_evictor(gated, evictor)
     sub = sub.join(draws.select("run_id", "draw").unique(), on="run_id", how="left")
     if sub["draw"].null_count():

@@ -15,7 +15,7 @@ from pathlib import Path
 import polars as pl
 
 from pagestats import defaults, metrics, stats
-from pagestats.tables._common import MODEL_CELL, as_list, check_columns, group_tau, one_evictor, task_means
+from pagestats.tables._common import MODEL_CELL, as_list, require_columns, group_tau, one_evictor, task_means
 
 __all__ = [
     "recovery_table",
@@ -89,7 +89,7 @@ def drop_by_task_table(gate: pl.DataFrame, *, confidence_level: float = defaults
     ----------
     PAGE §4 "Boundary and Confound Analysis", Table 3; App. A.3.3, Table 24 (strict thirds).
     """
-    check_columns(gate, [*MODEL_CELL, "task", "task_class", "drop", "gate_open", "tau"], "drop_by_task_table")
+    require_columns(gate, [*MODEL_CELL, "task", "task_class", "drop", "gate_open", "tau"], "drop_by_task_table")
     means = task_means(gate, "drop").rename({"mean": "mean_drop", "sd": "sd_drop"})
     opened = metrics.p_open(gate, by=(*MODEL_CELL, "task"), confidence_level=confidence_level)
     taus = gate.group_by([*MODEL_CELL, "task"]).agg(group_tau())
@@ -127,7 +127,7 @@ def distractor_sweep_table(gate: pl.DataFrame, tasks: Sequence[str] = MULTIKEY_T
     tasks = list(tasks)
     if len(tasks) < 2:
         raise ValueError("distractor_sweep_table: the gradient needs at least 2 tasks")
-    check_columns(gate, [*MODEL_CELL, "task", "drop", "gate_open"], "distractor_sweep_table")
+    require_columns(gate, [*MODEL_CELL, "task", "drop", "gate_open"], "distractor_sweep_table")
     sub = gate.filter(pl.col("task").is_in(tasks))
     means = task_means(sub, "drop").rename({"mean": "mean_drop", "sd": "sd_drop"})
     opened = metrics.p_open(sub, by=(*MODEL_CELL, "task")).select(*MODEL_CELL, "task", "p_open")
@@ -212,7 +212,7 @@ def preregistered_table(gated: pl.DataFrame, inputs: pl.DataFrame, *, evictor: s
         raise ValueError(f"preregistered_table needs ≥2 context lengths, got {contexts}")
     target = contexts[-1]
     fit_rows = metrics.scaling_rows(sub.filter(pl.col("context_length") < target))
-    check_columns(inputs, [*by, "context_length", "full_score"], "preregistered_table")
+    require_columns(inputs, [*by, "context_length", "full_score"], "preregistered_table")
     headroom = (inputs.filter(pl.col("context_length") == target).group_by(by)
                 .agg((1.0 - pl.col("full_score").mean()).alias("headroom")))
     fittable = fit_rows.filter(pl.col("headroom") > 0).select(by).unique()
