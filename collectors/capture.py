@@ -71,6 +71,9 @@ class Prefill:
         ``None`` unless requested.
     prefill_ms : float
         Wall time of the forward pass (``time.perf_counter``), milliseconds.
+    snapkv_attention : torch.Tensor or None, shape (L, H, T)
+        Like ``window_attention`` but over the last ``snapkv_window`` rows, the SnapKV-family
+        evictors' window; ``None`` when that window equals the gate's (then ``window_attention`` is it).
     """
 
     input_ids: torch.LongTensor
@@ -79,11 +82,17 @@ class Prefill:
     window_attention: torch.Tensor
     accumulated_attention: torch.Tensor | None
     prefill_ms: float
+    snapkv_attention: torch.Tensor | None = None
 
     @property
     def n_tokens(self) -> int:
         """T, the prompt length."""
         return int(self.input_ids.shape[-1])
+
+    @property
+    def n_kv_heads(self) -> int:
+        """H_kv, the number of KV heads of the cache (= H without grouped-query attention)."""
+        return int(self.past_key_values.layers[0].keys.shape[1])
 
 
 @dataclass
@@ -98,17 +107,26 @@ class Recorder:
         Also accumulate H2O column sums over all prompt queries.
     query_chunk : int
         Rows per chunk of the accumulation (memory chunk × T per head).
+    snapkv_window : int or None
+        Also average the last ``snapkv_window`` rows (the SnapKV-family eviction window) when it
+        differs from ``window``.
     """
 
     window: int = defaults.WINDOW
     accumulate: bool = False
     query_chunk: int = 256
+    snapkv_window: int | None = None
     window_attention: dict[int, torch.Tensor] = field(default_factory=dict)
     accumulated_attention: dict[int, torch.Tensor] = field(default_factory=dict)
+    snapkv_attention: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def __post_init__(self):
         if int(self.window) < 1:
             raise ValueError(f"window must be ≥ 1, got {self.window}")
+        if self.snapkv_window is not None and int(self.snapkv_window) < 1:
+            raise ValueError(f"snapkv_window must be ≥ 1, got {self.snapkv_window}")
+        if self.snapkv_window == self.window:
+            self.snapkv_window = None
         if int(self.query_chunk) < 1:
             raise ValueError(f"query_chunk must be ≥ 1, got {self.query_chunk}")
 
@@ -229,6 +247,10 @@ def _make_capture_function(base: str):
             recorder.window_attention[layer] = window_probabilities(
                 module, query, key, mask, scaling, recorder.window, softcap
             )
+            if recorder.snapkv_window is not None:
+                recorder.snapkv_attention[layer] = window_probabilities(
+                    module, query, key, mask, scaling, recorder.snapkv_window, softcap
+                )
             if recorder.accumulate:
                 recorder.accumulated_attention[layer] = accumulated_probabilities(
                     module, query, key, mask, scaling, recorder.query_chunk, softcap
@@ -265,13 +287,14 @@ def install(base: str = "sdpa") -> str:
 
 
 @contextlib.contextmanager
-def capture_attention(model, *, window: int = defaults.WINDOW, accumulate: bool = False, query_chunk: int = 256):
+def capture_attention(model, *, window: int = defaults.WINDOW, accumulate: bool = False, query_chunk: int = 256,
+                      snapkv_window: int | None = None):
     """Context manager: run ``model`` with the capture installed; yields the :class:`Recorder`.
 
     The model's attention implementation is switched to the capture wrapper of its current stock
     kernel and restored on exit; the recorder is visible only inside the ``with`` block.
     """
-    recorder = Recorder(window=window, accumulate=accumulate, query_chunk=query_chunk)
+    recorder = Recorder(window=window, accumulate=accumulate, query_chunk=query_chunk, snapkv_window=snapkv_window)
     previous = model.config._attn_implementation
     base = previous[len(CAPTURE_PREFIX):] if previous.startswith(CAPTURE_PREFIX) else previous
     name = install(base)
@@ -286,7 +309,8 @@ def capture_attention(model, *, window: int = defaults.WINDOW, accumulate: bool 
             model.set_attn_implementation(previous)
 
 
-def prefill(model, input_ids, *, window: int = defaults.WINDOW, accumulate: bool = False, query_chunk: int = 256) -> Prefill:
+def prefill(model, input_ids, *, window: int = defaults.WINDOW, accumulate: bool = False, query_chunk: int = 256,
+            snapkv_window: int | None = None) -> Prefill:
     """One prompt forward pass with the observation window (and optionally H2O scores) captured.
 
     Parameters
@@ -300,6 +324,8 @@ def prefill(model, input_ids, *, window: int = defaults.WINDOW, accumulate: bool
         Also compute H2O's accumulated attention.
     query_chunk : int
         Query rows per accumulation chunk.
+    snapkv_window : int or None
+        Window of the SnapKV-family evictors; captured separately only when it differs from ``window``.
 
     Returns
     -------
@@ -315,7 +341,8 @@ def prefill(model, input_ids, *, window: int = defaults.WINDOW, accumulate: bool
     device = next(model.parameters()).device
     input_ids = input_ids.to(device=device, dtype=torch.long)
     cache = DynamicCache(config=model.config)
-    with torch.no_grad(), capture_attention(model, window=window, accumulate=accumulate, query_chunk=query_chunk) as rec:
+    with torch.no_grad(), capture_attention(model, window=window, accumulate=accumulate, query_chunk=query_chunk,
+                                            snapkv_window=snapkv_window) as rec:
         start = time.perf_counter()
         out = model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1)
         if device.type == "cuda":
@@ -332,4 +359,5 @@ def prefill(model, input_ids, *, window: int = defaults.WINDOW, accumulate: bool
         window_attention=window_attention,
         accumulated_attention=rec.stacked("accumulated_attention") if accumulate else None,
         prefill_ms=prefill_ms,
+        snapkv_attention=rec.stacked("snapkv_attention") if rec.snapkv_window is not None else None,
     )

@@ -87,6 +87,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--k-max", type=int, default=defaults.K_MAX, help="top-k key indices stored per (layer, head) "
                    f"for offline k ≤ k_max replays; 0 stores none (default {defaults.K_MAX})")
     p.add_argument("--window", type=int, default=defaults.WINDOW, help=f"observation window w (default {defaults.WINDOW})")
+    p.add_argument("--snapkv-window", type=int, default=defaults.SNAPKV_WINDOW, help="scoring window of the SnapKV "
+                   f"family (snapkv, pyramidkv, snapkv-perlayer, snapkv-perhead), recorded in the manifest (default "
+                   f"{defaults.SNAPKV_WINDOW})")
+    p.add_argument("--snapkv-pool", type=int, default=defaults.SNAPKV_POOL_KERNEL, help="odd average-pooling width of "
+                   f"SnapKV-family scores, 1 = none (default {defaults.SNAPKV_POOL_KERNEL})")
     p.add_argument("--max-new-tokens", type=int, default=None, help="tokens to generate for every task, overriding "
                    f"RULER's per-task numbers ({tokens})")
     p.add_argument("--essay-file", default=None, help="plain-text essay used as the haystack of the tasks whose "
@@ -112,7 +117,8 @@ def config_from_args(args):
         model_name=args.model_name,
         seed=args.seed, draw=args.draw, evictors=args.evictors, budgets=args.budgets, shard=args.shard,
         device=args.device, dtype=args.dtype, attn_impl=args.attn_impl, window=args.window, k=args.k,
-        k_max=args.k_max, max_new_tokens=args.max_new_tokens, essay_file=args.essay_file,
+        k_max=args.k_max, snapkv_window=args.snapkv_window, pool_kernel=args.snapkv_pool,
+        max_new_tokens=args.max_new_tokens, essay_file=args.essay_file,
         qa_files=args.qa_file, task_classes=args.task_classes, part_size=args.part_size,
         batch_arms=not args.no_batch_arms, max_batch=args.max_batch, progress=not args.no_progress,
     )

@@ -1,8 +1,10 @@
 """Base evictors: prefill attention scores → the prompt positions an arm keeps.
 
 Every evictor works on one prefill (:class:`collectors.capture.Prefill`, or any object with the same
-attributes) and returns the kept prompt positions, sorted ascending. All but ``snapkv-perlayer``
-produce ONE mask shared by every layer (DESIGN §7); ``snapkv-perlayer`` returns one row per layer.
+attributes) and returns the kept prompt positions, sorted ascending. The paper's evictors produce ONE
+mask shared by every layer and head (DESIGN §7); ``snapkv-perlayer`` returns one row per layer, and the
+per-head baselines ``snapkv-perhead`` / ``h2o-perhead`` one row per (layer, KV head), the same count in
+each row (:data:`PER_LAYER_EVICTORS`, :data:`PER_HEAD_EVICTORS`).
 
 Budget rule (DESIGN §7; PAGE App. A.2.3, Table 26)
 ----------------------------------------------------
@@ -15,16 +17,18 @@ positions of highest score; ties go to the lower position, so selection is deter
 Evictors (PAGE §4 "Setup", Table 2, App. A.4.7, App. C)
 -------------------------------------------------------
 snapkv
-    score_t = mean over layers ℓ and query heads h of ā_{ℓ,h,t}, the window attention (the softmax
-    attention of the last w = 32 prompt queries onto key t, averaged over those queries). §4 "Setup":
-    "we score each prompt position by the average attention from the last w=32 queries across heads
-    and layers". The published SnapKV also smooths scores with a 1-D pooling kernel; the paper does
-    not mention it, so the default is no pooling (``pool_kernel=1``); an odd ``pool_kernel`` > 1
-    applies average pooling (stride 1, same length, zero-free edge handling via
-    ``count_include_pad=False``) before selection.
+    The paper's shared-mask SnapKV: score_t = mean over ALL layers ℓ and ALL query heads h of
+    ā_{ℓ,h,t}, the window attention (the softmax attention of the last w prompt queries onto key t,
+    averaged over those queries), one mask for the whole model. §4 "Setup": "we score each prompt
+    position by the average attention from the last w=32 queries across heads and layers". The
+    published SnapKV also smooths scores with a 1-D pooling kernel; the paper does not mention it, so
+    the default is no pooling (``pool_kernel=1``); an odd ``pool_kernel`` > 1 applies average pooling
+    (stride 1, same length, zero-free edge handling via ``count_include_pad=False``) before selection.
 h2o
-    score_t = mean over ℓ, h of the attention accumulated over ALL prompt queries onto key t
-    (Heavy-Hitter Oracle); needs ``prefill.accumulated_attention``.
+    The paper's shared-mask H2O (§4 "Setup", Table 2; App. A.4.7): score_t = mean over ALL layers ℓ
+    and ALL query heads h of the attention accumulated over ALL prompt queries onto key t, one mask
+    for the whole model; needs ``prefill.accumulated_attention``. The published Heavy-Hitter Oracle
+    keeps heavy hitters per layer and per head: that is ``h2o-perhead``.
 streamingllm
     The n_sink sinks plus the most recent ``n_kept − n_sink`` positions (budget-scaled).
 streamingllm-fixed
@@ -39,6 +43,19 @@ pyramidkv
 snapkv-perlayer
     Each layer ℓ keeps the top positions of its own head-averaged window attention mean_h ā_{ℓ,h,t},
     the same ``n_kept`` in every layer (uniform cache shape; App. C, Table 32).
+snapkv-perhead
+    Published SnapKV's granularity: each layer ℓ and KV head j keeps the top positions of
+    mean_{h ∈ G(j)} ā_{ℓ,h,t}, the window attention averaged over the query heads G(j) that share KV
+    head j (grouped-query attention), the same ``n_kept`` in every (ℓ, j). The window w is the
+    recorded ``snapkv_window`` (default :data:`pagestats.defaults.SNAPKV_WINDOW`), pooling as for
+    ``snapkv``.
+h2o-perhead
+    The Heavy-Hitter Oracle's granularity: each layer ℓ and KV head j keeps the top positions of the
+    accumulated attention averaged over G(j), the same ``n_kept`` in every (ℓ, j).
+
+The SnapKV family (``snapkv``, ``pyramidkv``, ``snapkv-perlayer``, ``snapkv-perhead``) scores from
+``prefill.snapkv_attention`` when the prefill carries one (captured with the eviction window w when it
+differs from the gate's window), else from ``prefill.window_attention`` (the two windows are equal).
 
 Budget 1.0 (and any budget where ``n_kept == T``) keeps every position for every evictor, including
 ``streamingllm-fixed``: Table 2's budget 1.0 is the full-cache audit arm (``pagestats.defaults``).
@@ -52,13 +69,21 @@ import torch
 
 from pagestats import defaults
 
-EVICTORS = ("snapkv", "h2o", "streamingllm", "streamingllm-fixed", "pyramidkv", "snapkv-perlayer")
+EVICTORS = ("snapkv", "h2o", "streamingllm", "streamingllm-fixed", "pyramidkv", "snapkv-perlayer",
+            "snapkv-perhead", "h2o-perhead")
 #: Evictors whose kept positions differ per layer: kept_positions returns (L, n_kept).
 PER_LAYER_EVICTORS = ("snapkv-perlayer",)
+#: Evictors whose kept positions differ per layer and KV head: kept_positions returns (L, H_kv, n_kept).
+PER_HEAD_EVICTORS = ("snapkv-perhead", "h2o-perhead")
+#: Evictors scored from the attention accumulated over all prompt queries (capture ``accumulate=True``).
+ACCUMULATED_EVICTORS = ("h2o", "h2o-perhead")
 
 __all__ = [
     "EVICTORS",
     "PER_LAYER_EVICTORS",
+    "PER_HEAD_EVICTORS",
+    "ACCUMULATED_EVICTORS",
+    "kv_group_mean",
     "n_kept",
     "scores",
     "pyramid_weights",
@@ -116,7 +141,7 @@ def pyramid_weights(n_layers: int) -> torch.Tensor:
     return (w / w.sum()).to(torch.float32)
 
 
-def _head_mean(attention: torch.Tensor | None, name: str) -> torch.Tensor:
+def _checked(attention: torch.Tensor | None, name: str) -> torch.Tensor:
     if attention is None:
         raise ValueError(
             f"prefill.{name} is None; the evictor needs it "
@@ -126,7 +151,28 @@ def _head_mean(attention: torch.Tensor | None, name: str) -> torch.Tensor:
         raise ValueError(f"prefill.{name} must have shape (L, H, T), got {tuple(attention.shape)}")
     if not torch.isfinite(attention).all():
         raise ValueError(f"prefill.{name} contains non-finite values")
-    return attention.to(torch.float32).mean(dim=1)  # (L, T)
+    return attention.to(torch.float32)
+
+
+def _head_mean(attention: torch.Tensor | None, name: str) -> torch.Tensor:
+    return _checked(attention, name).mean(dim=1)  # (L, T)
+
+
+def kv_group_mean(attention: torch.Tensor, n_kv_heads: int) -> torch.Tensor:
+    """Per-query-head scores (L, H, T) → per-KV-head scores (L, H_kv, T), the mean over each group.
+
+    Query head h shares KV head h // (H / H_kv) (the order of transformers' ``repeat_kv``), so the
+    H / H_kv consecutive query heads of a group are averaged.
+    """
+    n_layers, n_heads, n_tokens = attention.shape
+    if n_kv_heads < 1 or n_heads % n_kv_heads:
+        raise ValueError(f"{n_heads} query heads cannot be grouped over {n_kv_heads} KV heads")
+    return attention.reshape(n_layers, n_kv_heads, n_heads // n_kv_heads, n_tokens).mean(dim=2)
+
+
+def _snapkv_attention(prefill):
+    att = getattr(prefill, "snapkv_attention", None)
+    return (att, "snapkv_attention") if att is not None else (prefill.window_attention, "window_attention")
 
 
 def _avg_pool(score: torch.Tensor, kernel: int) -> torch.Tensor:
@@ -156,8 +202,9 @@ def scores(evictor: str, prefill, *, pool_kernel: int = 1) -> torch.Tensor | Non
     Returns
     -------
     torch.Tensor or None
-        (T,) float32 for shared-mask evictors, (L, T) for ``snapkv-perlayer``, None for the
-        position-only StreamingLLM evictors.
+        (T,) float32 for shared-mask evictors, (L, T) for ``snapkv-perlayer``, (L, H_kv, T) for the
+        per-head evictors (``prefill.n_kv_heads`` KV heads), None for the position-only StreamingLLM
+        evictors.
     """
     if evictor not in EVICTORS:
         raise ValueError(f"unknown evictor {evictor!r}; choose from {EVICTORS}")
@@ -165,7 +212,13 @@ def scores(evictor: str, prefill, *, pool_kernel: int = 1) -> torch.Tensor | Non
         return None
     if evictor == "h2o":
         return _head_mean(prefill.accumulated_attention, "accumulated_attention").mean(dim=0)
-    per_layer = _head_mean(prefill.window_attention, "window_attention")  # (L, T)
+    if evictor == "h2o-perhead":
+        acc = _checked(prefill.accumulated_attention, "accumulated_attention")
+        return kv_group_mean(acc, int(prefill.n_kv_heads))
+    if evictor == "snapkv-perhead":
+        att = _checked(*_snapkv_attention(prefill))
+        return _avg_pool(kv_group_mean(att, int(prefill.n_kv_heads)), pool_kernel)
+    per_layer = _head_mean(*_snapkv_attention(prefill))  # (L, T)
     if evictor == "snapkv":
         return _avg_pool(per_layer.mean(dim=0), pool_kernel)
     if evictor == "pyramidkv":
@@ -185,20 +238,18 @@ def _protected(n_tokens: int, n_sink: int, n_recent: int) -> torch.Tensor:
 def select_top(score: torch.Tensor, count: int, protected: torch.Tensor) -> torch.Tensor:
     """Protected positions plus the ``count − |protected|`` best unprotected ones, sorted.
 
-    ``score`` is (T,) or (L, T); ties in score go to the lower position (stable descending sort).
-    Returns (count,) or (L, count) int64.
+    ``score`` is (T,), (L, T) or (L, H_kv, T); ties in score go to the lower position (stable
+    descending sort). Returns (count,), (L, count) or (L, H_kv, count) int64.
     """
     n_prot = int(protected.sum())
     if count < n_prot:
         raise ValueError(f"count {count} is smaller than the {n_prot} protected positions")
     n_free = count - n_prot
-    squeeze = score.ndim == 1
-    s = score.reshape(-1, score.shape[-1]).to(torch.float32)
+    s = score.to(torch.float32)
     # protected positions first (score +inf), then unprotected by score; stable → ties to lower index.
     key = torch.where(protected, torch.tensor(math.inf), s)
     order = torch.sort(key, dim=-1, descending=True, stable=True).indices
-    kept = torch.sort(order[:, : n_prot + n_free], dim=-1).values
-    return kept[0] if squeeze else kept
+    return torch.sort(order[..., : n_prot + n_free], dim=-1).values
 
 
 def kept_positions(
@@ -217,8 +268,9 @@ def kept_positions(
     evictor : str
         One of :data:`EVICTORS` (see the module docstring for each definition).
     prefill : Prefill
-        ``input_ids`` (1, T) and the captured attention (``window_attention``; ``accumulated_attention``
-        for ``h2o``).
+        ``input_ids`` (1, T) and the captured attention (``window_attention``, or ``snapkv_attention``
+        when present; ``accumulated_attention`` for ``h2o`` / ``h2o-perhead``; ``n_kv_heads`` for the
+        per-head evictors).
     budget : float
         Nominal budget b ∈ (0, 1].
     n_sink, n_recent : int
@@ -229,7 +281,8 @@ def kept_positions(
     Returns
     -------
     torch.LongTensor
-        Sorted unique positions, shape (n_kept,), or (L, n_kept) for ``snapkv-perlayer``.
+        Sorted unique positions, shape (n_kept,), (L, n_kept) for ``snapkv-perlayer`` or
+        (L, H_kv, n_kept) for the per-head evictors.
     """
     if evictor not in EVICTORS:
         raise ValueError(f"unknown evictor {evictor!r}; choose from {EVICTORS}")

@@ -2,7 +2,7 @@
 
 Per input (:func:`collect_input`)::
 
-    tasks.make_input → tokenize → capture.prefill(accumulate="h2o" in evictors)
+    tasks.make_input → tokenize → capture.prefill(accumulate for h2o / h2o-perhead)
       → signals.gate_signals → sweep.run_sweep → tasks.score per arm → rows
 
 ``inputs``: one row (D, a_ℓ, pair Jaccards, other signals, prompt, references, full-KV prediction
@@ -56,6 +56,8 @@ class CollectConfig:
     convention: str = defaults.BIN_CONVENTION
     n_sink: int = defaults.N_SINK
     n_recent: int = defaults.N_RECENT
+    snapkv_window: int = defaults.SNAPKV_WINDOW
+    pool_kernel: int = defaults.SNAPKV_POOL_KERNEL
     max_new_tokens: int | None = None
     essay_file: str | None = None
     qa_files: tuple[str, ...] = ()
@@ -85,6 +87,10 @@ class CollectConfig:
             raise ValueError(f"k ({self.k}) must be ≤ k_max ({self.k_max})")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be ≥ 1")
+        if self.snapkv_window < 1:
+            raise ValueError(f"snapkv_window must be ≥ 1, got {self.snapkv_window}")
+        if self.pool_kernel < 1 or self.pool_kernel % 2 == 0:
+            raise ValueError(f"pool_kernel must be a positive odd int, got {self.pool_kernel}")
         if self.draw is None:
             self.draw = self.seed
         classes = {defaults.CAPACITY_BOUND, defaults.DILUTION_PRONE}
@@ -144,6 +150,7 @@ def run_parameters(cfg: CollectConfig, model_info: dict) -> dict:
         "gate": {"w": cfg.window, "k": cfg.k, "k_max_stored": cfg.k_max, "bins": cfg.bin_fraction,
                  "convention": cfg.convention},
         "protection": {"n_sink": cfg.n_sink, "n_recent": cfg.n_recent},
+        "evictor_parameters": {"snapkv_window": cfg.snapkv_window, "pool_kernel": cfg.pool_kernel},
     }
 
 
@@ -175,6 +182,7 @@ def build_manifest(cfg: CollectConfig, model_info: dict) -> dict:
         "budgets": list(cfg.budgets),
         "gate": params["gate"],
         "protection": params["protection"],
+        "evictor_parameters": params["evictor_parameters"],
         "seed": int(cfg.seed),
         "software": software_versions(),
         "draw": int(cfg.draw),
@@ -195,12 +203,16 @@ def collect_input(model, tokenizer, task_input: T.TaskInput, *, cfg: CollectConf
         raise RuntimeError(f"{task_input.task}/{task_input.input_id}: tokenised prompt has {len(ids)} tokens, "
                            f"make_input counted {task_input.n_tokens}")
     input_ids = torch.tensor([ids], dtype=torch.long)
-    pre = capture.prefill(model, input_ids, window=cfg.window, accumulate="h2o" in cfg.evictors)
+    from collectors.evict import ACCUMULATED_EVICTORS
+
+    pre = capture.prefill(model, input_ids, window=cfg.window, snapkv_window=cfg.snapkv_window,
+                          accumulate=any(e in ACCUMULATED_EVICTORS for e in cfg.evictors))
     gate = signals.gate_signals(pre.window_attention, k=cfg.k, k_max=max(cfg.k_max, cfg.k),
                                 bin_fraction=cfg.bin_fraction, convention=cfg.convention)
     full, arms = sweep.run_sweep(model, tokenizer, pre, evictors=cfg.evictors, budgets=cfg.budgets,
                                  max_new_tokens=task_input.max_new_tokens, n_sink=cfg.n_sink,
-                                 n_recent=cfg.n_recent, batch_arms=cfg.batch_arms, max_batch=cfg.max_batch)
+                                 n_recent=cfg.n_recent, batch_arms=cfg.batch_arms, max_batch=cfg.max_batch,
+                                 pool_kernel=cfg.pool_kernel)
     refs = task_input.references
     full_score = T.score(task_input.task, full.text, refs)
     key = {"run_id": run_id, "task": task_input.task, "input_id": int(task_input.input_id)}

@@ -7,8 +7,9 @@ decode step"), so the prompt's hidden states, its KV cache and the logits at the
 are the same for every arm. Hence the first generated token of every arm is ``argmax(last_logits)``
 of the full prefill, exactly as in kvpress, where the press compresses each layer's cache after that
 layer's prefill forward; eviction changes tokens 2..n. An arm's cache is every layer's K and V
-restricted to its kept positions (:func:`slice_cache`: new tensors, the shared full cache is never
-mutated).
+restricted to its kept positions — one set for the whole model, one per layer, or one per layer and
+KV head, each head gathering its own positions with the same count in every head
+(:func:`slice_cache`: new tensors, the shared full cache is never mutated).
 
 Positions (PAGE §4 "Setup", App. F)
 -----------------------------------
@@ -45,7 +46,7 @@ from dataclasses import dataclass
 
 import torch
 
-from collectors.evict import EVICTORS, PER_LAYER_EVICTORS, kept_positions
+from collectors.evict import EVICTORS, kept_positions
 from pagestats import defaults
 
 __all__ = [
@@ -100,13 +101,17 @@ def _full_layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return out
 
 
-def _index_per_layer(positions: torch.Tensor, n_layers: int) -> torch.Tensor:
-    """(n,) or (L, n) positions → (L, n)."""
+def _index_per_head(positions: torch.Tensor, n_layers: int, n_kv_heads: int) -> torch.Tensor:
+    """(n,) shared, (L, n) per-layer or (L, H_kv, n) per-head positions → (L, H_kv, n)."""
     if positions.ndim == 1:
-        return positions.unsqueeze(0).expand(n_layers, -1)
+        return positions.expand(n_layers, n_kv_heads, -1)
     if positions.ndim == 2 and positions.shape[0] == n_layers:
+        return positions.unsqueeze(1).expand(-1, n_kv_heads, -1)
+    if positions.ndim == 3 and tuple(positions.shape[:2]) == (n_layers, n_kv_heads):
         return positions
-    raise ValueError(f"positions must be (n,) or ({n_layers}, n), got {tuple(positions.shape)}")
+    raise ValueError(
+        f"positions must be (n,), ({n_layers}, n) or ({n_layers}, {n_kv_heads}, n), got {tuple(positions.shape)}"
+    )
 
 
 def slice_cache(cache, positions: torch.Tensor):
@@ -117,38 +122,44 @@ def slice_cache(cache, positions: torch.Tensor):
     cache : transformers.DynamicCache
         Full prompt cache, batch 1 (not modified).
     positions : torch.LongTensor
-        (n,) shared or (L, n) per-layer prompt positions.
+        (n,) shared, (L, n) per-layer or (L, H_kv, n) per-layer-and-KV-head prompt positions; every
+        KV head of every layer keeps the same number n.
     """
     from transformers import DynamicCache
 
     layers = _full_layers(cache)
-    index = _index_per_layer(positions.to(torch.long), len(layers))
+    index = _index_per_head(positions.to(torch.long), len(layers), layers[0][0].shape[1])
     data = []
     for (k, v), idx in zip(layers, index):
-        idx = idx.to(k.device)
-        data.append((k.index_select(2, idx), v.index_select(2, idx)))
+        idx = idx.to(k.device)[None, :, :, None].expand(1, -1, -1, k.shape[-1])  # (1, H_kv, n, d)
+        data.append((torch.gather(k, 2, idx), torch.gather(v, 2, idx)))
     return DynamicCache(ddp_cache_data=data)
 
 
 def _batched_cache(layers, kept: Sequence[torch.Tensor | None], n_tokens: int):
-    """Left-padded batch cache and its (B, n_max) key mask for a group of arms."""
+    """Left-padded batch cache and its (B, n_max) key mask for a group of arms.
+
+    Each KV head gathers its own kept positions (per-head arms), so row b of head j holds the keys
+    and values of arm b's kept set for that head; padding is shared by all heads of a row.
+    """
     from transformers import DynamicCache
 
-    n_layers = len(layers)
+    n_layers, n_kv = len(layers), layers[0][0].shape[1]
     device = layers[0][0].device
     lengths = [n_tokens if p is None else int(p.shape[-1]) for p in kept]
     n_max = max(lengths)
-    index = torch.zeros((n_layers, len(kept), n_max), dtype=torch.long)
+    index = torch.zeros((n_layers, n_kv, len(kept), n_max), dtype=torch.long)
     key_mask = torch.zeros((len(kept), n_max), dtype=torch.long)
     for row, (p, n) in enumerate(zip(kept, lengths)):
         p = torch.arange(n_tokens) if p is None else p.to(torch.long).cpu()
-        index[:, row, n_max - n :] = _index_per_layer(p, n_layers)
+        index[:, :, row, n_max - n :] = _index_per_head(p, n_layers, n_kv)
         key_mask[row, n_max - n :] = 1
     index = index.to(device)
+    heads = torch.arange(n_kv, device=device)[:, None, None]
     data = []
     for (k, v), idx in zip(layers, index):
-        # k: (1, H, T, d) → (H, B, n_max, d) → (B, H, n_max, d)
-        data.append((k[0][:, idx].transpose(0, 1).contiguous(), v[0][:, idx].transpose(0, 1).contiguous()))
+        # k: (1, H_kv, T, d) → (H_kv, B, n_max, d) → (B, H_kv, n_max, d)
+        data.append((k[0][heads, idx].transpose(0, 1).contiguous(), v[0][heads, idx].transpose(0, 1).contiguous()))
     return DynamicCache(ddp_cache_data=data), key_mask.to(device), all(n == n_max for n in lengths)
 
 
@@ -180,7 +191,8 @@ def decode_arms(
     prefill : Prefill
         ``input_ids`` (1, T), ``past_key_values`` (full DynamicCache), ``last_logits`` (vocab,).
     kept : sequence of LongTensor or None
-        Per arm, its kept positions ((n,) shared or (L, n) per layer); None = the full cache.
+        Per arm, its kept positions ((n,) shared, (L, n) per layer or (L, H_kv, n) per layer and KV
+        head); None = the full cache.
     max_new_tokens : int
         Tokens to generate per arm (the first comes from ``last_logits``).
     eos_ids : set of int
@@ -296,7 +308,8 @@ def run_sweep(
     model, tokenizer
         The causal LM of the prefill and its tokenizer (``decode``, ``eos_token_id``).
     prefill : Prefill
-        From :func:`collectors.capture.prefill` (``accumulate=True`` when ``h2o`` is swept).
+        From :func:`collectors.capture.prefill` (``accumulate=True`` when an evictor of
+        :data:`collectors.evict.ACCUMULATED_EVICTORS` is swept).
     evictors : sequence of str
         Names from :data:`collectors.evict.EVICTORS`.
     budgets : sequence of float
@@ -341,7 +354,7 @@ def run_sweep(
                 if audit:
                     pos = torch.arange(n_tokens)
             else:
-                key = (evictor in PER_LAYER_EVICTORS, tuple(pos.reshape(-1).tolist()))
+                key = (tuple(pos.shape), tuple(pos.reshape(-1).tolist()))
             if key not in key_index:
                 key_index[key] = len(plan_kept)
                 plan_keys.append(key)

@@ -34,6 +34,10 @@ N_SINK = 4
 N_RECENT = 32
 #: Base evictors of the headline matrix (§4, Table 2).
 EVICTORS = ("snapkv", "h2o", "streamingllm", "pyramidkv")
+#: SnapKV scoring window: the last w = 32 prompt queries (§4 "Setup"; the same w as the gate's window).
+SNAPKV_WINDOW = 32
+#: SnapKV score pooling width; 1 = none, as the paper describes its scoring (§4 "Setup").
+SNAPKV_POOL_KERNEL = 1
 #: Statistics (App. A.7.2, Table 28).
 CONFIDENCE_LEVEL = 0.95
 N_BOOTSTRAP = 10_000

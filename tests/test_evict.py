@@ -14,7 +14,7 @@ from collectors.evict import EVICTORS, kept_positions, n_kept
 N_SINK, N_RECENT = 4, 32
 
 
-def fake_prefill(n_layers=3, n_heads=4, n_tokens=200, seed=0, accumulate=True):
+def fake_prefill(n_layers=3, n_heads=4, n_tokens=200, seed=0, accumulate=True, n_kv_heads=2):
     gen = torch.Generator().manual_seed(seed)
     window = torch.rand((n_layers, n_heads, n_tokens), generator=gen)
     acc = torch.rand((n_layers, n_heads, n_tokens), generator=gen) if accumulate else None
@@ -22,6 +22,7 @@ def fake_prefill(n_layers=3, n_heads=4, n_tokens=200, seed=0, accumulate=True):
         input_ids=torch.zeros((1, n_tokens), dtype=torch.long),
         window_attention=window,
         accumulated_attention=acc,
+        n_kv_heads=n_kv_heads,
     )
 
 
@@ -60,10 +61,12 @@ def test_kept_positions_invariants(evictor, budget):
     pf = fake_prefill()
     T = 200
     kept = kept_positions(evictor, pf, budget)
-    rows = kept if kept.ndim == 2 else kept.unsqueeze(0)
+    rows = kept.reshape(-1, kept.shape[-1])
     assert kept.dtype == torch.long
     if evictor == "snapkv-perlayer":
         assert kept.shape[0] == 3
+    if evictor in evict.PER_HEAD_EVICTORS:
+        assert tuple(kept.shape[:2]) == (3, 2)
     expected = n_kept(T, budget)
     if evictor == "streamingllm-fixed" and budget < 1.0:
         expected = N_SINK + N_RECENT
@@ -97,6 +100,35 @@ def test_snapkv_h2o_pyramidkv_match_brute_force(budget):
         assert per_layer[l].tolist() == brute_top(score, T, count)
 
 
+@pytest.mark.parametrize("budget", [0.0625, 0.25, 0.5, 0.875])
+@pytest.mark.parametrize("n_kv_heads", [1, 2, 4])
+def test_perhead_evictors_match_brute_force(budget, n_kv_heads):
+    """Each (layer, KV head) keeps its own top set of the mean over the query heads sharing that KV
+    head (query head h → KV head h // (H / H_kv)), the same count everywhere."""
+    pf = fake_prefill(seed=4, n_kv_heads=n_kv_heads)
+    L, H, T = 3, 4, 200
+    group = H // n_kv_heads
+    count = n_kept(T, budget)
+    for evictor, att in (("snapkv-perhead", pf.window_attention), ("h2o-perhead", pf.accumulated_attention)):
+        kept = kept_positions(evictor, pf, budget)
+        assert tuple(kept.shape) == (L, n_kv_heads, count)
+        for l in range(L):
+            for j in range(n_kv_heads):
+                heads = [h for h in range(H) if h // group == j]
+                score = [sum(float(att[l, h, t]) for h in heads) / len(heads) for t in range(T)]
+                assert kept[l, j].tolist() == brute_top(score, T, count)
+
+
+def test_perhead_scores_from_a_separate_snapkv_window():
+    pf = fake_prefill(seed=6)
+    pf.snapkv_attention = torch.rand(pf.window_attention.shape, generator=torch.Generator().manual_seed(9))
+    expected = evict.kv_group_mean(pf.snapkv_attention, 2)
+    assert torch.equal(evict.scores("snapkv-perhead", pf), expected)
+    assert torch.allclose(evict.scores("snapkv", pf), pf.snapkv_attention.mean(dim=(0, 1)), atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="grouped"):
+        evict.kv_group_mean(pf.window_attention, 3)
+
+
 def test_snapkv_pooling_matches_brute_force():
     pf = fake_prefill(seed=5)
     T = 200
@@ -107,6 +139,14 @@ def test_snapkv_pooling_matches_brute_force():
         pooled.append(sum(neigh) / len(neigh))
     got = kept_positions("snapkv", pf, 0.25, pool_kernel=5).tolist()
     assert got == brute_top(pooled, T, n_kept(T, 0.25))
+    # per head: pool each (layer, KV head) row of the group-mean scores
+    perhead = kept_positions("snapkv-perhead", pf, 0.25, pool_kernel=3)
+    for l in range(3):
+        for j in range(2):
+            row = [(float(pf.window_attention[l, 2 * j, t]) + float(pf.window_attention[l, 2 * j + 1, t])) / 2
+                   for t in range(T)]
+            pooled = [sum(row[max(0, t - 1): t + 2]) / len(row[max(0, t - 1): t + 2]) for t in range(T)]
+            assert perhead[l, j].tolist() == brute_top(pooled, T, n_kept(T, 0.25))
     with pytest.raises(ValueError):
         kept_positions("snapkv", pf, 0.25, pool_kernel=4)
 
@@ -127,7 +167,7 @@ def test_budget_one_keeps_everything_for_every_evictor():
     pf = fake_prefill()
     for evictor in EVICTORS:
         kept = kept_positions(evictor, pf, 1.0)
-        rows = kept if kept.ndim == 2 else kept.unsqueeze(0)
+        rows = kept.reshape(-1, kept.shape[-1])
         for row in rows.tolist():
             assert row == list(range(200))
 
@@ -152,6 +192,8 @@ def test_errors():
     pf = fake_prefill(accumulate=False)
     with pytest.raises(ValueError, match="accumulated_attention"):
         kept_positions("h2o", pf, 0.5)
+    with pytest.raises(ValueError, match="accumulated_attention"):
+        kept_positions("h2o-perhead", pf, 0.5)
     with pytest.raises(ValueError, match="unknown evictor"):
         kept_positions("random", pf, 0.5)
     bad = fake_prefill()

@@ -1,0 +1,45 @@
+"""pagestats-collect with the per-head baselines and their recorded parameters, end to end on the
+tiny random Llama of ``test_collect_cli`` (nothing is downloaded)."""
+
+import json
+
+import pyarrow.parquet as pq
+
+from collectors import cli
+from pagestats.cli import main as pagestats_main
+from test_collect_cli import model_dir  # noqa: F401  (fixture)
+
+ARGS = ["--tasks", "niah_single_1", "--context-length", "640", "--n", "1", "--budgets", "0.25,1.0",
+        "--max-new-tokens", "4", "--part-size", "1", "--no-progress", "--k", "8", "--k-max", "16"]
+
+
+def _rows(out, table):
+    return [r for f in sorted((out / table).glob("*.parquet")) for r in pq.read_table(f).to_pylist()]
+
+
+def test_perhead_evictors_collect_and_record_their_window(model_dir, tmp_path):  # noqa: F811
+    out = tmp_path / "run"
+    evictors = "snapkv,snapkv-perhead,h2o,h2o-perhead,snapkv-perlayer"
+    assert cli.main(["--model", str(model_dir), "--out", str(out), *ARGS, "--evictors", evictors,
+                     "--snapkv-window", "16", "--snapkv-pool", "3"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["evictor_parameters"] == {"snapkv_window": 16, "pool_kernel": 3}
+    assert manifest["parameters"]["evictor_parameters"] == manifest["evictor_parameters"]
+    assert manifest["evictors"] == evictors.split(",")
+    (inp,) = _rows(out, "inputs")
+    outcomes = _rows(out, "outcomes")
+    assert sorted({o["evictor"] for o in outcomes}) == sorted(evictors.split(","))
+    for o in outcomes:
+        expected = inp["n_tokens"] if o["budget"] == 1.0 else max(int(0.25 * inp["n_tokens"]), 36)
+        assert o["n_kept"] == expected
+    assert pagestats_main(["validate", str(out)]) == 0
+    # another window is another run: resuming into the same directory is refused
+    assert cli.main(["--model", str(model_dir), "--out", str(out), *ARGS, "--evictors", evictors]) == 2
+
+
+def test_bad_snapkv_options_exit_2(model_dir, tmp_path, capsys):  # noqa: F811
+    base = ["--model", str(model_dir), "--out", str(tmp_path / "x"), *ARGS, "--evictors", "snapkv-perhead"]
+    assert cli.main([*base, "--snapkv-pool", "4"]) == 2
+    assert "pool_kernel" in capsys.readouterr().err
+    assert cli.main([*base, "--snapkv-window", "0"]) == 2
+    assert "snapkv_window" in capsys.readouterr().err
