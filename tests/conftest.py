@@ -15,6 +15,9 @@ make_tiny_model
     tests that need another vocabulary size, depth or attention implementation.
 tiny_input_ids
     ``torch.LongTensor`` of shape (1, 80), seeded, ids in [3, 512).
+model_dir
+    A directory holding the tiny Llama (``save_pretrained``) and a byte-level tokenizer with a chat
+    template: a local model for ``pagestats-collect --model``.
 
 Tests that do not use torch never import it: the import happens inside the fixtures.
 """
@@ -83,3 +86,24 @@ def tiny_input_ids():
 
     gen = torch.Generator().manual_seed(1234)
     return torch.randint(3, TINY_CONFIG["vocab_size"], (1, 80), generator=gen)
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory):
+    """A saved tiny Llama (vocabulary 512) beside a byte-level tokenizer with a small chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2}
+    for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab[ch] = len(vocab)
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    tok.chat_template = ("{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
+                         "{% if add_generation_prompt %}<s>assistant\n{% endif %}")
+    d = tmp_path_factory.mktemp("tiny_model")
+    _make_tiny_model("llama", vocab_size=512).save_pretrained(d)
+    tok.save_pretrained(d)
+    return d

@@ -23,28 +23,6 @@ ARGS = ["--tasks", "niah_single_1,niah_multikey_2", "--context-length", "640", "
         "--part-size", "1", "--no-progress", "--k", "8", "--k-max", "16"]
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    from conftest import _make_tiny_model
-
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2}
-    for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):
-        vocab[ch] = len(vocab)
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
-    tok.chat_template = ("{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
-                         "{% if add_generation_prompt %}<s>assistant\n{% endif %}")
-    d = tmp_path_factory.mktemp("tiny_model")
-    _make_tiny_model("llama", vocab_size=512).save_pretrained(d)
-    tok.save_pretrained(d)
-    return d
-
-
 def collect(model_dir, out, *extra):
     return cli.main(["--model", str(model_dir), "--out", str(out), *ARGS, *extra])
 
