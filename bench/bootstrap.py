@@ -20,7 +20,7 @@ machine is shared, so wall time is recorded too but CPU time is the fair measure
   for the vectorised code; continuous scores, unlike the paper's binary ones);
 - ``crossover``: time of the two draws (``"indices"`` / ``"counts"``) for one cell of
   ``n`` inputs with ``K`` distinct per-input means, the measurement behind
-  :data:`pagestats.bootstrap.COUNTS_CROSSOVER`.
+  :data:`pagestats.stats.bootstrap.COUNTS_CROSSOVER`.
 
 The binary-score cells have at most 17 distinct per-input means (8 budgets), so
 ``draw="auto"`` takes multinomial counts there (:func:`pagestats.stats.cluster_bootstrap`,
@@ -38,7 +38,8 @@ import time
 import numpy as np
 import polars as pl
 
-from pagestats import bootstrap, metrics, stats
+from pagestats import metrics, stats
+from pagestats.stats import bootstrap
 
 from _results import write_result
 

@@ -1,9 +1,10 @@
 """Gate signals from the captured observation window: top-k sets, a_ℓ, pair Jaccards, D, and
 other cheap prefill statistics.
 
-Everything is vectorised (NumPy selection, torch matmuls): one linear-time partition per (layer,
-head) for the top-k sets with exact tie-breaking, one one-hot batched matmul (L, H, T) → (L, H, H)
-for every pair's intersection size, no Python loop over pairs. The drop is computed by
+Everything is vectorised: one linear-time partition per (layer, head) for the top-k sets with
+exact tie-breaking, and the pair intersections through
+:func:`pagestats.profile.mask_intersections` — one one-hot batched matmul (L, H, T) → (L, H, H),
+the same kernel the offline replay uses — with no Python loop over pairs. The drop is computed by
 :func:`pagestats.profile.drop_from_agreement` on the float32 agreements that are logged, so an
 offline replay of the logged defaults reproduces the logged ``drop`` bit for bit.
 
@@ -139,26 +140,6 @@ def topk_positions(window_attention, k_max: int) -> np.ndarray:
     return np.take_along_axis(positions, order, axis=-1)
 
 
-def mask_intersections(mask: np.ndarray) -> np.ndarray:
-    """|S_{ℓ,i} ∩ S_{ℓ,j}| for every layer and head pair (i < j) of a set mask (L, H, T): (L, P) int64.
-
-    The mask is the sets' one-hot encoding, so the batched Gram matrix (L, H, T) @ (L, T, H)
-    holds every intersection size at once (exact integers in float32 up to 2^24).
-    """
-    onehot = torch.from_numpy(np.ascontiguousarray(mask, dtype=np.float32))
-    gram = torch.bmm(onehot, onehot.transpose(1, 2)).numpy()
-    i, j = np.triu_indices(mask.shape[1], k=1)
-    return np.rint(gram[:, i, j]).astype(np.int64)
-
-
-def pair_intersections(topk: np.ndarray, n_positions: int) -> np.ndarray:
-    """|topk[ℓ,i] ∩ topk[ℓ,j]| for every layer and head pair (i < j) of index lists: (L, P) int64."""
-    topk = np.asarray(topk)
-    mask = np.zeros((*topk.shape[:2], n_positions), dtype=np.float32)
-    np.put_along_axis(mask, topk.astype(np.int64), 1.0, axis=-1)
-    return mask_intersections(mask)
-
-
 def _agreement(inter: np.ndarray, k: int):
     """float32 a_ℓ and layer-major float32 pair Jaccards from (L, P) intersection sizes.
 
@@ -195,10 +176,10 @@ def agreement_profile(window_attention, k: int, k_max: int | None = None):
     """
     a = window_attention.numpy() if isinstance(window_attention, torch.Tensor) else np.asarray(window_attention)
     if k_max is None:
-        agreement, pair_jaccard = _agreement(mask_intersections(topk_mask(a, k)), k)
+        agreement, pair_jaccard = _agreement(profile.mask_intersections(topk_mask(a, k)), k)
         return None, agreement, pair_jaccard
     topk = topk_positions(a, k_max)
-    agreement, pair_jaccard = _agreement(pair_intersections(topk[..., :k], a.shape[-1]), k)
+    agreement, pair_jaccard = _agreement(profile.pairwise_intersections(topk[..., :k], a.shape[-1]), k)
     return topk, agreement, pair_jaccard
 
 

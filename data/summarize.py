@@ -13,7 +13,7 @@ import numpy as np
 import polars as pl
 
 from pagestats import io, metrics, replay
-from pagestats.policies import FixedTau, ZScored
+from pagestats.replay.policies import FixedTau, ZScored
 
 runs = sys.argv[1:] or sorted(str(m.parent) for m in Path(__file__).parent.glob("*/manifest.json"))
 logs = io.load(runs)

@@ -25,7 +25,7 @@ import polars as pl
 from IPython.display import Markdown, display
 
 from pagestats import io, metrics, replay, tables, whatif
-from pagestats.policies import FixedTau, Midpoint, ZScored
+from pagestats.replay.policies import FixedTau, Midpoint, ZScored
 
 # Where the logs are: PAGESTATS_LOGS (run directory, folder of runs, or glob); default ../data (shipped logs).
 LOGS = os.environ.get("PAGESTATS_LOGS", "../data")
@@ -73,9 +73,9 @@ def quickstart():
                       '    pl.col("delta").mean(), pl.col("p_open").mean(), pl.col("kept_kv").mean()).sort("policy", "model", "context_length", "evictor")\n'
                       'summary'),
         new_markdown_cell("## Figure 3: accuracy vs budget, plain (solid) and gated (dashed)"),
-        new_code_cell('from pagestats.figures import accuracy_vs_budget\n\n'
+        new_code_cell('from pagestats.columns import headline_evictor\nfrom pagestats.figures import accuracy_vs_budget\n\n'
                       'gated = replay.gated_outcomes(logs, FixedTau(0.07))\n'
-                      'ev = tables.headline_evictor(gated)\n'
+                      'ev = headline_evictor(gated["evictor"].unique())\n'
                       'cell = gated.select("model", "context_length").unique().sort("model", "context_length").row(0, named=True)\n'
                       'fig = accuracy_vs_budget(gated.filter(pl.col("evictor") == ev), evictor=ev, **cell)'),
         new_markdown_cell("## Sweep τ\n\nWith `ipywidgets` installed this is a slider; otherwise a static sweep "
@@ -170,7 +170,7 @@ def depth_notebook():
         new_markdown_cell("## A custom gate signal, written here\n\nExample: the mid-depth dip, mean a_ℓ over the middle "
                           "third minus the mean over the first and last layers. Any function of the stored frame works: "
                           "as a signal (AUC) and as a gate (`CustomPolicy`)."),
-        new_code_cell('from pagestats.policies import CustomPolicy\n\n'
+        new_code_cell('from pagestats.replay.policies import CustomPolicy\n\n'
                       'def mid_dip(frame):\n'
                       '    a = np.stack(frame["agreement"].to_list()).astype(np.float64)\n'
                       '    L = a.shape[1]\n'

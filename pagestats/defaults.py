@@ -38,6 +38,8 @@ EVICTORS = ("snapkv", "h2o", "streamingllm", "pyramidkv")
 SNAPKV_WINDOW = 32
 #: SnapKV score pooling width; 1 = none, as the paper describes its scoring (§4 "Setup").
 SNAPKV_POOL_KERNEL = 1
+#: The evictor of the single-evictor tables and figures (§4 "Setup": "Eviction is SnapKV-style by default").
+HEADLINE_EVICTOR = "snapkv"
 #: Statistics (App. A.7.2, Table 28).
 CONFIDENCE_LEVEL = 0.95
 N_BOOTSTRAP = 10_000
@@ -59,6 +61,24 @@ RULER_TASKS = (
     "qa_1",
     "qa_2",
 )
+
+
+#: Random head-pair draws averaged by a head-pair subsampling replay (App. A.3.5, Table 9).
+PAIR_DRAWS = 20
+#: Head-pair fractions of Table 9 (1.0 = every pair, the reference row).
+PAIR_FRACTIONS = (0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
+#: Pilot sizes of the pilot-sensitivity table (§3 "Calibration": the pilot is "~100 inputs").
+PILOT_SIZES = (25, 50, 100)
+#: Batch sizes of the static-batching table (App. A.6.2, Table 23).
+BATCH_SIZES = (1, 2, 4, 8, 16, 32)
+#: τ sweep of the threshold-sensitivity figure: (start, stop, step), stop inclusive (App. A.3.4, Fig. 6).
+TAU_GRID = (-0.05, 0.25, 0.0025)
+#: Operational plateau of Fig. 6 (App. A.3.4): Δ within this of Δ(τ0) ("Δ varies by under 1 pp") ...
+PLATEAU_DELTA_TOLERANCE = 0.01
+#: ... and FP + FN rates at most this (both "at or below 9%" on the paper's plateau).
+PLATEAU_ERROR_BUDGET = 0.10
+#: Seed of the report's cluster bootstrap (Tables 28–29), recorded so a report is reproducible.
+BOOTSTRAP_SEED = 0
 
 
 def default_task_class(task: str) -> str:

@@ -1,7 +1,7 @@
 """Pre-registration of prediction files by sha256 (§4 "Pre-Registered 32K Test", Table 21).
 
-Re-exported by :mod:`pagestats.stats`. The bands themselves come from
-:func:`pagestats.scaling.predict_band`.
+The bands themselves come from
+:func:`pagestats.metrics.scaling.predict_band`.
 """
 
 from __future__ import annotations

@@ -137,8 +137,34 @@ def jaccard_from_intersections(intersection: np.ndarray, k: int) -> np.ndarray:
     return inter / (2 * k - inter)
 
 
+def mask_intersections(mask: np.ndarray) -> np.ndarray:
+    """|S_{ℓ,i} ∩ S_{ℓ,j}| for every layer and head pair (i < j) of a set mask: the one
+    top-k pair-intersection kernel of the collector and the replay.
+
+    Parameters
+    ----------
+    mask : array, shape (L, H, T)
+        One-hot encoding of each (layer, head)'s key set (bool or 0/1).
+
+    Returns
+    -------
+    numpy.ndarray, shape (L, H(H−1)/2), int64
+        Intersection sizes for the pairs of :func:`pair_index`.
+
+    Notes
+    -----
+    The batched Gram matrix (L, H, T) @ (L, T, H) holds every intersection size at once;
+    in float32 the sums of 0/1 products are exact integers up to 2^24, so the result does not
+    depend on the BLAS's summation order.
+    """
+    onehot = np.ascontiguousarray(mask, dtype=np.float32)
+    gram = onehot @ onehot.transpose(0, 2, 1)
+    pairs = pair_index(onehot.shape[1])
+    return np.rint(gram[:, pairs[:, 0], pairs[:, 1]]).astype(np.int64)
+
+
 def pairwise_intersections(topk: np.ndarray, n_positions: int | None = None) -> np.ndarray:
-    """Intersection sizes of every head pair's top-k sets, one-hot matmul, no Python loops.
+    """Intersection sizes of every head pair's top-k sets, through :func:`mask_intersections`.
 
     Parameters
     ----------
@@ -157,9 +183,7 @@ def pairwise_intersections(topk: np.ndarray, n_positions: int | None = None) -> 
     t = int(n_positions if n_positions is not None else topk.max() + 1)
     onehot = np.zeros((n_layers, n_heads, t), dtype=np.float32)
     np.put_along_axis(onehot, topk.astype(np.int64), 1.0, axis=2)
-    gram = onehot @ onehot.transpose(0, 2, 1)
-    pairs = pair_index(n_heads)
-    return np.rint(gram[:, pairs[:, 0], pairs[:, 1]]).astype(np.int64)
+    return mask_intersections(onehot)
 
 
 def agreement_from_topk(topk: np.ndarray, k: int = defaults.TOP_K, n_positions: int | None = None):

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pagestats import defaults, profile, schema
-from pagestats.io import FileRecord, LogError, Logs, Problem, load, validate_paths
+from pagestats.io import FileRecord, LogError, Logs, Problem, load, upgrades, validate_paths
 
 L, H, K_MAX = 6, 4, 8
 TASKS = ("niah_multikey_3", "vt")
@@ -461,7 +461,7 @@ def test_duplicate_outcome_rows_across_files(run):
     dup = run / "outcomes" / "part-0002.parquet"
     p = assert_problem(problems, dup, 0, "duplicate outcome row")
     assert f"first at {os.path.normpath(str(src))}:row 0" in p.message
-    from pagestats.validation import MAX_ROWS_PER_RULE
+    from pagestats.io.validation import MAX_ROWS_PER_RULE
 
     rest = N_INPUTS * len(EVICTORS) * len(BUDGETS) - MAX_ROWS_PER_RULE
     assert_problem(problems, dup, None, f"{rest} more rows with: duplicate outcome row")
@@ -626,7 +626,7 @@ def test_older_schema_version_is_upgraded_on_read(run, monkeypatch):
         return frame.with_columns(pl.lit(float("nan")).alias("gate_ms")) if table == "inputs" else frame
 
     monkeypatch.setattr(schema, "READABLE_VERSIONS", (0, 1))
-    monkeypatch.setitem(io.UPGRADES, 0, io.Upgrade(manifest=manifest_v0, schema=schema_v0, table=table_v0))
+    monkeypatch.setitem(upgrades.UPGRADES, 0, upgrades.Upgrade(manifest=manifest_v0, schema=schema_v0, table=table_v0))
     assert validate_paths([str(run)]) == []
     logs = load([str(run)])
     assert logs.inputs["gate_ms"].is_nan().all()
@@ -913,7 +913,7 @@ def test_many_bad_rows_are_summarised(tmp_path):
 
     run = write_run(tmp_path, mutate=mutate)
     problems = validate_paths([str(run)])
-    from pagestats.validation import MAX_ROWS_PER_RULE
+    from pagestats.io.validation import MAX_ROWS_PER_RULE
 
     per_file = N_INPUTS * len(EVICTORS) * (len(BUDGETS) - 1)
     f = os.path.normpath(str(run / "outcomes" / "part-0000.parquet"))

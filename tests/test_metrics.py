@@ -1,4 +1,4 @@
-"""pagestats.metrics / pagestats.scaling against brute-force Python loops over a hand-built frame."""
+"""pagestats.metrics / pagestats.metrics.scaling against brute-force Python loops over a hand-built frame."""
 
 from __future__ import annotations
 

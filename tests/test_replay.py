@@ -1,4 +1,4 @@
-"""pagestats.replay / pagestats.policies against independent references written here.
+"""pagestats.replay / pagestats.replay.policies against independent references written here.
 
 References: Python-set Jaccards and plain-Python means (no pagestats.profile calls) for the
 recomputed D; closed forms for the calibrated thresholds; a brute-force loop of
@@ -457,7 +457,7 @@ def test_tau_curve_bad_group(logs):
 @pytest.mark.parametrize("span", [40, 100_000])  # positions dense in / spread over a long context
 def test_topk_pair_jaccard_equals_python_sets(span):
     """The vectorised k-replay (dense renumbering + one-hot) equals Python set arithmetic bit for bit."""
-    from pagestats.profile_replay import topk_pair_jaccard
+    from pagestats.replay.spec import topk_pair_jaccard
 
     g = np.random.default_rng(span)
     n, n_layers, h, k_max, k = 3, 2, 4, 8, 5

@@ -11,7 +11,10 @@ import polars as pl
 import pytest
 from matplotlib.figure import Figure
 
-from pagestats import defaults, io, report, testing
+from pagestats import defaults, io, report, tables, testing
+from pagestats.report.context import needs_agreement, needs_contexts, needs_draws, needs_topk
+from pagestats.report.figure_entries import FIGURES
+from pagestats.report.table_entries import TABLES
 
 SMALL = dict(models={"tiny": (6, 3)}, evictors=("snapkv", "h2o"), tasks=("niah_multikey_3", "vt", "fwe"),
              n_inputs=4, budgets=(0.125, 0.5, 1.0), with_topk=False, with_text=False)
@@ -51,7 +54,7 @@ def test_every_figure_written_or_skipped_with_reason(two_context):
     _, index = two_context
     meta = json.loads((index.parent / "index.json").read_text())
     names = [o["name"] for o in meta["outputs"]]
-    assert [e.name for e in report.FIGURES] == [n for n in names if n.startswith("fig")]
+    assert [e.name for e in FIGURES] == [n for n in names if n.startswith("fig")]
     for o in meta["outputs"]:
         if o["skipped"]:
             assert o["files"] == [] and "\n" not in o["skipped"]
@@ -70,7 +73,7 @@ def test_every_figure_written_or_skipped_with_reason(two_context):
 
 def test_single_context_skips_fig9_with_reason(tmp_path):
     logs = _load(tmp_path, context_lengths=(4096,))
-    entries = [e for e in report.FIGURES if e.name in ("fig08_delta_matrix", "fig09_rho_vs_headroom")]
+    entries = [e for e in FIGURES if e.name in ("fig08_delta_matrix", "fig09_rho_vs_headroom")]
     index = Path(report.build_report(logs, tmp_path / "out", entries=entries))
     meta = json.loads((index.parent / "index.json").read_text())
     out = {o["name"]: o for o in meta["outputs"]}
@@ -84,7 +87,7 @@ def test_single_context_skips_fig9_with_reason(tmp_path):
 
 def test_one_class_skips_class_contrasts(tmp_path):
     logs = _load(tmp_path, tasks=("vt", "fwe"), context_lengths=(4096,))
-    entries = [e for e in report.FIGURES if e.name in ("fig06_tau_sensitivity", "fig07_delta_of_f")]
+    entries = [e for e in FIGURES if e.name in ("fig06_tau_sensitivity", "fig07_delta_of_f")]
     index = Path(report.build_report(logs, tmp_path / "out", entries=entries))
     meta = json.loads((index.parent / "index.json").read_text())
     for o in meta["outputs"]:
@@ -94,10 +97,10 @@ def test_one_class_skips_class_contrasts(tmp_path):
 def test_requirements_on_context(tmp_path):
     logs = _load(tmp_path, context_lengths=(4096,))
     ctx = report.Context(logs)
-    assert report.needs_topk(ctx)  # generated without top-k
-    assert report.needs_draws(2)(ctx) and report.needs_draws(1)(ctx) is None
-    assert report.needs_contexts(1)(ctx) is None
-    assert report.needs_agreement(ctx) is None
+    assert needs_topk(ctx)  # generated without top-k
+    assert needs_draws(2)(ctx) and needs_draws(1)(ctx) is None
+    assert needs_contexts(1)(ctx) is None
+    assert needs_agreement(ctx) is None
     assert ctx.headline_evictor == "snapkv"
 
 
@@ -119,14 +122,14 @@ def test_empty_output_is_skipped_not_written(tmp_path):
 
 def test_markdown_table_formats():
     frame = pl.DataFrame({"a": [1, None], "b": [0.123456789, float("nan")], "c": ["x|y", "z"]})
-    assert report.markdown_table(frame).splitlines() == [
+    assert tables.markdown_table(frame).splitlines() == [
         "| a | b | c |", "|---|---|---|", "| 1 | 0.1235 | x\\|y |", "|  | NaN | z |"]
 
 
 def test_report_is_byte_reproducible(two_context, tmp_path):
     """Two builds of the tables from the same logs write identical bytes (HTML ids included)."""
     logs, _ = two_context
-    outs = [Path(report.build_report(logs, tmp_path / f"run{i}", entries=report.table_entries())).parent
+    outs = [Path(report.build_report(logs, tmp_path / f"run{i}", entries=TABLES)).parent
             for i in (1, 2)]
     files = sorted(p.relative_to(outs[0]) for p in outs[0].rglob("*") if p.is_file())
     assert any(f.suffix == ".html" for f in files) and any(f.suffix == ".csv" for f in files)

@@ -9,7 +9,8 @@ import polars as pl
 import pytest
 from scipy.stats import norm
 
-from pagestats import bootstrap, stats
+from pagestats import prereg, stats
+from pagestats.stats import bootstrap
 
 # --------------------------------------------------------------------------- Wilson
 
@@ -297,27 +298,27 @@ def test_freeze_and_load_predictions(tmp_path, suffix):
 
     frame = pl.DataFrame({"task": ["vt", "fwe"], "low": [0.1, 0.2], "high": [0.3, 0.4]})
     path = tmp_path / f"pred{suffix}"
-    digest = stats.freeze_predictions(frame, path)
+    digest = prereg.freeze_predictions(frame, path)
     assert digest == hashlib.sha256(path.read_bytes()).hexdigest()
     assert (tmp_path / f"pred{suffix}.sha256").read_text().split() == [digest, path.name]
-    back = stats.load_predictions(path, digest)
+    back = prereg.load_predictions(path, digest)
     assert back.equals(frame)
     with pytest.raises(FileExistsError):
-        stats.freeze_predictions(frame, path)
+        prereg.freeze_predictions(frame, path)
     # tamper: any byte change is caught before parsing
     path.write_bytes(path.read_bytes() + b"\n")
-    with pytest.raises(stats.PreregistrationError):
-        stats.load_predictions(path, digest)
+    with pytest.raises(prereg.PreregistrationError):
+        prereg.load_predictions(path, digest)
 
 
 def test_predictions_bad_arguments(tmp_path):
     frame = pl.DataFrame({"a": [1]})
     with pytest.raises(ValueError):
-        stats.freeze_predictions(frame, tmp_path / "p.json")
+        prereg.freeze_predictions(frame, tmp_path / "p.json")
     path = tmp_path / "p.csv"
-    stats.freeze_predictions(frame, path)
+    prereg.freeze_predictions(frame, path)
     with pytest.raises(ValueError):
-        stats.load_predictions(path, "abc")
+        prereg.load_predictions(path, "abc")
 
 
 def test_bootstrap_shared_inputs_equals_loop_with_one_resample_for_all_cells():

@@ -15,7 +15,8 @@ import polars as pl
 import pytest
 
 from pagestats import defaults, io, replay, report, tables, testing
-from pagestats.policies import FixedTau, TaskOracle, ZScored
+from pagestats.replay.policies import FixedTau, TaskOracle, ZScored
+from pagestats.report.table_entries import TABLES
 
 CAP, DIL = defaults.CAPACITY_BOUND, defaults.DILUTION_PRONE
 TASKS = ("niah_multikey_1", "niah_multikey_2", "niah_multikey_3", "vt", "fwe")
@@ -406,7 +407,7 @@ def test_oracle_gap_by_loops(syn, gated):
 
 
 def test_cross_cell_fixed_and_calibrated(syn, gated):
-    from pagestats.policies import Midpoint
+    from pagestats.replay.policies import Midpoint
 
     cal = replay.gated_outcomes(syn, Midpoint())
     t = tables.cross_cell_table(gated, cal)
@@ -449,7 +450,7 @@ def test_compression_and_batching_closed_form(gated):
         B = r["batch_size"]
         assert r["p_open"] == pytest.approx(p) and r["kept_open"] == pytest.approx(k_open)
         assert r["compression"] == pytest.approx(1 / ((1 - p**B) + p**B * k_open))
-    assert sorted(t23["batch_size"].unique().to_list()) == list(tables.BATCH_SIZES)
+    assert sorted(t23["batch_size"].unique().to_list()) == list(defaults.BATCH_SIZES)
 
 
 def test_scaling_slope_by_hand(gated):
@@ -585,7 +586,7 @@ def test_registry_entries_and_skips(tmp_path):
     syn = testing.synthetic_logs(**{**SMALL, "context_lengths": (4096,), "draws": (0,), "n_inputs": 4,
                                     "tasks": ("niah_multikey_3", "vt", "fwe")})
     logs = io.load([str(r) for r in syn.write(tmp_path / "logs")])
-    entries = report.table_entries()
+    entries = TABLES
     assert all(isinstance(e, report.Entry) and e.kind == "table" for e in entries)
     assert len({e.name for e in entries}) == len(entries)
     assert set(tables.LAYOUTS) == {e.name for e in entries}

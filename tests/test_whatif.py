@@ -15,7 +15,8 @@ import pytest
 
 from pagestats import defaults
 from pagestats.replay import FixedTau, Midpoint, ProfileSpec, TaskOracle, ZScored, gated_outcomes
-from pagestats.whatif import WHATIF_COLUMNS, parse_layers, policy_from_args, profile_from_args, whatif_table
+from pagestats.cli import parse_layers, policy_from_args, profile_from_args
+from pagestats.whatif import WHATIF_COLUMNS, whatif_table
 
 
 def tiny_logs():

@@ -37,7 +37,12 @@ from pagestats.figures.gate import (
     tau_sensitivity,
     tau_sensitivity_data,
 )
-from pagestats.figures.matrix import delta_matrix, delta_matrix_data, delta_of_f, delta_of_f_data
+from pagestats.figures.matrix import (
+    delta_matrix,
+    delta_matrix_data,
+    delta_of_f,
+    delta_of_f_data,
+)
 from pagestats.figures.recovery import (
     recovery_distribution,
     recovery_distribution_data,

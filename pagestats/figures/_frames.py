@@ -8,27 +8,12 @@ from collections.abc import Iterable
 
 import polars as pl
 
-from pagestats._frames import require_columns
-
-CELL = ("model", "context_length")
-MATRIX_CELL = ("model", "context_length", "evictor")
+from pagestats.columns import MODEL_CELL, require_columns
 
 
 def require(frame: pl.DataFrame, columns: Iterable[str], what: str) -> None:
     """Raise a clear error when ``frame`` lacks any of ``columns`` or is empty."""
     require_columns(frame, list(columns), what, non_empty=True)
-
-
-def with_task_class(frame: pl.DataFrame) -> pl.DataFrame:
-    """``frame`` with a ``task_class`` column (the default partition where absent; task
-    classes are data — ``Logs.inputs`` carries the manifests' mapping)."""
-    if "task_class" in frame.columns:
-        return frame
-    from pagestats import defaults
-
-    return frame.with_columns(
-        pl.col("task").map_elements(defaults.default_task_class, return_dtype=pl.String).alias("task_class")
-    )
 
 
 def short_task(task: str) -> str:
@@ -71,7 +56,7 @@ def task_order(frame: pl.DataFrame, value: str | None = None) -> list[str]:
     return summary.sort(by)["task"].unique(maintain_order=True).to_list()
 
 
-def cells(frame: pl.DataFrame, keys=CELL) -> list[dict]:
+def cells(frame: pl.DataFrame, keys=MODEL_CELL) -> list[dict]:
     """Distinct cells (dicts of the present ``keys``), sorted."""
     keys = present(frame, keys)
     if not keys:

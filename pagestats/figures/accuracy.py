@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from pagestats import metrics
+from pagestats.columns import MATRIX_CELL, with_task_class
 from pagestats.figures import _style as st
 from pagestats.figures._frames import (
-    MATRIX_CELL,
     cells,
     present,
     require,
@@ -16,7 +17,6 @@ from pagestats.figures._frames import (
     short_task,
     task_order,
     where,
-    with_task_class,
 )
 
 GATED_COLUMNS = ("task", "budget", "score_full", "score_plain", "score_gated")
@@ -159,8 +159,6 @@ def frontier_data(gated: pl.DataFrame, *, by=MATRIX_CELL) -> pl.DataFrame:
     PAGE paper, §4.1 "Accuracy-Memory Frontier", Figure 4; Eq. 2 (closed gate keeps
     n_kept = n_tokens); DESIGN §4 (kept-KV).
     """
-    from pagestats import metrics
-
     require(gated, ("budget", "n_tokens", "gate_open", "score_full", "score_plain", "score_gated",
                     "n_kept_plain", "n_kept_gated"), "frontier_data")
     keys = present(gated, by)

@@ -7,8 +7,10 @@ import numpy as np
 import polars as pl
 
 from pagestats import defaults
+from pagestats.columns import MODEL_CELL, with_task_class
 from pagestats.figures import _style as st
-from pagestats.figures._frames import CELL, cells, present, require, short_task, task_order, where, with_task_class
+from pagestats.figures._frames import cells, present, require, short_task, task_order, where
+from pagestats.profile import bin_layers
 
 
 # --------------------------------------------------------------------------- Fig. 2
@@ -38,7 +40,7 @@ def drop_by_task_data(gate: pl.DataFrame) -> pl.DataFrame:
     """
     require(gate, ["task", "drop"], "drop_by_task_data")
     frame = with_task_class(gate)
-    cell = present(frame, CELL)
+    cell = present(frame, MODEL_CELL)
     if "pair_draw" in frame.columns:
         ident = present(frame, ("run_id", "input_id")) + cell + ["task", "task_class"]
         frame = frame.group_by(ident).agg(pl.col("drop").mean())
@@ -82,7 +84,7 @@ def drop_by_task(gate: pl.DataFrame, *, tau: float | None = defaults.TAU, ax=Non
     PAGE paper, Figure 2; §3 "Head-Agreement Drop D", Eq. 3.
     """
     data = drop_by_task_data(gate)
-    groups = cells(data, CELL)
+    groups = cells(data, MODEL_CELL)
     tasks = data.select("task", "task_rank", "task_class").unique().sort("task_rank")
     with st.style():
         fig, axes = st.panels(len(groups), ax, ncols=min(len(groups), 2), sharey=True,
@@ -154,11 +156,9 @@ def agreement_profile_data(
     PAGE paper, App. A.3.3 "The per-layer profile behind D", Figure 5; Eq. 3 (bins);
     App. F (deployed equal-size bins).
     """
-    from pagestats.profile import bin_layers
-
     require(inputs, ["task", "agreement"], "agreement_profile_data")
     inputs = with_task_class(inputs)
-    cell = present(inputs, CELL)
+    cell = present(inputs, MODEL_CELL)
     keys = cell + ["task", "task_class"]
     lengths = inputs.select(pl.col("agreement").list.len()).to_series()
     if lengths.min() < 2:
@@ -203,7 +203,7 @@ def agreement_profile(
     PAGE paper, App. A.3.3, Figure 5.
     """
     data = agreement_profile_data(inputs, bin_fraction=bin_fraction, convention=convention)
-    groups = cells(data, CELL)
+    groups = cells(data, MODEL_CELL)
     order = task_order(data)
     palette = _task_palette(data, order)
     with st.style():
@@ -254,8 +254,8 @@ def tau_sensitivity_data(
     curve: pl.DataFrame,
     *,
     tau0: float = defaults.TAU,
-    delta_tolerance: float = 0.01,
-    error_budget: float = 0.10,
+    delta_tolerance: float = defaults.PLATEAU_DELTA_TOLERANCE,
+    error_budget: float = defaults.PLATEAU_ERROR_BUDGET,
 ) -> pl.DataFrame:
     """Mark the operational plateau of a τ curve (data of Fig. 6).
 
@@ -321,8 +321,8 @@ def _curve_keys(curve: pl.DataFrame) -> list[str]:
     return [c for c in curve.columns if c not in _CURVE_VALUES]
 
 
-def tau_sensitivity(curve: pl.DataFrame, *, tau0: float = defaults.TAU, delta_tolerance: float = 0.01,
-                    error_budget: float = 0.10, ax=None):
+def tau_sensitivity(curve: pl.DataFrame, *, tau0: float = defaults.TAU, delta_tolerance: float = defaults.PLATEAU_DELTA_TOLERANCE,
+                    error_budget: float = defaults.PLATEAU_ERROR_BUDGET, ax=None):
     """Figure 6: Δ, false-positive and false-negative rates against τ, with the operational
     plateau shaded and the deployed τ marked.
 

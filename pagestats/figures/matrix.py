@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from pagestats import defaults
+from pagestats import defaults, metrics
+from pagestats.columns import MATRIX_CELL
 from pagestats.figures import _style as st
-from pagestats.figures._frames import MATRIX_CELL, cells, present, require, where
+from pagestats.figures._frames import cells, present, require, where
 
 _NEEDS = ("task_class", "budget", "score_plain", "score_gated", "input_id", "task")
 
@@ -32,8 +33,6 @@ def delta_matrix_data(gated: pl.DataFrame) -> pl.DataFrame:
     ----------
     PAGE paper, §4.1 "Transfer Across Eviction Mechanisms", Table 2, Figure 8; DESIGN §4 (Δ).
     """
-    from pagestats import metrics
-
     require(gated, _NEEDS, "delta_matrix_data")
     keys = present(gated, MATRIX_CELL)
     return metrics.delta(gated, by=keys).sort(keys)
@@ -110,8 +109,6 @@ def delta_of_f_data(gated: pl.DataFrame, *, f=None) -> pl.DataFrame:
     PAGE paper, App. A.4.1 "Per-task decomposition of the matrix", Figure 7 (grey lines per
     cell, mean line, marker at the suite's f = 0.25).
     """
-    from pagestats import metrics
-
     require(gated, _NEEDS, "delta_of_f_data")
     grid = np.linspace(0.0, 1.0, 21) if f is None else np.asarray(f, dtype=float).ravel()
     if grid.size == 0 or np.any((grid < 0) | (grid > 1)) or not np.all(np.isfinite(grid)):

@@ -6,15 +6,15 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from pagestats import metrics, stats
+from pagestats.columns import MODEL_CELL
 from pagestats.figures import _style as st
-from pagestats.figures._frames import CELL, cells, present, require, short_task, task_order, where
+from pagestats.figures._frames import cells, present, require, short_task, task_order, where
 
 R_VALUES = (-1, 0, 1)
 
 
 def _indicator(gated: pl.DataFrame) -> pl.DataFrame:
-    from pagestats import metrics
-
     require(gated, ("task", "input_id", "budget", "score_plain", "score_gated"), "recovery indicator")
     return metrics.recovery_indicator(gated)
 
@@ -101,10 +101,8 @@ def recovery_fraction_data(gated: pl.DataFrame, *, confidence_level: float = 0.9
     ----------
     PAGE paper, App. A.7.1, Figure 11.
     """
-    from pagestats import stats
-
     r = _indicator(gated)
-    keys = present(r, CELL) + ["task"] + present(r, ("task_class",))
+    keys = present(r, MODEL_CELL) + ["task"] + present(r, ("task_class",))
     out = r.group_by(keys).agg((pl.col("r") > 0).sum().cast(pl.Int64).alias("k"), pl.len().cast(pl.Int64).alias("n"))
     ci = stats.wilson(out["k"].to_numpy(), out["n"].to_numpy(), confidence_level=confidence_level)
     return out.with_columns(
@@ -127,7 +125,7 @@ def recovery_fraction(gated: pl.DataFrame, *, confidence_level: float = 0.95, ax
     PAGE paper, Figure 11.
     """
     data = recovery_fraction_data(gated, confidence_level=confidence_level)
-    groups = cells(data, CELL)
+    groups = cells(data, MODEL_CELL)
     order = task_order(data)
     ncols = min(len(groups), 2 if len(groups) <= 4 else 3)
     ymax = max(float(data["high"].max()), 0.05)

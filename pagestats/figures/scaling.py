@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from pagestats import defaults
+from pagestats import defaults, metrics
 from pagestats.figures import _style as st
 from pagestats.figures._frames import require, select_cells
 
@@ -35,8 +35,6 @@ def scaling_data(gated: pl.DataFrame, *, evictor=None) -> pl.DataFrame:
     ----------
     PAGE paper, §5 "Scaling Relation", Eq. 4; App. A.6.4, Table 25; Figure 9 (slope 0.34).
     """
-    from pagestats import metrics
-
     require(gated, ("task", "budget", "score_full", "score_plain"), "scaling_data")
     sub = select_cells(gated, evictor=evictor)
     if "evictor" in sub.columns and sub["evictor"].n_unique() > 1:

@@ -1,6 +1,6 @@
 """The paper's tables: one function per table returning a tidy polars frame of numbers,
 and layouts that typeset them (great_tables). The report entries that call them live above
-this package, in :mod:`pagestats.report_tables`; nothing here imports :mod:`pagestats.report`.
+this package, in :mod:`pagestats.report.table_entries`; nothing here imports :mod:`pagestats.report`.
 
 Modules follow the data flow: :mod:`~pagestats.tables.partition` (ρ, D per task, scaling,
 pre-registration, harm), :mod:`~pagestats.tables.effects` (Δ matrix, budgets, oracle,
@@ -19,10 +19,17 @@ Examples
 from __future__ import annotations
 
 from pagestats import defaults
-from pagestats.tables._common import headline_evictor, ordering_margin, task_means
-from pagestats.tables._render import Layout, display_frame, format_interval, to_gt, to_markdown, write_table
+from pagestats.tables._common import ordering_margin, task_means
+from pagestats.tables._render import (
+    Layout,
+    display_frame,
+    format_interval,
+    markdown_table,
+    to_gt,
+    to_markdown,
+    write_table,
+)
 from pagestats.tables.effects import (
-    BATCH_SIZES,
     batching_table,
     best_evictor_table,
     bootstrap_table,
@@ -44,8 +51,6 @@ from pagestats.tables.partition import (
     scaling_table,
 )
 from pagestats.tables.signal import (
-    PAIR_FRACTIONS,
-    PILOT_SIZES,
     auc_table,
     calibration_table,
     head_pair_table,
@@ -56,14 +61,14 @@ from pagestats.tables.signal import (
 
 __all__ = [
     "Layout", "LAYOUTS",
-    "format_interval", "display_frame", "to_gt", "to_markdown", "write_table",
-    "headline_evictor", "task_means", "ordering_margin",
+    "format_interval", "display_frame", "markdown_table", "to_gt", "to_markdown", "write_table",
+    "task_means", "ordering_margin",
     "recovery_table", "drop_by_task_table", "distractor_sweep_table", "scaling_table", "preregistered_table",
     "harm_table", "delta_matrix_table", "delta_by_task_table", "budget_axis_table", "oracle_gap_table",
     "best_evictor_table", "cross_cell_table", "compression_table", "batching_table", "bootstrap_table",
     "draw_replicates_table", "auc_table", "signal_ablation_table", "calibration_table", "head_pair_table",
     "layer_subset_table", "pilot_sensitivity_table",
-    "MULTIKEY_TASKS", "BATCH_SIZES", "PAIR_FRACTIONS", "PILOT_SIZES",
+    "MULTIKEY_TASKS",
 ]  # fmt: skip
 
 _WILSON = f"Wilson {defaults.CONFIDENCE_LEVEL:.0%} intervals."

@@ -2,7 +2,7 @@
 
 Only what the engine (:mod:`pagestats.metrics`, :mod:`pagestats.stats`) does not provide
 lives here: per-task means of a per-input statistic, the class *ordering margin* of
-Tables 6, 9 and 10, and the choice of the headline evictor. Everything else is called
+Tables 6, 9 and 10, and the selection of one evictor's rows. Everything else is called
 from the engine.
 """
 
@@ -13,13 +13,9 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from pagestats._frames import require_columns  # noqa: F401 (re-exported)
-
 from pagestats import defaults
-
-#: A (model, context) cell, the unit of the signal tables (Tables 3–10, 20, 24).
-MODEL_CELL = ("model", "context_length")
-INPUT_KEY = ("run_id", "task", "input_id")
+from pagestats.columns import MODEL_CELL, headline_evictor, input_key, require_columns
+from pagestats.schema import INPUT_KEY
 
 
 def group_tau(col: str = "tau") -> pl.Expr:
@@ -38,18 +34,10 @@ def as_list(by) -> list[str]:
     return [by] if isinstance(by, str) else list(by)
 
 
-def headline_evictor(frame: pl.DataFrame) -> str:
-    """SnapKV when present (the paper's single-evictor tables), else the first evictor by name."""
-    require_columns(frame, ["evictor"], "headline_evictor")
-    evictors = sorted(frame["evictor"].unique().to_list())
-    if not evictors:
-        raise ValueError("headline_evictor: the frame has no evictor")
-    return "snapkv" if "snapkv" in evictors else evictors[0]
-
-
 def one_evictor(frame: pl.DataFrame, evictor: str | None) -> tuple[pl.DataFrame, str]:
     """Rows of ``evictor`` (default :func:`headline_evictor`); raises if it is not logged."""
-    ev = evictor if evictor is not None else headline_evictor(frame)
+    require_columns(frame, ["evictor"], "one_evictor")
+    ev = evictor if evictor is not None else headline_evictor(frame["evictor"].unique().to_list())
     sub = frame.filter(pl.col("evictor") == ev)
     if sub.height == 0:
         raise ValueError(f"evictor {ev!r} is not in the outcomes ({sorted(frame['evictor'].unique().to_list())})")
@@ -58,8 +46,7 @@ def one_evictor(frame: pl.DataFrame, evictor: str | None) -> tuple[pl.DataFrame,
 
 def input_rows(frame: pl.DataFrame) -> pl.DataFrame:
     """One row per input (and head-pair draw) of a gate or gated-outcome frame."""
-    key = [*INPUT_KEY, *(["pair_draw"] if "pair_draw" in frame.columns else [])]
-    return frame.unique(subset=key, keep="first", maintain_order=True)
+    return frame.unique(subset=input_key(frame), keep="first", maintain_order=True)
 
 
 def task_means(frame: pl.DataFrame, value: str = "drop", by=MODEL_CELL) -> pl.DataFrame:

@@ -13,7 +13,33 @@ from pathlib import Path
 
 import polars as pl
 
-from pagestats._outputs import _flat_for_csv, markdown_table
+
+def markdown_table(frame: pl.DataFrame, float_digits: int = 4) -> str:
+    """A GitHub pipe table of ``frame`` (floats to ``float_digits`` significant digits)."""
+
+    def cell(v) -> str:
+        if v is None:
+            return ""
+        if isinstance(v, float):
+            return "NaN" if v != v else f"{v:.{float_digits}g}"
+        if isinstance(v, (list, tuple)):
+            return ", ".join(cell(x) for x in v)
+        return str(v).replace("|", "\\|").replace("\n", " ")
+
+    header = "| " + " | ".join(frame.columns) + " |"
+    rule = "|" + "|".join("---" for _ in frame.columns) + "|"
+    rows = ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.iter_rows()]
+    return "\n".join([header, rule, *rows]) + "\n"
+
+
+def _flat_for_csv(frame: pl.DataFrame) -> pl.DataFrame:
+    nested = [c for c, t in frame.schema.items() if isinstance(t, (pl.List, pl.Array, pl.Struct))]
+    return frame.with_columns(pl.col(c).map_elements(str, return_dtype=pl.String) for c in nested) if nested else frame
+
+
+def _flat_for_csv(frame: pl.DataFrame) -> pl.DataFrame:
+    nested = [c for c, t in frame.schema.items() if isinstance(t, (pl.List, pl.Array, pl.Struct))]
+    return frame.with_columns(pl.col(c).map_elements(str, return_dtype=pl.String) for c in nested) if nested else frame
 
 
 @dataclass(frozen=True)
@@ -112,8 +138,10 @@ def to_markdown(frame: pl.DataFrame, layout: Layout | None = None) -> str:
 
 
 def write_table(frame: pl.DataFrame, stem, layout: Layout | None = None, *, formats=("csv", "md", "html", "tex")) -> list[str]:
-    """Write ``frame`` as ``stem.csv`` (numbers at full precision), ``stem.md``, and — with a
-    ``layout`` — ``stem.html`` and ``stem.tex`` through great_tables. Returns the paths."""
+    """Write ``frame`` as ``stem.csv`` (numbers at full precision), ``stem.md`` (typeset by
+    ``layout`` when given, with its notes) and — with a ``layout`` — ``stem.html`` and
+    ``stem.tex`` through great_tables (element id ``stem``'s name, so the HTML is
+    byte-reproducible). The one table writer of the package. Returns the paths."""
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = []

@@ -15,8 +15,8 @@ import numpy as np
 import polars as pl
 
 from pagestats import defaults, metrics
-from pagestats._frames import CELL
-from pagestats.tables._common import MODEL_CELL, require_columns, group_tau, one_evictor
+from pagestats.columns import MATRIX_CELL, MODEL_CELL, require_columns
+from pagestats.tables._common import group_tau, one_evictor
 
 __all__ = [
     "delta_matrix_table",
@@ -29,11 +29,8 @@ __all__ = [
     "batching_table",
     "bootstrap_table",
     "draw_replicates_table",
-    "BATCH_SIZES",
 ]
 
-#: Batch sizes of Table 23.
-BATCH_SIZES = (1, 2, 4, 8, 16, 32)
 _CAP = pl.col("task_class") == defaults.CAPACITY_BOUND
 
 
@@ -64,7 +61,7 @@ def delta_matrix_table(gated: pl.DataFrame) -> pl.DataFrame:
     PAGE §4.1 "Transfer Across Eviction Mechanisms", Table 2 (grand mean +22.9 pp; +4.5 pp
     excluding NIAH-MK3, exactly 0.000 in 8 of 16 cells), App. A.4.1, Table 12.
     """
-    by = list(CELL)
+    by = list(MATRIX_CELL)
     full = metrics.delta(gated, by=by)
     rest_rows = gated.filter(~_CAP)
     rest = metrics.delta(rest_rows, by=by).select(*by, pl.col("delta").alias("delta_rest")) if rest_rows.height else None
@@ -88,10 +85,10 @@ def delta_by_task_table(gated: pl.DataFrame) -> pl.DataFrame:
         (of the task's inputs) and ``identical`` (the cell's † marker of
         :func:`delta_matrix_table`).
     """
-    by = [*CELL, "task", "task_class"]
+    by = [*MATRIX_CELL, "task", "task_class"]
     d = metrics.delta(gated, by=by)
     po = metrics.p_open(gated, by=[*MODEL_CELL, "task"]).select(*MODEL_CELL, "task", "p_open")
-    out = d.join(po, on=[*MODEL_CELL, "task"], how="left").join(_rest_open(gated, list(CELL)), on=list(CELL), how="left")
+    out = d.join(po, on=[*MODEL_CELL, "task"], how="left").join(_rest_open(gated, list(MATRIX_CELL)), on=list(MATRIX_CELL), how="left")
     return out.select(*by, "delta", "n_inputs", "p_open", "identical").sort(by)
 
 
@@ -109,7 +106,7 @@ def budget_axis_table(gated: pl.DataFrame) -> pl.DataFrame:
     ----------
     PAGE App. A.4.1 "Budget convention", Table 13 (plain 0.88 → 0.19, gated 0.61–0.88).
     """
-    by = [*CELL, "budget"]
+    by = [*MATRIX_CELL, "budget"]
     require_columns(gated, [*by, "score_full", "score_plain", "score_gated"], "budget_axis_table")
     rows = gated.filter(pl.col("budget") < 1.0)
     acc = rows.group_by(by).agg(
@@ -128,7 +125,7 @@ def oracle_gap_table(gated: pl.DataFrame, gated_oracle: pl.DataFrame) -> pl.Data
     Parameters
     ----------
     gated, gated_oracle : polars.DataFrame
-        Gated outcomes under the policy and under :class:`pagestats.policies.TaskOracle`.
+        Gated outcomes under the policy and under :class:`pagestats.replay.policies.TaskOracle`.
 
     Returns
     -------
@@ -140,12 +137,12 @@ def oracle_gap_table(gated: pl.DataFrame, gated_oracle: pl.DataFrame) -> pl.Data
     ----------
     PAGE §4.1, App. A.4.3, Table 14.
     """
-    gap = metrics.oracle_gap(gated, gated_oracle, by=CELL)
-    key = ["run_id", "task", "input_id", *CELL]
+    gap = metrics.oracle_gap(gated, gated_oracle, by=MATRIX_CELL)
+    key = ["run_id", "task", "input_id", *MATRIX_CELL]
     a = gated.select(*key, "gate_open").unique()
     b = gated_oracle.select(*key, pl.col("gate_open").alias("_oracle")).unique()
-    same = a.join(b, on=key).group_by(list(CELL)).agg((pl.col("gate_open") == pl.col("_oracle")).all().alias("same_decisions"))
-    return gap.join(same, on=list(CELL), how="left").sort(list(CELL))
+    same = a.join(b, on=key).group_by(list(MATRIX_CELL)).agg((pl.col("gate_open") == pl.col("_oracle")).all().alias("same_decisions"))
+    return gap.join(same, on=list(MATRIX_CELL), how="left").sort(list(MATRIX_CELL))
 
 
 def best_evictor_table(gated: pl.DataFrame) -> pl.DataFrame:
@@ -160,8 +157,8 @@ def best_evictor_table(gated: pl.DataFrame) -> pl.DataFrame:
         ``model, context_length, best_plain, acc_best_plain, best_gated, acc_best_gated,
         gain`` (= acc_best_gated − acc_best_plain), ``n_evictors``.
     """
-    require_columns(gated, [*CELL, "budget", "score_plain", "score_gated"], "best_evictor_table")
-    acc = gated.filter(pl.col("budget") < 1.0).group_by(list(CELL)).agg(
+    require_columns(gated, [*MATRIX_CELL, "budget", "score_plain", "score_gated"], "best_evictor_table")
+    acc = gated.filter(pl.col("budget") < 1.0).group_by(list(MATRIX_CELL)).agg(
         pl.col("score_plain").mean().alias("plain"), pl.col("score_gated").mean().alias("gated"))
     acc = acc.sort([*MODEL_CELL, "evictor"])
     out = acc.group_by(list(MODEL_CELL), maintain_order=True).agg(
@@ -244,7 +241,7 @@ def compression_table(gated: pl.DataFrame, *, evictor: str | None = None) -> pl.
 
 
 def batching_table(gated: pl.DataFrame, *, evictor: str | None = None, budget: float | None = None,
-                   batch_sizes: Sequence[int] = BATCH_SIZES) -> pl.DataFrame:
+                   batch_sizes: Sequence[int] = defaults.BATCH_SIZES) -> pl.DataFrame:
     """Table 23: compression under static batch provisioning (:func:`pagestats.metrics.static_batching`).
 
     ``p_open`` and ``kept_open`` per (model, context) come from Table 22 at ``budget``
@@ -279,7 +276,7 @@ def batching_table(gated: pl.DataFrame, *, evictor: str | None = None, budget: f
                       "provisioned", "compression")
 
 
-def bootstrap_table(gated: pl.DataFrame, *, rng: np.random.Generator, by=CELL, tasks: Sequence[str] | None = None,
+def bootstrap_table(gated: pl.DataFrame, *, rng: np.random.Generator, by=MATRIX_CELL, tasks: Sequence[str] | None = None,
                     n_boot: int = defaults.N_BOOTSTRAP, confidence_level: float = defaults.CONFIDENCE_LEVEL,
                     q: float = defaults.FDR_Q) -> pl.DataFrame:
     """Tables 28–29: Δ per cell with cluster-bootstrap 95% intervals and BH-adjusted p-values.
@@ -340,17 +337,17 @@ def draw_replicates_table(gated: pl.DataFrame, draws: pl.DataFrame, *, evictor: 
         raise ValueError("draw_replicates_table: some runs have no draw")
     # Compare like with like: a replicate run may cover only some tasks, so each cell keeps
     # the tasks that every one of its draws has (the others are left out of this table only).
-    n_draws = sub.group_by(CELL).agg(pl.col("draw").n_unique().alias("_all"))
-    common = (sub.group_by([*CELL, "task"]).agg(pl.col("draw").n_unique().alias("_n"))
-              .join(n_draws, on=CELL).filter(pl.col("_n") == pl.col("_all")).select(*CELL, "task"))
-    sub = sub.join(common, on=[*CELL, "task"], how="semi")
-    by = [*CELL, "draw"]
+    n_draws = sub.group_by(MATRIX_CELL).agg(pl.col("draw").n_unique().alias("_all"))
+    common = (sub.group_by([*MATRIX_CELL, "task"]).agg(pl.col("draw").n_unique().alias("_n"))
+              .join(n_draws, on=MATRIX_CELL).filter(pl.col("_n") == pl.col("_all")).select(*MATRIX_CELL, "task"))
+    sub = sub.join(common, on=[*MATRIX_CELL, "task"], how="semi")
+    by = [*MATRIX_CELL, "draw"]
     parts = [metrics.delta(sub, by=by).with_columns(pl.lit("all tasks").alias("subset"))]
     cap = sub.filter(_CAP)
     if cap.height:
         parts.append(metrics.delta(cap, by=by).with_columns(pl.lit(defaults.CAPACITY_BOUND).alias("subset")))
     out = pl.concat(parts)
-    grp = ["subset", *CELL]
+    grp = ["subset", *MATRIX_CELL]
     out = out.with_columns(
         pl.col("delta").mean().over(grp).alias("mean"), pl.col("delta").std(ddof=1).over(grp).alias("sd"),
         (pl.col("delta").max() - pl.col("delta").min()).over(grp).alias("range"),

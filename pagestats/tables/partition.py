@@ -14,8 +14,9 @@ from pathlib import Path
 
 import polars as pl
 
-from pagestats import defaults, metrics, stats
-from pagestats.tables._common import MODEL_CELL, as_list, require_columns, group_tau, one_evictor, task_means
+from pagestats import defaults, metrics, prereg
+from pagestats.columns import MODEL_CELL, require_columns
+from pagestats.tables._common import as_list, group_tau, one_evictor, task_means
 
 __all__ = [
     "recovery_table",
@@ -43,7 +44,7 @@ def recovery_table(gated: pl.DataFrame, *, evictor: str | None = None,
         does not matter).
     evictor : str, optional
         The evictor whose plain arm defines ρ (the paper: SnapKV; default
-        :func:`~pagestats.tables._common.headline_evictor`).
+        :func:`~pagestats.columns.headline_evictor`).
 
     Returns
     -------
@@ -178,9 +179,9 @@ def preregistered_table(gated: pl.DataFrame, inputs: pl.DataFrame, *, evictor: s
     (:func:`pagestats.metrics.scaling_rows` on those contexts only); (2) take the headroom
     at the largest context from the **full-KV** scores of ``inputs`` alone; (3) form the
     bands (:func:`pagestats.metrics.predict_band`) and freeze them
-    (:func:`pagestats.stats.freeze_predictions`, sha256); (4) only then read the eviction
+    (:func:`pagestats.prereg.freeze_predictions`, sha256); (4) only then read the eviction
     outcomes of the largest context, reload the frozen file through
-    :func:`pagestats.stats.load_predictions` (which checks the hash) and compare.
+    :func:`pagestats.prereg.load_predictions` (which checks the hash) and compare.
 
     Parameters
     ----------
@@ -222,8 +223,8 @@ def preregistered_table(gated: pl.DataFrame, inputs: pl.DataFrame, *, evictor: s
     band = metrics.predict_band(fit_rows, headroom, by=by)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(workdir if workdir is not None else tmp) / f"predictions-{target}.csv"
-        digest = stats.freeze_predictions(band, path, overwrite=True)
-        frozen = stats.load_predictions(path, digest)
+        digest = prereg.freeze_predictions(band, path, overwrite=True)
+        frozen = prereg.load_predictions(path, digest)
     measured = metrics.scaling_rows(sub.filter(pl.col("context_length") == target), by=(*by, "context_length"))
     frozen = frozen.with_columns(pl.col(c).cast(band.schema[c]) for c in band.columns)
     out = frozen.with_columns(pl.lit(target, pl.Int64).alias("context_length")).join(

@@ -15,8 +15,17 @@ import polars as pl
 from scipy import stats as _sps
 
 from pagestats import defaults, metrics, replay, stats
-from pagestats.policies import FixedTau, Midpoint, ZScored, pilot_mask
-from pagestats.tables._common import MODEL_CELL, LogsView, as_list, group_tau, one_evictor, ordering_margin, task_means
+from pagestats.columns import MODEL_CELL
+from pagestats.replay.policies import FixedTau, Midpoint, ZScored, pilot_mask
+from pagestats.replay.spec import resolve_layers
+from pagestats.tables._common import (
+    LogsView,
+    as_list,
+    group_tau,
+    one_evictor,
+    ordering_margin,
+    task_means,
+)
 
 __all__ = [
     "auc_table",
@@ -25,14 +34,8 @@ __all__ = [
     "head_pair_table",
     "layer_subset_table",
     "pilot_sensitivity_table",
-    "PAIR_FRACTIONS",
-    "PILOT_SIZES",
 ]
 
-#: Head-pair fractions of Table 9 (1.0 = every pair, the reference row).
-PAIR_FRACTIONS = (0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
-#: Pilot sizes of the pilot-sensitivity table (the paper's pilot is "~100 inputs").
-PILOT_SIZES = (25, 50, 100)
 
 
 def _by_statistic(logs, statistic: str, profile: replay.ProfileSpec) -> pl.DataFrame:
@@ -227,7 +230,7 @@ def _pairs_per_layer(logs) -> pl.DataFrame:
         (pl.col("pair_jaccard").list.len().first() // pl.col("agreement").list.len().first()).cast(pl.Int64).alias("n_pairs"))
 
 
-def head_pair_table(logs, *, fractions: Sequence[float] = PAIR_FRACTIONS, draws: int = 20, seed: int = 0,
+def head_pair_table(logs, *, fractions: Sequence[float] = defaults.PAIR_FRACTIONS, draws: int = defaults.PAIR_DRAWS, seed: int = 0,
                     profile: replay.ProfileSpec = replay.ProfileSpec()) -> pl.DataFrame:
     """Table 9: head-pair subsampling — margin over ``draws`` random pair subsets per fraction.
 
@@ -289,7 +292,7 @@ def layer_subset_table(logs, *, subsets: Sequence = replay.LAYER_SUBSETS,
             spec = replay.ProfileSpec(**{**profile.__dict__, "layers": s})
             cell = cells.filter(pl.col("model") == model)
             try:
-                kept = len(replay.resolve_layers(spec, n_layers))
+                kept = len(resolve_layers(spec, n_layers))
                 sub = LogsView(inputs.filter(pl.col("model") == model), getattr(logs, "topk", None))
                 margins = ordering_margin(task_means(replay.gate(sub, FixedTau(), spec), "drop"))
                 part = margins.with_columns(pl.lit(kept, pl.Int64).alias("n_layers"), pl.lit(None, pl.String).alias("note"))
@@ -308,7 +311,7 @@ def _pilot_label(by: Sequence[str]) -> str:
 
 def pilot_sensitivity_table(logs, *, pilots: Sequence[str] = ("first", "random"),
                             pilot_by: Sequence[Sequence[str]] = (("model",), ("model", "context_length")),
-                            pilot_sizes: Sequence[int] = PILOT_SIZES, theta_z: float = defaults.THETA_Z,
+                            pilot_sizes: Sequence[int] = defaults.PILOT_SIZES, theta_z: float = defaults.THETA_Z,
                             seed: int = 0, evictor: str | None = None,
                             reference: ZScored | None = None,
                             profile: replay.ProfileSpec = replay.ProfileSpec()) -> pl.DataFrame:
@@ -320,7 +323,7 @@ def pilot_sensitivity_table(logs, *, pilots: Sequence[str] = ("first", "random")
     ``"first"`` vs ``"random"`` × pooled per model vs per (model, context) × pilot sizes —
     and reports, per cell and task, τ, the gate-open fraction, the gate's *call* on the
     task (closed iff fewer than half of its inputs open) and whether that call flips
-    relative to the ``reference`` definition (default :class:`~pagestats.policies.ZScored`
+    relative to the ``reference`` definition (default :class:`~pagestats.replay.policies.ZScored`
     with the library defaults: first 100 inputs per model).
 
     Returns

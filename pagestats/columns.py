@@ -1,0 +1,64 @@
+"""Column conventions of every analysis frame: the cell keys, the input key, the column check,
+and the two data-derived defaults (task class, headline evictor).
+
+An *input* is identified by :data:`pagestats.schema.INPUT_KEY` (``run_id, task, input_id``),
+plus ``pair_draw`` when a head-pair subsampling replay made several draws of D per input
+(App. A.3.5). The paper aggregates inputs into *cells*:
+
+* :data:`MODEL_CELL` — one (model, context) cell, the unit of the signal tables
+  (Tables 3–10, 20, 24) and of the z-scored pilot (§4.1);
+* :data:`MATRIX_CELL` — one (model, context, evictor) cell of the method-agnostic matrix
+  (Table 2, Fig. 8);
+* :data:`TASK_CELL` — a matrix cell broken down by task (Tables 1, 12);
+* :data:`WHATIF_CELL` — one row of ``pagestats whatif``: a task cell at one budget b.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from pagestats import defaults
+from pagestats.schema import INPUT_KEY
+
+MODEL_CELL = ("model", "context_length")
+MATRIX_CELL = (*MODEL_CELL, "evictor")
+TASK_CELL = (*MATRIX_CELL, "task")
+WHATIF_CELL = (*TASK_CELL, "budget")
+
+
+def require_columns(frame: pl.DataFrame, cols, what: str, *, non_empty: bool = False) -> None:
+    """Raise a clear error when ``frame`` is not a polars frame, lacks ``cols`` or (with
+    ``non_empty``) has no rows. The one column check of replay, metrics, tables and figures."""
+    if not isinstance(frame, pl.DataFrame):
+        raise TypeError(f"{what}: expected a polars DataFrame, got {type(frame).__name__}")
+    missing = [c for c in cols if c not in frame.columns]
+    if missing:
+        raise ValueError(f"{what}: missing columns {missing}; frame has {frame.columns}")
+    if non_empty and frame.height == 0:
+        raise ValueError(f"{what}: the frame is empty")
+
+
+def input_key(frame: pl.DataFrame) -> list[str]:
+    """The columns that identify one input of ``frame``: :data:`INPUT_KEY`, plus ``pair_draw``
+    when the frame holds several head-pair draws of D (App. A.3.5, Table 9)."""
+    return [*INPUT_KEY, *(["pair_draw"] if "pair_draw" in frame.columns else [])]
+
+
+def with_task_class(frame: pl.DataFrame) -> pl.DataFrame:
+    """``frame`` with a ``task_class`` column: kept where present (the loader takes it from the
+    manifests' ``tasks``), else the default partition of :func:`pagestats.defaults.default_task_class`
+    (§4 "The partition", Table 3)."""
+    if "task_class" in frame.columns:
+        return frame
+    return frame.with_columns(
+        pl.col("task").map_elements(defaults.default_task_class, return_dtype=pl.String).alias("task_class")
+    )
+
+
+def headline_evictor(evictors) -> str:
+    """The evictor of the paper's single-evictor tables and figures: :data:`pagestats.defaults.HEADLINE_EVICTOR`
+    (SnapKV, §4) when logged, else the first logged evictor by name."""
+    names = sorted(set(evictors))
+    if not names:
+        raise ValueError("headline_evictor: no evictor is logged")
+    return defaults.HEADLINE_EVICTOR if defaults.HEADLINE_EVICTOR in names else names[0]

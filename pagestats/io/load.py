@@ -1,0 +1,359 @@
+"""Load and validate schema-v1 logs (DESIGN §3, §9) through DuckDB into polars.
+
+``LOGS`` may be run directories, individual parquet / jsonl files, or globs:
+
+* a directory holding ``manifest.json`` is a *run*: every ``*.parquet`` / ``*.jsonl`` file
+  under its ``inputs/``, ``outcomes/`` and ``topk/`` is read and checked against the
+  manifest's ``files[]`` (sha256, row count, listed-but-missing, present-but-unlisted);
+* a directory without one but with nested ``*/…/manifest.json`` is a collection of runs;
+* a directory without any manifest but with ``inputs/`` / ``outcomes/`` / ``topk/``
+  subdirectories is a manifest-less run, read as loose files;
+* otherwise a directory contributes the log files directly inside it, as loose files;
+* a loose file's table is its parent directory's name when that is ``inputs``,
+  ``outcomes`` or ``topk``; else it is told from its columns (``indices`` → topk;
+  ``evictor`` or ``budget`` → outcomes; ``agreement``, ``drop`` or ``full_score`` →
+  inputs). A loose file inside ``<run>/<table>/`` of a run with a manifest is checked
+  against that manifest's entry for it (but the run's other files are not required);
+* a path that does not exist but contains glob characters is expanded (``**`` allowed).
+
+Parquet files of a table are read in one DuckDB query (``read_parquet`` of the file list
+passed as a parameter, ``union_by_name``), jsonl files with ``read_json``, one per file;
+SQL is parameterised and paths are never formatted into it. ``columns="analysis"``
+leaves out the heavy text columns (:data:`HEAVY_COLUMNS`). Columns are cast to the
+writer's types (ints int64, floats float64, ``agreement``/``pair_jaccard``
+list<float32>, ``indices`` list<int32>). In jsonl, a JSON number without a decimal
+point is read as an integer, so integer types are also accepted for float columns
+there.
+
+Every rule of :mod:`pagestats.io.validation` runs; ``validate_paths`` returns all problems,
+``load(strict=True)`` raises :class:`LogError` with all of them, ``load(strict=False)``
+returns what could be read and lists the problems in ``Logs.problems``. In lenient mode
+files that cannot be read (corrupt, missing or mistyped columns, unreadable schema
+version) are left out — and named in ``Logs.problems``; rows with bad values are kept.
+Exclusions (``RUN_ID``, ``RUN_ID/TASK``, ``RUN_ID/TASK/INPUT_ID``) are applied to inputs,
+outcomes and topk before the row rules run (file-level rules always see every file) and
+are reported by :meth:`Logs.exclusion_report`; an exclusion matching nothing raises
+:class:`LogError` in either mode.
+
+Schema versions: ``schema_version`` comes from the run's manifest (loose files without
+one are taken as the current version). Versions in :data:`pagestats.schema.READABLE_VERSIONS`
+are read; an older readable version is upgraded on read by :data:`UPGRADES` (one step per
+version, applied to the manifest, to each file's arrow schema before the type check, and
+to every table before the row rules). Version 1 is current, so there are no steps yet.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import duckdb
+import polars as pl
+
+from pagestats import defaults, schema
+from pagestats.io.discovery import (
+    _Discovery,
+    _sha256_or_none,
+    _Source,
+)
+from pagestats.io.read import (
+    _empty,
+    _inspect,
+    _read_table,
+    _version,
+)
+from pagestats.io.upgrades import (
+    upgrade_table,
+)
+from pagestats.io.validation.frames import check_frames
+from pagestats.io.validation.manifest import RunInfo
+from pagestats.io.validation.problems import LogError, Problem
+
+#: Text columns left out by ``columns="analysis"`` (they can be huge).
+HEAVY_COLUMNS = ("prompt", "full_prediction", "prediction", "references")
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    """One log file a :class:`Logs` was read from: path, table, sha256 of its bytes, rows."""
+
+    path: str
+    table: str
+    sha256: str
+    rows: int
+
+
+@dataclass
+class Logs:
+    """Validated logs: one tidy frame per level (inputs, outcomes, optional topk).
+
+    Attributes
+    ----------
+    inputs : polars.DataFrame
+        :data:`pagestats.schema.INPUTS` columns (heavy text columns only with
+        ``columns="all"``) plus ``task_class`` — the run manifest's ``tasks{name: class}``,
+        else :func:`pagestats.defaults.default_task_class`.
+    outcomes : polars.DataFrame
+        :data:`pagestats.schema.OUTCOMES` columns.
+    topk : polars.DataFrame or None
+        :data:`pagestats.schema.TOPK` rows, ``None`` when no topk files were given.
+    manifests : dict
+        run_id → parsed manifest.
+    files : list of FileRecord
+        Every file read, with its sha256 (reports cite these).
+    exclusions : list of str
+        One human-readable line per explicit exclusion, with the rows it removed.
+    problems : list of Problem
+        Problems found (empty after a strict load).
+    """
+
+    inputs: pl.DataFrame
+    outcomes: pl.DataFrame
+    topk: pl.DataFrame | None
+    manifests: dict[str, dict] = field(default_factory=dict)
+    files: list[FileRecord] = field(default_factory=list)
+    exclusions: list[str] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+
+    def exclusion_report(self) -> list[str]:
+        """One line per exclusion, e.g. ``"run r1 task niah_multikey_3: 50 inputs, 1800 outcomes"``."""
+        return list(self.exclusions)
+
+
+# --------------------------------------------------------------------------- exclusions
+
+
+def _parse_exclusion(spec: str) -> tuple[str, str | None, int | None]:
+    if not isinstance(spec, str) or not spec or spec.count("/") > 2:
+        raise LogError([Problem("exclude", None, f"exclusion {spec!r} is not RUN_ID, RUN_ID/TASK or RUN_ID/TASK/INPUT_ID")])
+    parts = spec.split("/")
+    if any(not p for p in parts):
+        raise LogError([Problem("exclude", None, f"exclusion {spec!r} has an empty part")])
+    input_id = None
+    if len(parts) == 3:
+        try:
+            input_id = int(parts[2])
+        except ValueError:
+            raise LogError([Problem("exclude", None, f"exclusion {spec!r}: input id {parts[2]!r} is not an integer")]) from None
+    return parts[0], parts[1] if len(parts) > 1 else None, input_id
+
+
+def _exclusion_mask(frame: pl.DataFrame, run_id, task, input_id) -> pl.Expr:
+    expr = pl.col("run_id") == run_id
+    if task is not None:
+        expr = expr & (pl.col("task") == task)
+    if input_id is not None:
+        expr = expr & (pl.col("input_id") == input_id)
+    return expr
+
+
+def _apply_exclusions(exclude, inputs, outcomes, topk):
+    parsed = [(spec, *_parse_exclusion(spec)) for spec in exclude]
+    lines, unmatched = [], []
+    drop_in = drop_oc = drop_tk = pl.lit(False)
+    for spec, run_id, task, input_id in parsed:
+        m = _exclusion_mask(inputs, run_id, task, input_id)
+        n_in = inputs.select(m.sum()).item() if inputs.height else 0
+        n_oc = outcomes.select(m.sum()).item() if outcomes.height else 0
+        n_tk = topk.select(m.sum()).item() if topk is not None and topk.height else 0
+        if n_in + n_oc + n_tk == 0:
+            unmatched.append(Problem("exclude", None, f"exclusion {spec!r} matches no inputs, outcomes or topk rows"))
+            continue
+        where = f"run {run_id}" + (f" task {task}" if task is not None else "") + (
+            f" input {input_id}" if input_id is not None else ""
+        )
+        counts = f"{n_in} inputs, {n_oc} outcomes" + (f", {n_tk} topk rows" if topk is not None else "")
+        lines.append(f"{where}: {counts}")
+        drop_in, drop_oc, drop_tk = drop_in | m, drop_oc | m, drop_tk | m
+    if unmatched:
+        raise LogError(unmatched)
+    if parsed:
+        inputs = inputs.filter(~drop_in)
+        outcomes = outcomes.filter(~drop_oc)
+        topk = topk.filter(~drop_tk) if topk is not None else None
+    return inputs, outcomes, topk, lines
+
+
+# --------------------------------------------------------------------------- public
+
+
+def _task_classes(inputs: pl.DataFrame, runs: dict[str, RunInfo]) -> pl.DataFrame:
+    pairs = inputs.select("run_id", "task").unique()
+    classes = []
+    for run_id, task in pairs.iter_rows():
+        info = runs.get(run_id)
+        if info is not None and info.tasks is not None and task in info.tasks:
+            classes.append(info.tasks[task])
+        else:
+            classes.append(defaults.default_task_class(task))
+    mapping = pairs.with_columns(pl.Series("task_class", classes, dtype=pl.String))
+    return inputs.join(mapping, on=["run_id", "task"], how="left", maintain_order="left", nulls_equal=True)
+
+
+def _load(paths, exclude: Sequence[str], columns: str) -> tuple[Logs, list[Problem]]:
+    if columns not in ("analysis", "all"):
+        raise ValueError(f"columns must be 'analysis' or 'all', got {columns!r}")
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    if isinstance(exclude, str):
+        exclude = [exclude]
+    disc = _Discovery()
+    for p in paths:
+        disc.add(p)
+    problems = disc.problems
+    sources = list(disc.sources.values())
+    for i, s in enumerate(sources):
+        s.index = i
+    names = [s.path for s in sources]
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        hashes = pool.map(_sha256_or_none, names)
+        con = duckdb.connect()
+        try:
+            for s in sources:
+                problems += _inspect(s, con)
+            # runs: manifest checks per file, unreadable versions, duplicates of run_id
+            runs: dict[str, RunInfo] = {}
+            manifests: dict[str, dict] = {}
+            for run in disc.runs.values():
+                if run.info is None:
+                    continue
+                if run.info.run_id in runs:
+                    problems.append(Problem(run.manifest_path, None, f"run_id {run.info.run_id!r} is also the run_id "
+                                                                     f"of {runs[run.info.run_id].manifest_path}"))
+                    continue
+                runs[run.info.run_id] = run.info
+                manifests[run.info.run_id] = run.manifest
+            for s in sources:
+                if s.run is not None and s.run.manifest is None and os.path.exists(s.run.manifest_path):
+                    s.usable, s.failed = False, True  # manifest unreadable or unknown schema version: reported above
+            wanted = {
+                t: [c.name for c in cols if columns == "all" or c.name not in HEAVY_COLUMNS]
+                for t, cols in schema.TABLES.items()
+            }
+            tables: dict[str, pl.DataFrame] = {}
+            for table in schema.TABLES:
+                group = [s for s in sources if s.table == table and s.usable]
+                parts = []
+                for version in sorted({_version(s) for s in group}):
+                    same = [s for s in group if _version(s) == version]
+                    frame, read_problems = _read_table(con, table, same, wanted[table])
+                    problems += read_problems
+                    parts.append(upgrade_table(table, frame, version))
+                tables[table] = pl.concat(parts, how="diagonal_relaxed") if parts else _empty(table, wanted[table])
+        finally:
+            con.close()
+        digests = list(hashes)
+
+    files = [
+        FileRecord(s.path, s.table, digest, s.rows)
+        for s, digest in zip(sources, digests)
+        if not s.failed and s.table is not None and digest is not None and s.rows is not None
+    ]
+    manifest_problems, missing_tables = _check_against_manifests(disc, sources, digests)
+    problems += manifest_problems
+    incomplete = set(missing_tables)
+    for s in sources:
+        if s.failed:
+            incomplete |= {s.table} if s.table else set(schema.TABLES)
+
+    has_topk = any(s.table == "topk" for s in sources)
+    inputs, outcomes = tables["inputs"], tables["outcomes"]
+    topk = tables["topk"] if has_topk else None
+    inputs, outcomes, topk, lines = _apply_exclusions(list(exclude), inputs, outcomes, topk)
+
+    file_runs = {s.index: s.run.info.run_id for s in sources if s.run is not None and s.run.info is not None}
+    problems += check_frames(
+        inputs, outcomes, topk, files=names, runs=runs, file_runs=file_runs, incomplete=frozenset(incomplete)
+    )
+
+    inputs = _task_classes(inputs, runs)
+    logs = Logs(
+        inputs=inputs.drop("_file", "_row"),
+        outcomes=outcomes.drop("_file", "_row"),
+        topk=topk.drop("_file", "_row") if topk is not None else None,
+        manifests=manifests,
+        files=files,
+        exclusions=lines,
+        problems=problems,
+    )
+    return logs, problems
+
+
+def _check_against_manifests(disc: _Discovery, sources: list[_Source], digests: list[str]):
+    """sha256 and row counts against ``files[]``; listed-but-missing and present-but-unlisted files.
+
+    Returns the problems and the set of tables with a listed file missing.
+    """
+    problems: list[Problem] = []
+    missing_tables: set[str] = set()
+    seen: dict[str, set[str]] = {}
+    for s, digest in zip(sources, digests):
+        if s.run is None or s.run.info is None:
+            continue
+        seen.setdefault(s.run.dir, set()).add(s.rel)
+        entry = s.run.info.files.get(s.rel)
+        if entry is None:
+            problems.append(Problem(s.path, None, f"not listed in {s.run.manifest_path} files"))
+            continue
+        if entry.get("sha256") != digest:
+            problems.append(Problem(s.path, None, f"sha256 {digest} does not match the manifest's "
+                                                  f"{entry.get('sha256')!r} (files[{entry['index']}])"))
+        if "rows" in entry and s.rows is not None and entry.get("rows") != s.rows:
+            problems.append(Problem(s.path, None, f"{s.rows} rows but the manifest says {entry.get('rows')!r} "
+                                                  f"(files[{entry['index']}])"))
+    for run in disc.runs.values():
+        if not run.full or run.info is None:
+            continue
+        present = seen.get(run.dir, set())
+        for rel, entry in run.info.files.items():
+            if rel not in present:
+                missing_tables.add(rel.split("/")[0])
+                problems.append(Problem(run.manifest_path, None, f"files[{entry['index']}] {rel!r} is listed but "
+                                                                 "missing (or unreadable)"))
+        for table in schema.REQUIRED_TABLES:
+            if not any(r.split("/")[0] == table for r in present):
+                problems.append(Problem(run.manifest_path, None, f"run has no {table} files"))
+    return problems, missing_tables
+
+
+def validate_paths(paths: Sequence[str]) -> list[Problem]:
+    """Every problem of the logs at ``paths`` (run directories, parquet/jsonl files, globs).
+
+    Runs every rule of :mod:`pagestats.io.validation` and never stops at the first problem.
+    Returns an empty list when the logs are valid.
+    """
+    try:
+        _, problems = _load(paths, (), "analysis")
+    except LogError as err:  # pragma: no cover - only exclusions raise, and there are none
+        return err.problems
+    return problems
+
+
+def load(paths, *, exclude: Sequence[str] = (), columns: str = "analysis", strict: bool = True) -> Logs:
+    """Load and validate logs into a :class:`Logs` (DESIGN §3).
+
+    Parameters
+    ----------
+    paths : str or sequence of str
+        Run directories, parquet / jsonl files, or globs (see the module docstring).
+    exclude : sequence of str
+        Explicit exclusions ``RUN_ID``, ``RUN_ID/TASK`` or ``RUN_ID/TASK/INPUT_ID``, applied
+        to inputs, outcomes and topk and reported by :meth:`Logs.exclusion_report`. One that
+        matches nothing raises :class:`LogError`.
+    columns : {"analysis", "all"}
+        ``"analysis"`` leaves out :data:`HEAVY_COLUMNS`; ``"all"`` keeps them.
+    strict : bool
+        ``True``: raise :class:`LogError` listing every problem. ``False``: return what
+        could be read, with the problems in ``Logs.problems``.
+
+    Returns
+    -------
+    Logs
+    """
+    logs, problems = _load(paths, exclude, columns)
+    if strict and problems:
+        raise LogError(problems)
+    return logs

@@ -1,0 +1,192 @@
+"""Inspection and reading of log files through DuckDB into polars (DESIGN §3, §9).
+
+Inspection (:func:`_inspect`) reads a file's arrow schema (parquet footer, or the whole
+jsonl file), tells its table from the columns when the directory does not, and checks
+the types (relaxed for JSON integers in float columns). Reading (:func:`_read_table`)
+reads a table's parquet files in one parameterised DuckDB query, adds the jsonl frames,
+and casts everything to the writer's types (:func:`_canonical`). The rules are described
+in the docstring of :mod:`pagestats.io`, the public entry point.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import duckdb
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pagestats import schema
+from pagestats.io.discovery import _one_line, _Source
+from pagestats.io.upgrades import upgrade_schema
+from pagestats.io.validation.problems import Problem
+
+# --------------------------------------------------------------------------- inspection
+
+
+def _table_from_columns(names: Sequence[str]) -> str | None:
+    names = set(names)
+    if "indices" in names:
+        return "topk"
+    if "evictor" in names or "budget" in names:
+        return "outcomes"
+    if names & {"agreement", "drop", "full_score"}:
+        return "inputs"
+    return None
+
+
+def _json_relaxed_problems(table: str, arrow: pa.Schema) -> list[str]:
+    """Schema problems of a jsonl file: JSON integers are acceptable in float columns."""
+    fields = []
+    for f in arrow:
+        t = f.type
+        if pa.types.is_integer(t):
+            t = pa.float64() if _kind(table, f.name) == schema.FLOAT else t
+        elif pa.types.is_list(t) and pa.types.is_integer(t.value_type) and _kind(table, f.name) == schema.FLOAT_LIST:
+            t = pa.list_(pa.float64())
+        elif pa.types.is_struct(t) and _kind(table, f.name) == schema.STRUCT:
+            t = pa.struct([pa.field(c.name, pa.float64() if pa.types.is_integer(c.type) else c.type) for c in t])
+        elif pa.types.is_null(t) and _kind(table, f.name) is not None:
+            # a column that is null in every row: the type check has nothing to reject;
+            # the null check of the rules reports the rows.
+            t = schema.columns(table)[[c.name for c in schema.columns(table)].index(f.name)].arrow_type
+            if pa.types.is_struct(t):
+                t = pa.struct([])
+        fields.append(pa.field(f.name, t))
+    return schema.schema_problems(table, pa.schema(fields))
+
+
+def _kind(table: str, name: str) -> str | None:
+    for c in schema.columns(table):
+        if c.name == name:
+            return c.kind
+    return None
+
+
+def _inspect(src: _Source, con: duckdb.DuckDBPyConnection) -> list[Problem]:
+    """Read the schema (parquet footer, or the whole jsonl file), decide the table, check types."""
+    try:
+        if src.fmt == "parquet":
+            meta = pq.ParquetFile(src.path)
+            src.arrow_schema = meta.schema_arrow
+            src.rows = meta.metadata.num_rows
+        else:
+            rel = con.sql("SELECT * FROM read_json(?, format = 'newline_delimited')", params=[src.path])
+            arrow = rel.to_arrow_table()
+            src.arrow_schema = arrow.schema
+            src.rows = arrow.num_rows
+            src.frame = pl.from_arrow(arrow) if arrow.num_rows else None
+    except (OSError, pa.ArrowException, duckdb.Error) as err:
+        src.failed = True
+        kind = "parquet file (corrupt or truncated?)" if src.fmt == "parquet" else "jsonl file"
+        return [Problem(src.path, None, f"cannot read {kind}: {_one_line(err)}")]
+    if src.table is None:
+        src.table = _table_from_columns(src.arrow_schema.names)
+        if src.table is None:
+            src.failed = True
+            return [Problem(src.path, None, "cannot tell the table: the parent directory is not inputs/, "
+                                            "outcomes/ or topk/ and the columns match none of them")]
+    if src.fmt == "jsonl" and src.rows == 0:
+        src.usable = False
+        return []
+    declared = upgrade_schema(src.table, src.arrow_schema, _version(src))
+    issues = (
+        schema.schema_problems(src.table, declared)
+        if src.fmt == "parquet"
+        else _json_relaxed_problems(src.table, declared)
+    )
+    src.usable = not issues
+    src.failed = bool(issues)
+    return [Problem(src.path, None, f"{src.table} table: {msg}") for msg in issues]
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _polars_type(col: schema.Column, current: pl.DataType) -> pl.DataType:
+    if col.kind == schema.INT:
+        return pl.Int64
+    if col.kind == schema.FLOAT:
+        return pl.Float64
+    if col.kind == schema.STRING:
+        return pl.String
+    if col.kind == schema.FLOAT_LIST:
+        return pl.List(pl.Float32)
+    if col.kind == schema.INT_LIST:
+        return pl.List(pl.Int32)
+    if col.kind == schema.STRING_LIST:
+        return pl.List(pl.String)
+    if col.kind == schema.STRUCT and isinstance(current, pl.Struct):
+        return pl.Struct([pl.Field(f.name, pl.Float64) for f in current.fields])
+    return current
+
+
+def _canonical(frame: pl.DataFrame, table: str, wanted: Sequence[str]) -> pl.DataFrame:
+    """Cast to the writer's types and put columns in declared order (+ ``_file``, ``_row``)."""
+    exprs = []
+    for col in schema.columns(table):
+        if col.name not in wanted:
+            continue
+        if col.name in frame.columns:
+            dtype = frame.schema[col.name]
+            target = _polars_type(col, dtype)
+            exprs.append(pl.col(col.name) if dtype == target else pl.col(col.name).cast(target))
+        elif col.required:
+            exprs.append(pl.lit(None, dtype=_polars_type(col, pl.Null)).alias(col.name))
+    return frame.select(*exprs, pl.col("_file").cast(pl.Int32), pl.col("_row").cast(pl.Int32))
+
+
+def _empty(table: str, wanted: Sequence[str]) -> pl.DataFrame:
+    cols = {c.name: _polars_type(c, pl.Null) for c in schema.columns(table) if c.name in wanted and c.required}
+    return pl.DataFrame(schema={**cols, "_file": pl.Int32, "_row": pl.Int32})
+
+
+def _read_parquet(con, table: str, sources: list[_Source], wanted: list[str]) -> pl.DataFrame:
+    present = set().union(*(s.arrow_schema.names for s in sources))
+    cols = [c for c in wanted if c in present]
+    # identifiers come from the declared schema (constants), never from the data or paths
+    select = ", ".join(f'"{c}"' for c in cols)
+    query = (
+        f"SELECT {select}, $index[list_position($files, filename)]::INTEGER AS _file, "
+        "file_row_number::INTEGER AS _row FROM read_parquet($files, union_by_name = true, filename = true, "
+        "file_row_number = true)"
+    )
+    params = {"files": [s.path for s in sources], "index": [s.index for s in sources]}
+    return con.sql(query, params=params).pl()
+
+
+def _read_table(con, table: str, sources: list[_Source], wanted: list[str]) -> tuple[pl.DataFrame, list[Problem]]:
+    problems: list[Problem] = []
+    frames = []
+    parquet = [s for s in sources if s.fmt == "parquet"]
+    if parquet:
+        try:
+            frames.append(_canonical(_read_parquet(con, table, parquet, wanted), table, wanted))
+        except (duckdb.Error, pl.exceptions.PolarsError, pa.ArrowException):
+            # find the culprits one file at a time so the error names them
+            for s in parquet:
+                try:
+                    frames.append(_canonical(_read_parquet(con, table, [s], wanted), table, wanted))
+                except (duckdb.Error, pl.exceptions.PolarsError, pa.ArrowException) as err:
+                    s.failed = True
+                    problems.append(Problem(s.path, None, f"cannot read parquet file (corrupt or truncated?): "
+                                                          f"{_one_line(err)}"))
+    for s in sources:
+        if s.fmt == "jsonl" and s.frame is not None:
+            f = s.frame.with_columns(
+                pl.lit(s.index, dtype=pl.Int32).alias("_file"), pl.int_range(pl.len(), dtype=pl.Int32).alias("_row")
+            )
+            try:
+                frames.append(_canonical(f, table, wanted))
+            except pl.exceptions.PolarsError as err:
+                s.failed = True
+                problems.append(Problem(s.path, None, f"cannot convert jsonl columns: {_one_line(err)}"))
+    if not frames:
+        return _empty(table, wanted), problems
+    return pl.concat(frames, how="diagonal_relaxed"), problems
+
+
+def _version(src: _Source) -> int:
+    info = src.run.info if src.run is not None else None
+    return info.schema_version if info is not None and info.schema_version is not None else schema.SCHEMA_VERSION

@@ -1,0 +1,69 @@
+"""Schema-version upgrades applied on read (DESIGN §3, §9).
+
+:data:`UPGRADES` maps ``from_version`` to one :class:`Upgrade` step ``v`` → ``v + 1``;
+``upgrade_manifest``, ``upgrade_schema`` and ``upgrade_table`` apply the steps from a run's
+version to :data:`pagestats.schema.SCHEMA_VERSION`. Used by :mod:`pagestats.io.discovery`
+(manifests), :mod:`pagestats.io.read` (file schemas) and :mod:`pagestats.io.load` (tables).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import polars as pl
+import pyarrow as pa
+
+from pagestats import schema
+
+
+def _same_manifest(manifest: dict) -> dict:
+    return manifest
+
+
+def _same_schema(table: str, arrow_schema: pa.Schema) -> pa.Schema:
+    return arrow_schema
+
+
+def _same_table(table: str, frame: pl.DataFrame) -> pl.DataFrame:
+    return frame
+
+
+@dataclass(frozen=True)
+class Upgrade:
+    """One schema step ``v`` → ``v + 1``, applied on read to the manifest, to each file's
+    arrow schema before the type check, and to each table once read (canonical types)."""
+
+    manifest: Callable[[dict], dict] = _same_manifest
+    schema: Callable[[str, pa.Schema], pa.Schema] = _same_schema
+    table: Callable[[str, pl.DataFrame], pl.DataFrame] = _same_table
+
+
+#: from_version → Upgrade. Empty while version 1 is the only one.
+UPGRADES: dict[int, Upgrade] = {}
+
+
+def upgrade_manifest(manifest: dict) -> dict:
+    """Apply the :data:`UPGRADES` steps from the manifest's version to the current one."""
+    version = manifest.get("schema_version")
+    while isinstance(version, int) and version < schema.SCHEMA_VERSION and version in UPGRADES:
+        manifest = UPGRADES[version].manifest(dict(manifest))
+        version += 1
+        manifest["schema_version"] = version
+    return manifest
+
+
+def upgrade_schema(table: str, arrow_schema: pa.Schema, version: int) -> pa.Schema:
+    """A file's arrow schema as the current version declares it (for the type check)."""
+    while version < schema.SCHEMA_VERSION:
+        arrow_schema = UPGRADES[version].schema(table, arrow_schema)
+        version += 1
+    return arrow_schema
+
+
+def upgrade_table(table: str, frame: pl.DataFrame, version: int) -> pl.DataFrame:
+    """Apply the :data:`UPGRADES` steps to one table read at schema ``version``."""
+    while version < schema.SCHEMA_VERSION:
+        frame = UPGRADES[version].table(table, frame)
+        version += 1
+    return frame

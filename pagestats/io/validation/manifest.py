@@ -1,0 +1,238 @@
+"""Manifest rules of log schema v1: :func:`check_manifest` and the :class:`RunInfo` it yields.
+
+A run's ``manifest.json`` must be a JSON object with every key of
+:data:`pagestats.schema.MANIFEST_KEYS` and of the ``model``, ``gate`` and ``protection``
+blocks; a readable ``schema_version``; sane ``n_layers``/``n_heads``, ``budgets``,
+``evictors``, ``tasks`` and ``gate.bins`` (:func:`parse_bins`); and ``files[]`` entries
+whose paths stay inside the run directory (:func:`safe_relative_path`). The row checks
+use the extracted :class:`RunInfo` (as a frame, :func:`_run_frame`).
+
+References
+----------
+PAGE paper, App. F (deployed bins). DESIGN §3 (manifest schema, reader rules) and §9
+(manifest paths validated: relative, no ``..``, no symbolic link out of the run).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import polars as pl
+
+from pagestats import defaults, schema
+from pagestats.io.validation.problems import Problem
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What the row checks need from one run's manifest (fields ``None`` when unusable)."""
+
+    run_id: str
+    manifest_path: str
+    schema_version: int | None = None
+    n_layers: int | None = None
+    n_heads: int | None = None
+    bin_fraction: float = defaults.BIN_FRACTION
+    convention: str = defaults.BIN_CONVENTION
+    budgets: tuple[float, ...] | None = None
+    evictors: tuple[str, ...] | None = None
+    tasks: Mapping[str, str] | None = None
+    model_name: str | None = None
+    context_length: int | None = None
+    files: dict[str, dict] = field(default_factory=dict)  # normalised relative path → entry
+
+
+def parse_bins(bins) -> tuple[float, str]:
+    """Interpret the manifest's ``gate.bins``: a bin fraction, a convention name, or both.
+
+    Accepted forms: a number ``f`` (deployed convention), ``"deployed"`` / ``"strict"``
+    (f = 1/3), or a mapping with ``fraction`` (or ``bin_fraction``) and/or ``convention``.
+    Raises ``ValueError`` for anything else.
+    """
+    fraction, convention = defaults.BIN_FRACTION, defaults.BIN_CONVENTION
+    if isinstance(bins, bool):
+        raise ValueError(f"gate.bins {bins!r} is not a fraction or a convention")
+    if isinstance(bins, (int, float)):
+        fraction = float(bins)
+    elif isinstance(bins, str):
+        convention = bins
+    elif isinstance(bins, Mapping):
+        fraction = float(bins.get("fraction", bins.get("bin_fraction", fraction)))
+        convention = str(bins.get("convention", convention))
+    else:
+        raise ValueError(f"gate.bins {bins!r} is not a fraction or a convention")
+    if convention not in ("deployed", "strict"):
+        raise ValueError(f"gate.bins convention {convention!r} is not 'deployed' or 'strict'")
+    if not 0 < fraction <= 0.5:
+        raise ValueError(f"gate.bins fraction {fraction} is not in (0, 1/2]")
+    return fraction, convention
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def safe_relative_path(run_dir: str | os.PathLike, rel) -> str | None:
+    """The normalised form of manifest path ``rel`` if it stays inside ``run_dir``, else ``None``.
+
+    Rejects non-strings, absolute paths, ``..`` components and paths whose real location
+    (symbolic links resolved) lies outside the run directory (DESIGN §9).
+    """
+    if not isinstance(rel, str) or not rel or "\x00" in rel:
+        return None
+    if os.path.isabs(rel) or rel.startswith(("/", "\\")) or (len(rel) > 1 and rel[1] == ":"):
+        return None
+    norm = os.path.normpath(rel).replace("\\", "/")
+    if norm == "." or norm.split("/")[0] == "..":
+        return None
+    root = os.path.realpath(run_dir)
+    real = os.path.realpath(os.path.join(root, norm))
+    if os.path.commonpath([root, real]) != root:
+        return None
+    return norm
+
+
+def check_manifest(run_dir: str | os.PathLike, manifest, manifest_path: str) -> tuple[RunInfo | None, list[Problem]]:
+    """Check one parsed ``manifest.json`` and extract the :class:`RunInfo` the row checks use.
+
+    Returns ``(None, problems)`` when the manifest is unusable (not an object, no
+    ``run_id``, or an unreadable ``schema_version``).
+    """
+    problems: list[Problem] = []
+
+    def bad(message: str) -> None:
+        problems.append(Problem(manifest_path, None, message))
+
+    if not isinstance(manifest, Mapping):
+        bad(f"manifest is a JSON {type(manifest).__name__}, not an object")
+        return None, problems
+    missing = [k for k in schema.MANIFEST_KEYS if k not in manifest]
+    if missing:
+        bad(f"manifest is missing keys {missing}")
+    for block, keys in (
+        ("model", schema.MANIFEST_MODEL_KEYS),
+        ("gate", schema.MANIFEST_GATE_KEYS),
+        ("protection", schema.MANIFEST_PROTECTION_KEYS),
+    ):
+        value = manifest.get(block)
+        if block in manifest and not isinstance(value, Mapping):
+            bad(f"manifest {block!r} is not an object")
+        elif isinstance(value, Mapping):
+            sub_missing = [k for k in keys if k not in value]
+            if sub_missing:
+                bad(f"manifest {block!r} is missing keys {sub_missing}")
+
+    run_id = manifest.get("run_id")
+    if not isinstance(run_id, str) or not run_id:
+        bad(f"manifest run_id {run_id!r} is not a non-empty string")
+        return None, problems
+    version = manifest.get("schema_version")
+    if version not in schema.READABLE_VERSIONS or not _is_int(version):
+        bad(f"unknown schema_version {version!r}; this reader reads versions {list(schema.READABLE_VERSIONS)}")
+        return None, problems
+
+    model = manifest.get("model") if isinstance(manifest.get("model"), Mapping) else {}
+    n_layers = model.get("n_layers")
+    if "n_layers" in model and not (_is_int(n_layers) and n_layers >= 2):
+        bad(f"model.n_layers {n_layers!r} is not an integer ≥ 2")
+        n_layers = None
+    n_heads = model.get("n_heads")
+    if "n_heads" in model and not (_is_int(n_heads) and n_heads >= 2):
+        bad(f"model.n_heads {n_heads!r} is not an integer ≥ 2")
+        n_heads = None
+    model_name = model.get("name") if isinstance(model.get("name"), str) else None
+
+    gate = manifest.get("gate") if isinstance(manifest.get("gate"), Mapping) else {}
+    fraction, convention = defaults.BIN_FRACTION, defaults.BIN_CONVENTION
+    if "bins" in gate:
+        try:
+            fraction, convention = parse_bins(gate["bins"])
+        except (ValueError, TypeError) as err:
+            bad(str(err))
+
+    budgets = manifest.get("budgets")
+    if budgets is not None:
+        if not (isinstance(budgets, list) and budgets and all(_is_number(b) and 0 < b <= 1 for b in budgets)):
+            bad(f"manifest budgets {budgets!r} is not a non-empty list of numbers in (0, 1]")
+            budgets = None
+        else:
+            budgets = tuple(sorted(float(b) for b in budgets))
+    evictors = manifest.get("evictors")
+    if evictors is not None:
+        if not (isinstance(evictors, list) and evictors and all(isinstance(e, str) for e in evictors)):
+            bad(f"manifest evictors {evictors!r} is not a non-empty list of names")
+            evictors = None
+        else:
+            evictors = tuple(sorted(evictors))
+    tasks = manifest.get("tasks")
+    if isinstance(tasks, Mapping):
+        classes = (defaults.CAPACITY_BOUND, defaults.DILUTION_PRONE)
+        wrong = {t: c for t, c in tasks.items() if c not in classes}
+        if wrong:
+            bad(f"manifest tasks {wrong} have classes other than {list(classes)}")
+        tasks = {str(t): c for t, c in tasks.items() if c in classes}
+    elif tasks is not None and not (isinstance(tasks, list) and all(isinstance(t, str) for t in tasks)):
+        bad(f"manifest tasks {tasks!r} is neither a {{name: class}} object nor a list of names")
+        tasks = None
+    else:
+        tasks = None  # a plain list of names: classes come from the defaults
+    context_length = manifest.get("context_length")
+    context_length = context_length if _is_int(context_length) else None
+
+    files: dict[str, dict] = {}
+    entries = manifest.get("files", [])
+    if not isinstance(entries, list):
+        bad("manifest files is not a list")
+        entries = []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, Mapping) or "path" not in entry:
+            bad(f"files[{i}] is not an object with a path")
+            continue
+        rel = safe_relative_path(run_dir, entry["path"])
+        if rel is None:
+            bad(f"files[{i}].path {entry['path']!r} escapes the run directory (or is not a relative path)")
+            continue
+        if rel.split("/")[0] not in schema.TABLES:
+            bad(f"files[{i}].path {rel!r} is not under {'/, '.join(schema.TABLES)}/")
+            continue
+        if rel in files:
+            bad(f"files[{i}].path {rel!r} is listed twice")
+            continue
+        files[rel] = {**entry, "index": i}
+
+    info = RunInfo(
+        run_id=run_id,
+        manifest_path=manifest_path,
+        schema_version=version,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        bin_fraction=fraction,
+        convention=convention,
+        budgets=budgets,
+        evictors=evictors,
+        tasks=tasks,
+        model_name=model_name,
+        context_length=context_length,
+        files=files,
+    )
+    return info, problems
+
+
+def _run_frame(runs: Mapping[str, RunInfo]) -> pl.DataFrame:
+    return pl.DataFrame(
+        {
+            "run_id": [r.run_id for r in runs.values()],
+            "_n_layers": [r.n_layers for r in runs.values()],
+            "_n_heads": [r.n_heads for r in runs.values()],
+            "_model": [r.model_name for r in runs.values()],
+            "_context_length": [r.context_length for r in runs.values()],
+        },
+        schema={"run_id": pl.String, "_n_layers": pl.Int64, "_n_heads": pl.Int64, "_model": pl.String,
+                "_context_length": pl.Int64},
+    )

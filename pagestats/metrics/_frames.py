@@ -1,0 +1,70 @@
+"""Column checks and grouping conventions shared by the frame-level metrics.
+
+The conventions themselves are documented once, in :mod:`pagestats.metrics`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from pagestats import stats
+from pagestats.columns import input_key, require_columns
+
+_ARMS = {"plain": ("score_plain", "n_kept_plain"), "gated": ("score_gated", "n_kept_gated")}
+
+
+
+
+def _unit_key(frame: pl.DataFrame) -> list[str]:
+    return [*input_key(frame), *(["evictor"] if "evictor" in frame.columns else [])]
+
+
+def _uniq(*parts) -> list[str]:
+    out: list[str] = []
+    for part in parts:
+        for c in part:
+            if c not in out:
+                out.append(c)
+    return out
+
+
+def _by(frame: pl.DataFrame, by, what: str) -> list[str]:
+    by = [by] if isinstance(by, str) else list(by)
+    require_columns(frame, by, what)
+    if "pair_draw" in frame.columns and "pair_draw" not in by and frame["pair_draw"].n_unique() > 1:
+        raise ValueError(f"{what}: the frame has several pair_draw values; add 'pair_draw' to by")
+    return by
+
+
+def _arm(arm: str) -> tuple[str, str]:
+    try:
+        return _ARMS[arm]
+    except KeyError:
+        raise ValueError(f"arm must be 'plain' or 'gated', got {arm!r}") from None
+
+
+def _outcome_rows(frame: pl.DataFrame, by, cols, what: str, *, include_full: bool = False) -> tuple[pl.DataFrame, list[str]]:
+    """Check an outcome frame, reject duplicate (unit, budget) rows, keep budgets b < 1 (and the
+    b = 1 audit rows too with ``include_full``)."""
+    by = _by(frame, by, what)
+    require_columns(frame, [*_unit_key(frame), "budget", *cols], what)
+    key = [*_unit_key(frame), "budget"]
+    if frame.select(key).is_duplicated().any():
+        raise ValueError(f"{what}: duplicate rows for the same (input, evictor, budget)")
+    return (frame if include_full else frame.filter(pl.col("budget") < 1.0)), by
+
+
+def _with_wilson(df: pl.DataFrame, name: str, confidence_level: float) -> pl.DataFrame:
+    """Add ``name`` (= k/n), ``low`` and ``high`` from the ``k``/``n`` columns (Wilson)."""
+    if df.height == 0:
+        return df.with_columns(
+            pl.lit(None, pl.Float64).alias(name), pl.lit(None, pl.Float64).alias("low"),
+            pl.lit(None, pl.Float64).alias("high"),
+        )
+    iv = stats.wilson(df["k"].to_numpy(), df["n"].to_numpy(), confidence_level)
+    return df.with_columns(
+        pl.Series(name, np.atleast_1d(iv.estimate)),
+        pl.Series("low", np.atleast_1d(iv.low)),
+        pl.Series("high", np.atleast_1d(iv.high)),
+    )

@@ -1,0 +1,171 @@
+"""The gate's effect on accuracy: Δ with its cluster-bootstrap intervals, Δ(f) and the
+oracle gap (Tables 2, 12, 14, 28; Fig. 7).
+
+Pure functions of the replay frames; conventions in :mod:`pagestats.metrics`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from pagestats import defaults, stats
+from pagestats.columns import MATRIX_CELL, input_key
+from pagestats.metrics._frames import _outcome_rows, _uniq, _unit_key
+
+__all__ = [
+    "accuracy",
+    "delta",
+    "delta_bootstrap",
+    "delta_of_f",
+    "oracle_gap",
+]
+
+
+def accuracy(frame: pl.DataFrame, by=(*MATRIX_CELL, "budget")) -> pl.DataFrame:
+    """Mean accuracy of the full-KV, plain and gated arms per group, over every budget present
+    (the b = 1 audit rows included), and their difference Δ = gated − plain (§3 Eq. 2; Table 13).
+
+    Put ``budget`` in ``by`` for A(b) at each budget, as ``pagestats whatif`` does.
+
+    Returns
+    -------
+    polars.DataFrame
+        ``by`` columns, ``acc_full``, ``acc_plain``, ``acc_gated``, ``delta``, ``n_inputs`` (units).
+    """
+    rows, by = _outcome_rows(frame, by, ["score_full", "score_plain", "score_gated"], "accuracy", include_full=True)
+    out = rows.group_by(by).agg(
+        pl.col("score_full").mean().alias("acc_full"),
+        pl.col("score_plain").mean().alias("acc_plain"),
+        pl.col("score_gated").mean().alias("acc_gated"),
+        pl.struct(_unit_key(rows)).n_unique().cast(pl.Int64).alias("n_inputs"),
+    )
+    return out.with_columns((pl.col("acc_gated") - pl.col("acc_plain")).alias("delta")).sort(by)
+
+
+def delta(frame: pl.DataFrame, by=MATRIX_CELL) -> pl.DataFrame:
+    """Gating Δ: mean over inputs and budgets b < 1 of ``score_gated − score_plain`` (Table 2).
+
+    Add ``task`` to ``by`` for the per-task breakdown (Table 12).
+
+    Returns
+    -------
+    polars.DataFrame
+        ``by`` columns, ``delta``, ``n_inputs`` (units), ``n_rows``.
+    """
+    rows, by = _outcome_rows(frame, by, ["score_gated", "score_plain"], "delta")
+    out = rows.group_by(by).agg(
+        (pl.col("score_gated") - pl.col("score_plain")).mean().alias("delta"),
+        pl.struct(_unit_key(rows)).n_unique().cast(pl.Int64).alias("n_inputs"),
+        pl.len().cast(pl.Int64).alias("n_rows"),
+    )
+    return out.sort(by)
+
+
+def delta_bootstrap(
+    frame: pl.DataFrame,
+    by=MATRIX_CELL,
+    *,
+    rng: np.random.Generator,
+    n_boot: int = defaults.N_BOOTSTRAP,
+    confidence_level: float = defaults.CONFIDENCE_LEVEL,
+    q: float = defaults.FDR_Q,
+    shared_inputs: bool = False,
+) -> pl.DataFrame:
+    """Δ per cell with cluster-bootstrap intervals and BH-adjusted p-values (Table 28).
+
+    Each group of ``by`` is a cell; its units (inputs) carry their per-budget paired
+    differences ``score_gated − score_plain`` over budgets b < 1 into
+    :func:`pagestats.stats.cluster_bootstrap` (cells in ``by`` order, one ``rng``).
+    Benjamini–Hochberg at ``q`` runs across all cells of the call (:func:`pagestats.stats.bh`).
+    ``shared_inputs=True`` resamples the inputs jointly across cells (see
+    :func:`~pagestats.stats.cluster_bootstrap`); every cell must then hold the same inputs.
+
+    Returns
+    -------
+    polars.DataFrame
+        ``by`` columns, ``delta``, ``low``, ``high``, ``p_value``, ``p_adjusted``,
+        ``rejected``, ``n_inputs``, ``n_budgets``, ``n_boot``.
+
+    Raises
+    ------
+    ValueError
+        A cell whose units do not all carry the same set of budgets (the bootstrap needs
+        a balanced grid so that Δ is the mean of per-input means).
+    """
+    rows, by = _outcome_rows(frame, by, ["score_gated", "score_plain"], "delta_bootstrap")
+    unit = _unit_key(rows)
+    rows = rows.with_columns((pl.col("score_gated") - pl.col("score_plain")).alias("_d")).sort(
+        _uniq(by, unit, ["budget"])
+    )
+    keys, cells, inputs = [], [], []
+    for part in rows.partition_by(by, maintain_order=True):
+        n_units = part.select(pl.struct(unit).n_unique()).item()
+        n_budgets = part["budget"].n_unique()
+        per_unit = part.group_by(unit).agg(pl.col("budget").sort())
+        if part.height != n_units * n_budgets or per_unit["budget"].n_unique() != 1:
+            label = part.select(by).row(0, named=True)
+            raise ValueError(f"delta_bootstrap: cell {label} has units with different budget sets")
+        keys.append(part.select(by).head(1))
+        cells.append(part["_d"].to_numpy().reshape(n_units, n_budgets))
+        if shared_inputs:
+            inputs.append(part.select(input_key(part)).unique(maintain_order=True))
+    if shared_inputs and any(not x.equals(inputs[0]) for x in inputs[1:]):
+        raise ValueError("delta_bootstrap: shared_inputs=True but the cells do not hold the same inputs")
+    if not cells:
+        schema = {**{c: frame.schema[c] for c in by}, "delta": pl.Float64, "low": pl.Float64,
+                  "high": pl.Float64, "p_value": pl.Float64, "p_adjusted": pl.Float64,
+                  "rejected": pl.Boolean, "n_inputs": pl.Int64, "n_budgets": pl.Int64, "n_boot": pl.Int64}
+        return pl.DataFrame(schema=schema)
+    res = stats.cluster_bootstrap(
+        cells, rng=rng, n_boot=n_boot, confidence_level=confidence_level, shared_inputs=shared_inputs
+    )
+    adj = stats.bh(res.p_value, q=q)
+    return pl.concat(keys).with_columns(
+        pl.Series("delta", res.estimate),
+        pl.Series("low", res.low),
+        pl.Series("high", res.high),
+        pl.Series("p_value", res.p_value),
+        pl.Series("p_adjusted", adj.adjusted),
+        pl.Series("rejected", adj.rejected),
+        pl.Series("n_inputs", res.n_inputs),
+        pl.Series("n_budgets", res.n_budgets),
+        pl.lit(res.n_boot, pl.Int64).alias("n_boot"),
+    )
+
+
+def delta_of_f(delta_capacity, delta_rest, f):
+    """Δ as a function of the capacity-bound share ``f`` of the workload (§4.1, Fig. 7).
+
+    ``Δ(f) = f·Δ_capacity + (1 − f)·Δ_rest``, vectorised (NumPy broadcasting) over all
+    three arguments; per-task accuracy is additive under reweighting, so this is exact
+    for a workload mixing the two classes in proportion ``f``.
+    """
+    f = np.asarray(f, dtype=np.float64)
+    if not np.all((f >= 0) & (f <= 1)):
+        raise ValueError("f must lie in [0, 1]")
+    out = f * np.asarray(delta_capacity, dtype=np.float64) + (1.0 - f) * np.asarray(delta_rest, dtype=np.float64)
+    return out.item() if out.ndim == 0 else out
+
+
+def oracle_gap(frame_gate_policy: pl.DataFrame, frame_oracle: pl.DataFrame, by=MATRIX_CELL) -> pl.DataFrame:
+    """Δ of a gate policy minus Δ of the task-label oracle per cell (§4.1, App. A.4.3, Table 14).
+
+    Both frames are gated outcomes of the same logs, under the policy and under
+    :class:`pagestats.replay.policies.TaskOracle` (close on capacity-bound tasks, open elsewhere).
+    A gap of exactly 0 means the gate reproduced the oracle's decisions; positive needs
+    within-task per-input variation.
+
+    Returns
+    -------
+    polars.DataFrame
+        ``by`` columns, ``delta_policy``, ``delta_oracle``, ``gap``, ``n_inputs``.
+    """
+    a = delta(frame_gate_policy, by).rename({"delta": "delta_policy"})
+    b = delta(frame_oracle, by).rename({"delta": "delta_oracle"})
+    by = [by] if isinstance(by, str) else list(by)
+    if a.height != b.height or a.join(b, on=by, how="anti", nulls_equal=True).height:
+        raise ValueError("oracle_gap: the two frames do not cover the same cells")
+    out = a.join(b.select(*by, "delta_oracle"), on=by, nulls_equal=True)
+    return out.select(*by, "delta_policy", "delta_oracle", (pl.col("delta_policy") - pl.col("delta_oracle")).alias("gap"),
+                      "n_inputs").sort(by)

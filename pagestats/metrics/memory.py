@@ -1,0 +1,106 @@
+"""The gate's effect on memory: achieved kept-KV, compression, and compression under static
+batching (App. A.6.2, Tables 22–23).
+
+Pure functions of the replay frames; conventions in :mod:`pagestats.metrics`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from pagestats import defaults
+from pagestats.columns import MATRIX_CELL
+from pagestats.metrics._frames import _arm, _outcome_rows
+
+__all__ = ["kept_kv", "compression", "static_batching"]
+
+
+def kept_kv(frame: pl.DataFrame, by=MATRIX_CELL, arm: str = "gated", *, include_full: bool = False) -> pl.DataFrame:
+    """Achieved kept-KV and compression of an arm (App. A.6.2, Table 22).
+
+    ``kept_kv`` = mean over rows (inputs × budgets b < 1 in the group; the b = 1 audit rows
+    too with ``include_full``) of ``n_kept / n_tokens``; put ``budget`` in ``by`` for one
+    budget, leave it out for the paper's "grid mean" over the budget grid.
+    ``compression = 1 / kept_kv``.
+    ``kept_kv_open`` is the same mean over gate-open rows only (Table 23's ``k_open``).
+
+    Returns
+    -------
+    polars.DataFrame
+        ``by`` columns, ``kept_kv``, ``compression``, ``kept_kv_open``, ``n_rows``, ``n_open_rows``.
+    """
+    _, kept = _arm(arm)
+    rows, by = _outcome_rows(frame, by, [kept, "n_tokens", "gate_open"], "kept_kv", include_full=include_full)
+    if (rows["n_tokens"] <= 0).any():
+        raise ValueError("kept_kv: n_tokens must be positive")
+    frac = pl.col(kept) / pl.col("n_tokens")
+    out = rows.group_by(by).agg(
+        frac.mean().alias("kept_kv"),
+        frac.filter(pl.col("gate_open")).mean().alias("kept_kv_open"),
+        pl.len().cast(pl.Int64).alias("n_rows"),
+        pl.col("gate_open").sum().cast(pl.Int64).alias("n_open_rows"),
+    )
+    out = out.with_columns((1.0 / pl.col("kept_kv")).alias("compression"))
+    return out.select(*by, "kept_kv", "compression", "kept_kv_open", "n_rows", "n_open_rows").sort(by)
+
+
+def compression(frame: pl.DataFrame, by=MATRIX_CELL, arm: str = "gated") -> pl.DataFrame:
+    """Achieved compression ``1 / kept-KV`` (Table 22): :func:`kept_kv`'s by-columns,
+    ``compression`` and ``kept_kv``."""
+    return kept_kv(frame, by, arm).select(*([by] if isinstance(by, str) else by), "compression", "kept_kv")
+
+
+def static_batching(p_open, kept_open, batch_sizes=defaults.BATCH_SIZES) -> pl.DataFrame:
+    """Compression under static batch provisioning (App. A.6.2, Table 23).
+
+    A batch of ``B`` sequences is provisioned for its largest resident cache: one
+    gate-closed sequence forces the whole batch to the full cache.
+
+    Parameters
+    ----------
+    p_open, kept_open : float or array_like
+        Gate-open fraction and mean kept-KV fraction of gate-open inputs (Table 22);
+        arrays are paired element-wise (one entry per model).
+    batch_sizes : sequence of int
+
+    Returns
+    -------
+    polars.DataFrame
+        ``p_open``, ``kept_open``, ``batch_size``, ``p_all_open``, ``provisioned``
+        (expected provisioned fraction of the full cache) and ``compression``.
+
+    Notes
+    -----
+    With independent gate decisions, every sequence of the batch is provisioned at the
+    full cache (fraction 1) unless all ``B`` gates open, which happens with probability
+    ``p_open^B``; then the batch is provisioned at ``kept_open``:
+    ``provisioned(B) = (1 − p_open^B) + p_open^B · kept_open`` and
+    ``compression(B) = 1 / provisioned(B)`` (expected memory, not expected ratio). At
+    ``B = 1`` this is Table 22's realized compression ``1 / ((1 − p_open) + p_open·k_open)``;
+    as ``B`` grows it decays to 1× (``p_open = 0.75``, ``k_open = 0.0625``: 3.37× at
+    ``B = 1``, 1.01× at ``B = 16``).
+    """
+    p = np.atleast_1d(np.asarray(p_open, dtype=np.float64))
+    k = np.atleast_1d(np.asarray(kept_open, dtype=np.float64))
+    p, k = np.broadcast_arrays(p, k)
+    b = np.asarray(batch_sizes)
+    if b.ndim != 1 or b.size == 0 or not np.issubdtype(b.dtype, np.integer) or np.any(b < 1):
+        raise ValueError("batch_sizes must be a non-empty sequence of positive integers")
+    for name, v in (("p_open", p), ("kept_open", k)):
+        if not np.all((v >= 0) & (v <= 1)):
+            raise ValueError(f"{name} must lie in [0, 1]")
+    pp, bb = np.meshgrid(p, b, indexing="ij")
+    kk = np.broadcast_to(k[:, None], pp.shape)
+    all_open = pp**bb
+    provisioned = (1.0 - all_open) + all_open * kk
+    return pl.DataFrame(
+        {
+            "p_open": pp.ravel(),
+            "kept_open": kk.ravel(),
+            "batch_size": bb.ravel().astype(np.int64),
+            "p_all_open": all_open.ravel(),
+            "provisioned": provisioned.ravel(),
+            "compression": 1.0 / provisioned.ravel(),
+        }
+    )

@@ -1,0 +1,141 @@
+"""The scaling relation ρ ≈ (1 − A_full)·p_recov and its pre-registered test (§5, Eq. 4).
+
+``scaling_rows`` builds Table 25 / Fig. 9 from gated outcomes, ``scaling_fit`` is the
+through-origin slope over dilution-prone rows (≈ 0.34 in the paper), and
+``predict_band`` forms the pre-registered intervals of Table 21 (ratio band of the fitting
+contexts × measured headroom), to be frozen with :func:`pagestats.prereg.freeze_predictions`
+before the measurement is loaded. Re-exported by :mod:`pagestats.metrics`.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from pagestats import defaults, stats
+from pagestats.columns import input_key, require_columns
+from pagestats.metrics._frames import _by
+from pagestats.metrics.rates import recovery_rate
+
+__all__ = ["scaling_rows", "scaling_fit", "predict_band", "SCALING_BY"]
+
+#: One row of Table 25: (model, context, task).
+SCALING_BY = ("model", "context_length", "task")
+
+
+def scaling_rows(
+    frame: pl.DataFrame,
+    by=SCALING_BY,
+    *,
+    confidence_level: float = defaults.CONFIDENCE_LEVEL,
+    threshold: float = defaults.RHO_THRESHOLD,
+) -> pl.DataFrame:
+    """Rows of Table 25: headroom ``1 − A_full`` and plain ρ per (model, context, task).
+
+    Parameters
+    ----------
+    frame : polars.DataFrame
+        Gated outcomes (see :mod:`pagestats.metrics`) of **one** evictor per row group
+        (the paper uses SnapKV); filter first, pooling evictors raises.
+
+    Returns
+    -------
+    polars.DataFrame
+        ``by`` columns, ``task_class``, ``n`` (inputs), ``a_full`` (mean full-cache score),
+        ``headroom``, ``k``, ``rho``, ``low``, ``high`` (Wilson, Eq. 1 on the plain arm),
+        ``dilution_prone`` (ρ ≥ 0.05) and ``ratio = rho / headroom`` (null at zero headroom).
+    """
+    by = _by(frame, by, "scaling_rows")
+    require_columns(frame, [*input_key(frame), "evictor", "score_full", "task_class"], "scaling_rows")
+    many = frame.group_by(by).agg(pl.col("evictor").n_unique().alias("_ne")).filter(pl.col("_ne") > 1)
+    if many.height:
+        raise ValueError("scaling_rows: several evictors in a row group; filter to one evictor (e.g. snapkv)")
+    inputs = frame.select(*{c: None for c in [*by, *input_key(frame), "score_full", "task_class"]}).unique(
+        subset=[*by, *input_key(frame)], keep="first"
+    )
+    full = inputs.group_by(by).agg(
+        pl.col("task_class").first(),
+        pl.col("task_class").n_unique().alias("_nc"),
+        pl.len().cast(pl.Int64).alias("n"),
+        pl.col("score_full").mean().alias("a_full"),
+    )
+    if (full["_nc"] > 1).any():
+        raise ValueError("scaling_rows: a row group mixes task classes; include 'task' in by")
+    rho = recovery_rate(frame, by, "plain", confidence_level=confidence_level, threshold=threshold)
+    out = full.drop("_nc").join(rho.drop("n"), on=by, how="left", nulls_equal=True)
+    out = out.with_columns((1.0 - pl.col("a_full")).alias("headroom"))
+    out = out.with_columns(
+        pl.when(pl.col("headroom") > 0).then(pl.col("rho") / pl.col("headroom")).otherwise(None).alias("ratio")
+    )
+    cols = [*by, "task_class", "n", "a_full", "headroom", "k", "rho", "low", "high", "dilution_prone", "ratio"]
+    return out.select(cols).sort(by)
+
+
+def scaling_fit(rows: pl.DataFrame, *, select: str = "class") -> stats.FitResult:
+    """Through-origin least-squares slope of ρ on headroom (§5; Table 25; Fig. 9: ≈ 0.34).
+
+    Parameters
+    ----------
+    rows : polars.DataFrame
+        :func:`scaling_rows` output (drop any rows to exclude beforehand, as the paper
+        drops Qwen2.5-3B 4K FWE as counting noise).
+    select : {"class", "rho"}
+        Which rows are "dilution-prone": ``"class"`` = ``task_class`` is dilution-prone
+        (Fig. 9's filled circles, the default); ``"rho"`` = measured ``ρ ≥ 0.05``.
+    """
+    if select == "class":
+        keep = pl.col("task_class") == defaults.DILUTION_PRONE
+    elif select == "rho":
+        keep = pl.col("dilution_prone")
+    else:
+        raise ValueError(f"select must be 'class' or 'rho', got {select!r}")
+    sub = rows.filter(keep & pl.col("rho").is_not_null())
+    return stats.through_origin_fit(sub["headroom"].to_numpy(), sub["rho"].to_numpy())
+
+
+def predict_band(fit_rows: pl.DataFrame, headroom: pl.DataFrame, by=("task",)) -> pl.DataFrame:
+    """Pre-registered prediction intervals for ρ at a new context (§4 "Pre-Registered 32K Test", Table 21).
+
+    Per ``by`` group (a task): the ratio band ``[min, max]`` of ``ρ / (1 − A_full)`` over the
+    fitting contexts (rows of ``fit_rows`` with positive headroom), times the measured
+    headroom at the new context: ``[ratio_low·h, ratio_high·h]``.
+
+    Parameters
+    ----------
+    fit_rows : polars.DataFrame
+        :func:`scaling_rows` of the fitting contexts (e.g. 4K and 16K), with ``by``,
+        ``rho`` and ``headroom``.
+    headroom : polars.DataFrame
+        ``by`` columns and ``headroom`` measured at the new context (full-cache runs only:
+        the eviction outcomes must not be loaded before the predictions are frozen).
+
+    Returns
+    -------
+    polars.DataFrame
+        ``by``, ``n_fit_rows``, ``ratio_low``, ``ratio_high``, ``headroom``,
+        ``predicted_low``, ``predicted_high``.
+
+    Raises
+    ------
+    ValueError
+        A group of ``headroom`` without any fitting row of positive headroom.
+    """
+    by = [by] if isinstance(by, str) else list(by)
+    for name, f, cols in (("fit_rows", fit_rows, ["rho", "headroom"]), ("headroom", headroom, ["headroom"])):
+        missing = [c for c in [*by, *cols] if c not in f.columns]
+        if missing:
+            raise ValueError(f"predict_band: {name} lacks columns {missing}")
+    fit = fit_rows.filter((pl.col("headroom") > 0) & pl.col("rho").is_not_null())
+    band = fit.group_by(by).agg(
+        pl.len().cast(pl.Int64).alias("n_fit_rows"),
+        (pl.col("rho") / pl.col("headroom")).min().alias("ratio_low"),
+        (pl.col("rho") / pl.col("headroom")).max().alias("ratio_high"),
+    )
+    target = headroom.select(*by, "headroom")
+    lacking = target.join(band, on=by, how="anti", nulls_equal=True)
+    if lacking.height:
+        raise ValueError(f"predict_band: no fitting rows with headroom > 0 for {lacking.select(by).rows()}")
+    out = target.join(band, on=by, nulls_equal=True).with_columns(
+        (pl.col("ratio_low") * pl.col("headroom")).alias("predicted_low"),
+        (pl.col("ratio_high") * pl.col("headroom")).alias("predicted_high"),
+    )
+    return out.select(*by, "n_fit_rows", "ratio_low", "ratio_high", "headroom", "predicted_low", "predicted_high").sort(by)

@@ -1,0 +1,288 @@
+"""Gate policies as values: fixed τ, z-scored, midpoint, task-label oracle, custom callable.
+
+A policy turns the per-input frame of the replay (one row per input, or per input and
+head-pair draw) into a threshold ``tau`` and a decision ``gate_open``. The gate evicts iff
+D ≥ τ (§3 "Algorithm", Eq. 2); every policy that has a threshold applies exactly that rule,
+so a policy only has to say how τ is chosen.
+
+Every policy is a frozen dataclass with a ``name`` and a method ``decide(frame)`` that
+returns ``frame`` with two columns added: ``tau`` (Float64, null for the oracle and custom
+policies, which have no threshold) and ``gate_open`` (Boolean, never null).
+
+The frame given to ``decide`` has the columns ``run_id, task, input_id, [pair_draw], model,
+context_length, task_class, n_tokens, full_score, drop, agreement`` (``agreement`` is the
+stored a_ℓ list, for custom policies that read the whole profile).
+
+References
+----------
+PAGE paper, §3 "Calibration"; App. A.3.4 (recipe, Eq. 5; z-scored variant; Table 8);
+§4.1 and Table 14 (task-label oracle).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import polars as pl
+
+from pagestats import defaults
+from pagestats.schema import INPUT_KEY
+
+#: Canonical order of inputs inside a calibration group for ``pilot="first"``: the first
+#: inputs of every task in turn (input_id first, task only as a tie-break), so that a pilot
+#: of n inputs is a balanced slice of the logged workload rather than n inputs of one task.
+PILOT_ORDER = ["input_id", "task", "run_id"]
+PILOT_MODES = ("first", "random")
+
+
+def _draw_cols(frame: pl.DataFrame) -> list[str]:
+    return ["pair_draw"] if "pair_draw" in frame.columns else []
+
+
+def _check_group_cols(frame: pl.DataFrame, cols, what: str) -> list[str]:
+    cols = list(cols)
+    missing = [c for c in cols if c not in frame.columns]
+    if missing:
+        raise ValueError(f"{what}: grouping columns {missing} are not in the gate frame {frame.columns}")
+    return cols
+
+
+def pilot_mask(frame: pl.DataFrame, by, n: int, mode: str = "first", seed: int = 0) -> pl.Series:
+    """Which rows of ``frame`` belong to the calibration pilot of their ``by`` group.
+
+    Parameters
+    ----------
+    frame : polars.DataFrame
+        Per-input rows (possibly repeated per ``pair_draw``).
+    by : sequence of str
+        Input-level grouping columns (e.g. ``("model",)``); one pilot per group.
+    n : int
+        Pilot size per group; a group with fewer inputs uses all of them.
+    mode : {"first", "random"}
+        ``"first"``: the first ``n`` inputs in (input_id, task, run_id) order, i.e. the
+        first inputs of every task in turn. ``"random"``: a seeded uniform sample of ``n``
+        inputs without replacement.
+    seed : int
+        Seed of the ``"random"`` sample (ignored for ``"first"``).
+
+    Returns
+    -------
+    polars.Series of bool, aligned with ``frame``.
+
+    Notes
+    -----
+    The selection is made on distinct inputs, so every head-pair draw of an input is in or
+    out of the pilot together. For ``"random"`` the inputs are first put in canonical key
+    order, so the sample does not depend on the row order of ``frame``.
+    """
+    if mode not in PILOT_MODES:
+        raise ValueError(f"pilot must be one of {PILOT_MODES}, got {mode!r}")
+    if n < 1:
+        raise ValueError(f"pilot size must be ≥ 1, got {n}")
+    by = list(by)
+    units = frame.select([*by, *INPUT_KEY]).unique().sort([*by, *PILOT_ORDER])
+    if mode == "random":
+        rng = np.random.default_rng(seed)
+        units = units.with_columns(pl.Series("_key", rng.random(units.height))).sort([*by, "_key"])
+    rank = pl.int_range(pl.len()).over(by) if by else pl.int_range(pl.len())
+    chosen = units.with_columns((rank < n).alias("_pilot")).select([*by, *INPUT_KEY, "_pilot"])
+    joined = frame.select([*by, *INPUT_KEY]).join(chosen, on=[*by, *INPUT_KEY], how="left", maintain_order="left")
+    return joined["_pilot"].fill_null(False).rename("pilot")
+
+
+def _with_tau(frame: pl.DataFrame, tau: pl.Expr | float) -> pl.DataFrame:
+    tau_expr = tau if isinstance(tau, pl.Expr) else pl.lit(float(tau))
+    out = frame.with_columns(tau_expr.cast(pl.Float64).alias("tau"))
+    return out.with_columns((pl.col("drop") >= pl.col("tau")).alias("gate_open"))
+
+
+@dataclass(frozen=True)
+class FixedTau:
+    """One global threshold: open iff D ≥ τ (§3 "Calibration"; τ = 0.07, Table 8)."""
+
+    tau: float = defaults.TAU
+
+    @property
+    def name(self) -> str:
+        return f"fixed(tau={self.tau!r})"
+
+    def decide(self, frame: pl.DataFrame) -> pl.DataFrame:
+        if not isinstance(self.tau, (int, float)) or np.isnan(self.tau):
+            raise ValueError(f"FixedTau.tau must be a number, got {self.tau!r}")
+        return _with_tau(frame, self.tau)
+
+
+@dataclass(frozen=True)
+class ZScored:
+    """Per-model standardised threshold τ_M = μ_M + θ_z σ_M (App. A.3.4, "Architecture-normalized
+    variant": z(x) = (D(x) − μ_M)/σ_M ≥ θ_z, θ_z = −0.69).
+
+    Parameters
+    ----------
+    theta_z : float
+        Global threshold on the z-scored drop.
+    pilot_n : int
+        Unlabelled pilot size per group (the paper: "∼100 inputs").
+    pilot_by : tuple of str
+        Pilot groups: ``("model",)`` pools all contexts of a model, as the paper's
+        per-model μ_M, σ_M; ``("model", "context_length")`` calibrates each cell.
+    pilot : {"first", "random"}
+        Which inputs form the pilot; see :func:`pilot_mask`.
+    seed : int
+        Seed of a ``"random"`` pilot.
+
+    Notes
+    -----
+    The paper leaves the pilot definition open (§4.1: the Llama MK3 call "flips under three
+    of four plausible definitions of the unlabeled pilot"), so it is pinned here: the pilot
+    is drawn from the logged inputs of the group (no labels are read; the task name only
+    orders ``"first"``), μ is the pilot mean and σ the pilot sample standard deviation with
+    ``ddof=1`` (an estimate of the model's population σ from a sample). The gate is then
+    applied to every input, pilot inputs included. With head-pair draws μ and σ are computed
+    per draw from the same pilot inputs. Example of App. A.3.4 (Qwen3-4B): μ = 0.034,
+    σ = 0.017 → τ = 0.034 − 0.69·0.017 = 0.02227 ≈ 0.022.
+    """
+
+    theta_z: float = defaults.THETA_Z
+    pilot_n: int = defaults.PILOT_N
+    pilot_by: tuple[str, ...] = ("model",)
+    pilot: str = "first"
+    seed: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"z(theta={self.theta_z!r}, pilot={self.pilot}:{self.pilot_n}, by={','.join(self.pilot_by)})"
+
+    def decide(self, frame: pl.DataFrame) -> pl.DataFrame:
+        by = _check_group_cols(frame, self.pilot_by, "ZScored.pilot_by")
+        mask = pilot_mask(frame, by, self.pilot_n, self.pilot, self.seed)
+        groups = [*by, *_draw_cols(frame)]
+        stats = (
+            frame.filter(mask)
+            .group_by(groups)
+            .agg(
+                pl.col("drop").mean().alias("_mu"),
+                pl.col("drop").std(ddof=1).alias("_sigma"),
+                pl.len().alias("_n"),
+            )
+        )
+        small = stats.filter(pl.col("_n") < 2)
+        if small.height:
+            raise ValueError(f"ZScored: a pilot group has fewer than 2 inputs, σ is undefined: {small.rows()[:3]}")
+        out = frame.join(stats, on=groups, how="left", maintain_order="left")
+        out = _with_tau(out, pl.col("_mu") + self.theta_z * pl.col("_sigma"))
+        return out.drop("_mu", "_sigma", "_n")
+
+
+@dataclass(frozen=True)
+class Midpoint:
+    """The 40-input recipe, Eq. 5: τ = (D̄_C + D̄_D)/2 per calibration group (App. A.3.4).
+
+    Parameters
+    ----------
+    n : int
+        Inputs per class (the paper: 20 NIAH-MK3 + 20 VT).
+    by : tuple of str
+        Calibration groups; ``("model", "context_length")`` = "for a new (model, context)".
+    capacity_tasks, dilution_tasks : tuple of str, optional
+        Tasks that supply the capacity-bound and dilution-prone samples (the paper uses
+        ``("niah_multikey_3",)`` and ``("vt",)``). By default the ``task_class`` column
+        decides: capacity-bound inputs vs dilution-prone inputs.
+    pilot : {"first", "random"}
+        Which n inputs of each class; see :func:`pilot_mask`.
+    seed : int
+
+    Notes
+    -----
+    Accuracy-label-free but not task-label-free (Table 8). With head-pair draws the class
+    means are computed per draw. A group without inputs of either class is an error.
+    """
+
+    n: int = defaults.MIDPOINT_N
+    by: tuple[str, ...] = ("model", "context_length")
+    capacity_tasks: tuple[str, ...] | None = None
+    dilution_tasks: tuple[str, ...] | None = None
+    pilot: str = "first"
+    seed: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"midpoint(n={self.n}, by={','.join(self.by)})"
+
+    def _class_expr(self, tasks, klass: str) -> pl.Expr:
+        if tasks is not None:
+            return pl.col("task").is_in(list(tasks))
+        return pl.col("task_class") == klass
+
+    def decide(self, frame: pl.DataFrame) -> pl.DataFrame:
+        by = _check_group_cols(frame, self.by, "Midpoint.by")
+        groups = [*by, *_draw_cols(frame)]
+        means = []
+        for label, tasks, klass in (
+            ("_mean_c", self.capacity_tasks, defaults.CAPACITY_BOUND),
+            ("_mean_d", self.dilution_tasks, defaults.DILUTION_PRONE),
+        ):
+            part = frame.filter(self._class_expr(tasks, klass))
+            if part.height == 0:
+                raise ValueError(f"Midpoint: no {klass} inputs in the logs (tasks={tasks})")
+            part = part.filter(pilot_mask(part, by, self.n, self.pilot, self.seed))
+            means.append(part.group_by(groups).agg(pl.col("drop").mean().alias(label)))
+        out = frame.join(means[0], on=groups, how="left", maintain_order="left")
+        out = out.join(means[1], on=groups, how="left", maintain_order="left")
+        bad = out.filter(pl.col("_mean_c").is_null() | pl.col("_mean_d").is_null()).select(by).unique()
+        if bad.height:
+            raise ValueError(f"Midpoint: groups lacking a capacity-bound or dilution-prone sample: {bad.rows()[:5]}")
+        out = _with_tau(out, (pl.col("_mean_c") + pl.col("_mean_d")) / 2)
+        return out.drop("_mean_c", "_mean_d")
+
+
+@dataclass(frozen=True)
+class TaskOracle:
+    """Task-label oracle (§4.1, Table 14): closed on capacity-bound task inputs, open elsewhere.
+
+    It reads the ``task_class`` column (task → class mapping from the logs), not D; ``tau``
+    is null.
+    """
+
+    capacity_class: str = defaults.CAPACITY_BOUND
+
+    @property
+    def name(self) -> str:
+        return "oracle(task-label)"
+
+    def decide(self, frame: pl.DataFrame) -> pl.DataFrame:
+        if frame["task_class"].null_count():
+            raise ValueError("TaskOracle: task_class is null for some inputs")
+        return frame.with_columns(
+            pl.lit(None, dtype=pl.Float64).alias("tau"),
+            (pl.col("task_class") != self.capacity_class).alias("gate_open"),
+        )
+
+
+@dataclass(frozen=True)
+class CustomPolicy:
+    """Any decision computed from the stored profile: ``fn(frame) -> bool array``, open where True.
+
+    ``fn`` receives the gate frame (per-input ``drop`` and the profile columns listed in the
+    module docstring) and must return one boolean per row, in row order. ``tau`` is null.
+    """
+
+    fn: Callable[[pl.DataFrame], object] = field(compare=False)
+    name: str = "custom"
+
+    def decide(self, frame: pl.DataFrame) -> pl.DataFrame:
+        result = self.fn(frame)
+        if isinstance(result, pl.Series):
+            result = result.to_numpy()
+        arr = np.asarray(result)
+        if arr.shape != (frame.height,):
+            raise ValueError(f"CustomPolicy {self.name!r}: fn returned shape {arr.shape}, expected ({frame.height},)")
+        if arr.dtype != bool:
+            raise TypeError(f"CustomPolicy {self.name!r}: fn must return booleans, got dtype {arr.dtype}")
+        return frame.with_columns(pl.lit(None, dtype=pl.Float64).alias("tau"), pl.Series("gate_open", arr))
+
+
+Policy = FixedTau | ZScored | Midpoint | TaskOracle | CustomPolicy
+POLICY_TYPES = (FixedTau, ZScored, Midpoint, TaskOracle, CustomPolicy)

@@ -1,0 +1,202 @@
+"""The report: every table and figure of the catalogue, plus an index of what it was
+computed from (DESIGN §5 ``pagestats report``, §9 "every report states which files").
+
+The report is only a list of calls, assembled here and run by :func:`build_report`.
+:data:`FIGURES` (:mod:`pagestats.report.figure_entries`) and the table entries
+(:mod:`pagestats.report.table_entries`, read by :func:`table_entries`) are :class:`Entry`
+values (:mod:`pagestats.report.context`): a name, the paper item it reproduces, a
+function of a :class:`Context`, and the data it requires. An entry whose requirement
+fails is *skipped* with a one-line reason written to the index — never an exception,
+never an empty figure. Every replay is computed once per report (the :class:`Context`
+caches the gate decisions and gated outcomes). The entries sit above
+:mod:`pagestats.tables` and :mod:`pagestats.figures`, which never import the report.
+
+Outputs under ``out``: ``figures/<name>[-<part>].png|pdf``, ``tables/<name>.csv|md``
+(``.html`` where the table is typeset with great_tables), ``index.md`` and
+``index.json`` (log files with sha256 and rows, exclusions, the policy, profile and
+defaults used, every output and every skip reason).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+import pagestats
+from pagestats import defaults
+from pagestats.report.context import Context, Entry
+from pagestats.report.figure_entries import FIGURES
+from pagestats.report.table_entries import TABLES
+from pagestats.report.write import (
+    FIGURE_FORMATS,
+    _EmptyOutput,
+    _write_figure,
+    _write_table,
+)
+from pagestats.tables import markdown_table
+
+# --------------------------------------------------------------------------- catalogue
+
+
+def catalogue() -> tuple[Entry, ...]:
+    """Every entry of the report, tables first, in paper order."""
+    return (*TABLES, *FIGURES)
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _relative(path: str, out: Path) -> str:
+    return os.path.relpath(path, out).replace(os.sep, "/")
+
+
+@dataclass
+class Outcome:
+    """What happened to one entry: its output files, or the reason it was skipped."""
+
+    name: str
+    kind: str
+    source: str
+    caption: str
+    files: list[str]
+    skipped: str | None = None
+
+
+def _skip_reason(entry: Entry, ctx: Context) -> str | None:
+    for check in entry.requires:
+        reason = check(ctx)
+        if reason:
+            return reason
+    return None
+
+
+def _run_entry(entry: Entry, ctx: Context, out: Path, formats: Sequence[str] = FIGURE_FORMATS) -> Outcome:
+    outcome = Outcome(entry.name, entry.kind, entry.source, entry.caption, [])
+    reason = _skip_reason(entry, ctx)
+    if reason:
+        outcome.skipped = reason
+        return outcome
+    folder = out / ("figures" if entry.kind == "figure" else "tables")
+    result = entry.make(ctx)
+    parts = result if isinstance(result, list) else [("", result)]
+    if not parts:
+        outcome.skipped = "no cell has the data this item needs"
+        return outcome
+    write = _write_figure if entry.kind == "figure" else _write_table
+    for part, item in parts:
+        stem = folder / (f"{entry.name}-{_safe(part)}" if part else entry.name)
+        outcome.files.extend(_relative(p, out) for p in write(item, stem, formats))
+    return outcome
+
+
+def _safe(part: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in str(part))
+
+
+def _describe(value) -> dict | str:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {}
+        for f in dataclasses.fields(value):
+            v = getattr(value, f.name)
+            fields[f.name] = v if isinstance(v, (int, float, str, bool, type(None))) else repr(v)
+        return {"type": type(value).__name__, "name": getattr(value, "name", type(value).__name__), **fields}
+    return repr(value)
+
+
+def build_report(logs, out, *, policy=None, profile=None, entries: Sequence[Entry] | None = None,
+                 formats: Sequence[str] = FIGURE_FORMATS) -> str:
+    """Write every table and figure of the catalogue and the index; return the index path.
+
+    Parameters
+    ----------
+    logs : pagestats.io.Logs
+        Loaded logs (``files`` is listed in the index with sha256 and rows).
+    out : str or path
+        Output directory (created).
+    policy, profile
+        Gate policy (default the fixed τ = 0.07) and profile spec (default: the logged D).
+    entries : sequence of Entry, optional
+        What to produce (default :func:`catalogue`).
+    formats : sequence of str
+        Figure file formats (default PNG and PDF).
+
+    Returns
+    -------
+    str
+        Path of ``index.md`` (``index.json`` beside it holds the same content).
+
+    Notes
+    -----
+    An entry whose requirement fails is skipped with its reason in the index; an entry
+    that produces a figure without data or a table without rows is skipped likewise.
+    Errors in the computation itself propagate.
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    ctx = Context(logs, policy=policy, profile=profile)
+    outcomes = []
+    for entry in catalogue() if entries is None else entries:
+        try:
+            outcomes.append(_run_entry(entry, ctx, out, formats))
+        except _EmptyOutput as err:
+            outcomes.append(Outcome(entry.name, entry.kind, entry.source, entry.caption, [], str(err)))
+    index = {
+        "pagestats_version": pagestats.__version__,
+        "schema_version": _schema_versions(logs),
+        "files": [
+            {"path": f.path, "table": f.table, "sha256": f.sha256, "rows": f.rows} for f in getattr(logs, "files", [])
+        ],
+        "runs": sorted(getattr(logs, "manifests", {}) or {}),
+        "n_inputs": logs.inputs.height,
+        "n_outcomes": logs.outcomes.height,
+        "exclusions": list(getattr(logs, "exclusions", []) or []),
+        "policy": _describe(ctx.policy),
+        "profile": _describe(ctx.profile),
+        "headline_evictor": ctx.headline_evictor,
+        "defaults": {k: list(v) if isinstance(v, tuple) else v for k, v in defaults.as_dict().items()},
+        "outputs": [dataclasses.asdict(o) for o in outcomes],
+    }
+    (out / "index.json").write_text(json.dumps(index, indent=2, default=str) + "\n")
+    path = out / "index.md"
+    path.write_text(_index_markdown(index))
+    return str(path)
+
+
+def _schema_versions(logs) -> list:
+    manifests = getattr(logs, "manifests", {}) or {}
+    return sorted({m.get("schema_version") for m in manifests.values() if isinstance(m, dict)} - {None})
+
+
+def _index_markdown(index: dict) -> str:
+    lines = ["# pagestats report", ""]
+    lines.append(f"pagestats {index['pagestats_version']}; log schema {index['schema_version'] or '?'}; "
+                 f"{index['n_inputs']} inputs, {index['n_outcomes']} outcome rows, "
+                 f"{len(index['runs'])} run(s); headline evictor `{index['headline_evictor']}`.")
+    lines += ["", "## Log files", ""]
+    if index["files"]:
+        lines.append(markdown_table(pl.DataFrame(index["files"], schema={
+            "path": pl.String, "table": pl.String, "sha256": pl.String, "rows": pl.Int64})).rstrip())
+    else:
+        lines.append("(the logs were not read from files: no hashes to report)")
+    lines += ["", "## Exclusions", ""]
+    lines += [f"- {e}" for e in index["exclusions"]] or ["none"]
+    lines += ["", "## Policy and profile", ""]
+    lines.append(f"- policy: `{json.dumps(index['policy'], default=str)}`")
+    lines.append(f"- profile: `{json.dumps(index['profile'], default=str)}`")
+    lines += ["", "## Defaults (pagestats.defaults)", ""]
+    lines += [f"- {k} = {v}" for k, v in index["defaults"].items()]
+    lines += ["", "## Outputs", ""]
+    for o in index["outputs"]:
+        if o["skipped"]:
+            lines.append(f"- **{o['source']}** `{o['name']}` — SKIPPED: {o['skipped']}")
+        else:
+            links = ", ".join(f"[{Path(f).name}]({f})" for f in o["files"])
+            lines.append(f"- **{o['source']}** `{o['name']}` — {o['caption']} {links}".rstrip())
+    return "\n".join(lines) + "\n"
+

@@ -1,0 +1,144 @@
+"""What a report entry is and what it sees: the :class:`Context` (the logs, the policy,
+the profile and the replays computed once from them), the :data:`Requirement` checks
+(``needs_*``: ``None`` when the data suffice, else a one-line skip reason) and the
+:class:`Entry` record (DESIGN §5 ``pagestats report``).
+
+Public so that users can write their own entries and pass them to
+:func:`pagestats.report.build_report`. The context replays lazily (each replay once per
+report); it imports neither :mod:`pagestats.tables` nor :mod:`pagestats.figures`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import polars as pl
+
+from pagestats import defaults, replay
+from pagestats.columns import headline_evictor, with_task_class
+from pagestats.replay import FixedTau, ProfileSpec
+
+#: A requirement: ``None`` when the context satisfies it, else the one-line skip reason.
+Requirement = Callable[["Context"], "str | None"]
+
+
+# --------------------------------------------------------------------------- context
+
+
+class Context:
+    """What every entry of a report sees: the logs, the policy, the profile, and the
+    replays computed once (lazily) from them."""
+
+    def __init__(self, logs, *, policy=None, profile=None):
+        self.logs = logs
+        self.policy = policy if policy is not None else FixedTau()
+        self.profile = profile if profile is not None else ProfileSpec()
+
+    @functools.cached_property
+    def gate(self) -> pl.DataFrame:
+        return replay.gate(self.logs, self.policy, self.profile)
+
+    @functools.cached_property
+    def gated(self) -> pl.DataFrame:
+        return replay.gated_outcomes(self.logs, self.policy, self.profile)
+
+    @functools.cached_property
+    def headline_evictor(self) -> str:
+        """The evictor of the single-evictor figures: snapkv (as in the paper) when logged,
+        else the first in name order."""
+        return headline_evictor(self.logs.outcomes["evictor"].unique().to_list())
+
+    @property
+    def fixed_tau(self) -> float | None:
+        """τ of a fixed-threshold policy, else None."""
+        return getattr(self.policy, "tau", None) if type(self.policy).__name__ == "FixedTau" else None
+
+    @functools.cached_property
+    def context_lengths(self) -> list[int]:
+        return sorted(self.logs.inputs["context_length"].unique().to_list())
+
+    @functools.cached_property
+    def task_classes(self) -> list[str]:
+        return sorted(with_task_class(self.logs.inputs)["task_class"].unique().drop_nulls().to_list())
+
+
+# --------------------------------------------------------------------------- requirements
+
+
+def needs_eviction_budgets(ctx: Context) -> str | None:
+    if ctx.logs.outcomes.filter(pl.col("budget") < 1.0).height == 0:
+        return "no eviction budgets b < 1 in the outcomes"
+    return None
+
+
+def needs_both_classes(ctx: Context) -> str | None:
+    missing = {defaults.CAPACITY_BOUND, defaults.DILUTION_PRONE} - set(ctx.task_classes)
+    if missing:
+        return f"needs both task classes; no {', '.join(sorted(missing))} task in the logs"
+    return None
+
+
+def needs_contexts(n: int) -> Requirement:
+    def check(ctx: Context) -> str | None:
+        got = len(ctx.context_lengths)
+        if got < n:
+            return f"needs ≥{n} context lengths; the logs have {got} ({', '.join(map(str, ctx.context_lengths))})"
+        return None
+
+    check.__name__ = f"needs_contexts_{n}"
+    return check
+
+
+def needs_agreement(ctx: Context) -> str | None:
+    inputs = ctx.logs.inputs
+    if "agreement" not in inputs.columns:
+        return "no per-layer agreement profiles in the inputs"
+    if inputs.select(pl.col("agreement").list.len().min()).item() < 2:
+        return "per-layer agreement profiles have fewer than 2 layers"
+    return None
+
+
+def needs_topk(ctx: Context) -> str | None:
+    topk = getattr(ctx.logs, "topk", None)
+    if topk is None or topk.height == 0:
+        return "no topk table in the logs (collect with stored top-k indices)"
+    return None
+
+
+def needs_draws(n: int) -> Requirement:
+    def check(ctx: Context) -> str | None:
+        got = ctx.logs.inputs["draw"].n_unique() if "draw" in ctx.logs.inputs.columns else 0
+        if got < n:
+            return f"needs ≥{n} input draws (seed replicates); the logs have {got}"
+        return None
+
+    check.__name__ = f"needs_draws_{n}"
+    return check
+
+
+def needs_dilution_headroom(ctx: Context) -> str | None:
+    inputs = ctx.logs.inputs
+    dil = ctx.gate.filter(pl.col("task_class") == defaults.DILUTION_PRONE)
+    if dil.height == 0:
+        return "no dilution-prone inputs to fit the scaling slope on"
+    if float(dil["full_score"].min()) >= 1.0 and inputs.height:
+        return "every dilution-prone input has full-KV accuracy 1 (no headroom to fit)"
+    return None
+
+
+# --------------------------------------------------------------------------- entries
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One report item: ``make(ctx)`` returns a Figure/Axes, a table (polars frame or
+    great_tables GT), or a list of ``(part, item)`` for several outputs."""
+
+    name: str
+    kind: str  # "figure" | "table"
+    source: str  # the paper item, e.g. "Figure 2"
+    make: Callable[[Context], object]
+    requires: tuple[Requirement, ...] = ()
+    caption: str = ""

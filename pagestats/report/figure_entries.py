@@ -1,0 +1,141 @@
+"""The figure entries of the report: :data:`FIGURES`, one :class:`~pagestats.report.context.Entry`
+per paper figure, each a call of a :mod:`pagestats.figures` function on the replays of the
+:class:`~pagestats.report.context.Context` (DESIGN §5 ``pagestats report``).
+
+Read by :func:`pagestats.report.catalogue`. Above :mod:`pagestats.figures` in the data flow:
+the figures never import this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import polars as pl
+
+from pagestats import defaults, replay
+from pagestats.figures import (
+    accuracy_vs_budget,
+    accuracy_vs_kept_kv,
+    agreement_profile,
+    delta_matrix,
+    delta_of_f,
+    drop_by_task,
+    recovery_distribution,
+    recovery_fraction,
+    rho_vs_headroom,
+    tau_sensitivity,
+)
+from pagestats.figures._style import cell_label
+from pagestats.report.context import (
+    Context,
+    Entry,
+    needs_agreement,
+    needs_both_classes,
+    needs_contexts,
+    needs_dilution_headroom,
+    needs_eviction_budgets,
+)
+
+
+def _per_cell(ctx: Context, frame: pl.DataFrame, keys: Sequence[str], draw) -> list[tuple[str, object]]:
+
+    parts = []
+    for cell in frame.select(keys).unique().sort(keys).to_dicts():
+        part = cell_label(cell).replace(" ", "-")
+        parts.append((part, draw(cell)))
+    return parts
+
+
+def _fig2(ctx):
+
+    return drop_by_task(ctx.gate, tau=ctx.fixed_tau)
+
+
+def _fig3(ctx):
+
+    ev = ctx.headline_evictor
+    sub = ctx.gated.filter(pl.col("evictor") == ev)
+    return _per_cell(ctx, sub, ["model", "context_length"],
+                     lambda c: accuracy_vs_budget(sub, model=c["model"], context_length=c["context_length"], evictor=ev))
+
+
+def _fig4(ctx):
+
+    ev = ctx.headline_evictor
+    sub = ctx.gated.filter(pl.col("evictor") == ev)
+    return _per_cell(ctx, sub, ["context_length"],
+                     lambda c: accuracy_vs_kept_kv(sub, evictor=ev, context_length=c["context_length"]).figure)
+
+
+def _fig5(ctx):
+
+    return agreement_profile(ctx.logs.inputs, bin_fraction=ctx.profile.bin_fraction,
+                             convention=ctx.profile.convention)
+
+
+def tau_grid() -> np.ndarray:
+    """Thresholds of the τ-sensitivity curve (Fig. 6): :data:`pagestats.defaults.TAU_GRID`
+    (start, stop, step; stop included), rounded to 6 decimals."""
+    start, stop, step = defaults.TAU_GRID
+    return np.round(np.arange(start, stop + step / 25, step), 6)
+
+
+def _fig6(ctx):
+
+    tau0 = ctx.fixed_tau if ctx.fixed_tau is not None else defaults.TAU
+    taus = np.unique(np.r_[tau_grid(), tau0])
+    curve = replay.tau_curve(ctx.logs, taus, ctx.profile, by=("model", "context_length", "evictor"))
+    curve = curve.filter(pl.col("evictor") == ctx.headline_evictor)
+    return tau_sensitivity(curve, tau0=tau0)
+
+
+def _fig7(ctx):
+
+    return delta_of_f(ctx.gated).figure
+
+
+def _fig8(ctx):
+
+    return delta_matrix(ctx.gated).figure
+
+
+def _fig9(ctx):
+
+    return rho_vs_headroom(ctx.gated.filter(pl.col("evictor") == ctx.headline_evictor)).figure
+
+
+def _fig10(ctx):
+
+    return recovery_distribution(ctx.gated.filter(pl.col("evictor") == ctx.headline_evictor))
+
+
+def _fig11(ctx):
+
+    return recovery_fraction(ctx.gated.filter(pl.col("evictor") == ctx.headline_evictor))
+
+
+FIGURES: tuple[Entry, ...] = (
+    Entry("fig02_drop_by_task", "figure", "Figure 2", _fig2, (),
+          "D per input by task; bars are per-task means; dashed line the fixed τ."),
+    Entry("fig03_accuracy_vs_budget", "figure", "Figure 3", _fig3, (needs_eviction_budgets,),
+          "Accuracy vs nominal KV budget, plain (solid) and gated (dashed), per task; one file per "
+          "(model, context), headline evictor."),
+    Entry("fig04_accuracy_vs_kept_kv", "figure", "Figure 4", _fig4, (needs_eviction_budgets,),
+          "Accuracy vs achieved kept-KV fraction with the frontier; one file per context, headline evictor."),
+    Entry("fig05_agreement_profile", "figure", "Figure 5", _fig5, (needs_agreement,),
+          "Per-layer agreement a_ℓ averaged over inputs per task; shaded early/late bins."),
+    Entry("fig06_tau_sensitivity", "figure", "Figure 6", _fig6, (needs_eviction_budgets, needs_both_classes),
+          "Δ, FP and FN rates vs τ; shaded plateau |Δ − Δ_τ0| ≤ 1 pp and FP + FN ≤ 0.10; headline evictor."),
+    Entry("fig07_delta_of_f", "figure", "Figure 7", _fig7, (needs_eviction_budgets, needs_both_classes),
+          "Δ(f) = f·Δ_capacity + (1 − f)·Δ_rest per matrix cell (grey) and their mean."),
+    Entry("fig08_delta_matrix", "figure", "Figure 8", _fig8, (needs_eviction_budgets,),
+          "Δ (gated − plain, budgets b < 1) per (model, context) × evictor cell."),
+    Entry("fig09_rho_vs_headroom", "figure", "Figure 9", _fig9,
+          (needs_eviction_budgets, needs_contexts(2), needs_dilution_headroom),
+          "ρ vs headroom 1 − A_full per (model, context, task) with the through-origin slope; headline evictor."),
+    Entry("fig10_recovery_distribution", "figure", "Figure 10", _fig10, (needs_eviction_budgets,),
+          "Distribution of r(x) per task, pooled over cells; headline evictor."),
+    Entry("fig11_recovery_fraction", "figure", "Figure 11", _fig11, (needs_eviction_budgets,),
+          "Share of inputs with r(x) > 0 per task and (model, context) cell, Wilson 95% bars; headline evictor."),
+)

@@ -1,0 +1,177 @@
+"""The table entries of the report: :data:`TABLES`, one :class:`~pagestats.report.context.Entry`
+per paper table, each a call of a :mod:`pagestats.tables` function on the replays of the
+:class:`~pagestats.report.context.Context`, typeset with the table's layout
+(:data:`pagestats.tables.LAYOUTS`) — DESIGN §5 ``pagestats report``.
+
+Read by :func:`pagestats.report.table_entries`. Above :mod:`pagestats.tables` in the data
+flow: the tables never import this module (nor :mod:`pagestats.report`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from pagestats import defaults, replay
+from pagestats.replay.policies import Midpoint, TaskOracle
+from pagestats.report.context import (
+    Entry,
+    needs_agreement,
+    needs_both_classes,
+    needs_contexts,
+    needs_dilution_headroom,
+    needs_draws,
+    needs_eviction_budgets,
+)
+from pagestats.tables import (
+    LAYOUTS,
+    MULTIKEY_TASKS,
+    batching_table,
+    best_evictor_table,
+    bootstrap_table,
+    budget_axis_table,
+    calibration_table,
+    compression_table,
+    cross_cell_table,
+    delta_by_task_table,
+    delta_matrix_table,
+    distractor_sweep_table,
+    draw_replicates_table,
+    drop_by_task_table,
+    harm_table,
+    head_pair_table,
+    layer_subset_table,
+    oracle_gap_table,
+    pilot_sensitivity_table,
+    preregistered_table,
+    recovery_table,
+    scaling_table,
+    signal_ablation_table,
+)
+
+
+def _typeset(name: str, frame: pl.DataFrame):
+    return frame, LAYOUTS[name]
+
+
+def _needs_tasks(*tasks: str):
+    def check(ctx) -> str | None:
+        have = set(ctx.logs.inputs["task"].unique().to_list())
+        missing = [t for t in tasks if t not in have]
+        return f"needs the tasks {', '.join(missing)}; not in the logs" if missing else None
+
+    check.__name__ = "needs_tasks"
+    return check
+
+
+def _needs_pair_jaccard(ctx) -> str | None:
+    inputs = ctx.logs.inputs
+    if "pair_jaccard" not in inputs.columns or inputs.select(pl.col("pair_jaccard").list.len().min()).item() in (0, None):
+        return "no per-pair Jaccards (pair_jaccard) in the inputs"
+    return None
+
+
+def _needs_prediction_fit(ctx) -> str | None:
+    inputs = ctx.logs.inputs
+    largest = max(ctx.context_lengths)
+    fit = (inputs.filter(pl.col("context_length") < largest).group_by("model", "task")
+           .agg((1.0 - pl.col("full_score").mean()).alias("h")).filter(pl.col("h") > 0))
+    target = inputs.filter(pl.col("context_length") == largest).select("model", "task").unique()
+    if fit.join(target, on=["model", "task"], how="semi").height == 0:
+        return (f"no (model, task) has full-KV headroom > 0 below the largest context {largest} "
+                "to fit the ratio band on")
+    return None
+
+
+def _needs_capacity(ctx) -> str | None:
+    if defaults.CAPACITY_BOUND not in ctx.task_classes:
+        return "no capacity-bound task in the logs"
+    return None
+
+
+def _entries() -> tuple[Entry, ...]:
+    def strict(ctx):
+        spec = replay.ProfileSpec(**{**ctx.profile.__dict__, "convention": "strict"})
+        return replay.gate(ctx.logs, ctx.policy, spec)
+
+    def rng():
+        return np.random.default_rng(defaults.BOOTSTRAP_SEED)
+
+    ev, both = needs_eviction_budgets, needs_both_classes
+    t = _typeset
+    return (
+        Entry("tab01_recovery", "table", "Table 1", lambda c: t("tab01_recovery", recovery_table(c.gated)), (ev,),
+              "ρ with Wilson 95% intervals per task × cell; pooled capacity-bound vs dilution-prone contrast."),
+        Entry("tab02_delta_matrix", "table", "Table 2", lambda c: t("tab02_delta_matrix", delta_matrix_table(c.gated)),
+              (ev,), "Δ per (model, context, evictor), with and without capacity-bound tasks; identity marker."),
+        Entry("tab03_drop_by_task", "table", "Table 3", lambda c: t("tab03_drop_by_task", drop_by_task_table(c.gate)),
+              (needs_agreement,), "Mean D and gate-open fraction per task (deployed bins)."),
+        Entry("tab04_distractor_sweep", "table", "Table 4",
+              lambda c: t("tab04_distractor_sweep", distractor_sweep_table(c.gate)), (_needs_tasks(*MULTIKEY_TASKS),),
+              "Mean D along NIAH-MultiKey 1 → 2 → 3 with a monotonicity flag."),
+        Entry("tab05_06_signal_ablation", "table", "Tables 5–6",
+              lambda c: t("tab05_06_signal_ablation", signal_ablation_table(c.logs, profile=c.profile)),
+              (needs_agreement, both), "Separation, margin, AUC (BH), MK monotonicity and r with D per signal."),
+        Entry("tab07_calibration", "table", "Table 7",
+              lambda c: t("tab07_calibration", calibration_table(c.logs, profile=c.profile)), (ev, both),
+              "Midpoint-calibrated τ (Eq. 5) vs the fixed τ per cell."),
+        Entry("tab09_head_pairs", "table", "Table 9",
+              lambda c: t("tab09_head_pairs", head_pair_table(c.logs, profile=c.profile)), (_needs_pair_jaccard, both),
+              "Margin over 20 random head-pair subsets per fraction."),
+        Entry("tab10_layers", "table", "Table 10",
+              lambda c: t("tab10_layers", layer_subset_table(c.logs, profile=c.profile)), (needs_agreement, both),
+              "Margin of D recomputed on layer subsets."),
+        Entry("tab12_delta_by_task", "table", "Table 12",
+              lambda c: t("tab12_delta_by_task", delta_by_task_table(c.gated)), (ev,),
+              "Per-task Δ for every matrix cell with gate-open fractions."),
+        Entry("tab13_budget_axis", "table", "Table 13",
+              lambda c: t("tab13_budget_axis", budget_axis_table(c.gated)), (ev,), "Plain vs gated accuracy per budget."),
+        Entry("tab14_oracle_gap", "table", "Table 14",
+              lambda c: t("tab14_oracle_gap", oracle_gap_table(c.gated, replay.gated_outcomes(c.logs, TaskOracle(), c.profile))),
+              (ev,), "Δ of the gate vs the task-label oracle."),
+        Entry("tab17_best_evictor", "table", "Table 17",
+              lambda c: t("tab17_best_evictor", best_evictor_table(c.gated)), (ev,),
+              "Best plain vs best gated evictor per (model, context)."),
+        Entry("tab20_cross_cell", "table", "Table 20",
+              lambda c: t("tab20_cross_cell", cross_cell_table(c.gated, replay.gated_outcomes(c.logs, Midpoint(), c.profile),
+                                                               evictor=c.headline_evictor)),
+              (ev, both), "Δ per (model, context) at the fixed and the midpoint-calibrated τ."),
+        Entry("tab21_preregistered", "table", "Table 21",
+              lambda c: t("tab21_preregistered", preregistered_table(c.gated, c.logs.inputs, evictor=c.headline_evictor)),
+              (ev, needs_contexts(2), _needs_prediction_fit),
+              "Ratio-band predictions for the largest context, frozen by sha256, vs measured ρ."),
+        Entry("tab22_compression", "table", "Table 22",
+              lambda c: t("tab22_compression", compression_table(c.gated, evictor=c.headline_evictor)), (ev,),
+              "Achieved kept-KV and compression per budget and grid mean."),
+        Entry("tab23_batching", "table", "Table 23",
+              lambda c: t("tab23_batching", batching_table(c.gated, evictor=c.headline_evictor)), (ev,),
+              "Compression under static batch provisioning, batch sizes 1–32."),
+        Entry("tab24_drop_by_task_strict", "table", "Table 24",
+              lambda c: t("tab24_drop_by_task_strict", drop_by_task_table(strict(c))), (needs_agreement,),
+              "Mean D per task with strict-thirds bins."),
+        Entry("tab25_scaling", "table", "Table 25",
+              lambda c: t("tab25_scaling", scaling_table(c.gated, evictor=c.headline_evictor)), (ev, needs_dilution_headroom),
+              "ρ / (1 − A_full) per (model, context, task) and the through-origin slope."),
+        Entry("tab27_harm", "table", "Table 27",
+              lambda c: t("tab27_harm", harm_table(c.gated, evictor=c.headline_evictor)), (ev,),
+              "Fixed-budget harm rate gated / plain per task and budget, pooled over cells."),
+        Entry("tab28_bootstrap", "table", "Table 28",
+              lambda c: t("tab28_bootstrap", bootstrap_table(c.gated, rng=rng())), (ev,),
+              "Δ per matrix cell with cluster-bootstrap 95% intervals and BH-adjusted p."),
+        Entry("tab29_bootstrap_capacity", "table", "Table 29",
+              lambda c: t("tab29_bootstrap_capacity", bootstrap_table(
+                  c.gated.filter(pl.col("task_class") == defaults.CAPACITY_BOUND), by=("model", "context_length", "evictor", "task"),
+                  rng=rng())), (ev, _needs_capacity),
+              "Δ on the capacity-bound tasks per cell with cluster-bootstrap intervals and BH-adjusted p."),
+        Entry("tab30_draws", "table", "Table 30",
+              lambda c: t("tab30_draws", draw_replicates_table(c.gated, c.logs.inputs.select("run_id", "draw").unique(),
+                                                               evictor=c.headline_evictor)), (ev, needs_draws(2)),
+              "Δ per input-draw replicate with mean, SD and range."),
+        Entry("tabN1_pilot_sensitivity", "table", "New table",
+              lambda c: t("tabN1_pilot_sensitivity", pilot_sensitivity_table(c.logs, evictor=c.headline_evictor, profile=c.profile)),
+              (ev, needs_agreement), "z-scored gate under pilot first/random × per model/per cell × sizes; call flips."),
+    )
+
+
+#: The table entries, in paper order (read by :func:`pagestats.report.catalogue`).
+TABLES: tuple[Entry, ...] = _entries()

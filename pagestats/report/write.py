@@ -1,0 +1,55 @@
+"""Writing one report entry's result to files: figures as PNG/PDF through
+:func:`pagestats.figures.save_figure`, tables through :func:`pagestats.tables.write_table`
+(CSV, Markdown, and HTML where the entry gives a :class:`~pagestats.tables.Layout`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import polars as pl
+from matplotlib.figure import Figure
+
+from pagestats.figures import save_figure
+from pagestats.tables import Layout, write_table
+
+#: Figure formats written by default.
+FIGURE_FORMATS = ("png", "pdf")
+
+
+class _EmptyOutput(ValueError):
+    """An entry produced a figure without data or a table without rows (reported as a skip)."""
+
+
+def _figure_of(item):
+    if isinstance(item, Figure):
+        return item
+    fig = getattr(item, "figure", None)
+    if isinstance(fig, Figure):
+        return fig
+    raise TypeError(f"a figure entry must return a Figure or an Axes, got {type(item).__name__}")
+
+
+def _write_figure(item, stem: Path, formats: Sequence[str] = FIGURE_FORMATS) -> list[str]:
+    fig = _figure_of(item)
+    if not fig.axes or not any(ax.has_data() for ax in fig.axes):
+        raise _EmptyOutput("the figure came out without data")
+    return save_figure(fig, stem, formats=formats)
+
+
+def _table_parts(item) -> tuple[pl.DataFrame, Layout | None]:
+    """(frame, layout or None) of a table entry's result: a polars frame, or (frame, Layout)."""
+    if isinstance(item, pl.DataFrame):
+        return item, None
+    if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], pl.DataFrame) and isinstance(item[1], Layout):
+        return item
+    raise TypeError(f"a table entry must return a polars DataFrame or (DataFrame, Layout), got {type(item).__name__}")
+
+
+def _write_table(item, stem: Path, formats=None) -> list[str]:
+    frame, layout = _table_parts(item)
+    if frame.height == 0:
+        raise _EmptyOutput("the table came out without rows")
+    # the Markdown file lists the tidy numbers (4 significant digits); HTML is the typeset table
+    return [*write_table(frame, stem, layout, formats=("csv",)), *write_table(frame, stem, None, formats=("md",)),
+            *write_table(frame, stem, layout, formats=("html",))]

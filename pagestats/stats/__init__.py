@@ -1,0 +1,37 @@
+"""Statistics of the PAGE paper at the NumPy level (NumPy, SciPy and statsmodels only; no polars).
+
+Wilson intervals for rates (ρ, harm, p_open), Benjamini–Hochberg across cells, the cluster
+bootstrap of the gating Δ (Table 28), the through-origin fit of the scaling relation
+(Table 25) and the per-input AUC (Mann–Whitney, §3). Results are small frozen dataclasses
+with ``to_dict()``; their fields are scalars for scalar input and arrays for array input.
+Frame-level wrappers live in :mod:`pagestats.metrics`.
+
+References
+----------
+PAGE paper: §3 (Eq. 1, AUC), §4 "Uncertainty", §5 (Eq. 4), App. A.6.4 (Table 25),
+App. A.7.2 (Tables 28–29).
+"""
+
+from pagestats.stats.auc import AUCResult, auc
+from pagestats.stats.bootstrap import (
+    BootstrapResult,
+    bootstrap_pvalue,
+    cluster_bootstrap,
+)
+from pagestats.stats.fit import FitResult, through_origin_fit
+from pagestats.stats.multitest import BHResult, bh
+from pagestats.stats.wilson import Interval, wilson
+
+__all__ = [
+    "AUCResult",
+    "BHResult",
+    "BootstrapResult",
+    "FitResult",
+    "Interval",
+    "auc",
+    "bh",
+    "bootstrap_pvalue",
+    "cluster_bootstrap",
+    "through_origin_fit",
+    "wilson",
+]

@@ -1,0 +1,38 @@
+"""Seeded, schema-v1-valid synthetic PAGE logs with a planted task partition, for tests,
+benchmarks and what-if demos without a GPU.
+
+:func:`synthetic_logs` (:mod:`~pagestats.testing.synthetic`) writes runs that look like a
+collector's output; the parameters and the planted effect are in
+:mod:`~pagestats.testing.params`, argument checks in :mod:`~pagestats.testing.checks`, the
+random draws in :mod:`~pagestats.testing.draw` and the schema-v1 frames in
+:mod:`~pagestats.testing.frames`.
+"""
+
+from pagestats.testing.draw import SIGMA_BITS, profile_shape
+from pagestats.testing.params import (
+    DEFAULT_MODELS,
+    PAPER_MODELS,
+    PAPER_SCALE,
+    SIGNAL_NAMES,
+    SYNTHETIC_TASKS,
+    ClassEffect,
+    ModelSpec,
+    PlantedEffect,
+)
+from pagestats.testing.synthetic import SyntheticLogs, planted_rates, synthetic_logs
+
+__all__ = [
+    "DEFAULT_MODELS",
+    "PAPER_MODELS",
+    "PAPER_SCALE",
+    "SIGMA_BITS",
+    "SIGNAL_NAMES",
+    "SYNTHETIC_TASKS",
+    "ClassEffect",
+    "ModelSpec",
+    "PlantedEffect",
+    "SyntheticLogs",
+    "planted_rates",
+    "profile_shape",
+    "synthetic_logs",
+]
