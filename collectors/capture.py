@@ -333,6 +333,8 @@ def prefill(model, input_ids, *, window: int = defaults.WINDOW, accumulate: bool
     """
     from transformers import DynamicCache
 
+    from collectors.model import cache_keyword
+
     input_ids = torch.as_tensor(input_ids)
     if input_ids.ndim == 1:
         input_ids = input_ids[None]
@@ -344,7 +346,7 @@ def prefill(model, input_ids, *, window: int = defaults.WINDOW, accumulate: bool
     with torch.no_grad(), capture_attention(model, window=window, accumulate=accumulate, query_chunk=query_chunk,
                                             snapkv_window=snapkv_window) as rec:
         start = time.perf_counter()
-        out = model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1)
+        out = model(input_ids=input_ids, **{cache_keyword(model): cache}, use_cache=True, logits_to_keep=1)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         prefill_ms = (time.perf_counter() - start) * 1e3

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import inspect
 import pathlib
 import re
 
@@ -92,6 +93,19 @@ def _weights_sha256(directory: pathlib.Path) -> str | None:
         return sha256_file(files[0])
     lines = "".join(f"{p.name} {sha256_file(p)}\n" for p in files)
     return hashlib.sha256(lines.encode()).hexdigest()
+
+
+def cache_keyword(model) -> str:
+    """Name under which ``model.forward`` takes, and its output returns, the KV cache.
+
+    ``"cache"`` in recent transformers (5.24 here), ``"past_key_values"`` in earlier 5.x releases
+    such as the 5.17 of the GPU image, where a ``cache=`` argument is silently ignored.
+    """
+    params = inspect.signature(model.forward).parameters
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            return name
+    raise TypeError(f"{type(model).__name__}.forward takes neither cache nor past_key_values")
 
 
 def _text_config(config):

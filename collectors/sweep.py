@@ -47,6 +47,7 @@ from dataclasses import dataclass
 import torch
 
 from collectors.evict import EVICTORS, kept_positions
+from collectors.model import cache_keyword
 from pagestats import defaults
 
 __all__ = [
@@ -227,6 +228,7 @@ def decode_arms(
     cache, key_mask, uniform = _batched_cache(layers, kept, n_tokens)
     if n_arms == 1 or uniform:
         key_mask = None  # no padding: let the kernel use its plain (unmasked) path
+    cache_name = cache_keyword(model)
     rows = list(range(n_arms))  # arm index of each active batch row
     step = 0
     while rows:
@@ -241,10 +243,10 @@ def decode_arms(
             input_ids=input_ids,
             position_ids=position_ids,
             attention_mask=attention_mask,
-            cache=cache,
+            **{cache_name: cache},
             use_cache=True,
         )
-        cache = out.cache
+        cache = getattr(out, cache_name)
         logits = out.logits[:, -1, :].float()
         next_ids = torch.argmax(logits, dim=-1).tolist()
         keep_rows = []
