@@ -3,7 +3,8 @@
 Each benchmark is a script ``bench/<name>.py`` that measures speed as ratios against a
 baseline in the same run and writes ``bench/results/<name>.json``. Without names, the
 offline (no model) benchmarks run; the model benchmarks (gate_signal, capture_memory,
-sweep) load SmolLM2 and are run by name.
+sweep) load SmolLM2 and are run by name, and so is ``gpu`` (random-weight 1.5B–70B shapes on a
+CUDA GPU; ``python bench/gpu.py --smoke`` is its CPU check).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 OFFLINE = ("synthetic_scale", "tau_curve", "profile_replay", "bootstrap", "report", "whatif_scale")
-MODEL = ("gate_signal", "capture_memory", "sweep")
+MODEL = ("gate_signal", "capture_memory", "sweep", "gpu")
 
 
 def main(argv: list[str]) -> int:
