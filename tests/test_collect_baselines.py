@@ -1,5 +1,5 @@
 """pagestats-collect with the per-head baselines and their recorded parameters, end to end on the
-tiny random Llama of ``test_collect_cli`` (nothing is downloaded)."""
+tiny random Llama of the ``model_dir`` fixture in conftest (nothing is downloaded)."""
 
 import json
 
@@ -7,7 +7,6 @@ import pyarrow.parquet as pq
 
 from collectors import cli
 from pagestats.cli import main as pagestats_main
-from test_collect_cli import model_dir  # noqa: F401  (fixture)
 
 ARGS = ["--tasks", "niah_single_1", "--context-length", "640", "--n", "1", "--budgets", "0.25,1.0",
         "--max-new-tokens", "4", "--part-size", "1", "--no-progress", "--k", "8", "--k-max", "16"]
