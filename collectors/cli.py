@@ -102,6 +102,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--snapkv-window", type=int, default=defaults.SNAPKV_WINDOW, help="scoring window of the SnapKV "
                    f"family (snapkv, pyramidkv, snapkv-perlayer, snapkv-perhead), recorded in the manifest (default "
                    f"{defaults.SNAPKV_WINDOW})")
+    p.add_argument("--mode", default=defaults.MODE, choices=defaults.MODES, help="query-aware: prefill the whole "
+                   "prompt, then evict (the paper's setting); query-agnostic: prefill the context alone, compute D and "
+                   "the evictions there, then append the question and decode (as kvpress). Recorded in the manifest "
+                   f"(default {defaults.MODE})")
     p.add_argument("--snapkv-pool", type=int, default=defaults.SNAPKV_POOL_KERNEL, help="odd average-pooling width of "
                    f"SnapKV-family scores, 1 = none (default {defaults.SNAPKV_POOL_KERNEL})")
     p.add_argument("--max-new-tokens", type=int, default=None, help="tokens to generate for every task, overriding "
@@ -130,6 +134,7 @@ def config_from_args(args):
         seed=args.seed, draw=args.draw, evictors=args.evictors, budgets=args.budgets, shard=args.shard,
         device=args.device, dtype=args.dtype, attn_impl=args.attn_impl, window=args.window, k=args.k,
         k_max=args.k_max, snapkv_window=args.snapkv_window, pool_kernel=args.snapkv_pool,
+        mode=args.mode,
         max_new_tokens=args.max_new_tokens, essay_file=args.essay_file,
         qa_files=args.qa_file, task_classes=args.task_classes, part_size=args.part_size,
         batch_arms=not args.no_batch_arms, max_batch=args.max_batch, progress=not args.no_progress,

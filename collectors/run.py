@@ -5,6 +5,10 @@ Per input (:func:`collect_input`)::
     tasks.make_input → tokenize → capture.prefill(accumulate for h2o / h2o-perhead)
       → signals.gate_signals → sweep.run_sweep → tasks.score per arm → rows
 
+In ``--mode query-agnostic`` the prefill, D and the evictions see the context only (the prompt up to
+``TaskInput.question_start``); every arm then reads the question from its evicted cache. ``n_tokens``
+stays the whole prompt, and ``n_kept`` counts the kept context positions plus the question tokens.
+
 ``inputs``: one row (D, a_ℓ, pair Jaccards, other signals, prompt, references, full-KV prediction
 and score, timings); ``outcomes``: one row per (evictor, budget), the budget-1.0 rows included,
 which must reproduce the full-KV outcome (checked: :class:`AuditError`); ``topk``: one row per
@@ -58,6 +62,7 @@ class CollectConfig:
     n_recent: int = defaults.N_RECENT
     snapkv_window: int = defaults.SNAPKV_WINDOW
     pool_kernel: int = defaults.SNAPKV_POOL_KERNEL
+    mode: str = defaults.MODE
     max_new_tokens: int | None = None
     essay_file: str | None = None
     qa_files: tuple[str, ...] = ()
@@ -89,6 +94,8 @@ class CollectConfig:
             raise ValueError("max_new_tokens must be ≥ 1")
         if self.snapkv_window < 1:
             raise ValueError(f"snapkv_window must be ≥ 1, got {self.snapkv_window}")
+        if self.mode not in defaults.MODES:
+            raise ValueError(f"mode must be one of {', '.join(defaults.MODES)}, got {self.mode!r}")
         if self.pool_kernel < 1 or self.pool_kernel % 2 == 0:
             raise ValueError(f"pool_kernel must be a positive odd int, got {self.pool_kernel}")
         if self.draw is None:
@@ -141,6 +148,7 @@ def run_parameters(cfg: CollectConfig, model_info: dict) -> dict:
     return {
         "model": {k: model_info.get(k) for k in ("name", "revision", "sha256", "dtype", "attn_impl")},
         "context_length": int(cfg.context_length),
+        "mode": cfg.mode,
         "tasks": list(cfg.tasks),
         "task_options": task_options(cfg),
         "draw": int(cfg.draw),
@@ -177,6 +185,7 @@ def build_manifest(cfg: CollectConfig, model_info: dict) -> dict:
         "model": model_info,
         "device": cfg.device,
         "context_length": int(cfg.context_length),
+        "mode": cfg.mode,
         "tasks": classes,
         "evictors": list(cfg.evictors),
         "budgets": list(cfg.budgets),
@@ -198,11 +207,17 @@ def collect_input(model, tokenizer, task_input: T.TaskInput, *, cfg: CollectConf
 
     from collectors import capture, signals, sweep
 
-    ids = T.tokenize_prompt(tokenizer, task_input.prompt)
+    question_ids = None
+    if cfg.mode == "query-agnostic":  # prefill and evict the context; the question comes after
+        ids, n_context = T.split_prompt(tokenizer, task_input)
+        question_ids = torch.tensor([ids[n_context:]], dtype=torch.long)
+    else:
+        ids = T.tokenize_prompt(tokenizer, task_input.prompt)
+        n_context = len(ids)
     if len(ids) != task_input.n_tokens:
         raise RuntimeError(f"{task_input.task}/{task_input.input_id}: tokenised prompt has {len(ids)} tokens, "
                            f"make_input counted {task_input.n_tokens}")
-    input_ids = torch.tensor([ids], dtype=torch.long)
+    input_ids = torch.tensor([ids[:n_context]], dtype=torch.long)
     from collectors.evict import ACCUMULATED_EVICTORS
 
     pre = capture.prefill(model, input_ids, window=cfg.window, snapkv_window=cfg.snapkv_window,
@@ -212,7 +227,7 @@ def collect_input(model, tokenizer, task_input: T.TaskInput, *, cfg: CollectConf
     full, arms = sweep.run_sweep(model, tokenizer, pre, evictors=cfg.evictors, budgets=cfg.budgets,
                                  max_new_tokens=task_input.max_new_tokens, n_sink=cfg.n_sink,
                                  n_recent=cfg.n_recent, batch_arms=cfg.batch_arms, max_batch=cfg.max_batch,
-                                 pool_kernel=cfg.pool_kernel)
+                                 pool_kernel=cfg.pool_kernel, question_ids=question_ids)
     refs = task_input.references
     full_score = T.score(task_input.task, full.text, refs)
     key = {"run_id": run_id, "task": task_input.task, "input_id": int(task_input.input_id)}

@@ -19,6 +19,12 @@ the keys cached at their original positions (the "attention-mask trick" would si
 The causal mask is built by transformers from the shortened cache length, which lets the new token
 see every cached (kept) key.
 
+Query-agnostic mode
+-------------------
+With ``question_ids`` the prefill covers the context only: D and every eviction are computed there,
+then each arm's cache (full or evicted) reads the Q question tokens at positions T..T+Q−1 in one
+forward pass and its first token is the argmax after them, so the first token differs between arms.
+
 Batched arm decoding
 --------------------
 Arms are grouped (longest cache first, at most ``max_batch`` per group) and decoded as one batch.
@@ -182,6 +188,7 @@ def decode_arms(
     tokenizer=None,
     stop_strings: Sequence[str] | None = None,
     return_step_logits: bool = False,
+    question_ids: torch.Tensor | None = None,
 ):
     """Greedy decode of several arms together from one prefill.
 
@@ -195,13 +202,17 @@ def decode_arms(
         Per arm, its kept positions ((n,) shared, (L, n) per layer or (L, H_kv, n) per layer and KV
         head); None = the full cache.
     max_new_tokens : int
-        Tokens to generate per arm (the first comes from ``last_logits``).
+        Tokens to generate per arm (the first comes from ``last_logits``, or from the question step).
     eos_ids : set of int
         A row stops after emitting one of these (the EOS is kept in its token ids, as generate does).
     tokenizer, stop_strings
         Optional: a row also stops once its decoded text contains a stop string.
     return_step_logits : bool
-        Also return, per arm, the float32 logits of each decode step (step s predicts token s+1).
+        Also return, per arm, the float32 logits of each forward step (step s predicts token s+1;
+        with ``question_ids`` the first entry is the question step's, which predicts token 0).
+    question_ids : LongTensor (1, Q), optional
+        Query-agnostic mode: the prefill holds the context only; each arm's (evicted) cache first
+        reads these Q tokens at positions T..T+Q−1, and its first token is the argmax after them.
 
     Returns
     -------
@@ -218,26 +229,39 @@ def decode_arms(
     layers = _full_layers(prefill.past_key_values)
     device = layers[0][0].device
 
-    first = int(torch.argmax(prefill.last_logits))
-    tokens = [[first] for _ in range(n_arms)]
     step_logits: list[list[torch.Tensor]] = [[] for _ in range(n_arms)]
-    done = [first in eos_ids or max_new_tokens == 1 or _check_stop([first], tokenizer, stop_strings)] * n_arms
-    if all(done):
-        return (tokens, step_logits) if return_step_logits else tokens
+    if question_ids is None:
+        first = int(torch.argmax(prefill.last_logits))
+        tokens = [[first] for _ in range(n_arms)]
+        done = first in eos_ids or max_new_tokens == 1 or _check_stop([first], tokenizer, stop_strings)
+        if done:
+            return (tokens, step_logits) if return_step_logits else tokens
+        pending = None
+    else:
+        question_ids = torch.as_tensor(question_ids, dtype=torch.long).reshape(1, -1).to(device)
+        if question_ids.shape[1] < 1:
+            raise ValueError("question_ids must hold at least one token")
+        tokens = [[] for _ in range(n_arms)]
+        pending = question_ids
 
     cache, key_mask, uniform = _batched_cache(layers, kept, n_tokens)
     if n_arms == 1 or uniform:
         key_mask = None  # no padding: let the kernel use its plain (unmasked) path
     cache_name = cache_keyword(model)
     rows = list(range(n_arms))  # arm index of each active batch row
-    step = 0
+    position = n_tokens  # position of the next token fed
     while rows:
         batch = len(rows)
-        input_ids = torch.tensor([[tokens[a][-1]] for a in rows], dtype=torch.long, device=device)
-        position_ids = torch.full((batch, 1), n_tokens + step, dtype=torch.long, device=device)
+        if pending is not None:  # the question, read by every arm's own cache
+            input_ids = pending.expand(batch, -1)
+            pending = None
+        else:
+            input_ids = torch.tensor([[tokens[a][-1]] for a in rows], dtype=torch.long, device=device)
+        width = input_ids.shape[1]
+        position_ids = torch.arange(position, position + width, device=device).expand(batch, -1)
         attention_mask = None
         if key_mask is not None:
-            key_mask = torch.cat([key_mask, key_mask.new_ones((batch, 1))], dim=1)
+            key_mask = torch.cat([key_mask, key_mask.new_ones((batch, width))], dim=1)
             attention_mask = key_mask
         out = model(
             input_ids=input_ids,
@@ -245,8 +269,10 @@ def decode_arms(
             attention_mask=attention_mask,
             **{cache_name: cache},
             use_cache=True,
+            logits_to_keep=1,
         )
         cache = getattr(out, cache_name)
+        position += width
         logits = out.logits[:, -1, :].float()
         next_ids = torch.argmax(logits, dim=-1).tolist()
         keep_rows = []
@@ -267,7 +293,6 @@ def decode_arms(
             if key_mask is not None:
                 key_mask = key_mask[sel]
         rows = [rows[r] for r in keep_rows]
-        step += 1
     return (tokens, step_logits) if return_step_logits else tokens
 
 
@@ -302,6 +327,7 @@ def run_sweep(
     stop_strings: Sequence[str] | None = None,
     audit: bool = False,
     pool_kernel: int = 1,
+    question_ids: torch.Tensor | None = None,
 ) -> tuple[ArmResult, list[ArmResult]]:
     """Full-KV arm and one arm per (evictor, budget), all from one prefill.
 
@@ -331,6 +357,11 @@ def run_sweep(
         the full arm (PAGE App. F).
     pool_kernel : int
         Optional SnapKV-family pooling width (see :mod:`collectors.evict`).
+    question_ids : LongTensor (1, Q), optional
+        Query-agnostic mode: ``prefill`` covers the context only (T tokens), budgets and evictions
+        apply to it, and every arm then reads the question from its evicted cache
+        (:func:`decode_arms`). ``n_kept`` then counts the kept context positions plus the Q question
+        tokens, the cache an arm decodes from, so the full arm keeps T + Q.
 
     Returns
     -------
@@ -375,17 +406,19 @@ def run_sweep(
     for group in groups:
         start = time.perf_counter()
         out = decode_arms(model, prefill, [plan_kept[i] for i in group], max_new_tokens=max_new_tokens,
-                          eos_ids=eos_ids, tokenizer=tokenizer, stop_strings=stop_strings)
+                          eos_ids=eos_ids, tokenizer=tokenizer, stop_strings=stop_strings, question_ids=question_ids)
         share = (time.perf_counter() - start) * 1000.0 / len(group)
         for i, toks in zip(group, out):
             plan_tokens[i], plan_ms[i] = toks, share
 
     texts: dict[int, str] = {}
 
+    n_question = 0 if question_ids is None else int(torch.as_tensor(question_ids).reshape(-1).shape[0])
+
     def result(evictor, budget, count, i):
         if i not in texts:
             texts[i] = tokenizer.decode(plan_tokens[i], skip_special_tokens=True)
-        return ArmResult(evictor, budget, count, list(plan_tokens[i]), texts[i], plan_ms[i])
+        return ArmResult(evictor, budget, count + n_question, list(plan_tokens[i]), texts[i], plan_ms[i])
 
     full = result("full", 1.0, n_tokens, 0)
     if audit and "audit" in key_index and plan_tokens[key_index["audit"]] != full.token_ids:

@@ -36,6 +36,10 @@ N_RECENT = 32
 EVICTORS = ("snapkv", "h2o", "streamingllm", "pyramidkv")
 #: SnapKV scoring window: the last w = 32 prompt queries (§4 "Setup"; the same w as the gate's window).
 SNAPKV_WINDOW = 32
+#: Collection modes: "query-aware" prefills the whole prompt before eviction (the paper's setting, §4
+#: "Setup"); "query-agnostic" prefills and evicts the context, then appends the question.
+MODES = ("query-aware", "query-agnostic")
+MODE = "query-aware"
 #: SnapKV score pooling width; 1 = none, as the paper describes its scoring (§4 "Setup").
 SNAPKV_POOL_KERNEL = 1
 #: The evictor of the single-evictor tables and figures (§4 "Setup": "Eviction is SnapKV-style by default").

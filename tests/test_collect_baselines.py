@@ -16,7 +16,7 @@ def _rows(out, table):
     return [r for f in sorted((out / table).glob("*.parquet")) for r in pq.read_table(f).to_pylist()]
 
 
-def test_perhead_evictors_collect_and_record_their_window(model_dir, tmp_path):  # noqa: F811
+def test_perhead_evictors_collect_and_record_their_window(model_dir, tmp_path):
     out = tmp_path / "run"
     evictors = "snapkv,snapkv-perhead,h2o,h2o-perhead,snapkv-perlayer"
     assert cli.main(["--model", str(model_dir), "--out", str(out), *ARGS, "--evictors", evictors,
@@ -36,9 +36,51 @@ def test_perhead_evictors_collect_and_record_their_window(model_dir, tmp_path): 
     assert cli.main(["--model", str(model_dir), "--out", str(out), *ARGS, "--evictors", evictors]) == 2
 
 
-def test_bad_snapkv_options_exit_2(model_dir, tmp_path, capsys):  # noqa: F811
+def test_bad_snapkv_options_exit_2(model_dir, tmp_path, capsys):
     base = ["--model", str(model_dir), "--out", str(tmp_path / "x"), *ARGS, "--evictors", "snapkv-perhead"]
     assert cli.main([*base, "--snapkv-pool", "4"]) == 2
     assert "pool_kernel" in capsys.readouterr().err
     assert cli.main([*base, "--snapkv-window", "0"]) == 2
     assert "snapkv_window" in capsys.readouterr().err
+
+
+def test_split_prompt_cuts_at_the_question(model_dir):
+    from transformers import AutoTokenizer
+
+    from collectors import tasks as T
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    for task in ("niah_single_1", "niah_multikey_3", "niah_multiquery", "fwe"):
+        ti = T.make_input(task, tokenizer=tok, context_length=1500, input_id=0, draw=0)
+        ids, n_context = T.split_prompt(tok, ti)
+        assert ids == T.tokenize_prompt(tok, ti.prompt) and 0 < n_context < len(ids)
+        question = ti.prompt[ti.question_start:]
+        assert question.startswith("\n") and ("Question" in question or "What" in question)
+        # byte-level tokens: the context part decodes to exactly the prompt before the question
+        assert tok.decode(ids[:n_context]) == ti.prompt[: ti.question_start]
+        assert tok.decode(ids[n_context:]) == question
+
+
+def test_query_agnostic_collect_records_the_mode(model_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    from collectors import tasks as T
+    from collectors.evict import n_kept
+
+    out = tmp_path / "run"
+    assert cli.main(["--model", str(model_dir), "--out", str(out), *ARGS, "--evictors", "snapkv,h2o-perhead",
+                     "--mode", "query-agnostic"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["mode"] == manifest["parameters"]["mode"] == "query-agnostic"
+    (inp,) = _rows(out, "inputs")
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    ti = T.make_input("niah_single_1", tokenizer=tok, context_length=640, input_id=0, draw=0)
+    ids, n_context = T.split_prompt(tok, ti)
+    assert inp["n_tokens"] == len(ids)
+    for o in _rows(out, "outcomes"):
+        assert o["n_kept"] == n_kept(n_context, o["budget"]) + len(ids) - n_context
+    assert pagestats_main(["validate", str(out)]) == 0
+    # the default mode is query-aware, recorded too
+    aware = tmp_path / "aware"
+    assert cli.main(["--model", str(model_dir), "--out", str(aware), *ARGS, "--evictors", "snapkv"]) == 0
+    assert json.loads((aware / "manifest.json").read_text())["mode"] == "query-aware"

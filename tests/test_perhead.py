@@ -19,6 +19,7 @@ import torch
 
 from collectors import capture
 from collectors.evict import kept_positions, n_kept, scores
+from collectors.model import cache_keyword
 from collectors.sweep import decode_arms, run_sweep, slice_cache
 
 SMALL = dict(n_sink=4, n_recent=8)
@@ -120,8 +121,8 @@ def _reference_decode(model, pf, positions, n_heads, steps):
     with torch.no_grad():
         for step in range(steps - 1):
             out = model(input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[T + step]]),
-                        cache=cache, use_cache=True)
-            cache = out.cache
+                        use_cache=True, **{cache_keyword(model): cache})
+            cache = getattr(out, cache_keyword(model))
             logits.append(out.logits[0, -1].float())
             token = int(logits[-1].argmax())
             tokens.append(token)

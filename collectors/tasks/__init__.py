@@ -12,8 +12,9 @@ Inputs are deterministic functions of ``(task, draw, input_id)`` and the tokeniz
 every random choice is derived from those three by SHA-256 (:func:`input_seed`).
 
 The prompt is the whole RULER input — instruction, context and question inside the chat template,
-then the answer prefix — and all of it is prefilled (query-aware, as RULER runs; DESIGN §7).
-A query-agnostic mode (context prefilled and evicted, question decoded afterwards) is future work.
+then the answer prefix. Query-aware runs prefill all of it (as RULER runs; DESIGN §7); query-agnostic
+runs prefill the tokens before ``TaskInput.question_start`` (instruction and context), evict there, and
+append the rest (question, end of the chat turn, answer prefix) afterwards (:func:`split_prompt`).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ TASK_TOKENS_TO_GENERATE: dict[str, int] = {
 HAYSTACKS = ("noise", "essay")
 
 __all__ = [
-    "TaskInput", "make_input", "score", "postprocess", "string_match_all", "string_match_part", "metric_name",
+    "TaskInput", "make_input", "split_prompt", "score", "postprocess", "string_match_all", "string_match_part", "metric_name",
     "TASK_NAMES", "TASK_TOKENS_TO_GENERATE", "render_prompt", "tokenize_prompt", "input_seed", "TOLERANCE",
 ]
 
@@ -62,6 +63,9 @@ class TaskInput:
     metadata : dict
         JSON-serialisable details: ``haystack`` (noise / essay file / needles / …), haystack size
         ``n`` and ``unit``, filler words ``m``, ``chat_template``, the metric, file hashes.
+    question_start : int
+        Character offset in ``prompt`` where the question (RULER's template after the context)
+        begins; everything before it is instruction and context.
     """
 
     task: str
@@ -72,6 +76,7 @@ class TaskInput:
     max_new_tokens: int
     n_tokens: int
     metadata: dict = field(default_factory=dict)
+    question_start: int | None = None
 
 
 def input_seed(task: str, draw: int, input_id: int) -> int:
@@ -100,6 +105,35 @@ def tokenize_prompt(tokenizer, prompt: str) -> list[int]:
     """Token ids of ``prompt``: the chat template already holds the special tokens, so none are
     added then; without a chat template the tokenizer's own (e.g. BOS) are added."""
     return list(tokenizer(prompt, add_special_tokens=not has_chat_template(tokenizer))["input_ids"])
+
+
+def split_prompt(tokenizer, task_input: TaskInput) -> tuple[list[int], int]:
+    """Token ids of the prompt and how many of them precede the question (the context part).
+
+    The ids are exactly :func:`tokenize_prompt`'s; the context part is the longest prefix of tokens
+    that end at or before ``task_input.question_start`` (a token straddling the boundary belongs to
+    the question), so the two parts concatenate to the query-aware prompt.
+
+    Raises
+    ------
+    ValueError
+        When the tokenizer cannot report character offsets (a slow tokenizer), or the split would
+        leave either part empty.
+    """
+    if task_input.question_start is None:
+        raise ValueError(f"{task_input.task}/{task_input.input_id}: the input does not know where its question starts")
+    if not getattr(tokenizer, "is_fast", False):
+        raise ValueError("query-agnostic mode needs a fast tokenizer (character offsets of the tokens)")
+    enc = tokenizer(task_input.prompt, add_special_tokens=not has_chat_template(tokenizer), return_offsets_mapping=True)
+    ids = list(enc["input_ids"])
+    if ids != tokenize_prompt(tokenizer, task_input.prompt):
+        raise RuntimeError("tokenizer gave different ids with offsets than without")
+    ends = [end for _, end in enc["offset_mapping"]]
+    n_context = next((i for i, end in enumerate(ends) if end > task_input.question_start), len(ids))
+    if not 0 < n_context < len(ids):
+        raise ValueError(f"{task_input.task}/{task_input.input_id}: cannot split the prompt at its question "
+                         f"({n_context} of {len(ids)} tokens before it)")
+    return ids, n_context
 
 
 def _generator(task, seed, *, context_length, input_id, draw, haystack, essay_file, qa_file):
@@ -186,7 +220,11 @@ def make_input(
         )
     if haystack_used == "essay":
         metadata["essay_sha256"] = file_sha256(essay_file)
+    body_start = fit.prompt.rfind(fit.body.text)
+    if body_start < 0:
+        raise ValueError(f"{task}/{input_id}: the chat template changed the user message; cannot locate the question")
     return TaskInput(
+        question_start=body_start + len(fit.body.text) - len(fit.body.question),
         task=task,
         input_id=int(input_id),
         draw=int(draw),

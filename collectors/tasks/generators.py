@@ -30,12 +30,26 @@ from collectors.tasks import words as wd
 
 @dataclass(frozen=True)
 class Body:
-    """The user message of one input and its answers, before the chat template."""
+    """The user message of one input and its answers, before the chat template.
+
+    ``question`` is the end of ``text`` that follows the task's context (RULER's template after
+    ``{context}``): what a query-agnostic run appends after the context has been prefilled and evicted.
+    """
 
     text: str
     answer_prefix: str
     references: list[str]
+    question: str
     metadata: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not self.question or not self.text.endswith(self.question):
+            raise ValueError("Body.question must be a non-empty suffix of Body.text")
+
+
+def after_context(template: str, **fields) -> str:
+    """The part of a RULER ``template`` after its ``{context}`` field, formatted: the question."""
+    return template.split("{context}", 1)[1].format(**fields)
 
 
 @dataclass(frozen=True)
@@ -100,6 +114,7 @@ def niah(task: str, seed: int, *, haystack: str = "noise", essay_file=None) -> G
             text=template.format(type_v=type_name, context=context, query=query),
             answer_prefix=prefix.format(type_v=type_name, query=query),
             references=answers,
+            question=after_context(template, type_v=type_name, query=query),
             metadata={"keys": queries},
         )
 
@@ -135,6 +150,7 @@ def vt(seed: int, *, context_length: int) -> Generator:
             text=example + "\n" + tp.VT_TEMPLATE.format(context=context, query=value),
             answer_prefix=tp.VT_PREFIX.format(num_v=hops + 1, query=value),
             references=names,
+            question=after_context(tp.VT_TEMPLATE, query=value),
             metadata={"value": value, "icl_words": icl_words},
         )
 
@@ -178,6 +194,7 @@ def cwe(seed: int, *, context_length: int) -> Generator:
             text=example + "\n" + task_text if fewshot else task_text,
             answer_prefix=tp.CWE_PREFIX,
             references=common,
+            question=after_context(tp.CWE_TEMPLATE),
             metadata={"freq_cw": rep_c, "freq_ucw": rep_u, "fewshot": fewshot},
         )
 
@@ -212,6 +229,7 @@ def fwe(seed: int, *, context_length: int, tokens_to_generate: int = tp.FWE_TOKE
             text=tp.FWE_TEMPLATE.format(context=" ".join(items)),
             answer_prefix=tp.FWE_PREFIX,
             references=vocab[1:4],
+            question=after_context(tp.FWE_TEMPLATE),
             metadata={"vocab_size": vocab_size, "alpha": alpha},
         )
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from collectors.tasks import templates as tp
-from collectors.tasks.generators import Body, Generator
+from collectors.tasks.generators import Body, Generator, after_context
 
 
 @dataclass(frozen=True)
@@ -142,6 +142,7 @@ def qa(task: str, seed: int, *, draw_seed: int, input_id: int, qa_file) -> Gener
             text=tp.QA_TEMPLATE.format(context=context, query=item.query),
             answer_prefix=tp.QA_PREFIX,
             references=list(item.answers),
+            question=after_context(tp.QA_TEMPLATE, query=item.query),
             metadata={"dataset": data.dataset, "qa_sha256": data.sha256, "question": item.query},
         )
 
