@@ -2,15 +2,14 @@
 
 Holds :class:`_Run` (a run directory and its checked manifest), :class:`_Source` (one log
 file and what its inspection learned), :class:`_Discovery` (expands paths, globs, run
-directories and collections of runs into sources, reading and upgrading manifests) and
-small helpers (:func:`_log_files`, :func:`_sha256_or_none`, :func:`_one_line`). The rules
+directories and collections of runs into sources, reading and upgrading manifests through
+:mod:`pagestats.io.guard`) and small helpers (:func:`_sha256_or_none`, :func:`_one_line`). The rules
 are described in the docstring of :mod:`pagestats.io`, the public entry point.
 """
 
 from __future__ import annotations
 
 import glob as _glob
-import json
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -19,6 +18,7 @@ import polars as pl
 import pyarrow as pa
 
 from pagestats import schema
+from pagestats.io.guard import Refused, check_regular, inside, list_dir, os_reason, read_manifest
 from pagestats.io.upgrades import upgrade_manifest
 from pagestats.io.validation.manifest import RunInfo, check_manifest
 from pagestats.io.validation.problems import Problem
@@ -59,16 +59,27 @@ class _Discovery:
         self.sources: dict[str, _Source] = {}  # real path → source
         self.problems: list[Problem] = []
 
+    def _problem(self, path: str, message: str) -> None:
+        self.problems.append(Problem(os.path.normpath(path) if path else path, None, message))
+
     def add(self, arg) -> None:
         arg = os.fspath(arg)
-        if os.path.exists(arg):
+        if not arg:
+            self._problem(arg, "empty path")
+            return
+        try:
+            os.stat(arg)
             targets = [arg]
-        elif _glob.has_magic(arg):
-            targets = sorted(_glob.glob(arg, recursive=True))
-            if not targets:
-                self.problems.append(Problem(arg, None, "glob matches no files"))
-        else:
-            self.problems.append(Problem(arg, None, "no such file or directory"))
+        except FileNotFoundError:
+            if _glob.has_magic(arg):
+                targets = sorted(_glob.glob(arg, recursive=True))
+                if not targets:
+                    self._problem(arg, "glob matches no files")
+            else:
+                self._problem(arg, "no such file or directory")
+                return
+        except OSError as err:
+            self._problem(arg, f"cannot read: {os_reason(err)}")
             return
         for target in targets:
             if os.path.isdir(target):
@@ -76,29 +87,47 @@ class _Discovery:
             else:
                 self._add_file(target, explicit=True)
 
+    def _entries(self, d: str) -> list[os.DirEntry] | None:
+        try:
+            return list_dir(d)
+        except Refused as err:
+            self._problem(d, str(err))
+            return None
+
     def _add_dir(self, d: str) -> None:
-        root = Path(d)
-        if (root / "manifest.json").is_file():
+        entries = self._entries(d)
+        if entries is None:
+            return
+        names = {e.name for e in entries}
+        if "manifest.json" in names:
             self._add_run(d)
             return
-        nested = sorted(root.rglob("manifest.json"))
+        nested = self._nested_manifests(d)
         if nested:
-            for m in nested:
-                self._add_run(str(m.parent))
+            for run_dir in nested:
+                self._add_run(run_dir)
             return
-        table_dirs = [root / t for t in schema.TABLES if (root / t).is_dir()]
+        table_dirs = [os.path.join(d, t) for t in schema.TABLES if t in names and os.path.isdir(os.path.join(d, t))]
         if table_dirs:
             for td in table_dirs:
-                for f in _log_files(td):
-                    self._add_file(str(f), explicit=False)
+                for f in self._log_files(td):
+                    self._add_file(f, explicit=False)
             return
-        files = _log_files(root)
+        files = self._log_files(d)
         if not files:
-            self.problems.append(
-                Problem(d, None, "no manifest.json, no inputs/ outcomes/ topk/ directories and no log files")
-            )
+            self._problem(d, "no manifest.json, no inputs/ outcomes/ topk/ directories and no log files")
         for f in files:
-            self._add_file(str(f), explicit=False)
+            self._add_file(f, explicit=False)
+
+    def _nested_manifests(self, d: str) -> list[str]:
+        """Directories below ``d`` holding a ``manifest.json`` (symbolic links not followed)."""
+        found = []
+        for parent, dirs, files in os.walk(d, onerror=lambda err: self._problem(err.filename or d, f"cannot list the "
+                                                                                f"directory: {os_reason(err)}")):
+            dirs.sort()
+            if "manifest.json" in files or "manifest.json" in dirs:
+                found.append(parent)
+        return sorted(found)
 
     def _run(self, d: str) -> _Run:
         real = os.path.realpath(d)
@@ -107,10 +136,9 @@ class _Discovery:
         run = _Run(dir=os.path.normpath(d), manifest_path=os.path.join(os.path.normpath(d), "manifest.json"))
         self.runs[real] = run
         try:
-            with open(run.manifest_path, encoding="utf-8") as fh:
-                manifest = json.load(fh)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-            self.problems.append(Problem(run.manifest_path, None, f"cannot read manifest: {_one_line(err)}"))
+            manifest = read_manifest(run.manifest_path, run.dir)
+        except Refused as err:
+            self._problem(run.manifest_path, str(err))
             return run
         version = manifest.get("schema_version") if isinstance(manifest, dict) else None
         older = (
@@ -128,33 +156,50 @@ class _Discovery:
     def _add_run(self, d: str) -> None:
         run = self._run(d)
         run.full = True
-        root = Path(run.dir)
         for table in schema.TABLES:
-            for f in _log_files(root / table):
-                self._add_file(str(f), explicit=False, run=run, table=table)
+            table_dir = os.path.join(run.dir, table)
+            if not os.path.lexists(table_dir):
+                continue
+            if not os.path.isdir(table_dir) or not inside(table_dir, run.dir):
+                try:
+                    check_regular(table_dir, run.dir)
+                    self._problem(table_dir, "is a file, not a directory of log files")
+                except Refused as err:
+                    self._problem(table_dir, str(err))
+                continue
+            for f in self._log_files(table_dir):
+                self._add_file(f, explicit=False, run=run, table=table)
 
     def _add_file(self, path: str, *, explicit: bool, run: _Run | None = None, table: str | None = None) -> None:
         suffix = Path(path).suffix.lower()
         if suffix not in LOG_SUFFIXES:
             if explicit:
-                self.problems.append(Problem(path, None, f"not a log file (expected {', '.join(LOG_SUFFIXES)})"))
+                self._problem(path, f"not a log file (expected {', '.join(LOG_SUFFIXES)})")
             return
         p = Path(path)
         if table is None and p.parent.name in schema.TABLES:
             table = p.parent.name
-            if run is None and (p.parent.parent / "manifest.json").is_file():
+            if run is None and os.path.lexists(p.parent.parent / "manifest.json"):
                 run = self._run(str(p.parent.parent))
         real = os.path.realpath(path)
         if real in self.sources:
             return
         src = _Source(path=os.path.normpath(path), fmt=LOG_SUFFIXES[suffix], table=table, run=run)
+        try:
+            check_regular(path, run.dir if run is not None else None)
+        except Refused as err:
+            self._problem(src.path, str(err))
+            return
         if run is not None:
-            root = os.path.realpath(run.dir)
-            if os.path.commonpath([root, real]) != root:
-                self.problems.append(Problem(src.path, None, "resolves outside its run directory (symbolic link?)"))
-                return
-            src.rel = os.path.relpath(real, root).replace(os.sep, "/")
+            src.rel = os.path.relpath(real, os.path.realpath(run.dir)).replace(os.sep, "/")
         self.sources[real] = src
+
+    def _log_files(self, d: str) -> list[str]:
+        """Entries of ``d`` named like log files, of any kind (the kind is checked when added)."""
+        entries = self._entries(d)
+        if entries is None:
+            return []
+        return [e.path for e in entries if Path(e.name).suffix.lower() in LOG_SUFFIXES]
 
 
 def _sha256_or_none(path: str) -> str | None:
@@ -162,12 +207,6 @@ def _sha256_or_none(path: str) -> str | None:
         return schema.sha256_file(path)
     except OSError:  # unreadable: the inspection reports it
         return None
-
-
-def _log_files(d: Path) -> list[Path]:
-    if not d.is_dir():
-        return []
-    return sorted(f for f in d.iterdir() if f.is_file() and f.suffix.lower() in LOG_SUFFIXES)
 
 
 def _one_line(err: BaseException) -> str:

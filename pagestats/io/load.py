@@ -32,8 +32,8 @@ files that cannot be read (corrupt, missing or mistyped columns, unreadable sche
 version) are left out — and named in ``Logs.problems``; rows with bad values are kept.
 Exclusions (``RUN_ID``, ``RUN_ID/TASK``, ``RUN_ID/TASK/INPUT_ID``) are applied to inputs,
 outcomes and topk before the row rules run (file-level rules always see every file) and
-are reported by :meth:`Logs.exclusion_report`; an exclusion matching nothing raises
-:class:`LogError` in either mode.
+are reported by :meth:`Logs.exclusion_report`; an exclusion that is malformed or matches
+nothing raises :class:`ExclusionError` (a :class:`LogError`) in either mode.
 
 Schema versions: ``schema_version`` comes from the run's manifest (loose files without
 one are taken as the current version). Versions in :data:`pagestats.schema.READABLE_VERSIONS`
@@ -69,7 +69,7 @@ from pagestats.io.upgrades import (
 )
 from pagestats.io.validation.frames import check_frames
 from pagestats.io.validation.manifest import RunInfo
-from pagestats.io.validation.problems import LogError, Problem
+from pagestats.io.validation.problems import ExclusionError, LogError, Problem
 
 #: Text columns left out by ``columns="analysis"`` (they can be huge).
 HEAVY_COLUMNS = ("prompt", "full_prediction", "prediction", "references")
@@ -127,16 +127,16 @@ class Logs:
 
 def _parse_exclusion(spec: str) -> tuple[str, str | None, int | None]:
     if not isinstance(spec, str) or not spec or spec.count("/") > 2:
-        raise LogError([Problem("exclude", None, f"exclusion {spec!r} is not RUN_ID, RUN_ID/TASK or RUN_ID/TASK/INPUT_ID")])
+        raise ExclusionError([Problem("exclude", None, f"exclusion {spec!r} is not RUN_ID, RUN_ID/TASK or RUN_ID/TASK/INPUT_ID")])
     parts = spec.split("/")
     if any(not p for p in parts):
-        raise LogError([Problem("exclude", None, f"exclusion {spec!r} has an empty part")])
+        raise ExclusionError([Problem("exclude", None, f"exclusion {spec!r} has an empty part")])
     input_id = None
     if len(parts) == 3:
         try:
             input_id = int(parts[2])
         except ValueError:
-            raise LogError([Problem("exclude", None, f"exclusion {spec!r}: input id {parts[2]!r} is not an integer")]) from None
+            raise ExclusionError([Problem("exclude", None, f"exclusion {spec!r}: input id {parts[2]!r} is not an integer")]) from None
     return parts[0], parts[1] if len(parts) > 1 else None, input_id
 
 
@@ -168,7 +168,7 @@ def _apply_exclusions(exclude, inputs, outcomes, topk):
         lines.append(f"{where}: {counts}")
         drop_in, drop_oc, drop_tk = drop_in | m, drop_oc | m, drop_tk | m
     if unmatched:
-        raise LogError(unmatched)
+        raise ExclusionError(unmatched)
     if parsed:
         inputs = inputs.filter(~drop_in)
         outcomes = outcomes.filter(~drop_oc)
@@ -261,6 +261,10 @@ def _load(paths, exclude: Sequence[str], columns: str) -> tuple[Logs, list[Probl
 
     has_topk = any(s.table == "topk" for s in sources)
     inputs, outcomes = tables["inputs"], tables["outcomes"]
+    if inputs.height == 0 and not problems:
+        where = ", ".join(sorted({s.run.manifest_path if s.run is not None else s.path for s in sources
+                                  if s.table == "inputs"})) or ", ".join(os.fspath(p) for p in paths)
+        problems.append(Problem(where, None, "the logs have no inputs (every inputs file has zero rows)"))
     topk = tables["topk"] if has_topk else None
     inputs, outcomes, topk, lines = _apply_exclusions(list(exclude), inputs, outcomes, topk)
 
@@ -316,6 +320,9 @@ def _check_against_manifests(disc: _Discovery, sources: list[_Source], digests: 
         for table in schema.REQUIRED_TABLES:
             if not any(r.split("/")[0] == table for r in present):
                 problems.append(Problem(run.manifest_path, None, f"run has no {table} files"))
+        if run.info.k_max_stored and not any(r.split("/")[0] == "topk" for r in present):
+            problems.append(Problem(run.manifest_path, None, f"gate.k_max_stored is {run.info.k_max_stored} but "
+                                                             "the run has no topk files"))
     return problems, missing_tables
 
 
@@ -342,7 +349,7 @@ def load(paths, *, exclude: Sequence[str] = (), columns: str = "analysis", stric
     exclude : sequence of str
         Explicit exclusions ``RUN_ID``, ``RUN_ID/TASK`` or ``RUN_ID/TASK/INPUT_ID``, applied
         to inputs, outcomes and topk and reported by :meth:`Logs.exclusion_report`. One that
-        matches nothing raises :class:`LogError`.
+        is malformed or matches nothing raises :class:`ExclusionError`.
     columns : {"analysis", "all"}
         ``"analysis"`` leaves out :data:`HEAVY_COLUMNS`; ``"all"`` keeps them.
     strict : bool

@@ -3,7 +3,9 @@
 Inspection (:func:`_inspect`) reads a file's arrow schema (parquet footer, or the whole
 jsonl file), tells its table from the columns when the directory does not, and checks
 the types (relaxed for JSON integers in float columns). Reading (:func:`_read_table`)
-reads a table's parquet files in one parameterised DuckDB query, adds the jsonl frames,
+reads a table's parquet files in one parameterised DuckDB query (files whose names hold
+glob characters are read by pyarrow, so that every name is taken literally), adds the jsonl
+frames (read by DuckDB from an open file, for the same reason),
 and casts everything to the writer's types (:func:`_canonical`). The rules are described
 in the docstring of :mod:`pagestats.io`, the public entry point.
 """
@@ -72,12 +74,12 @@ def _inspect(src: _Source, con: duckdb.DuckDBPyConnection) -> list[Problem]:
             src.arrow_schema = meta.schema_arrow
             src.rows = meta.metadata.num_rows
         else:
-            rel = con.sql("SELECT * FROM read_json(?, format = 'newline_delimited')", params=[src.path])
-            arrow = rel.to_arrow_table()
+            with open(src.path, "rb") as fh:  # an open file: DuckDB would read the name as a glob
+                arrow = con.read_json(fh, format="newline_delimited").to_arrow_table()
             src.arrow_schema = arrow.schema
             src.rows = arrow.num_rows
             src.frame = pl.from_arrow(arrow) if arrow.num_rows else None
-    except (OSError, pa.ArrowException, duckdb.Error) as err:
+    except (OSError, ValueError, pa.ArrowException, duckdb.Error) as err:
         src.failed = True
         kind = "parquet file (corrupt or truncated?)" if src.fmt == "parquet" else "jsonl file"
         return [Problem(src.path, None, f"cannot read {kind}: {_one_line(err)}")]
@@ -142,18 +144,40 @@ def _empty(table: str, wanted: Sequence[str]) -> pl.DataFrame:
     return pl.DataFrame(schema={**cols, "_file": pl.Int32, "_row": pl.Int32})
 
 
+#: Characters DuckDB's file reader treats as a glob (backslash: an escape) in a path.
+GLOB_CHARACTERS = frozenset("*?[]{}\\")
+
+
+def _literal_name(path: str) -> bool:
+    """Whether DuckDB reads ``path`` as exactly that file (no glob or escape characters)."""
+    return not GLOB_CHARACTERS.intersection(path)
+
+
 def _read_parquet(con, table: str, sources: list[_Source], wanted: list[str]) -> pl.DataFrame:
+    """One DuckDB query over the parquet files whose names DuckDB takes literally; the others
+    (names with glob characters) are read one by one with pyarrow, so that no name is a pattern."""
     present = set().union(*(s.arrow_schema.names for s in sources))
     cols = [c for c in wanted if c in present]
-    # identifiers come from the declared schema (constants), never from the data or paths
-    select = ", ".join(f'"{c}"' for c in cols)
-    query = (
-        f"SELECT {select}, $index[list_position($files, filename)]::INTEGER AS _file, "
-        "file_row_number::INTEGER AS _row FROM read_parquet($files, union_by_name = true, filename = true, "
-        "file_row_number = true)"
-    )
-    params = {"files": [s.path for s in sources], "index": [s.index for s in sources]}
-    return con.sql(query, params=params).pl()
+    literal = [s for s in sources if _literal_name(s.path)]
+    frames = []
+    if literal:
+        # identifiers come from the declared schema (constants), never from the data or paths
+        select = ", ".join(f'"{c}"' for c in cols)
+        query = (
+            f"SELECT {select}, $index[list_position($files, filename)]::INTEGER AS _file, "
+            "file_row_number::INTEGER AS _row FROM read_parquet($files, union_by_name = true, filename = true, "
+            "file_row_number = true)"
+        )
+        params = {"files": [s.path for s in literal], "index": [s.index for s in literal]}
+        frames.append(con.sql(query, params=params).pl())
+    for s in sources:
+        if _literal_name(s.path):
+            continue
+        arrow = pq.read_table(s.path, columns=[c for c in cols if c in s.arrow_schema.names])
+        frame = pl.from_arrow(arrow)
+        frames.append(frame.with_columns(pl.lit(s.index, dtype=pl.Int32).alias("_file"),
+                                         pl.int_range(pl.len(), dtype=pl.Int32).alias("_row")))
+    return frames[0] if len(frames) == 1 else pl.concat(frames, how="diagonal_relaxed")
 
 
 def _read_table(con, table: str, sources: list[_Source], wanted: list[str]) -> tuple[pl.DataFrame, list[Problem]]:
@@ -163,12 +187,12 @@ def _read_table(con, table: str, sources: list[_Source], wanted: list[str]) -> t
     if parquet:
         try:
             frames.append(_canonical(_read_parquet(con, table, parquet, wanted), table, wanted))
-        except (duckdb.Error, pl.exceptions.PolarsError, pa.ArrowException):
+        except (duckdb.Error, pl.exceptions.PolarsError, pa.ArrowException, OSError):
             # find the culprits one file at a time so the error names them
             for s in parquet:
                 try:
                     frames.append(_canonical(_read_parquet(con, table, [s], wanted), table, wanted))
-                except (duckdb.Error, pl.exceptions.PolarsError, pa.ArrowException) as err:
+                except (duckdb.Error, pl.exceptions.PolarsError, pa.ArrowException, OSError) as err:
                     s.failed = True
                     problems.append(Problem(s.path, None, f"cannot read parquet file (corrupt or truncated?): "
                                                           f"{_one_line(err)}"))

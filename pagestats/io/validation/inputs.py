@@ -1,6 +1,7 @@
 """Row rules of the ``inputs`` table (DESIGN §3): scores, drop, profile lengths and values.
 
-``full_score`` in [0, 1]; ``drop`` finite; ``n_tokens`` ≥ 1; ``model``,
+``full_score`` in [0, 1]; ``drop`` finite; ``run_id`` and ``task`` non-empty and
+without ``/`` (so that an exclusion can name them); ``n_tokens`` ≥ 1; ``model``,
 ``context_length`` and ``task`` agreeing with the run's manifest; ``agreement`` length =
 manifest ``n_layers`` (else consistent within the run) and ≥ 2; ``pair_jaccard`` length
 = L·H(H−1)/2; profile values in [0, 1]; logged ``drop`` =
@@ -32,6 +33,12 @@ def _check_inputs(inp: pl.DataFrame, files, runs) -> list[Problem]:
     problems += _out_of_range(inp, "full_score", 0.0, 1.0, files, "full_score outside [0, 1] or NaN")
     bad = inp.filter(pl.col("drop").is_not_null() & ~pl.col("drop").is_finite())
     problems += emit(bad.with_columns(pl.format("drop = {}", "drop").alias("_d")), files, "drop is NaN or infinite", "_d")
+    for name in ("run_id", "task"):  # an exclusion RUN_ID/TASK/INPUT_ID could not name them
+        bad = inp.filter(pl.col(name).str.contains("/", literal=True) | (pl.col(name) == ""))
+        bad = bad.group_by(name).agg(pl.col("_file").first(), pl.col("_row").first(), pl.len())
+        problems += emit(bad.with_columns(pl.format("{} = '{}' ({} inputs)", pl.lit(name), name,
+                                                    "len").alias("_d")),
+                         files, f"{name} is empty or contains '/' (it could not be named in --exclude)", "_d")
     bad = inp.filter(pl.col("n_tokens") < 1)
     problems += emit(bad.with_columns(pl.format("n_tokens = {}", "n_tokens").alias("_d")), files, "n_tokens < 1", "_d")
 

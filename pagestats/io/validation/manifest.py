@@ -41,6 +41,7 @@ class RunInfo:
     tasks: Mapping[str, str] | None = None
     model_name: str | None = None
     context_length: int | None = None
+    k_max_stored: int | None = None
     files: dict[str, dict] = field(default_factory=dict)  # normalised relative path → entry
 
 
@@ -74,6 +75,41 @@ def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+#: Manifest fields that must be integers, with their smallest value (DESIGN §3).
+_INT_FIELDS = (
+    ("schema_version", 0), ("context_length", 1), ("seed", 0),
+    ("model.n_layers", 2), ("model.n_heads", 2), ("model.n_kv_heads", 1), ("model.head_dim", 1),
+    ("gate.w", 1), ("gate.k", 1), ("gate.k_max_stored", 0),
+    ("protection.n_sink", 0), ("protection.n_recent", 0),
+)
+#: Manifest fields that must be strings.
+_STRING_FIELDS = ("run_id", "created_at", "device", "model.name", "model.dtype", "model.attn_impl")
+
+
+def _short(value, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _plain_name(name) -> bool:
+    """A run_id or task name that an exclusion ``RUN_ID/TASK/INPUT_ID`` can name: a
+    non-empty string without ``/``."""
+    return isinstance(name, str) and bool(name) and "/" not in name
+
+
+def _typed(manifest: Mapping, where: str, ok, kind: str, bad):
+    """The value at dotted path ``where`` if present and ``ok``; else report it and return None."""
+    block, _, key = where.rpartition(".")
+    holder = manifest.get(block) if block else manifest
+    if not isinstance(holder, Mapping) or key not in holder:
+        return None  # a missing key or block is reported once, above
+    value = holder[key]
+    if not ok(value):
+        bad(f"manifest {where} {_short(value)} is not {kind}")
+        return None
+    return value
+
+
 def _is_number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
@@ -88,7 +124,7 @@ def safe_relative_path(run_dir: str | os.PathLike, rel) -> str | None:
         return None
     if os.path.isabs(rel) or rel.startswith(("/", "\\")) or (len(rel) > 1 and rel[1] == ":"):
         return None
-    norm = os.path.normpath(rel).replace("\\", "/")
+    norm = os.path.normpath(rel).replace(os.sep, "/")  # a backslash is part of a POSIX name
     if norm == "." or norm.split("/")[0] == "..":
         return None
     root = os.path.realpath(run_dir)
@@ -137,16 +173,19 @@ def check_manifest(run_dir: str | os.PathLike, manifest, manifest_path: str) -> 
         bad(f"unknown schema_version {version!r}; this reader reads versions {list(schema.READABLE_VERSIONS)}")
         return None, problems
 
-    model = manifest.get("model") if isinstance(manifest.get("model"), Mapping) else {}
-    n_layers = model.get("n_layers")
-    if "n_layers" in model and not (_is_int(n_layers) and n_layers >= 2):
-        bad(f"model.n_layers {n_layers!r} is not an integer ≥ 2")
-        n_layers = None
-    n_heads = model.get("n_heads")
-    if "n_heads" in model and not (_is_int(n_heads) and n_heads >= 2):
-        bad(f"model.n_heads {n_heads!r} is not an integer ≥ 2")
-        n_heads = None
-    model_name = model.get("name") if isinstance(model.get("name"), str) else None
+    fields = {}
+    for where, minimum in _INT_FIELDS:
+        fields[where] = _typed(manifest, where, lambda v, lo=minimum: _is_int(v) and v >= lo,
+                               f"an integer ≥ {minimum}", bad)
+    for where in _STRING_FIELDS:
+        fields[where] = _typed(manifest, where, lambda v: isinstance(v, str), "a string", bad)
+    if "software" in manifest and not isinstance(manifest["software"], Mapping):
+        bad(f"manifest software {_short(manifest['software'])} is not an object")
+    if not _plain_name(run_id):
+        bad(f"manifest run_id {_short(run_id)} contains '/' (it could not be named in --exclude)")
+    n_layers, n_heads = fields["model.n_layers"], fields["model.n_heads"]
+    model_name, context_length = fields["model.name"], fields["context_length"]
+    k_max_stored = fields["gate.k_max_stored"]
 
     gate = manifest.get("gate") if isinstance(manifest.get("gate"), Mapping) else {}
     fraction, convention = defaults.BIN_FRACTION, defaults.BIN_CONVENTION
@@ -175,16 +214,17 @@ def check_manifest(run_dir: str | os.PathLike, manifest, manifest_path: str) -> 
         classes = (defaults.CAPACITY_BOUND, defaults.DILUTION_PRONE)
         wrong = {t: c for t, c in tasks.items() if c not in classes}
         if wrong:
-            bad(f"manifest tasks {wrong} have classes other than {list(classes)}")
-        tasks = {str(t): c for t, c in tasks.items() if c in classes}
-    elif tasks is not None and not (isinstance(tasks, list) and all(isinstance(t, str) for t in tasks)):
+            bad(f"manifest tasks {_short(wrong)} have classes other than {list(classes)}")
+        odd = [t for t in tasks if not _plain_name(t)]
+        if odd:
+            bad(f"manifest task names {_short(odd)} contain '/' (they could not be named in --exclude)")
+        tasks = {str(t): c for t, c in tasks.items() if c in classes and _plain_name(t)}
+    elif tasks is not None and not (isinstance(tasks, list) and all(isinstance(t, str) and _plain_name(t)
+                                                                     for t in tasks)):
         bad(f"manifest tasks {tasks!r} is neither a {{name: class}} object nor a list of names")
         tasks = None
     else:
         tasks = None  # a plain list of names: classes come from the defaults
-    context_length = manifest.get("context_length")
-    context_length = context_length if _is_int(context_length) else None
-
     files: dict[str, dict] = {}
     entries = manifest.get("files", [])
     if not isinstance(entries, list):
@@ -219,6 +259,7 @@ def check_manifest(run_dir: str | os.PathLike, manifest, manifest_path: str) -> 
         tasks=tasks,
         model_name=model_name,
         context_length=context_length,
+        k_max_stored=k_max_stored,
         files=files,
     )
     return info, problems
@@ -232,7 +273,8 @@ def _run_frame(runs: Mapping[str, RunInfo]) -> pl.DataFrame:
             "_n_heads": [r.n_heads for r in runs.values()],
             "_model": [r.model_name for r in runs.values()],
             "_context_length": [r.context_length for r in runs.values()],
+            "_k_max_stored": [r.k_max_stored for r in runs.values()],
         },
         schema={"run_id": pl.String, "_n_layers": pl.Int64, "_n_heads": pl.Int64, "_model": pl.String,
-                "_context_length": pl.Int64},
+                "_context_length": pl.Int64, "_k_max_stored": pl.Int64},
     )

@@ -15,6 +15,7 @@ first problem; required columns non-null; no duplicate inputs, outcome rows or t
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass
 
 import polars as pl
@@ -39,17 +40,35 @@ class Problem:
 
     def __str__(self) -> str:
         where = self.file if self.row is None else f"{self.file}:row {self.row}"
-        return f"{where}: {self.message}"
+        return one_line(f"{where}: {self.message}")
+
+
+def one_line(text: str) -> str:
+    """``text`` with every control, format or line/paragraph-separator character escaped
+    (``\\n``, ``\\x1b``, ``\\u2028`` …), so that names from the logs cannot break a
+    message into several lines or restyle a terminal."""
+    return "".join(
+        ch.encode("unicode_escape").decode("ascii") if unicodedata.category(ch) in _ESCAPED else ch for ch in str(text)
+    )
+
+
+#: Unicode categories escaped by :func:`one_line`: control, format, surrogate (undecodable bytes
+#: of a file name), line and paragraph separators.
+_ESCAPED = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 
 
 class LogError(ValueError):
-    """Raised by ``load(strict=True)`` (and for bad ``exclude`` arguments); carries every problem."""
+    """Raised by ``load(strict=True)``; carries every problem."""
 
     def __init__(self, problems: list[Problem]):
         self.problems = list(problems)
         lines = [str(p) for p in self.problems]
         head = f"{len(lines)} problem{'s' if len(lines) != 1 else ''} in the logs"
         super().__init__("\n".join([head, *lines]))
+
+
+class ExclusionError(LogError):
+    """Raised for an ``exclude`` argument that is malformed or matches no row (a usage error)."""
 
 
 def _fmt_key(values) -> str:

@@ -1,0 +1,310 @@
+"""Issue 12, the reader: every bad input gets one named line and nothing corrupt passes.
+
+Each test builds a small valid run (the builder of ``test_io``: 2 tasks × 3 inputs, L = 6,
+H = 4, k_max = 8), breaks it the way one example of the issue did, and checks that
+:func:`pagestats.io.validate_paths` answers with a problem naming the right file, without an
+exception. Files edited on purpose get a fresh manifest (``refresh_manifest``), so that the
+content rules, not the sha256 check, must find the damage.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import polars as pl
+import pyarrow.parquet as pq
+import pytest
+
+from pagestats import schema
+from pagestats.io import ExclusionError, load, validate_paths
+from pagestats.io.guard import MAX_JSON_DEPTH, MAX_MANIFEST_BYTES
+
+from test_io import H, K_MAX, L, N_INPUTS, TASKS, assert_problem, messages, refresh_manifest, write_run
+
+N_INPUTS_ALL = len(TASKS) * N_INPUTS
+
+
+@pytest.fixture
+def run(tmp_path):
+    return write_run(tmp_path)
+
+
+def _manifest(run):
+    return json.loads((run / "manifest.json").read_text())
+
+
+def _write_manifest_text(run, text):
+    (run / "manifest.json").write_text(text)
+
+
+def _edit_topk(run, edit):
+    f = run / "topk" / "part-0000.parquet"
+    frame = pl.read_parquet(f)
+    schema.write_parquet("topk", edit(frame), f)
+    refresh_manifest(run)
+
+
+# --------------------------------------------------------------------------- load-time tracebacks
+
+
+def test_deeply_nested_manifest_is_one_problem(run):
+    _write_manifest_text(run, "[" * 200_000)
+    problems = validate_paths([str(run)])
+    assert_problem(problems, run / "manifest.json", None, f"deeper than {MAX_JSON_DEPTH}")
+
+
+def test_nesting_inside_strings_is_not_depth(run):
+    man = _manifest(run)
+    man["software"]["note"] = "[" * 1000
+    _write_manifest_text(run, json.dumps(man))
+    assert validate_paths([str(run)]) == []
+
+
+@pytest.mark.parametrize("where", ["context_length", "model.n_layers", "gate.bins", "seed"])
+def test_integers_beyond_int64_in_the_manifest(run, where):
+    text = json.dumps(_manifest(run))
+    block, _, key = where.rpartition(".")
+    man = json.loads(text)
+    (man[block] if block else man)[key] = 0  # placeholder, replaced textually by a 401-digit integer
+    text = json.dumps(man).replace(f'"{key}": 0', f'"{key}": {10**400}', 1)
+    _write_manifest_text(run, text)
+    assert_problem(validate_paths([str(run)]), run / "manifest.json", None, "outside the int64 range")
+
+
+def test_nan_and_huge_floats_in_the_manifest(run):
+    _write_manifest_text(run, json.dumps(_manifest(run)).replace('"seed": 0', '"seed": NaN'))
+    assert_problem(validate_paths([str(run)]), run / "manifest.json", None, "NaN is not a JSON number")
+    _write_manifest_text(run, json.dumps(_manifest_of(run)).replace('"seed": 0', '"seed": 1e400'))
+    assert_problem(validate_paths([str(run)]), run / "manifest.json", None, "not finite")
+
+
+def _manifest_of(run):
+    return {**write_run.__globals__["manifest_for"]("r1"), "schema_version": 1}
+
+
+def test_oversized_manifest(run):
+    man = _manifest(run)
+    man["software"]["padding"] = "x" * (MAX_MANIFEST_BYTES + 1)
+    _write_manifest_text(run, json.dumps(man))
+    assert_problem(validate_paths([str(run)]), run / "manifest.json", None, "larger than 16 MiB")
+
+
+def test_manifest_symlinked_to_dev_zero(run):
+    (run / "manifest.json").unlink()
+    os.symlink("/dev/zero", run / "manifest.json")
+    assert_problem(validate_paths([str(run)]), run / "manifest.json", None, "resolves outside its run directory")
+
+
+def test_manifest_symlinked_outside_the_run_is_refused(run, tmp_path):
+    outside = tmp_path / "elsewhere.json"
+    shutil.move(run / "manifest.json", outside)
+    os.symlink(outside, run / "manifest.json")
+    problems = validate_paths([str(run)])
+    assert_problem(problems, run / "manifest.json", None, "resolves outside its run directory")
+    assert not any(p.file == str(outside) for p in problems)
+
+
+def test_manifest_symlinked_inside_the_run_is_read(run):
+    shutil.move(run / "manifest.json", run / "real-manifest.json")
+    os.symlink("real-manifest.json", run / "manifest.json")
+    assert validate_paths([str(run)]) == []
+
+
+def test_fifo_and_directory_named_like_parts(run):
+    os.mkfifo(run / "inputs" / "part-0009.parquet")
+    (run / "outcomes" / "part-0009.parquet").mkdir()
+    problems = validate_paths([str(run)])  # would block for ever reading the FIFO
+    assert_problem(problems, run / "inputs" / "part-0009.parquet", None, "is a FIFO, not a regular file")
+    assert_problem(problems, run / "outcomes" / "part-0009.parquet", None, "is a directory, not a regular file")
+
+
+def test_part_symlinked_to_a_device_inside_a_loose_directory(tmp_path, run):
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    os.symlink("/dev/zero", loose / "zero.parquet")
+    assert_problem(validate_paths([str(loose)]), loose / "zero.parquet", None, "is a character device")
+
+
+def _deny(monkeypatch, locked):
+    """Refuse every access under ``locked`` with EACCES, as the kernel does for a mode-000
+    directory to anyone but root (the suite may run as root, which reads anything)."""
+    locked = os.path.realpath(locked)
+
+    def guarded(fn):
+        def call(path, *args, **kwargs):
+            real = os.path.realpath(os.fspath(path)) if isinstance(path, (str, bytes, os.PathLike)) else None
+            if real is not None and (real == locked or real.startswith(locked + os.sep)):
+                if fn.__name__ != "stat" or real != locked:
+                    raise PermissionError(13, "Permission denied", os.fspath(path))
+            return fn(path, *args, **kwargs)
+
+        return call
+
+    for name in ("scandir", "stat", "open"):
+        monkeypatch.setattr(os, name, guarded(getattr(os, name)))
+    import builtins
+
+    monkeypatch.setattr(builtins, "open", guarded(builtins.open))
+
+
+@pytest.mark.parametrize("target", [".", "inputs", "topk"])
+def test_unreadable_directories_are_named(run, monkeypatch, target):
+    locked = run / target
+    if os.geteuid() == 0:
+        _deny(monkeypatch, locked)
+    else:
+        os.chmod(locked, 0o000)
+    try:
+        problems = validate_paths([str(run)])
+    finally:
+        monkeypatch.undo()
+        os.chmod(locked, 0o755)
+    assert_problem(problems, locked, None, "Permission denied")
+
+
+# --------------------------------------------------------------------------- silently accepted
+
+
+@pytest.mark.parametrize("length", [10, 200, 0])
+def test_topk_lists_of_the_wrong_length(run, length):
+    _edit_topk(run, lambda f: f.with_columns(
+        pl.when(pl.int_range(pl.len()) == 5).then(pl.lit(list(range(length)), dtype=pl.List(pl.Int32)))
+        .otherwise(pl.col("indices")).alias("indices")))
+    problems = validate_paths([str(run)])
+    assert_problem(problems, run / "topk" / "part-0000.parquet", 5, "topk list of the wrong length",
+                   f"{length} indices, expected min(k_max_stored = {K_MAX}")
+
+
+def test_topk_missing_a_layer_or_a_head(run):
+    _edit_topk(run, lambda f: f.filter(~((pl.col("input_id") == 1) & (pl.col("task") == TASKS[0])
+                                         & (pl.col("layer") == 2))))
+    problems = validate_paths([str(run)])
+    assert_problem(problems, run / "topk" / "part-0000.parquet", L * H, "topk rows missing for an input",
+                   f"has {(L - 1) * H} topk rows; expected L × H = {L} × {H}")
+    assert len(problems) == 1, messages(problems)
+    _edit_topk(run, lambda f: f.filter(~((pl.col("input_id") == 0) & (pl.col("head") == 3))))
+    problems = validate_paths([str(run)])
+    assert sum("topk rows missing for an input" in p.message for p in problems) == 3, messages(problems)
+
+
+def test_topk_part_deleted_or_empty(run):
+    # a run whose top-k rows sit in two parts; one part is emptied, then deleted (manifest refreshed)
+    f = run / "topk" / "part-0000.parquet"
+    frame = pl.read_parquet(f)
+    schema.write_parquet("topk", frame.filter(pl.col("task") == TASKS[0]), f)
+    second = run / "topk" / "part-0001.parquet"
+    schema.write_parquet("topk", frame.filter(pl.col("task") == TASKS[1]).head(0), second)
+    refresh_manifest(run)
+    problems = validate_paths([str(run)])
+    for i in range(N_INPUTS):
+        assert_problem(problems, run / "inputs" / "part-0000.parquet", N_INPUTS + i, "input without its topk rows",
+                       f"has 0 topk rows; expected L × H = {L} × {H}")
+    second.unlink()
+    refresh_manifest(run)
+    problems = validate_paths([str(run)])
+    assert_problem(problems, run / "inputs" / "part-0000.parquet", N_INPUTS, "input without its topk rows")
+    f.unlink()
+    refresh_manifest(run)
+    problems = validate_paths([str(run)])
+    assert_problem(problems, run / "manifest.json", None, f"gate.k_max_stored is {K_MAX} but the run has no topk")
+
+
+def test_whatif_k_after_topk_damage_names_a_file(run, capsys):
+    from pagestats.cli import main
+
+    _edit_topk(run, lambda f: f.with_columns(pl.col("indices").list.head(3)))
+    assert main(["whatif", str(run), "--k", "4"]) == 1
+    err = capsys.readouterr().err
+    assert os.path.normpath(str(run / "topk" / "part-0000.parquet")) in err
+
+
+@pytest.mark.parametrize(("where", "value", "kind"), [
+    ("context_length", "1024", "an integer"),
+    ("context_length", 1024.5, "an integer"),
+    ("model.name", 5, "a string"),
+    ("model.n_kv_heads", "2", "an integer"),
+    ("gate.k_max_stored", True, "an integer"),
+    ("protection.n_sink", -1, "an integer ≥ 0"),
+    ("created_at", None, "a string"),
+])
+def test_manifest_types(run, where, value, kind):
+    man = _manifest(run)
+    block, _, key = where.rpartition(".")
+    (man[block] if block else man)[key] = value
+    _write_manifest_text(run, json.dumps(man))
+    assert_problem(validate_paths([str(run)]), run / "manifest.json", None, f"manifest {where} ", f"is not {kind}")
+
+
+def test_zero_rows_say_the_run_has_no_inputs(run):
+    for table in ("inputs", "outcomes", "topk"):
+        for f in (run / table).iterdir():
+            schema.write_parquet(table, pl.read_parquet(f).head(0), f)
+    refresh_manifest(run)
+    problems = validate_paths([str(run)])
+    assert_problem(problems, run / "manifest.json", None, "the logs have no inputs")
+
+
+# --------------------------------------------------------------------------- wrongly rejected
+
+
+@pytest.mark.parametrize("name", ["part-*.parquet", "part-?.parquet", "part-[0].parquet", "p{a,b} \\x.parquet"])
+def test_glob_characters_in_file_names_are_literal(run, name):
+    clean = load([str(run)])
+    for table in ("inputs", "outcomes", "topk"):
+        (run / table / "part-0000.parquet").rename(run / table / name)
+    refresh_manifest(run)
+    assert validate_paths([str(run)]) == []
+    logs = load([str(run)])
+    for table in ("inputs", "outcomes", "topk"):
+        key = list(schema.TOPK_KEY if table == "topk" else schema.OUTCOME_KEY if table == "outcomes"
+                   else schema.INPUT_KEY)
+        assert getattr(logs, table).sort(key).equals(getattr(clean, table).sort(key)), table
+
+
+def test_jsonl_with_glob_characters_in_its_name(run, tmp_path):
+    loose = tmp_path / "loose" / "inputs"
+    loose.mkdir(parents=True)
+    pl.read_parquet(run / "inputs" / "part-0000.parquet").drop("signals").write_ndjson(loose / "in[1]*.jsonl")
+    pl.read_parquet(run / "inputs" / "part-0000.parquet").head(0).drop("signals").write_ndjson(loose / "in1x.jsonl")
+    logs = load([str(loose / "in[[]1]*.jsonl")], strict=False)  # a glob naming the one file
+    assert logs.inputs.height == N_INPUTS_ALL
+
+
+# --------------------------------------------------------------------------- forged or unnamable output
+
+
+def _rename_task(run, old, new):
+    for table in ("inputs", "outcomes", "topk"):
+        for f in (run / table).iterdir():
+            frame = pl.read_parquet(f).with_columns(pl.col("task").replace(old, new))
+            schema.write_parquet(table, frame, f)
+    man = _manifest(run)
+    man["tasks"][new] = man["tasks"].pop(old)
+    man.pop("files")
+    schema.write_manifest(run, man)
+
+
+def test_newline_in_a_task_name_cannot_forge_lines(run, capsys):
+    from pagestats.cli import main
+
+    _rename_task(run, "vt", "vt\n/etc/passwd: ok")
+    assert main(["validate", str(run)]) == 1
+    out = capsys.readouterr().out
+    assert not any(line.startswith("/etc/passwd") for line in out.splitlines()), out
+    assert "vt\\n/etc/passwd" in out
+
+
+def test_names_with_a_slash_are_refused(run):
+    _rename_task(run, "vt", "a/b")
+    problems = validate_paths([str(run)])
+    assert_problem(problems, run / "inputs" / "part-0000.parquet", N_INPUTS, "task is empty or contains '/'")
+    assert_problem(problems, run / "manifest.json", None, "task names ['a/b'] contain '/'")
+
+
+def test_exclusion_of_a_nonexistent_id_is_a_usage_error(run):
+    with pytest.raises(ExclusionError):
+        load([str(run)], exclude=["r1/vt/99"])
+    with pytest.raises(ExclusionError):
+        load([str(run)], exclude=["r1/vt/1_0"])
