@@ -9,13 +9,17 @@ option is parsed into a :class:`~pagestats.replay.Policy` / :class:`~pagestats.r
 from __future__ import annotations
 
 import argparse
+import math
+import re
+import shlex
 import sys
 from fractions import Fraction
 
 import polars as pl
 
 from pagestats import defaults
-from pagestats.io import LogError, load, validate_paths
+from pagestats.io import ExclusionError, LogError, load, validate_paths
+from pagestats.io.validation.problems import one_line
 from pagestats.replay import (
     LAYER_SUBSETS,
     FixedTau,
@@ -25,6 +29,41 @@ from pagestats.replay import (
     TaskOracle,
     ZScored,
 )
+
+
+#: Bounds of the numeric options: beyond them a value is a typo, or a run of hours.
+MAX_DRAWS = 1000
+MAX_LAYER = 10_000
+MAX_PILOT = 10_000_000
+MAX_K = 1_000_000
+MAX_SEED = 2**32 - 1
+#: Problems of bad logs shown on the one error line of ``whatif`` / ``report``.
+SHOWN_PROBLEMS = 3
+
+#: A plain decimal number in ASCII: no ``nan``/``inf``, no ``_`` separators, no other digits.
+_DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+
+
+def number(lo: float, hi: float, *, integer: bool = False, name: str = "value"):
+    """An argparse ``type``: an ASCII decimal (or integer) in [lo, hi], finite.
+
+    Rejects what ``float``/``int`` would accept but a reader would not mean: ``nan``,
+    ``inf``, ``1e400`` (overflows to inf), ``1_0`` (read as 10), non-ASCII digits.
+    """
+
+    def parse(text: str):
+        text = str(text).strip()
+        if not (_INTEGER if integer else _DECIMAL).fullmatch(text):
+            kind = "an integer" if integer else "a decimal number"
+            raise argparse.ArgumentTypeError(f"{name} {text!r} is not {kind} written with the digits 0-9")
+        value = int(text) if integer else float(text)
+        if not math.isfinite(value) or not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"{name} {text!r} is outside [{lo:g}, {hi:g}]")
+        return value
+
+    parse.__name__ = name  # argparse names the type in its message
+    return parse
 
 
 def policy_from_args(args) -> Policy:
@@ -57,8 +96,9 @@ def policy_from_args(args) -> Policy:
         if tasks is None:
             return Midpoint()
         parts = [t.strip() for t in str(tasks).split(",")]
-        if len(parts) != 2 or not all(parts):
-            raise ValueError(f"--midpoint-tasks takes CAPACITY_TASK,DILUTION_TASK (e.g. niah_multikey_3,vt), got {tasks!r}")
+        if len(parts) != 2 or not all(parts) or parts[0] == parts[1]:
+            raise ValueError(f"--midpoint-tasks takes two different tasks CAPACITY_TASK,DILUTION_TASK "
+                             f"(e.g. niah_multikey_3,vt), got {tasks!r}")
         return Midpoint(capacity_tasks=(parts[0],), dilution_tasks=(parts[1],))
     if name == "oracle":
         return TaskOracle()
@@ -71,28 +111,31 @@ def parse_layers(text: str | None):
     if text is None:
         return None
     text = text.strip()
-    if text in LAYER_SUBSETS or not any(ch.isdigit() for ch in text):
-        return text  # a named subset; ProfileSpec validates it
+    if text in LAYER_SUBSETS:
+        return text
     idx: list[int] = []
     for item in text.split(","):
         item = item.strip()
-        try:
-            if ":" in item:
-                lo, hi = item.split(":")
-                idx.extend(range(int(lo), int(hi)))
-            else:
-                idx.append(int(item))
-        except ValueError:
-            raise ValueError(f"--layers: cannot read {item!r}; use a name, integers or a:b ranges") from None
+        bounds = item.split(":")
+        if len(bounds) > 2 or not all(re.fullmatch(r"[0-9]+", b) for b in bounds):
+            raise ValueError(f"--layers: cannot read {item!r}; use one of {', '.join(LAYER_SUBSETS)}, "
+                             f"integers 0-9 or a:b ranges")
+        values = [int(b) for b in bounds]
+        if max(values) > MAX_LAYER:
+            raise ValueError(f"--layers: {item!r} is beyond layer {MAX_LAYER}")
+        idx.extend(range(values[0], values[1]) if len(values) == 2 else values)
     return tuple(idx)
 
 
 def parse_fraction(text) -> float:
     """``--bins`` value → float: a decimal (``0.25``) or an exact fraction (``1/3``)."""
-    try:
-        return float(Fraction(str(text).strip()))
-    except (ValueError, ZeroDivisionError):
-        raise ValueError(f"--bins: cannot read {text!r}; use a decimal or a fraction such as 1/3") from None
+    text = str(text).strip()
+    if re.fullmatch(r"([0-9]+\.?[0-9]*|\.[0-9]+)(/[0-9]+)?", text):
+        try:
+            return float(Fraction(text))
+        except ZeroDivisionError:
+            pass
+    raise ValueError(f"--bins: cannot read {text!r}; use a decimal or a fraction such as 1/3")
 
 
 def profile_from_args(args) -> ProfileSpec:
@@ -110,6 +153,16 @@ def profile_from_args(args) -> ProfileSpec:
     )
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line usage errors (exit 2) and no abbreviated options."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **{**kwargs, "allow_abbrev": False})
+
+    def error(self, message: str):
+        self.exit(2, one_line(f"{self.prog}: error: {message} (see {self.prog} --help)") + "\n")
+
+
 def _add_logs(p: argparse.ArgumentParser) -> None:
     p.add_argument("logs", nargs="+", metavar="LOGS", help="run directories, parquet/jsonl files or globs")
     p.add_argument(
@@ -122,7 +175,7 @@ def _add_logs(p: argparse.ArgumentParser) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pagestats", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="pagestats", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("validate", help="check logs against schema v1; exit 1 with one line per problem")
@@ -131,13 +184,13 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("whatif", help="replay the gate under a policy and print the per-cell table")
     _add_logs(p)
     pol = p.add_mutually_exclusive_group()
-    pol.add_argument("--tau", type=float, help=f"fixed threshold τ (default {defaults.TAU})")
+    pol.add_argument("--tau", type=number(-1.0, 1.0, name="--tau"), help=f"fixed threshold τ (default {defaults.TAU})")
     pol.add_argument("--policy", choices=["fixed", "z", "midpoint", "oracle"], help="gate policy")
-    p.add_argument("--theta", type=float, default=defaults.THETA_Z, help="θ_z of the z-scored policy")
+    p.add_argument("--theta", type=number(-1e3, 1e3, name="--theta"), default=defaults.THETA_Z, help="θ_z of the z-scored policy")
     p.add_argument("--midpoint-tasks", default=None, metavar="CAP,DIL",
                    help="midpoint policy: take the two samples from these tasks (the paper: niah_multikey_3,vt); "
                    "default: all capacity-bound vs all dilution-prone inputs")
-    p.add_argument("--pilot", type=int, default=defaults.PILOT_N, help="pilot size per model (z-scored)")
+    p.add_argument("--pilot", type=number(1, MAX_PILOT, integer=True, name="--pilot"), default=defaults.PILOT_N, help="pilot size per model (z-scored)")
     p.add_argument(
         "--pilot-by",
         default="model",
@@ -146,10 +199,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--layers", default=None, help="layer subset: all, first-half, second-half, every-2, "
                    "every-4, early-only, first-last, or a comma list / a:b range of layer indices")
-    p.add_argument("--pairs-fraction", type=float, default=None, help="fraction of head pairs kept per draw")
-    p.add_argument("--draws", type=int, default=defaults.PAIR_DRAWS, help="random head-pair draws (averaged)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the head-pair draws / pilot sample")
-    p.add_argument("--k", type=int, default=None, help="top-k set size, k ≤ k_max (needs topk logs)")
+    p.add_argument("--pairs-fraction", type=number(0.0, 1.0, name="--pairs-fraction"), default=None, help="fraction of head pairs kept per draw")
+    p.add_argument("--draws", type=number(1, MAX_DRAWS, integer=True, name="--draws"), default=defaults.PAIR_DRAWS,
+                   help=f"random head-pair draws (averaged; at most {MAX_DRAWS})")
+    p.add_argument("--seed", type=number(0, MAX_SEED, integer=True, name="--seed"), default=0, help="seed of the head-pair draws / pilot sample")
+    p.add_argument("--k", type=number(1, MAX_K, integer=True, name="--k"), default=None, help="top-k set size, k ≤ k_max (needs topk logs)")
     p.add_argument("--bins", default=None, help="bin fraction, decimal or fraction such as 1/4 (default 1/3)")
     p.add_argument("--strict-bins", action="store_true", help="strict-thirds late bin (Table 24)")
     p.add_argument("--format", choices=["csv", "table"], default="table")
@@ -160,6 +214,17 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _bad_logs_line(err: LogError, logs: list[str]) -> str:
+    """One line for bad logs: the count, the first :data:`SHOWN_PROBLEMS` problems, and the
+    ``pagestats validate`` command that lists them all."""
+    n = len(err.problems)
+    shown = "; ".join(str(p) for p in err.problems[:SHOWN_PROBLEMS])
+    rest = f"; {n - SHOWN_PROBLEMS} more" if n > SHOWN_PROBLEMS else ""
+    command = "pagestats validate " + " ".join(shlex.quote(a) for a in logs)
+    return one_line(f"error: {n} problem{'s' if n != 1 else ''} in the logs: {shown}{rest}; run `{command}` "
+                    "for the full list")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "validate":
@@ -167,16 +232,27 @@ def main(argv: list[str] | None = None) -> int:
         for problem in problems:
             print(problem)
         if not problems:
-            print(f"ok: {', '.join(args.logs)}", file=sys.stderr)
+            print(one_line(f"ok: {', '.join(args.logs)}"), file=sys.stderr)
         return 1 if problems else 0
+
+    if args.command == "report":
+        from pagestats.report.write import out_problem  # matplotlib: imported only for `report`
+
+        problem = out_problem(args.out)
+        if problem:
+            print(one_line(f"error: {problem}"), file=sys.stderr)
+            return 2
 
     try:
         logs = load(args.logs, exclude=args.exclude)
+    except ExclusionError as err:
+        print(one_line(f"error: {'; '.join(p.message for p in err.problems)}"), file=sys.stderr)
+        return 2
     except LogError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(_bad_logs_line(err, args.logs), file=sys.stderr)
         return 1
     for line in logs.exclusion_report():
-        print(f"excluded: {line}", file=sys.stderr)
+        print(one_line(f"excluded: {line}"), file=sys.stderr)
 
     if args.command == "whatif":
         from pagestats.whatif import whatif_table  # SciPy via metrics: imported only for `whatif`
@@ -184,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             table = whatif_table(logs, policy=policy_from_args(args), profile=profile_from_args(args))
         except (ValueError, TypeError) as err:  # bad option values: one line, no traceback
-            print(f"error: {err}", file=sys.stderr)
+            print(one_line(f"error: {err}"), file=sys.stderr)
             return 2
         if args.format == "csv":
             sys.stdout.write(table.write_csv(float_precision=None))

@@ -17,9 +17,9 @@ def require(frame: pl.DataFrame, columns: Iterable[str], what: str) -> None:
 
 
 def short_task(task: str) -> str:
-    """Compact RULER task label for tick labels (niah_multikey_3 → MK3)."""
-    return (task.replace("niah_", "").replace("multikey_", "MK").replace("multiquery", "MQ")
-            .replace("multivalue", "MV").replace("single_", "S"))
+    """Compact RULER task label for tick labels (niah_multikey_3 → MK3), as plain text (``$`` escaped)."""
+    return (str(task).replace("niah_", "").replace("multikey_", "MK").replace("multiquery", "MQ")
+            .replace("multivalue", "MV").replace("single_", "S").replace("$", r"\$"))
 
 
 def present(frame: pl.DataFrame, keys: Iterable[str]) -> list[str]:

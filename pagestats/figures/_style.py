@@ -139,6 +139,12 @@ def _metadata(fmt: str) -> dict | None:
     return None
 
 
+def plain_text(name) -> str:
+    """A name from the logs as matplotlib plain text: ``$`` escaped, so that a task or model
+    name is never parsed as mathtext (``$\\frac{a$`` would abort the drawing)."""
+    return str(name).replace("$", r"\$")
+
+
 def cell_label(row: dict) -> str:
     """Short label of a (model, context_length[, evictor]) cell."""
     parts = []
@@ -149,4 +155,4 @@ def cell_label(row: dict) -> str:
         parts.append(f"{ctx // 1024}K" if ctx % 1024 == 0 and ctx >= 1024 else str(ctx))
     if row.get("evictor") is not None:
         parts.append(str(row["evictor"]))
-    return " ".join(parts)
+    return plain_text(" ".join(parts))

@@ -71,7 +71,7 @@ def delta_matrix(gated: pl.DataFrame, *, ax=None):
                     dark = abs(grid[i, j]) > 0.6 * limit
                     axis.text(j, i, f"{grid[i, j]:+.1f}", ha="center", va="center", fontsize=6,
                               color="white" if dark else "black")
-        axis.set_xticks(range(len(evictors)), evictors, rotation=30, ha="right")
+        axis.set_xticks(range(len(evictors)), [st.plain_text(e) for e in evictors], rotation=30, ha="right")
         axis.set_yticks(range(len(rows)), [st.cell_label(r) for r in rows])
         axis.tick_params(length=0)
         for spine in axis.spines.values():

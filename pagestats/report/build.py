@@ -30,7 +30,7 @@ import polars as pl
 
 import pagestats
 from pagestats import defaults
-from pagestats.report.context import Context, Entry
+from pagestats.report.context import Context, Entry, needs_inputs
 from pagestats.report.figure_entries import FIGURES
 from pagestats.report.table_entries import TABLES
 from pagestats.report.write import (
@@ -38,6 +38,8 @@ from pagestats.report.write import (
     _EmptyOutput,
     _write_figure,
     _write_table,
+    out_problem,
+    staged_directory,
 )
 from pagestats.tables import markdown_table
 
@@ -69,7 +71,7 @@ class Outcome:
 
 
 def _skip_reason(entry: Entry, ctx: Context) -> str | None:
-    for check in entry.requires:
+    for check in (needs_inputs, *entry.requires):
         reason = check(ctx)
         if reason:
             return reason
@@ -112,6 +114,24 @@ def _describe(value) -> dict | str:
 def build_report(logs, out, *, policy=None, profile=None, entries: Sequence[Entry] | None = None,
                  formats: Sequence[str] = FIGURE_FORMATS) -> str:
     """Write every table and figure of the catalogue and the index; return the index path.
+
+    The report is written to a temporary folder beside ``out`` and moved into place when
+    complete (replacing a previous report there), so that a failure leaves no half-written
+    report. Raises ``ValueError`` when ``out`` cannot receive a report
+    (:func:`~pagestats.report.write.out_problem`); the parameters are those of
+    :func:`_build_into`.
+    """
+    problem = out_problem(out)
+    if problem:
+        raise ValueError(problem)
+    with staged_directory(out) as staging:
+        _build_into(logs, staging, policy=policy, profile=profile, entries=entries, formats=formats)
+    return str(Path(out) / "index.md")
+
+
+def _build_into(logs, out, *, policy=None, profile=None, entries: Sequence[Entry] | None = None,
+                formats: Sequence[str] = FIGURE_FORMATS) -> str:
+    """Write every table and figure of the catalogue and the index into ``out``; return the index path.
 
     Parameters
     ----------
@@ -158,7 +178,7 @@ def build_report(logs, out, *, policy=None, profile=None, entries: Sequence[Entr
         "exclusions": list(getattr(logs, "exclusions", []) or []),
         "policy": _describe(ctx.policy),
         "profile": _describe(ctx.profile),
-        "headline_evictor": ctx.headline_evictor,
+        "headline_evictor": ctx.headline_evictor if logs.outcomes.height else None,
         "defaults": {k: list(v) if isinstance(v, tuple) else v for k, v in defaults.as_dict().items()},
         "outputs": [dataclasses.asdict(o) for o in outcomes],
     }

@@ -67,6 +67,37 @@ class Context:
 # --------------------------------------------------------------------------- requirements
 
 
+def needs_inputs(ctx: Context) -> str | None:
+    """Every entry needs at least one input (checked before an entry's own requirements)."""
+    if ctx.logs.inputs.height == 0:
+        return "the logs have no inputs (after exclusions)"
+    return None
+
+
+def needs_signals(ctx: Context) -> str | None:
+    """Every logged ``signals`` field present and finite for every input (the column itself
+    is optional: without it the entry uses the profile statistics only)."""
+    inputs = ctx.logs.inputs
+    if "signals" not in inputs.columns or not isinstance(inputs.schema["signals"], pl.Struct):
+        return None
+    for f in inputs.schema["signals"].fields:
+        value = pl.col("signals").struct.field(f.name)
+        bad = inputs.select((value.is_null() | ~value.cast(pl.Float64).is_finite()).sum()).item()  # null → counted
+        if bad:
+            return f"signal {f.name!r} is missing or not finite for {bad} of {inputs.height} inputs"
+    return None
+
+
+def needs_pilot_groups(ctx: Context) -> str | None:
+    """The z-scored gate's pilot needs ≥ 2 inputs per (model, context_length) for σ (App. A.3.4)."""
+    sizes = ctx.logs.inputs.group_by("model", "context_length").len()
+    small = sizes.filter(pl.col("len") < 2)
+    if small.height:
+        model, ctx_len, n = small.sort("model", "context_length").row(0)
+        return (f"the z-scored pilot needs ≥ 2 inputs per (model, context_length); {model} at {ctx_len} has {n}")
+    return None
+
+
 def needs_eviction_budgets(ctx: Context) -> str | None:
     if ctx.logs.outcomes.filter(pl.col("budget") < 1.0).height == 0:
         return "no eviction budgets b < 1 in the outcomes"

@@ -22,6 +22,8 @@ from pagestats.report.context import (
     needs_dilution_headroom,
     needs_draws,
     needs_eviction_budgets,
+    needs_pilot_groups,
+    needs_signals,
 )
 from pagestats.tables import (
     LAYOUTS,
@@ -111,7 +113,8 @@ def _entries() -> tuple[Entry, ...]:
               "Mean D along NIAH-MultiKey 1 → 2 → 3 with a monotonicity flag."),
         Entry("tab05_06_signal_ablation", "table", "Tables 5–6",
               lambda c: t("tab05_06_signal_ablation", signal_ablation_table(c.logs, profile=c.profile)),
-              (needs_agreement, both), "Separation, margin, AUC (BH), MK monotonicity and r with D per signal."),
+              (needs_agreement, both, needs_signals),
+              "Separation, margin, AUC (BH), MK monotonicity and r with D per signal."),
         Entry("tab07_calibration", "table", "Table 7",
               lambda c: t("tab07_calibration", calibration_table(c.logs, profile=c.profile)), (ev, both),
               "Midpoint-calibrated τ (Eq. 5) vs the fixed τ per cell."),
@@ -169,7 +172,8 @@ def _entries() -> tuple[Entry, ...]:
               "Δ per input-draw replicate with mean, SD and range."),
         Entry("tabN1_pilot_sensitivity", "table", "New table",
               lambda c: t("tabN1_pilot_sensitivity", pilot_sensitivity_table(c.logs, evictor=c.headline_evictor, profile=c.profile)),
-              (ev, needs_agreement), "z-scored gate under pilot first/random × per model/per cell × sizes; call flips."),
+              (ev, needs_agreement, needs_pilot_groups),
+              "z-scored gate under pilot first/random × per model/per cell × sizes; call flips."),
     )
 
 

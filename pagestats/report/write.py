@@ -1,10 +1,17 @@
 """Writing one report entry's result to files: figures as PNG/PDF through
 :func:`pagestats.figures.save_figure`, tables through :func:`pagestats.tables.write_table`
-(CSV, Markdown, and HTML where the entry gives a :class:`~pagestats.tables.Layout`)."""
+(CSV, Markdown, and HTML where the entry gives a :class:`~pagestats.tables.Layout`); and the
+report folder itself, written beside ``out`` and moved into place only once complete
+(:func:`staged_directory`), so that a failure never leaves a half-written report."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import polars as pl
@@ -53,3 +60,55 @@ def _write_table(item, stem: Path, formats=None) -> list[str]:
     # the Markdown file lists the tidy numbers (4 significant digits); HTML is the typeset table
     return [*write_table(frame, stem, layout, formats=("csv",)), *write_table(frame, stem, None, formats=("md",)),
             *write_table(frame, stem, layout, formats=("html",))]
+
+
+def out_problem(out) -> str | None:
+    """Why ``out`` cannot receive a report (one line), or ``None``.
+
+    ``out`` must be a non-empty path whose parent is (or can become) a directory, and must
+    not name an existing file, nor an existing non-empty directory that is not a previous
+    report (one with ``index.json``), which a new report would replace.
+    """
+    text = os.fspath(out)
+    if not text.strip():
+        return "--out is empty; name the report folder"
+    path = Path(text)
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        return f"--out {text} exists and is not a folder"
+    if path.is_dir():
+        try:
+            entries = {e.name for e in os.scandir(path)}
+        except OSError as err:
+            return f"--out {text}: cannot list it ({err.strerror or type(err).__name__})"
+        if entries and "index.json" not in entries:
+            return f"--out {text} is a non-empty folder that is not a pagestats report; it is not replaced"
+    for parent in path.absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                return f"--out {text}: {parent} is not a folder"
+            if not os.access(parent, os.W_OK | os.X_OK):
+                return f"--out {text}: {parent} is not writable"
+            break
+    return None
+
+
+@contextlib.contextmanager
+def staged_directory(out) -> Iterator[Path]:
+    """A fresh folder beside ``out`` to write into; on success it replaces ``out`` (a previous
+    report is removed only then), on failure it is removed and ``out`` is left as it was."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    os.chmod(tmp, 0o755)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:12]}"
+    had_old = out.is_dir()
+    if had_old:
+        os.rename(out, old)
+    os.rename(tmp, out)
+    if had_old:
+        shutil.rmtree(old)
