@@ -1,4 +1,4 @@
-"""Command line of DESIGN §5: ``pagestats validate | whatif | report``.
+"""Command line of DESIGN §5: ``pagestats validate | whatif | report | index``.
 
 Machine-readable outputs are part of the interface: ``validate`` prints one line per
 problem (``FILE[:row N]: message``) and exits 1 if there is any; ``whatif --format csv``
@@ -18,7 +18,8 @@ from fractions import Fraction
 import polars as pl
 
 from pagestats import defaults
-from pagestats.io import ExclusionError, LogError, load, validate_paths
+from pagestats.io import ExclusionError, LogError, index_logs, load, open_logs, validate_paths
+from pagestats.io.database import MEMORY_LIMIT
 from pagestats.io.validation.problems import one_line
 from pagestats.replay import (
     LAYER_SUBSETS,
@@ -163,8 +164,17 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, one_line(f"{self.prog}: error: {message} (see {self.prog} --help)") + "\n")
 
 
+def _add_duckdb(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--memory-limit", default=MEMORY_LIMIT, help=f"DuckDB memory limit (default {MEMORY_LIMIT}); "
+                   "larger queries spill to --temp-dir")
+    p.add_argument("--temp-dir", default=None, help="DuckDB spill directory (default: the system temp dir)")
+
+
 def _add_logs(p: argparse.ArgumentParser) -> None:
-    p.add_argument("logs", nargs="+", metavar="LOGS", help="run directories, parquet/jsonl files or globs")
+    p.add_argument("logs", nargs="*", metavar="LOGS", help="run directories, parquet/jsonl files or globs")
+    p.add_argument("--db", default=None, metavar="FILE",
+                   help="read the logs through a database written by `pagestats index` instead of LOGS")
+    _add_duckdb(p)
     p.add_argument(
         "--exclude",
         action="append",
@@ -211,7 +221,23 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="write every table and figure plus an index with file hashes")
     _add_logs(p)
     p.add_argument("--out", required=True, help="output directory")
+
+    p = sub.add_parser("index", help="validate logs and write a DuckDB database of views over their parquet files")
+    p.add_argument("logs", nargs="+", metavar="LOGS")
+    p.add_argument("--db", required=True, metavar="FILE", help="the DuckDB file to write")
+    _add_duckdb(p)
     return parser
+
+
+def _open(args):
+    """The logs named by LOGS (validated and loaded) or by ``--db`` (a :class:`~pagestats.io.LogDB`)."""
+    if args.db is None:
+        if not args.logs:
+            raise ValueError("give LOGS or --db FILE")
+        return load(args.logs, exclude=args.exclude)
+    if args.logs or args.exclude:
+        raise ValueError("--db replaces LOGS and --exclude: the database holds the logs it was indexed from")
+    return open_logs(args.db, memory_limit=args.memory_limit, temp_directory=args.temp_dir)
 
 
 def _bad_logs_line(err: LogError, logs: list[str]) -> str:
@@ -235,6 +261,16 @@ def main(argv: list[str] | None = None) -> int:
             print(one_line(f"ok: {', '.join(args.logs)}"), file=sys.stderr)
         return 1 if problems else 0
 
+    if args.command == "index":
+        try:
+            db = index_logs(args.logs, args.db, memory_limit=args.memory_limit, temp_directory=args.temp_dir)
+        except LogError as err:
+            print(_bad_logs_line(err, args.logs), file=sys.stderr)
+            return 1
+        print(one_line(f"indexed {len(db.files)} files into {args.db}"), file=sys.stderr)
+        db.close()
+        return 0
+
     if args.command == "report":
         from pagestats.report.write import out_problem  # matplotlib: imported only for `report`
 
@@ -244,15 +280,22 @@ def main(argv: list[str] | None = None) -> int:
             return 2
 
     try:
-        logs = load(args.logs, exclude=args.exclude)
+        logs = _open(args)
     except ExclusionError as err:
         print(one_line(f"error: {'; '.join(p.message for p in err.problems)}"), file=sys.stderr)
         return 2
     except LogError as err:
-        print(_bad_logs_line(err, args.logs), file=sys.stderr)
+        if args.db is not None:
+            print(one_line(f"error: {'; '.join(str(p) for p in err.problems)}"), file=sys.stderr)
+        else:
+            print(_bad_logs_line(err, args.logs), file=sys.stderr)
         return 1
-    for line in logs.exclusion_report():
-        print(one_line(f"excluded: {line}"), file=sys.stderr)
+    except ValueError as err:  # bad usage
+        print(one_line(f"error: {err}"), file=sys.stderr)
+        return 2
+    if args.db is None:
+        for line in logs.exclusion_report():
+            print(one_line(f"excluded: {line}"), file=sys.stderr)
 
     if args.command == "whatif":
         from pagestats.whatif import whatif_table  # SciPy via metrics: imported only for `whatif`
@@ -272,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "report":
         from pagestats.report import build_report  # matplotlib and great_tables: imported only for `report`
 
-        index = build_report(logs, out=args.out)
+        index = build_report(logs if args.db is None else logs.load(), out=args.out)
         print(index)
         return 0
     return 2

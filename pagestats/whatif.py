@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import polars as pl
 
-from pagestats import metrics
 from pagestats.columns import WHATIF_CELL
-from pagestats.replay import FixedTau, Policy, ProfileSpec, gated_outcomes
+from pagestats.metrics import formulas
+from pagestats.replay import FixedTau, Policy, ProfileSpec
+from pagestats.replay import sql as replay_sql
+from pagestats.replay.gate import N_KEPT_GATED, SCORE_GATED
+from pagestats.schema import INPUT_KEY
 
 WHATIF_COLUMNS = (
     "model",
@@ -31,6 +34,43 @@ WHATIF_COLUMNS = (
     "p_open",
     "kept_kv",
 )
+#: Columns that do not depend on the gate: with head-pair draws they are taken from draw 0
+#: (every draw holds the same rows), so they equal the draw-free values.
+GATE_FREE = ("n_inputs", "acc_full", "acc_plain", "harm_plain")
+
+
+def whatif_query(draws: list[str]) -> str:
+    """The what-if as one DuckDB query over ``outcomes``, ``inputs`` and ``decisions``.
+
+    Every aggregate is a formula of :mod:`pagestats.metrics.formulas` and the gated arm is
+    :data:`~pagestats.replay.gate.SCORE_GATED` / :data:`~pagestats.replay.gate.N_KEPT_GATED`,
+    the same SQL text that polars evaluates in :mod:`pagestats.metrics` and
+    :func:`pagestats.replay.gated_outcomes`.
+    """
+    cell = ", ".join(WHATIF_CELL)
+    key = ", ".join(INPUT_KEY)
+    draw = ", ".join(f"d.{c}" for c in draws)
+    acc = ", ".join(f"{sql} AS {name}" for name, sql in formulas.ACCURACY.items())
+    per_draw = f"""
+        SELECT {cell}{", " + ", ".join(draws) if draws else ""}, count(*) AS n_inputs, {acc},
+            {formulas.harm_count("score_plain")} / count(*) AS harm_plain,
+            {formulas.harm_count("score_gated")} / count(*) AS harm_gated,
+            {formulas.OPEN_COUNT} / count(*) AS p_open,
+            avg({formulas.kept_fraction("n_kept_gated")}) AS kept_kv
+        FROM (
+            SELECT i.model, i.context_length, o.evictor, o.task, o.budget{", " + draw if draws else ""},
+                i.full_score AS score_full, o.score AS score_plain, {SCORE_GATED} AS score_gated,
+                {N_KEPT_GATED} AS n_kept_gated, n_tokens, gate_open
+            FROM outcomes o LEFT JOIN inputs i USING ({key}) LEFT JOIN decisions d USING ({key})
+        )
+        GROUP BY ALL"""
+    if not draws:
+        return f"{per_draw} ORDER BY {cell}"
+    varying = [c for c in WHATIF_COLUMNS[6:] if c not in GATE_FREE and c != "delta"]
+    return f"""
+        SELECT {cell}, {", ".join(f"arg_min({c}, pair_draw) AS {c}" for c in GATE_FREE)},
+            {", ".join(f"avg({c}) AS {c}" for c in varying)}
+        FROM ({per_draw}) GROUP BY ALL ORDER BY {cell}"""
 
 
 def whatif_table(logs, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec()) -> pl.DataFrame:
@@ -38,7 +78,8 @@ def whatif_table(logs, policy: Policy = FixedTau(), profile: ProfileSpec = Profi
 
     Parameters
     ----------
-    logs : pagestats.io.Logs
+    logs : pagestats.io.Logs or pagestats.io.LogDB
+        In-memory logs, or a database of views over the parquet files (out of core).
     policy : Policy
         Gate policy (default fixed τ = 0.07).
     profile : ProfileSpec
@@ -52,31 +93,30 @@ def whatif_table(logs, policy: Policy = FixedTau(), profile: ProfileSpec = Profi
     Notes
     -----
     Over the inputs x of the row's (model, context_length, task), at the row's evictor and
-    budget b, each column is one metric of :mod:`pagestats.metrics`: ``acc_full``,
-    ``acc_plain``, ``acc_gated`` and ``delta`` = acc_gated − acc_plain from
-    :func:`~pagestats.metrics.accuracy` (gated per Eq. 2); ``harm_*`` = Pr[A(b, x) < full_score(x)]
-    from :func:`~pagestats.metrics.harm_rate` (Table 27); ``p_open`` from
-    :func:`~pagestats.metrics.p_open`; ``kept_kv`` = mean n_kept/n_tokens of the gated arm from
-    :func:`~pagestats.metrics.kept_kv`. With head-pair draws (``profile.pairs_fraction``) each
+    budget b: ``acc_full``, ``acc_plain``, ``acc_gated`` (gated per Eq. 2) and ``delta`` =
+    acc_gated − acc_plain (the formulas of :func:`~pagestats.metrics.accuracy`); ``harm_*`` =
+    Pr[A(b, x) < full_score(x)] (:func:`~pagestats.metrics.harm_rate`, Table 27); ``p_open``
+    (:func:`~pagestats.metrics.p_open`); ``kept_kv`` = mean n_kept/n_tokens of the gated arm
+    (:func:`~pagestats.metrics.kept_kv`). One DuckDB query computes them all
+    (:func:`whatif_query`, over the decisions of :func:`pagestats.replay.sql.decide`), so only
+    the result rows reach Python. With head-pair draws (``profile.pairs_fraction``) each
     column is computed per draw and then averaged over the draws (equal weight);
-    ``n_inputs``, ``acc_full``, ``acc_plain`` and ``harm_plain`` do not depend on the gate and
-    are taken as they are, so they equal the draw-free values.
+    :data:`GATE_FREE` columns do not depend on the gate and equal the draw-free values.
     """
-    rows = gated_outcomes(logs, policy, profile)
-    by = [*WHATIF_CELL, *(["pair_draw"] if "pair_draw" in rows.columns else [])]
-    table = (
-        metrics.accuracy(rows, by)
-        .join(metrics.harm_rate(rows, by, "plain").select(*by, pl.col("harm").alias("harm_plain")), on=by)
-        .join(metrics.harm_rate(rows, by, "gated").select(*by, pl.col("harm").alias("harm_gated")), on=by)
-        .join(metrics.p_open(rows, by).select(*by, "p_open"), on=by)
-        .join(metrics.kept_kv(rows, by, "gated", include_full=True).select(*by, "kept_kv"), on=by)
-    )
-    if "pair_draw" in by:
-        same = ["n_inputs", "acc_full", "acc_plain", "harm_plain"]  # identical in every draw
-        varying = [c for c in WHATIF_COLUMNS if c not in WHATIF_CELL and c not in same]
-        table = table.group_by(WHATIF_CELL).agg(*(pl.col(c).first() for c in same), *(pl.col(c).mean() for c in varying))
+    con = replay_sql.connect(logs)
+    try:
+        draws = replay_sql.decide(con, logs, policy, profile)
+        table = con.sql(whatif_query(draws)).pl()
+    finally:
+        con.close()
+    orphans = table.filter(pl.col("model").is_null())
+    if orphans.height:
+        raise ValueError(f"{int(orphans['n_inputs'].sum())} outcome row(s) have no input row")
     return table.select(
         *WHATIF_CELL,
         pl.col("n_inputs").cast(pl.Int64),
-        *(pl.col(c).cast(pl.Float64) for c in WHATIF_COLUMNS[6:]),
-    ).sort(WHATIF_CELL)
+        *(
+            (pl.col("acc_gated") - pl.col("acc_plain")).alias(c) if c == "delta" else pl.col(c).cast(pl.Float64)
+            for c in WHATIF_COLUMNS[6:]
+        ),
+    )

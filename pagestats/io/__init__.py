@@ -7,10 +7,16 @@
 :mod:`~pagestats.io.discovery` (which runs and files ``LOGS`` names),
 :mod:`~pagestats.io.read` (inspection and DuckDB reading), :mod:`~pagestats.io.upgrades`
 (schema-version steps), :mod:`~pagestats.io.validation` (the rules),
-:mod:`~pagestats.io.load` (``load``, ``validate_paths``, exclusions).
+:mod:`~pagestats.io.load` (``load``, ``validate_paths``, exclusions),
+:mod:`~pagestats.io.database` (:func:`index_logs` / :func:`open_logs`: validated logs as a
+DuckDB database of views over their files, :class:`LogDB`, for queries out of core).
 """
 
+from pagestats.io.database import LogDB, index_logs, open_logs
 from pagestats.io.load import HEAVY_COLUMNS, FileRecord, Logs, load, validate_paths
 from pagestats.io.validation.problems import ExclusionError, LogError, Problem
 
-__all__ = ["HEAVY_COLUMNS", "ExclusionError", "FileRecord", "LogError", "Logs", "Problem", "load", "validate_paths"]
+__all__ = [
+    "HEAVY_COLUMNS", "ExclusionError", "FileRecord", "LogDB", "LogError", "Logs", "Problem", "index_logs", "load",
+    "open_logs", "validate_paths",
+]

@@ -11,6 +11,7 @@ import polars as pl
 
 from pagestats import defaults, stats
 from pagestats.columns import MATRIX_CELL, input_key
+from pagestats.metrics import formulas
 from pagestats.metrics._frames import _outcome_rows, _uniq, _unit_key
 
 __all__ = [
@@ -35,9 +36,7 @@ def accuracy(frame: pl.DataFrame, by=(*MATRIX_CELL, "budget")) -> pl.DataFrame:
     """
     rows, by = _outcome_rows(frame, by, ["score_full", "score_plain", "score_gated"], "accuracy", include_full=True)
     out = rows.group_by(by).agg(
-        pl.col("score_full").mean().alias("acc_full"),
-        pl.col("score_plain").mean().alias("acc_plain"),
-        pl.col("score_gated").mean().alias("acc_gated"),
+        *(formulas.expr(sql).alias(name) for name, sql in formulas.ACCURACY.items()),
         pl.struct(_unit_key(rows)).n_unique().cast(pl.Int64).alias("n_inputs"),
     )
     return out.with_columns((pl.col("acc_gated") - pl.col("acc_plain")).alias("delta")).sort(by)

@@ -11,6 +11,7 @@ import polars as pl
 
 from pagestats import defaults
 from pagestats.columns import MATRIX_CELL
+from pagestats.metrics import formulas
 from pagestats.metrics._frames import _arm, _outcome_rows
 
 __all__ = ["kept_kv", "compression", "static_batching"]
@@ -34,7 +35,7 @@ def kept_kv(frame: pl.DataFrame, by=MATRIX_CELL, arm: str = "gated", *, include_
     rows, by = _outcome_rows(frame, by, [kept, "n_tokens", "gate_open"], "kept_kv", include_full=include_full)
     if (rows["n_tokens"] <= 0).any():
         raise ValueError("kept_kv: n_tokens must be positive")
-    frac = pl.col(kept) / pl.col("n_tokens")
+    frac = formulas.expr(formulas.kept_fraction(kept))
     out = rows.group_by(by).agg(
         frac.mean().alias("kept_kv"),
         frac.filter(pl.col("gate_open")).mean().alias("kept_kv_open"),

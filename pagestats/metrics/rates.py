@@ -9,6 +9,7 @@ import polars as pl
 
 from pagestats import defaults, stats
 from pagestats.columns import TASK_CELL, input_key, require_columns
+from pagestats.metrics import formulas
 from pagestats.metrics._frames import (
     _arm,
     _by,
@@ -73,7 +74,7 @@ def harm_rate(
     _outcome_rows(frame, by, [score, "score_full"], "harm_rate")  # checks only
     keys = _uniq(by, ["budget"])
     out = frame.group_by(keys).agg(
-        (pl.col(score) < pl.col("score_full")).sum().cast(pl.Int64).alias("k"), pl.len().cast(pl.Int64).alias("n")
+        formulas.expr(formulas.harm_count(score)).cast(pl.Int64).alias("k"), pl.len().cast(pl.Int64).alias("n")
     )
     return _with_wilson(out.sort(keys), "harm", confidence_level)
 
@@ -129,7 +130,7 @@ def p_open(
     if inputs.select(_uniq(by, key)).is_duplicated().any():
         raise ValueError("p_open: gate_open differs between rows of the same input")
     out = inputs.group_by(by).agg(
-        pl.col("gate_open").sum().cast(pl.Int64).alias("k"), pl.len().cast(pl.Int64).alias("n")
+        formulas.expr(formulas.OPEN_COUNT).cast(pl.Int64).alias("k"), pl.len().cast(pl.Int64).alias("n")
     )
     return _with_wilson(out.sort(by), "p_open", confidence_level)
 

@@ -23,6 +23,11 @@ GATE_COLUMNS = (
     "run_id", "task", "input_id", "pair_draw", "model", "context_length", "task_class",
     "n_tokens", "full_score", "drop", "tau", "gate_open",
 )  # fmt: skip
+#: The gated arm of Eq. 2, written once as SQL over an outcome row joined with its input's
+#: decision: the plain outcome where the gate opens, else the full-KV outcome. Polars evaluates
+#: it here (:func:`polars.sql_expr`), DuckDB in :mod:`pagestats.replay.sql`.
+SCORE_GATED = "CASE WHEN gate_open THEN score ELSE full_score END"
+N_KEPT_GATED = "CASE WHEN gate_open THEN n_kept ELSE n_tokens END"
 GATED_OUTCOME_COLUMNS = (
     "run_id", "task", "input_id", "pair_draw", "model", "context_length", "task_class",
     "evictor", "budget", "n_tokens", "drop", "tau", "gate_open", "score_full", "score_plain",
@@ -96,9 +101,9 @@ def gated_outcomes(logs, policy: Policy = FixedTau(), profile: ProfileSpec = Pro
     rows = _outcome_rows(logs, decisions).with_columns(
         pl.col("full_score").alias("score_full"),
         pl.col("score").alias("score_plain"),
-        pl.when(pl.col("gate_open")).then(pl.col("score")).otherwise(pl.col("full_score")).alias("score_gated"),
+        pl.sql_expr(SCORE_GATED).alias("score_gated"),
         pl.col("n_kept").alias("n_kept_plain"),
-        pl.when(pl.col("gate_open")).then(pl.col("n_kept")).otherwise(pl.col("n_tokens")).alias("n_kept_gated"),
+        pl.sql_expr(N_KEPT_GATED).alias("n_kept_gated"),
     )
     cols = [c for c in GATED_OUTCOME_COLUMNS if c in rows.columns]
     order = [*input_key(rows), "evictor", "budget"]

@@ -35,6 +35,15 @@ from pagestats.schema import INPUT_KEY
 #: of n inputs is a balanced slice of the logged workload rather than n inputs of one task.
 PILOT_ORDER = ["input_id", "task", "run_id"]
 PILOT_MODES = ("first", "random")
+#: The gate rule of §3 (Eq. 2), written once as SQL: open (evict) iff D ≥ τ. Polars evaluates it
+#: on in-memory frames (:func:`polars.sql_expr`), DuckDB on the parquet files
+#: (:mod:`pagestats.replay.sql`).
+GATE_RULE = '"drop" >= tau'
+
+
+def _sql_string(text: str) -> str:
+    """``text`` as a SQL string literal."""
+    return "'" + str(text).replace("'", "''") + "'"
 
 
 def _draw_cols(frame: pl.DataFrame) -> list[str]:
@@ -95,7 +104,7 @@ def pilot_mask(frame: pl.DataFrame, by, n: int, mode: str = "first", seed: int =
 def _with_tau(frame: pl.DataFrame, tau: pl.Expr | float) -> pl.DataFrame:
     tau_expr = tau if isinstance(tau, pl.Expr) else pl.lit(float(tau))
     out = frame.with_columns(tau_expr.cast(pl.Float64).alias("tau"))
-    return out.with_columns((pl.col("drop") >= pl.col("tau")).alias("gate_open"))
+    return out.with_columns(pl.sql_expr(GATE_RULE).alias("gate_open"))
 
 
 @dataclass(frozen=True)
@@ -252,12 +261,16 @@ class TaskOracle:
     def name(self) -> str:
         return "oracle(task-label)"
 
+    @property
+    def rule(self) -> str:
+        """The decision as SQL (evaluated by polars here and by DuckDB in :mod:`pagestats.replay.sql`)."""
+        return f"task_class <> {_sql_string(self.capacity_class)}"
+
     def decide(self, frame: pl.DataFrame) -> pl.DataFrame:
         if frame["task_class"].null_count():
             raise ValueError("TaskOracle: task_class is null for some inputs")
         return frame.with_columns(
-            pl.lit(None, dtype=pl.Float64).alias("tau"),
-            (pl.col("task_class") != self.capacity_class).alias("gate_open"),
+            pl.lit(None, dtype=pl.Float64).alias("tau"), pl.sql_expr(self.rule).alias("gate_open")
         )
 
 

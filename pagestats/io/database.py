@@ -1,0 +1,213 @@
+"""Validated logs as a DuckDB database of views over their files, for queries out of core.
+
+:func:`index_logs` validates the logs once (every rule of :mod:`pagestats.io.validation`),
+then writes a DuckDB database whose views ``inputs``, ``outcomes`` (and ``topk``) read the
+parquet files where they lie, with the task classes of the manifests joined to ``inputs``.
+The database stores no log rows: the file list with each file's sha256, size and
+modification time (table ``log_files``), the manifests (``manifests``) and the task
+classes (``task_classes``). :func:`open_logs` opens it as a :class:`LogDB`, after checking
+that no file changed size or modification time since it was built (re-run ``pagestats
+index`` when one did), so repeated what-ifs over a big release skip reading and checking
+the files again.
+
+Every connection sets DuckDB's ``memory_limit`` and ``temp_directory``, so that a query
+larger than the memory limit spills to disk instead of failing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import duckdb
+import polars as pl
+
+from pagestats import schema
+from pagestats.io.load import HEAVY_COLUMNS, FileRecord, Logs, load
+from pagestats.io.validation.problems import LogError, Problem
+
+#: DuckDB's memory limit for the queries of a :class:`LogDB` (beyond it, operators spill).
+MEMORY_LIMIT = "2GB"
+#: Tables that are views over the log files.
+VIEW_TABLES = ("inputs", "outcomes", "topk")
+
+
+def _config(memory_limit: str, temp_directory: str | None) -> dict:
+    temp = temp_directory or os.path.join(tempfile.gettempdir(), "pagestats-duckdb")
+    return {"memory_limit": memory_limit, "temp_directory": temp}
+
+
+def _files_query(table: str, files: list[FileRecord]) -> str:
+    """``read_parquet`` of a table's files; paths are quoted SQL literals (the DDL of a view
+    cannot take parameters)."""
+    paths = ", ".join("'" + f.path.replace("'", "''") + "'" for f in files)
+    return f"read_parquet([{paths}], union_by_name = true)"
+
+
+def _create(con: duckdb.DuckDBPyConnection, logs: Logs, task_classes: pl.DataFrame) -> None:
+    records = [FileRecord(os.path.abspath(f.path), f.table, f.sha256, f.rows) for f in logs.files]
+    jsonl = [f.path for f in records if not f.path.endswith(".parquet")]
+    if jsonl:
+        raise LogError([Problem(p, None, "index: only parquet files can be indexed (convert jsonl logs with "
+                                         "polars.read_ndjson(...).write_parquet(...))") for p in jsonl])
+    stats = [os.stat(f.path) for f in records]
+    con.register("_files", pl.DataFrame(
+        {
+            "path": [f.path for f in records], "log_table": [f.table for f in records],
+            "sha256": [f.sha256 for f in records], "n_rows": [f.rows for f in records],
+            "size": [s.st_size for s in stats], "mtime_ns": [s.st_mtime_ns for s in stats],
+        },
+        schema={"path": pl.String, "log_table": pl.String, "sha256": pl.String, "n_rows": pl.Int64,
+                "size": pl.Int64, "mtime_ns": pl.Int64},
+    ))  # fmt: skip
+    con.execute("CREATE TABLE log_files AS SELECT * FROM _files")
+    con.register("_manifests", pl.DataFrame(
+        {"run_id": list(logs.manifests), "manifest": [json.dumps(m) for m in logs.manifests.values()]},
+        schema={"run_id": pl.String, "manifest": pl.String},
+    ))  # fmt: skip
+    con.execute("CREATE TABLE manifests AS SELECT * FROM _manifests")
+    con.register("_task_classes", task_classes)
+    con.execute("CREATE TABLE task_classes AS SELECT * FROM _task_classes")
+    for table in VIEW_TABLES:
+        files = [f for f in records if f.table == table]
+        if not files:
+            if table in schema.REQUIRED_TABLES:
+                raise LogError([Problem(table, None, f"index: no {table} files")])
+            continue
+        source = _files_query(table, files)
+        if table == "inputs":
+            con.execute(f"CREATE VIEW inputs AS SELECT * FROM {source} JOIN task_classes USING (run_id, task)")
+        else:
+            con.execute(f"CREATE VIEW {table} AS SELECT * FROM {source}")
+
+
+@dataclass
+class LogDB:
+    """Validated logs as DuckDB views (``inputs``, ``outcomes``, ``topk``) over their files.
+
+    Attributes
+    ----------
+    path : str or None
+        The database file (``None``: an in-memory database).
+    manifests : dict
+        run_id → parsed manifest.
+    files : list of FileRecord
+        The indexed files, with their sha256.
+    has_topk : bool
+        Whether a ``topk`` view exists.
+    """
+
+    path: str | None
+    con: duckdb.DuckDBPyConnection = field(repr=False)
+    manifests: dict[str, dict]
+    files: list[FileRecord]
+    has_topk: bool
+
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        """A new cursor on the database (its own temporary objects, same settings)."""
+        return self.con.cursor()
+
+    def load(self) -> Logs:
+        """The logs in memory as a :class:`Logs` (already validated; nothing is re-checked)."""
+        con = self.cursor()
+        try:
+            key = ", ".join(schema.INPUT_KEY)
+
+            def read(table: str, order: str) -> pl.DataFrame:
+                names = [r[0] for r in con.sql(f"DESCRIBE {table}").fetchall() if r[0] not in HEAVY_COLUMNS]
+                return con.sql(f"SELECT {', '.join(chr(34) + n + chr(34) for n in names)} FROM {table} "
+                               f"ORDER BY {order}").pl()
+
+            inputs = read("inputs", key)
+            outcomes = read("outcomes", f"{key}, evictor, budget")
+            topk = read("topk", f"{key}, layer, head") if self.has_topk else None
+        finally:
+            con.close()
+        order = [*[c.name for c in schema.INPUTS if c.name in inputs.columns], "task_class"]
+        return Logs(inputs=inputs.select(order), outcomes=outcomes, topk=topk, manifests=self.manifests,
+                    files=self.files)
+
+    def close(self) -> None:
+        self.con.close()
+
+
+def index_logs(
+    paths: Sequence[str] | str,
+    db: str,
+    *,
+    memory_limit: str = MEMORY_LIMIT,
+    temp_directory: str | None = None,
+) -> LogDB:
+    """Validate the logs at ``paths`` and write the database ``db`` of views over their files.
+
+    Parameters
+    ----------
+    paths : str or sequence of str
+        Run directories, parquet files or globs (as :func:`pagestats.io.load`).
+    db : str
+        The DuckDB file to write (an existing one is replaced).
+    memory_limit, temp_directory : str
+        DuckDB settings of the returned connection (see the module docstring).
+
+    Raises
+    ------
+    LogError
+        Any validation problem (nothing is written), or a jsonl file (only parquet is indexed).
+    """
+    logs = load(paths, strict=True)
+    task_classes = logs.inputs.select("run_id", "task", "task_class").unique().sort("run_id", "task")
+    tmp = f"{db}.tmp"
+    if os.path.exists(tmp):
+        os.remove(tmp)
+    con = duckdb.connect(tmp, config=_config(memory_limit, temp_directory))
+    try:
+        _create(con, logs, task_classes)
+    except BaseException:
+        con.close()
+        os.remove(tmp)
+        raise
+    con.close()
+    del logs
+    os.replace(tmp, db)
+    return open_logs(db, memory_limit=memory_limit, temp_directory=temp_directory)
+
+
+def open_logs(db: str, *, memory_limit: str = MEMORY_LIMIT, temp_directory: str | None = None) -> LogDB:
+    """Open a database written by :func:`index_logs` (read-only).
+
+    Raises
+    ------
+    LogError
+        The file is not such a database, or a log file is missing or changed (size or
+        modification time) since it was indexed.
+    """
+    if not os.path.isfile(db):
+        raise LogError([Problem(db, None, "no such database file")])
+    try:
+        con = duckdb.connect(db, read_only=True, config=_config(memory_limit, temp_directory))
+    except duckdb.Error as err:
+        raise LogError([Problem(db, None, f"cannot open as a DuckDB database: {str(err).splitlines()[0]}")]) from None
+    try:
+        files = con.sql("SELECT path, log_table, sha256, n_rows, size, mtime_ns FROM log_files ORDER BY path").fetchall()
+        manifests = {r: json.loads(m) for r, m in con.sql("SELECT run_id, manifest FROM manifests").fetchall()}
+    except duckdb.Error:
+        con.close()
+        raise LogError([Problem(db, None, "not a pagestats log database (run `pagestats index`)")]) from None
+    problems = []
+    for path, _, _, _, size, mtime in files:
+        try:
+            st = os.stat(path)
+        except OSError:
+            problems.append(Problem(db, None, f"indexed file {path} is missing; re-run `pagestats index`"))
+            continue
+        if st.st_size != size or st.st_mtime_ns != mtime:
+            problems.append(Problem(db, None, f"indexed file {path} changed since indexing; re-run `pagestats index`"))
+    if problems:
+        con.close()
+        raise LogError(problems)
+    records = [FileRecord(p, t, h, n) for p, t, h, n, _, _ in files]
+    return LogDB(path=db, con=con, manifests=manifests, files=records,
+                 has_topk=any(t == "topk" for _, t, *_ in files))

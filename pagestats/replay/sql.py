@@ -1,0 +1,115 @@
+"""The replay pushed down to DuckDB: the gate decision per input as a relation that the
+aggregates of :mod:`pagestats.whatif` and :func:`pagestats.replay.tau_curve` join to the
+outcome rows, so that no per-(input, budget) row is built in Python.
+
+:func:`connect` gives a DuckDB connection on which ``inputs`` and ``outcomes`` name the
+logs' tables: the views over the parquet files of a :class:`pagestats.io.LogDB` (out of
+core), or in-memory frames registered by reference (zero-copy Arrow). :func:`decide`
+then creates the relation ``decisions`` (``run_id, task, input_id, [pair_draw], drop, tau,
+gate_open``):
+
+* a fixed τ or the task-label oracle under the default profile is one SQL projection of
+  ``inputs``, with the policy's own rule (:data:`~pagestats.replay.policies.GATE_RULE`,
+  :attr:`TaskOracle.rule <pagestats.replay.policies.TaskOracle.rule>`), reading the logged D
+  (validation checks it against :func:`pagestats.profile.drop_from_agreement`; the
+  collector's logs reproduce it bit for bit);
+* any other policy (z-scored, midpoint, custom) or profile spec (layer or head-pair
+  subsets, k, statistics) runs :func:`pagestats.replay.gate` on the per-input frame (one
+  row per input, plus the per-layer lists the spec reads), and the decisions are joined
+  back. The per-(input, evictor, budget) rows never leave DuckDB.
+
+References
+----------
+PAGE paper, §3 (Eq. 2 gate rule, Eq. 3 D); App. A.3.4–A.3.5 (the what-ifs).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import duckdb
+import polars as pl
+
+from pagestats.columns import require_columns, with_task_class
+from pagestats.replay.gate import gate
+from pagestats.replay.policies import GATE_RULE, FixedTau, Policy, TaskOracle
+from pagestats.replay.spec import ProfileSpec
+from pagestats.schema import INPUT_KEY
+
+#: The scalar columns of ``inputs`` that the replay reads.
+INPUT_COLUMNS = (*INPUT_KEY, "model", "context_length", "task_class", "n_tokens", "full_score", "drop")
+#: The columns of ``outcomes`` that the replay reads.
+OUTCOME_COLUMNS = (*INPUT_KEY, "evictor", "budget", "n_kept", "score")
+
+_KEY = ", ".join(INPUT_KEY)
+
+
+def connect(logs) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection on which ``inputs`` and ``outcomes`` are the logs' tables.
+
+    Parameters
+    ----------
+    logs : pagestats.io.Logs, pagestats.io.LogDB, or any object with ``inputs`` and
+        ``outcomes`` polars frames.
+
+    Notes
+    -----
+    A :class:`~pagestats.io.LogDB` gives a cursor on its database (views over the parquet
+    files, validated when the database was built). In-memory frames are registered by
+    reference; their outcome rows are checked for duplicates here, as the metrics check
+    their frames.
+    """
+    if hasattr(logs, "cursor"):
+        return logs.cursor()
+    inputs = with_task_class(logs.inputs)
+    require_columns(inputs, INPUT_COLUMNS, "inputs")
+    require_columns(logs.outcomes, OUTCOME_COLUMNS, "outcomes")
+    outcomes = logs.outcomes.select(OUTCOME_COLUMNS)
+    if outcomes.select(pl.struct(*INPUT_KEY, "evictor", "budget").is_duplicated().any()).item():
+        raise ValueError("outcomes: duplicate rows for the same (input, evictor, budget)")
+    con = duckdb.connect()
+    con.register("inputs", inputs.select(INPUT_COLUMNS))
+    con.register("outcomes", outcomes)
+    return con
+
+
+def _per_input(con, logs, profile: ProfileSpec):
+    """The logs as :func:`pagestats.replay.gate` reads them: in-memory logs as they are; for a
+    database, the per-input frame with the per-layer lists the spec needs (and ``topk`` for k)."""
+    if not hasattr(logs, "cursor"):
+        return logs
+    lists = ["agreement"]
+    if profile.pairs_fraction is not None and profile.k is None:
+        lists.append("pair_jaccard")
+    if profile.is_signal:
+        lists.append("signals")
+    cols = ", ".join(f'"{c}"' for c in (*INPUT_COLUMNS, *lists))
+    inputs = con.sql(f"SELECT {cols} FROM inputs ORDER BY {_KEY}").pl()
+    topk = con.sql(f"SELECT * FROM topk ORDER BY {_KEY}, layer, head").pl() if profile.k is not None else None
+    return SimpleNamespace(inputs=inputs, outcomes=None, topk=topk, manifests=logs.manifests)
+
+
+def decide(con, logs, policy: Policy, profile: ProfileSpec = ProfileSpec()) -> list[str]:
+    """Create the relation ``decisions`` on ``con``; return its draw columns (``["pair_draw"]`` or ``[]``).
+
+    ``decisions`` has ``run_id, task, input_id, [pair_draw], drop, tau, gate_open``, one row
+    per input (and head-pair draw). See the module docstring for where each policy runs.
+    """
+    if not isinstance(profile, ProfileSpec):
+        raise TypeError(f"profile must be a ProfileSpec, got {type(profile).__name__}")
+    if profile == ProfileSpec() and isinstance(policy, (FixedTau, TaskOracle)):
+        if isinstance(policy, FixedTau):
+            policy.decide(pl.DataFrame({"drop": [0.0]}))  # the policy's own check of τ
+            tau, rule = f"CAST('{float(policy.tau)!r}' AS DOUBLE)", GATE_RULE
+        else:
+            tau, rule = "CAST(NULL AS DOUBLE)", policy.rule
+        con.execute(
+            f'CREATE OR REPLACE TEMP VIEW decisions AS SELECT {_KEY}, "drop", tau, {rule} AS gate_open FROM '
+            f'(SELECT {_KEY}, "drop", task_class, {tau} AS tau FROM inputs)'
+        )
+        return []
+    frame = gate(_per_input(con, logs, profile), policy, profile)
+    draws = ["pair_draw"] if "pair_draw" in frame.columns else []
+    con.register("_decided", frame.select(*INPUT_KEY, *draws, "drop", "tau", "gate_open"))
+    con.execute("CREATE OR REPLACE TEMP VIEW decisions AS SELECT * FROM _decided")
+    return draws

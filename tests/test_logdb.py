@@ -1,0 +1,126 @@
+"""The replay out of core: a DuckDB database of views over the parquet files
+(pagestats.io.index_logs / open_logs, ``pagestats index``), and the what-if computed in DuckDB
+over it, against the in-memory path and an independent row-by-row loop."""
+
+from __future__ import annotations
+
+import csv
+import io as stdio
+import os
+from contextlib import redirect_stdout
+
+import numpy as np
+import polars as pl
+import pytest
+from polars.testing import assert_frame_equal
+
+from pagestats.cli import main
+from pagestats.io import LogDB, LogError, index_logs, load, open_logs
+from pagestats.replay import CustomPolicy, FixedTau, Midpoint, ProfileSpec, TaskOracle, ZScored
+from pagestats.testing import synthetic_logs
+from pagestats.whatif import WHATIF_COLUMNS, whatif_table
+
+from test_whatif import _brute_whatif
+
+KEY = ["run_id", "task", "input_id"]
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    root = tmp_path_factory.mktemp("logdb")
+    s = synthetic_logs(models={"qwen-like": (6, 4), "llama-like": (8, 3)}, n_inputs=8,
+                       tasks=("niah_multikey_3", "vt", "fwe"), evictors=("snapkv", "h2o"), budgets=(0.25, 0.5, 1.0),
+                       k_max=32, with_text=False, seed=5)  # fmt: skip
+    runs = [str(r) for r in s.write(root / "logs")]
+    db = index_logs(runs, str(root / "logs.duckdb"))
+    yield runs, load(runs), db
+    db.close()
+
+
+def _late_open(frame: pl.DataFrame):
+    return (frame["agreement"].list.last() < 0.5).to_numpy()
+
+
+CASES = [
+    (FixedTau(0.05), ProfileSpec()),
+    (FixedTau(-np.inf), ProfileSpec()),
+    (TaskOracle(), ProfileSpec()),
+    (ZScored(pilot_n=6), ProfileSpec()),
+    (Midpoint(n=3), ProfileSpec(layers="every-2")),
+    (FixedTau(0.03), ProfileSpec(pairs_fraction=0.5, draws=3, seed=1)),
+    (FixedTau(0.04), ProfileSpec(k=16)),
+    (CustomPolicy(_late_open, "late<0.5"), ProfileSpec()),
+]
+
+
+@pytest.mark.parametrize("policy,profile", CASES, ids=[f"{p.name}|{s}" for p, s in CASES])
+def test_whatif_out_of_core_equals_in_memory_and_brute_force(written, policy, profile):
+    _, logs, db = written
+    got = whatif_table(db, policy, profile)
+    assert isinstance(db, LogDB) and got.columns == list(WHATIF_COLUMNS)
+    assert_frame_equal(got, whatif_table(logs, policy, profile), abs_tol=1e-12, rel_tol=0)
+    ref = _brute_whatif(logs, policy, profile)
+    assert got.height == len(ref) == 2 * 3 * 2 * 3  # models × tasks × evictors × budgets (one context)
+    for row, exp in zip(got.rows(), ref):
+        assert row[:6] == tuple(exp[:5]) + (int(exp[5]),)
+        assert row[6:] == pytest.approx(exp[6:], abs=1e-12)
+
+
+def test_database_load_equals_load_and_sets_spill(written):
+    _, logs, db = written
+    back = db.load()
+    assert_frame_equal(back.inputs, logs.inputs.sort(KEY))
+    assert_frame_equal(back.outcomes, logs.outcomes.sort([*KEY, "evictor", "budget"]))
+    assert_frame_equal(back.topk, logs.topk.sort([*KEY, "layer", "head"]))
+    assert back.manifests == logs.manifests
+    assert sorted((os.path.abspath(f.path), f.sha256) for f in logs.files) == sorted((f.path, f.sha256) for f in db.files)
+    cur = db.cursor()
+    assert cur.sql("SELECT current_setting('temp_directory')").fetchall()[0][0].endswith("pagestats-duckdb")
+    limit = cur.sql("SELECT current_setting('memory_limit')").fetchall()[0][0]
+    assert limit.replace(" ", "").upper() in ("1.8GIB", "2.0GB", "1.86GIB"), limit
+
+
+def test_cli_index_and_whatif_db(tmp_path, written, capsys):
+    runs, _, _ = written
+    db = str(tmp_path / "cli.duckdb")
+    assert main(["index", *runs, "--db", db, "--memory-limit", "512MB", "--temp-dir", str(tmp_path / "spill")]) == 0
+    outs = []
+    for argv in (["whatif", *runs], ["whatif", "--db", db, "--memory-limit", "512MB"]):
+        buf = stdio.StringIO()
+        with redirect_stdout(buf):
+            assert main([*argv, "--policy", "z", "--pilot", "6", "--format", "csv"]) == 0
+        outs.append(list(csv.reader(stdio.StringIO(buf.getvalue()))))
+    assert outs[0][0] == outs[1][0] == list(WHATIF_COLUMNS) and len(outs[0]) == len(outs[1]) == 37
+    for a, b in zip(outs[0][1:], outs[1][1:]):
+        assert a[:6] == b[:6]
+        assert [float(x) for x in a[6:]] == pytest.approx([float(x) for x in b[6:]], abs=1e-12)
+    # usage errors: one line, exit 2
+    capsys.readouterr()
+    for argv in (["whatif", "--db", db, runs[0]], ["whatif", "--db", db, "--exclude", "r"], ["whatif"]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: "), err
+
+
+def test_changed_file_or_bad_logs_refused(tmp_path, capsys):
+    s = synthetic_logs(models={"m": (6, 4)}, n_inputs=4, tasks=("niah_multikey_3", "vt"), evictors=("snapkv",),
+                       budgets=(0.5, 1.0), with_topk=False, seed=2)  # fmt: skip
+    run = s.write(tmp_path / "logs")[0]
+    db = str(tmp_path / "x.duckdb")
+    index_logs([str(run)], db).close()
+    victim = sorted((run / "outcomes").glob("*.parquet"))[0]
+    os.utime(victim, ns=(0, 0))
+    with pytest.raises(LogError, match="changed since indexing"):
+        open_logs(db)
+    assert main(["whatif", "--db", db]) == 1
+    assert "changed since indexing" in capsys.readouterr().err
+    # invalid logs: nothing is written
+    (run / "inputs" / "extra.parquet").write_bytes(b"not parquet")
+    bad = str(tmp_path / "bad.duckdb")
+    assert main(["index", str(run), "--db", bad]) == 1
+    assert not os.path.exists(bad) and not os.path.exists(bad + ".tmp")
+    with pytest.raises(LogError, match="no such database"):
+        open_logs(bad)
+    (tmp_path / "plain.duckdb").write_text("hello")
+    with pytest.raises(LogError, match="cannot open|not a pagestats"):
+        open_logs(str(tmp_path / "plain.duckdb"))
