@@ -1,0 +1,449 @@
+"""Property-based fuzz of the reader, ``whatif`` and ``report`` (issue 12), with hypothesis.
+
+A small synthetic run (:func:`pagestats.testing.synthetic_logs`: 2 tasks × 3 inputs, 2
+evictors × 3 budgets, L = 6, H = 3, top-k lists of k_max = 32, two parts per table) is
+copied and damaged by one mutation drawn from seven families:
+
+* bytes — a part or the manifest truncated, a byte flipped, bytes appended, emptied
+  (the manifest is *not* refreshed: its sha256 is what guards the bytes);
+* manifest — a field set to a wrong type, a huge or non-finite number, a nested or odd
+  string, or deleted; the whole manifest nested or oversized;
+* columns — a column dropped, renamed, nulled, or an unknown one added;
+* types — a column cast to another arrow type (int32, float32, string, int64 lists …);
+* rows — a row dropped or duplicated, a part emptied or split in two, rows shuffled, a
+  cell set to an invalid value (NaN, ±inf, out of range, a wrong top-k list);
+* kinds — a part replaced by a FIFO, a folder, a symbolic link to ``/dev/zero`` or to a
+  copy outside the run, deleted, or its table folder replaced by a file;
+* names — a part renamed with glob characters, spaces, a newline, a backslash, non-ASCII
+  letters, or another suffix.
+
+The manifest is refreshed (files[] rewritten with their sha256 and rows) after the
+column, type, row and name mutations, as a faithful but buggy writer would do, so that
+the content rules rather than the hashes must find the damage.
+
+Then ``pagestats validate``, ``whatif`` (the default policy and ``--k 16``, which replays
+from the top-k lists) and ``report`` run in this process through :func:`pagestats.cli.main`.
+The property: each either succeeds with numbers equal to the clean run's (the what-if
+tables, and every report table written in both reports, to 1e-9), or exits 1 with output
+that names a file — one line per problem for ``validate``, exactly one line for
+``whatif`` and ``report`` — and validate, whatif and report agree on which. An exception
+(a traceback), another exit code, or different numbers fail the example.
+
+``PAGESTATS_FUZZ_EXAMPLES`` sets the example budget (default :data:`CI_EXAMPLES`, drawn
+deterministically); ``PAGESTATS_FUZZ_TALLY=FILE`` records the outcome of every example in
+FILE (JSON) instead of stopping at the first failure, for long campaigns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io as stdio
+import json
+import os
+import shutil
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from pagestats import schema, testing  # noqa: E402
+from pagestats.cli import main  # noqa: E402
+from pagestats.io.validation.problems import one_line  # noqa: E402
+
+#: Examples drawn in ``make test`` (deterministic); ``PAGESTATS_FUZZ_EXAMPLES`` overrides.
+CI_EXAMPLES = 12
+EXAMPLES = int(os.environ.get("PAGESTATS_FUZZ_EXAMPLES", CI_EXAMPLES))
+TALLY = os.environ.get("PAGESTATS_FUZZ_TALLY")
+
+RUN = dict(models={"m": (6, 3)}, context_lengths=(512,), tasks=("niah_multikey_3", "vt"), n_inputs=3,
+           evictors=("snapkv", "h2o"), budgets=(0.25, 0.5, 1.0), k_max=32, with_text=False, seed=3)
+TABLES = ("inputs", "outcomes", "topk")
+WHATIF_ARGS = ([], ["--k", "16"])
+
+
+# --------------------------------------------------------------------------- running the CLI
+
+
+def _cli(argv: list[str]) -> tuple[int | str, str, str]:
+    """(exit code, or "traceback: …" if an exception escaped; stdout; stderr)."""
+    out, err = stdio.StringIO(), stdio.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(argv)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 2
+    except Exception as exc:  # the property under test: never an exception
+        code = f"traceback: {type(exc).__name__}: {one_line(str(exc))[:300]}"
+    return code, out.getvalue(), err.getvalue()
+
+
+def _tables(report_dir: Path) -> dict[str, pl.DataFrame]:
+    return {p.name: pl.read_csv(p) for p in sorted((report_dir / "tables").glob("*.csv"))}
+
+
+def _equal(a: pl.DataFrame, b: pl.DataFrame) -> bool:
+    if a.columns != b.columns or a.height != b.height:
+        return False
+    for c in a.columns:
+        x, y = a[c], b[c]
+        if x.dtype.is_numeric() and y.dtype.is_numeric():
+            xv, yv = x.cast(pl.Float64).to_numpy(), y.cast(pl.Float64).to_numpy()
+            if not np.allclose(xv, yv, rtol=1e-9, atol=1e-12, equal_nan=True):
+                return False
+        elif x.cast(pl.String).to_list() != y.cast(pl.String).to_list():
+            return False
+    return True
+
+
+def _whatif(run: Path) -> list:
+    return [_cli(["whatif", str(run), "--format", "csv", *extra]) for extra in WHATIF_ARGS]
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory):
+    """The clean run (a template to copy) and its numbers."""
+    root = tmp_path_factory.mktemp("fuzz-clean")
+    run = testing.synthetic_logs(**RUN).write(root / "logs", n_shards=2)[0]
+    assert _cli(["validate", str(run)])[0] == 0
+    whatif = _whatif(run)
+    assert all(code == 0 for code, _, _ in whatif), whatif
+    code, out, err = _cli(["report", str(run), "--out", str(root / "report")])
+    assert code == 0, err
+    return {"run": run, "whatif": [pl.read_csv(stdio.StringIO(o)) for _, o, _ in whatif],
+            "report": _tables(root / "report")}
+
+
+# --------------------------------------------------------------------------- mutations
+
+
+def _parts(run: Path, table: str | None = None) -> list[Path]:
+    tables = [table] if table else TABLES
+    return sorted(p for t in tables for p in (run / t).iterdir())
+
+
+def _refresh(run: Path) -> None:
+    man = json.loads((run / "manifest.json").read_text())
+    man.pop("files", None)
+    schema.write_manifest(run, man)
+
+
+def _rewrite(path: Path, table: pa.Table) -> None:
+    pq.write_table(table, path, compression="zstd")
+
+
+BAD_VALUES = [None, True, "1024", 1024.5, -1, 0, 2**63, [], {}, "x/y", "a\nb", "$\\frac{a$", "", [1, [2, [3]]]]
+MANIFEST_FIELDS = ["schema_version", "run_id", "created_at", "device", "context_length", "seed", "tasks", "evictors",
+                   "budgets", "software", "files", "model", "model.name", "model.n_layers", "model.n_heads",
+                   "model.n_kv_heads", "model.head_dim", "model.dtype", "gate", "gate.w", "gate.k",
+                   "gate.k_max_stored", "gate.bins", "protection.n_sink", "protection.n_recent", "files.0",
+                   "files.0.path", "files.0.sha256", "files.0.rows", "tasks.vt"]
+TEXTUAL = {"int400": str(10**400), "nan": "NaN", "inf": "Infinity", "e400": "1e400", "deep": "[" * 5000 + "]" * 5000}
+
+
+def _set_field(man, where: str, value):
+    keys = where.split(".")
+    holder = man
+    for k in keys[:-1]:
+        holder = holder[int(k)] if isinstance(holder, list) else holder[k]
+    last = keys[-1]
+    if isinstance(holder, list):
+        holder[int(last)] = value
+    elif value is _DELETE:
+        holder.pop(last, None)
+    else:
+        holder[last] = value
+
+
+_DELETE = object()
+
+
+@st.composite
+def mutations(draw):
+    """One mutation: (family, description, function of the run directory)."""
+    family = draw(st.sampled_from(["bytes", "manifest", "columns", "types", "rows", "kinds", "names"]))
+    table = draw(st.sampled_from(TABLES))
+    part = draw(st.integers(0, 1))
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+
+    if family == "bytes":
+        target = draw(st.sampled_from(["part", "manifest"]))
+        how = draw(st.sampled_from(["truncate", "flip", "append", "empty"]))
+
+        def apply(run):
+            f = run / "manifest.json" if target == "manifest" else _parts(run, table)[part]
+            data = bytearray(f.read_bytes())
+            if how == "truncate":
+                data = data[: int(rng.integers(0, len(data)))]
+            elif how == "flip":
+                i = int(rng.integers(0, len(data)))
+                data[i] ^= 1 << int(rng.integers(0, 8))
+            elif how == "append":
+                data += bytes(rng.integers(0, 256, int(rng.integers(1, 64)), dtype=np.uint8))
+            else:
+                data = bytearray()
+            f.write_bytes(bytes(data))
+
+        return family, f"{how} {target if target == 'manifest' else f'{table}[{part}]'} (seed {seed})", apply
+
+    if family == "manifest":
+        where = draw(st.sampled_from(MANIFEST_FIELDS + ["<whole>"]))
+        value = draw(st.sampled_from(["<delete>", *TEXTUAL, *range(len(BAD_VALUES))]))
+
+        def apply(run):
+            path = run / "manifest.json"
+            man = json.loads(path.read_text())
+            if where == "<whole>":
+                text = {"int400": TEXTUAL["int400"], "nan": "NaN", "inf": "[Infinity]", "e400": "{}",
+                        "deep": "[" * 200_000}.get(value, json.dumps(BAD_VALUES[value]) if isinstance(value, int)
+                                                  else "")
+                path.write_text(text)
+                return
+            if isinstance(value, str) and value in TEXTUAL:
+                _set_field(man, where, "__TEXTUAL__")
+                path.write_text(json.dumps(man).replace('"__TEXTUAL__"', TEXTUAL[value]))
+                return
+            _set_field(man, where, _DELETE if value == "<delete>" else BAD_VALUES[value])
+            path.write_text(json.dumps(man))
+
+        return family, f"manifest {where} = {value if isinstance(value, str) else repr(BAD_VALUES[value])}", apply
+
+    if family in ("columns", "types", "rows"):
+        column = draw(st.sampled_from([c.name for c in schema.columns(table) if c.name not in
+                                       ("prompt", "full_prediction", "prediction", "references")]))
+        if family == "columns":
+            how = draw(st.sampled_from(["drop", "rename", "nulls", "extra"]))
+        elif family == "types":
+            how = draw(st.sampled_from(["int32", "int64", "float32", "float64", "string", "bool", "list_int64",
+                                        "list_float64", "struct"]))
+        else:
+            how = draw(st.sampled_from(["drop_row", "dup_row", "empty", "split", "shuffle", "nan", "inf", "neg",
+                                        "big", "short_list", "long_list", "dup_index", "slash"]))
+
+        def apply(run):
+            f = _parts(run, table)[part]
+            t = pq.read_table(f)
+            n = t.num_rows
+            i = int(rng.integers(0, max(n, 1)))
+            if family == "columns":
+                if column not in t.column_names:
+                    return
+                if how == "drop":
+                    t = t.drop([column])
+                elif how == "rename":
+                    t = t.rename_columns([c + "_x" if c == column else c for c in t.column_names])
+                elif how == "nulls":
+                    idx = t.column_names.index(column)
+                    t = t.set_column(idx, column, pa.nulls(n, t.schema.field(column).type))
+                else:
+                    t = t.append_column("unknown_extra", pa.array(np.arange(n)))
+            elif family == "types":
+                if column not in t.column_names:
+                    return
+                target = {"int32": pa.int32(), "int64": pa.int64(), "float32": pa.float32(), "float64": pa.float64(),
+                          "string": pa.string(), "bool": pa.bool_(), "list_int64": pa.list_(pa.int64()),
+                          "list_float64": pa.list_(pa.float64()), "struct": pa.struct([("v", pa.float64())])}[how]
+                col = t.column(column)
+                try:
+                    cast = col.cast(target)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                    cast = pa.array([None] * n, type=target) if how != "string" else pa.array(
+                        [json.dumps(v, default=str) for v in col.to_pylist()])
+                t = t.set_column(t.column_names.index(column), column, cast)
+            else:
+                frame = pl.from_arrow(t)
+                if how == "drop_row" and n:
+                    frame = pl.concat([frame.head(i), frame.slice(i + 1)])
+                elif how == "dup_row" and n:
+                    frame = pl.concat([frame, frame.slice(i, 1)])
+                elif how == "empty":
+                    frame = frame.head(0)
+                elif how == "split" and n > 1:
+                    frame.slice(i).write_parquet(f.with_name(f.stem + "-b.parquet"))
+                    frame = frame.head(i)
+                elif how == "shuffle":
+                    frame = frame.sample(fraction=1.0, shuffle=True, seed=seed)
+                elif n:
+                    frame = _bad_cell(frame, column, i, how)
+                t = frame.to_arrow()
+            _rewrite(f, t)
+            _refresh(run)
+
+        return family, f"{how} {table}[{part}].{column} (seed {seed})", apply
+
+    if family == "kinds":
+        how = draw(st.sampled_from(["fifo", "folder", "dev_zero", "outside", "delete", "table_is_file",
+                                    "manifest_outside", "chmod"]))
+
+        def apply(run):
+            f = _parts(run, table)[part]
+            if how == "table_is_file":
+                shutil.rmtree(run / table)
+                (run / table).write_text("not a folder")
+                return
+            if how == "manifest_outside":
+                outside = run.parent / "manifest-elsewhere.json"
+                shutil.move(run / "manifest.json", outside)
+                os.symlink(outside, run / "manifest.json")
+                return
+            if how == "chmod":
+                os.chmod(f, 0)
+                return
+            if how == "outside":
+                copy = run.parent / f.name
+                shutil.copy(f, copy)
+            f.unlink()
+            if how == "fifo":
+                os.mkfifo(f)
+            elif how == "folder":
+                f.mkdir()
+            elif how == "dev_zero":
+                os.symlink("/dev/zero", f)
+            elif how == "outside":
+                os.symlink(copy, f)
+
+        return family, f"{how} {table}[{part}]", apply
+
+    name = draw(st.sampled_from(["part-*.parquet", "part-?.parquet", "part-[0].parquet", "p a r t.parquet",
+                                 "part\n1.parquet", "part\\1.parquet", "pärt-ü.parquet", "part{a,b}.parquet",
+                                 "part.PARQUET", "part.txt", ".hidden.parquet", "part.parquet.bak"]))
+
+    def apply(run):
+        f = _parts(run, table)[part]
+        f.rename(f.with_name(name))
+        _refresh(run)
+
+    return family, f"rename {table}[{part}] to {name!r}", apply
+
+
+def _bad_cell(frame: pl.DataFrame, column: str, i: int, how: str) -> pl.DataFrame:
+    dtype = frame.schema[column]
+    row = pl.int_range(pl.len()) == i
+    if isinstance(dtype, pl.List):
+        inner = dtype.inner
+        current = frame[column][i]
+        values = list(current) if current is not None else []
+        if how == "short_list":
+            values = values[: len(values) // 2]
+        elif how == "long_list":
+            values = values + list(range(10_000, 10_000 + len(values) + 1))
+        elif how == "dup_index":
+            values = values[:1] * len(values) if values else [0, 0]
+        else:
+            values = [-1.0 if inner.is_float() else -1] + values[1:]
+        return frame.with_columns(pl.when(row).then(pl.lit(pl.Series([values], dtype=dtype))).otherwise(pl.col(column))
+                                  .alias(column))
+    if dtype == pl.String:
+        value = {"slash": "a/b", "nan": "a\nb", "inf": "$\\frac{a$"}.get(how, "")
+        return frame.with_columns(pl.when(row).then(pl.lit(value)).otherwise(pl.col(column)).alias(column))
+    if dtype.is_float():
+        value = {"nan": float("nan"), "inf": float("inf"), "neg": -1.0, "big": 1e300}.get(how, -0.5)
+        return frame.with_columns(pl.when(row).then(pl.lit(value)).otherwise(pl.col(column)).alias(column))
+    if dtype.is_integer():
+        value = {"neg": -1, "big": 2**62}.get(how, -(2**40))
+        return frame.with_columns(pl.when(row).then(pl.lit(value, dtype=dtype)).otherwise(pl.col(column)).alias(column))
+    if isinstance(dtype, pl.Struct):
+        return frame.with_columns(pl.when(row).then(None).otherwise(pl.col(column)).alias(column))
+    return frame
+
+
+# --------------------------------------------------------------------------- the property
+
+
+def _names_a_file(line: str, root: str) -> bool:
+    return root in line
+
+
+def check(clean: dict, mutation) -> tuple[str, str]:
+    """Apply ``mutation`` to a copy of the clean run; return (outcome, detail).
+
+    Outcomes: ``accepted`` (numbers equal), ``refused`` (exit 1, lines naming files),
+    ``accepted_equal_report_skip`` is folded into accepted; failures: ``traceback``,
+    ``silently_accepted`` (exit 0, different numbers), ``bad_message``, ``inconsistent``.
+    """
+    _family, description, apply = mutation
+    with tempfile.TemporaryDirectory(prefix="pagestats-fuzz-") as tmp:
+        root = Path(tmp)
+        run = root / "run"
+        shutil.copytree(clean["run"], run, symlinks=True)
+        apply(run)
+        try:
+            return _judge(clean, run, root)
+        finally:
+            for d, dirs, files in os.walk(root):  # chmod'ed parts must not stop the clean-up
+                for name in dirs + files:
+                    p = os.path.join(d, name)
+                    if not os.path.islink(p):
+                        os.chmod(p, 0o755)
+
+
+def _judge(clean: dict, run: Path, root: Path) -> tuple[str, str]:
+    root_text = one_line(str(root))
+    v_code, v_out, v_err = _cli(["validate", str(run)])
+    results = [("validate", v_code, v_out, v_err)]
+    results += [(f"whatif {' '.join(a)}".strip(), *r) for a, r in zip(WHATIF_ARGS, _whatif(run))]
+    report_dir = root / "report"
+    results.append(("report", *_cli(["report", str(run), "--out", str(report_dir)])))
+    for name, code, out, err in results:
+        if isinstance(code, str) or "Traceback" in out + err:
+            return "traceback", f"{name}: {code if isinstance(code, str) else err[-300:]}"
+        if code not in (0, 1):
+            return "bad_exit", f"{name} exited {code}: {err.strip()[:300]}"
+    codes = {code for _, code, _, _ in results}
+    if len(codes) != 1:
+        return "inconsistent", "; ".join(f"{n} → {c}" for n, c, _, _ in results)
+    if codes == {1}:
+        lines = v_out.splitlines()
+        if not lines or not all(_names_a_file(line, root_text) for line in lines):
+            return "bad_message", f"validate: {v_out[:300]!r}"
+        for name, _, out, err in results[1:]:
+            err_lines = err.strip().splitlines()
+            if len(err_lines) != 1 or not err_lines[0].startswith("error: ") or not _names_a_file(err_lines[0],
+                                                                                                   root_text):
+                return "bad_message", f"{name}: {err[:300]!r}"
+        return "refused", lines[0][:200]
+    for (name, _, out, _), reference in zip(results[1:3], clean["whatif"]):
+        if not _equal(pl.read_csv(stdio.StringIO(out)), reference):
+            return "silently_accepted", f"{name}: the what-if table differs from the clean run's"
+    got = _tables(report_dir)
+    for table, frame in got.items():
+        if table in clean["report"] and not _equal(frame, clean["report"][table]):
+            return "silently_accepted", f"report: {table} differs from the clean run's"
+    return "accepted", f"{len(got)} report tables equal"
+
+
+# --------------------------------------------------------------------------- the test
+
+_tally: Counter = Counter()
+_failures: list[dict] = []
+
+
+@pytest.mark.fuzz
+@settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize="PAGESTATS_FUZZ_EXAMPLES" not in os.environ,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                 HealthCheck.data_too_large])
+@given(mutation=mutations())
+def test_every_mutation_is_refused_with_a_named_line_or_changes_no_number(clean, mutation):
+    outcome, detail = check(clean, mutation)
+    family, description, _ = mutation
+    if TALLY:
+        _tally[(family, outcome)] += 1
+        if outcome not in ("accepted", "refused"):
+            _failures.append({"family": family, "mutation": description, "outcome": outcome, "detail": detail})
+        Path(TALLY).write_text(json.dumps({
+            "examples": sum(_tally.values()),
+            "by_outcome": dict(Counter(o for (_, o), n in _tally.items() for _ in range(n))),
+            "by_family": {f"{f}/{o}": n for (f, o), n in sorted(_tally.items())},
+            "failures": _failures,
+        }, indent=1) + "\n")
+        return
+    assert outcome in ("accepted", "refused"), f"{description}: {outcome}: {detail}"
