@@ -1,4 +1,4 @@
-"""Where every benchmark writes its result: ``bench/results/<name>.json`` (DESIGN §8).
+"""Where every benchmark writes its result: ``bench/results/<name>.json`` (docs/PERFORMANCE.md).
 
 Imported by the benchmark scripts, which run as ``python bench/<name>.py`` (so this
 folder is on ``sys.path``).

@@ -1,4 +1,4 @@
-"""Benchmark: 10,000-replicate cluster bootstrap for 16 cells, vectorised vs a Python loop (DESIGN §8).
+"""Benchmark: 10,000-replicate cluster bootstrap for 16 cells, vectorised vs a Python loop (docs/PERFORMANCE.md).
 
 Paper-scale cells (Table 28): 16 cells (4 models × 4 evictors) × 400 inputs × 8 budgets of
 paired gated − plain differences (binary scores, so differences in {−1, 0, 1}, with a

@@ -1,6 +1,6 @@
 """Benchmark: extra peak memory of the window capture vs ``output_attentions=True`` (eager).
 
-DESIGN §7: the capture computes "only the last-w rows' probabilities (w×T per head, never T×T)".
+docs/COLLECTION.md: the capture computes "only the last-w rows' probabilities (w×T per head, never T×T)".
 This measures what that buys on the embedded default (SmolLM2-135M-Instruct, CPU, fp32) at 2K
 tokens, against the usual way of getting attention maps out of ``transformers`` (eager attention
 with ``output_attentions=True``, which materialises and returns every T × T map).

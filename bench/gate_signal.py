@@ -1,6 +1,6 @@
 """Benchmark: the gate signal D from captured window attention, vectorised vs per-pair Python sets.
 
-DESIGN §8: "D from captured window attention must not be the bottleneck: vectorised top-k and
+docs/PERFORMANCE.md: "D from captured window attention must not be the bottleneck: vectorised top-k and
 pairwise intersections (one-hot matmul or equivalent), not per-pair Python sets."
 
 One real prefill of the embedded default (SmolLM2-135M-Instruct, CPU, fp32) on a 2K-token prompt

@@ -1,4 +1,4 @@
-"""Benchmark: profile replays from stored logs (App. A.3.1, A.3.5; DESIGN §4, §8).
+"""Benchmark: profile replays from stored logs (App. A.3.1, A.3.5; docs/DEFINITIONS.md, docs/PERFORMANCE.md).
 
 1. Head-pair subsampling (Table 9): 10 fractions × 20 draws over 10,000 inputs
    (one 28-layer, 12-head model, 66 pairs/layer), via ``profile_drop`` with

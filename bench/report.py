@@ -1,4 +1,4 @@
-"""Benchmark: ``pagestats report`` on paper-scale synthetic logs (DESIGN §5, §8).
+"""Benchmark: ``pagestats report`` on paper-scale synthetic logs (docs/CLI.md, docs/PERFORMANCE.md).
 
 Paper-scale logs: 16 cells (4 models × 4 evictors, one context) × 400 inputs per
 (model, context) × 9 budgets, from :func:`pagestats.testing.synthetic_logs`, written as

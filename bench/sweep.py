@@ -1,4 +1,4 @@
-"""Benchmark: the one-prefill sweep vs one prefill per arm (DESIGN §8 "Collector").
+"""Benchmark: the one-prefill sweep vs one prefill per arm (docs/PERFORMANCE.md "Collector").
 
 One input of ~1K tokens on the default model (SmolLM2-135M-Instruct, CPU, fp32, sdpa). Every arm
 decodes exactly ``MAX_NEW_TOKENS`` greedy tokens (EOS disabled so every variant does the same work).

@@ -1,4 +1,4 @@
-"""Benchmark: a 1,000-threshold τ curve in one pass vs independent replays (DESIGN §8).
+"""Benchmark: a 1,000-threshold τ curve in one pass vs independent replays (docs/PERFORMANCE.md).
 
 Paper-scale synthetic logs: 16 cells (4 models × 4 evictors, one context) × 400 inputs per
 (model, context) × 9 budgets, from :func:`pagestats.testing.synthetic_logs`. Three timings

@@ -54,7 +54,7 @@ _ACTIVE: contextvars.ContextVar["Recorder | None"] = contextvars.ContextVar(
 
 @dataclass
 class Prefill:
-    """Everything one prefill yields for the gate and for every eviction arm (DESIGN §7).
+    """Everything one prefill yields for the gate and for every eviction arm (docs/COLLECTION.md).
 
     Attributes
     ----------

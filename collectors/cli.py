@@ -1,4 +1,4 @@
-"""``pagestats-collect`` / ``python -m collectors``: collect schema-v1 logs (DESIGN §5, §7).
+"""``pagestats-collect`` / ``python -m collectors``: collect schema-v1 logs (docs/CLI.md, docs/COLLECTION.md).
 
 Runs a causal LM on RULER-style inputs and writes, per input, the gate signals (a_ℓ, pair Jaccards,
 D, top-k indices) and the full-KV and plain-eviction outcomes of every (evictor, budget) into a run

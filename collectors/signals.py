@@ -32,7 +32,7 @@ N_SINK = defaults.N_SINK
 #: Recent positions counted by the ``recent_mass`` signal (the protected recent window, App. F).
 N_RECENT = defaults.N_RECENT
 
-#: The ``signals`` fields and what each one is (all float64; DESIGN §3 ``signals`` struct).
+#: The ``signals`` fields and what each one is (all float64; docs/SCHEMA.md ``signals`` struct).
 SIGNAL_DOCS = {
     "entropy_early": "mean over early-bin (layer, head) of the Shannon entropy of ā_{ℓ,h}, divided by log T",
     "entropy_late": "mean over late-bin (layer, head) of the Shannon entropy of ā_{ℓ,h}, divided by log T",
@@ -70,7 +70,7 @@ def _single_threaded(fn):
 
 @dataclass
 class GateSignals:
-    """The gate's inputs for one prompt (DESIGN §3 ``inputs`` and ``topk`` rows).
+    """The gate's inputs for one prompt (docs/SCHEMA.md ``inputs`` and ``topk`` rows).
 
     Attributes
     ----------
@@ -202,7 +202,7 @@ def gate_signals(
         Top-k set size of the agreement (§3: k = 32).
     k_max : int
         Number of top positions stored per (layer, head) for offline replay of any k ≤ k_max
-        (DESIGN §3; App. A.3.1).
+        (docs/SCHEMA.md; App. A.3.1).
     bin_fraction, convention
         Early/late bins of D, see :func:`pagestats.profile.bin_layers`.
 

@@ -1,6 +1,6 @@
 """One prefill → the full-KV arm and every (evictor, budget) arm, decoded greedily in batches.
 
-Why one prefill serves every arm (DESIGN §7)
+Why one prefill serves every arm (docs/COLLECTION.md)
 --------------------------------------------
 Eviction happens after the prefill (PAGE Eq. 2: "the gate fires once per input, at prefill, before any
 decode step"), so the prompt's hidden states, its KV cache and the logits at the last prompt position
@@ -341,7 +341,7 @@ def run_sweep(
     evictors : sequence of str
         Names from :data:`collectors.evict.EVICTORS`.
     budgets : sequence of float
-        Nominal budgets in (0, 1] (DESIGN §7: ``pagestats.defaults.BUDGETS``).
+        Nominal budgets in (0, 1] (docs/COLLECTION.md: ``pagestats.defaults.BUDGETS``).
     max_new_tokens : int
         Greedy tokens per arm (the task's tokens to generate).
     n_sink, n_recent : int

@@ -1,4 +1,4 @@
-"""Sharded, atomic, resumable output of a run in log schema v1 (DESIGN §3, §7, §9).
+"""Sharded, atomic, resumable output of a run in log schema v1 (docs/SCHEMA.md, docs/COLLECTION.md).
 
 Layout of a run directory ``OUT``::
 

@@ -1,4 +1,4 @@
-"""Command line of DESIGN §5: ``pagestats validate | whatif | report | index``.
+"""Command line of docs/CLI.md: ``pagestats validate | whatif | report | index``.
 
 Machine-readable outputs are part of the interface: ``validate`` prints one line per
 problem (``FILE[:row N]: message``) and exits 1 if there is any; ``whatif --format csv``
@@ -17,6 +17,7 @@ from fractions import Fraction
 
 import polars as pl
 
+import pagestats
 from pagestats import defaults
 from pagestats.io import ExclusionError, LogError, index_logs, load, open_logs, validate_paths
 from pagestats.io.database import MEMORY_LIMIT
@@ -72,7 +73,7 @@ def policy_from_args(args) -> Policy:
 
     ``--tau X`` → :class:`FixedTau` (X); ``--policy fixed`` or no flag → fixed τ = 0.07;
     ``--policy z`` → :class:`ZScored` (``--theta``, ``--pilot``, ``--pilot-by``, ``--seed``);
-    ``--policy midpoint`` → :class:`Midpoint` (samples by ``task_class``, as DESIGN §4 words
+    ``--policy midpoint`` → :class:`Midpoint` (samples by ``task_class``, as docs/DEFINITIONS.md words
     Eq. 5; ``--midpoint-tasks niah_multikey_3,vt`` takes them from two named tasks, as the
     paper's Table 7 does); ``--policy oracle`` → :class:`TaskOracle`.
     """
@@ -154,10 +155,24 @@ def profile_from_args(args) -> ProfileSpec:
     )
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Help text that ends every option with its default (unless it states one, or there is none)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        unset = action.default is None or action.default is False or action.default == [] \
+            or action.default == argparse.SUPPRESS
+        if not unset and "default" not in text and action.option_strings:
+            text += " (default: %(default)s)"
+        return text
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse with one-line usage errors (exit 2) and no abbreviated options."""
+    """argparse with one-line usage errors (exit 2), no abbreviated options, and every
+    option's default in its help."""
 
     def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _HelpFormatter)
         super().__init__(*args, **{**kwargs, "allow_abbrev": False})
 
     def error(self, message: str):
@@ -165,7 +180,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_duckdb(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--memory-limit", default=MEMORY_LIMIT, help=f"DuckDB memory limit (default {MEMORY_LIMIT}); "
+    p.add_argument("--memory-limit", default=MEMORY_LIMIT, help=f"DuckDB memory limit (default: {MEMORY_LIMIT}); "
                    "larger queries spill to --temp-dir")
     p.add_argument("--temp-dir", default=None, help="DuckDB spill directory (default: the system temp dir)")
 
@@ -173,29 +188,32 @@ def _add_duckdb(p: argparse.ArgumentParser) -> None:
 def _add_logs(p: argparse.ArgumentParser) -> None:
     p.add_argument("logs", nargs="*", metavar="LOGS", help="run directories, parquet/jsonl files or globs")
     p.add_argument("--db", default=None, metavar="FILE",
-                   help="read the logs through a database written by `pagestats index` instead of LOGS")
+                   help="read the logs through a database written by `pagestats index` instead of LOGS "
+                   "(default: read LOGS)")
     _add_duckdb(p)
     p.add_argument(
         "--exclude",
         action="append",
         default=[],
-        metavar="RUN_ID[/TASK[/INPUT_ID]]",
-        help="leave out a run, a task of a run, or one input (repeatable; exclusions are reported)",
+        metavar="RUN[/TASK[/INPUT_ID]]",
+        help="leave out a run, a task of a run, or one input; RUN is a run_id or the run's directory name "
+        "(repeatable; exclusions are reported; default: none)",
     )
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="pagestats", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"pagestats {pagestats.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("validate", help="check logs against schema v1; exit 1 with one line per problem")
-    p.add_argument("logs", nargs="+", metavar="LOGS")
+    p.add_argument("logs", nargs="+", metavar="LOGS", help="run directories, parquet/jsonl files or globs")
 
     p = sub.add_parser("whatif", help="replay the gate under a policy and print the per-cell table")
     _add_logs(p)
     pol = p.add_mutually_exclusive_group()
-    pol.add_argument("--tau", type=number(-1.0, 1.0, name="--tau"), help=f"fixed threshold τ (default {defaults.TAU})")
-    pol.add_argument("--policy", choices=["fixed", "z", "midpoint", "oracle"], help="gate policy")
+    pol.add_argument("--tau", type=number(-1.0, 1.0, name="--tau"), help=f"fixed threshold τ (default: {defaults.TAU})")
+    pol.add_argument("--policy", choices=["fixed", "z", "midpoint", "oracle"], help="gate policy (default: fixed, τ = 0.07)")
     p.add_argument("--theta", type=number(-1e3, 1e3, name="--theta"), default=defaults.THETA_Z, help="θ_z of the z-scored policy")
     p.add_argument("--midpoint-tasks", default=None, metavar="CAP,DIL",
                    help="midpoint policy: take the two samples from these tasks (the paper: niah_multikey_3,vt); "
@@ -208,22 +226,24 @@ def _parser() -> argparse.ArgumentParser:
         help="pool the z-scored pilot per model or per model×context",
     )
     p.add_argument("--layers", default=None, help="layer subset: all, first-half, second-half, every-2, "
-                   "every-4, early-only, first-last, or a comma list / a:b range of layer indices")
-    p.add_argument("--pairs-fraction", type=number(0.0, 1.0, name="--pairs-fraction"), default=None, help="fraction of head pairs kept per draw")
+                   "every-4, early-only, first-last, or a comma list / a:b range of layer indices "
+                   "(default: all layers)")
+    p.add_argument("--pairs-fraction", type=number(0.0, 1.0, name="--pairs-fraction"), default=None, help="fraction of head pairs kept per draw (default: every pair)")
     p.add_argument("--draws", type=number(1, MAX_DRAWS, integer=True, name="--draws"), default=defaults.PAIR_DRAWS,
                    help=f"random head-pair draws (averaged; at most {MAX_DRAWS})")
     p.add_argument("--seed", type=number(0, MAX_SEED, integer=True, name="--seed"), default=0, help="seed of the head-pair draws / pilot sample")
-    p.add_argument("--k", type=number(1, MAX_K, integer=True, name="--k"), default=None, help="top-k set size, k ≤ k_max (needs topk logs)")
-    p.add_argument("--bins", default=None, help="bin fraction, decimal or fraction such as 1/4 (default 1/3)")
-    p.add_argument("--strict-bins", action="store_true", help="strict-thirds late bin (Table 24)")
-    p.add_argument("--format", choices=["csv", "table"], default="table")
+    p.add_argument("--k", type=number(1, MAX_K, integer=True, name="--k"), default=None, help="top-k set size, k ≤ k_max (needs topk logs; default: the logged k)")
+    p.add_argument("--bins", default=None, help="bin fraction, decimal or fraction such as 1/4 (default: 1/3)")
+    p.add_argument("--strict-bins", action="store_true", help="strict-thirds late bin (Table 24; default: the deployed equal-size bins)")
+    p.add_argument("--format", choices=["csv", "table"], default="table",
+                   help="table: a summary for reading; csv: the per-cell table on stdout")
 
     p = sub.add_parser("report", help="write every table and figure plus an index with file hashes")
     _add_logs(p)
     p.add_argument("--out", required=True, help="output directory")
 
     p = sub.add_parser("index", help="validate logs and write a DuckDB database of views over their parquet files")
-    p.add_argument("logs", nargs="+", metavar="LOGS")
+    p.add_argument("logs", nargs="+", metavar="LOGS", help="run directories, parquet/jsonl files or globs")
     p.add_argument("--db", required=True, metavar="FILE", help="the DuckDB file to write")
     _add_duckdb(p)
     return parser

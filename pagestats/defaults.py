@@ -10,7 +10,7 @@ from __future__ import annotations
 WINDOW = 32
 #: Top-k key set size used by the agreement a_ℓ (§3, Eq. 3; App. A.3.1).
 TOP_K = 32
-#: Top-k indices stored per (layer, head) so any k ≤ k_max replays offline (DESIGN §3).
+#: Top-k indices stored per (layer, head) so any k ≤ k_max replays offline (docs/SCHEMA.md).
 K_MAX = 128
 #: Fraction of layers in each of the early/late bins (§3: "binning the L layers into thirds").
 BIN_FRACTION = 1.0 / 3.0

@@ -3,8 +3,8 @@
 This is the one definition of D shared by the collector (which logs ``drop``) and the
 offline replay (which recomputes it), so that replaying the logged defaults reproduces
 the logged value bit for bit. It depends only on NumPy; ``collectors`` may import it
-alongside :mod:`pagestats.schema` (a deliberate widening of DESIGN §6, which names only
-the schema: sharing the definition is what makes the bit-exact replay identity hold).
+alongside :mod:`pagestats.schema` (docs/ARCHITECTURE.md, "The foundation"): sharing the
+definition is what makes the bit-exact replay identity hold.
 
 References
 ----------

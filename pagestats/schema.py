@@ -1,6 +1,6 @@
 """Log schema v1: the contract between ``collectors`` (writer) and ``pagestats`` (reader).
 
-Declared once here, exactly as DESIGN §3, and imported by both halves. A *run* is a
+Declared once here, exactly as docs/SCHEMA.md, and imported by both halves. A *run* is a
 directory::
 
     <run>/manifest.json        run-level metadata (``MANIFEST_KEYS``) and file hashes
@@ -8,7 +8,7 @@ directory::
     <run>/outcomes/*.parquet   one row per (input, evictor, budget)  (``OUTCOMES``)
     <run>/topk/*.parquet       optional per (input, layer, head) top-k_max key indices (``TOPK``)
 
-Types (DESIGN §3): ids, counts and lengths are int64; budgets, drops, scores and timings
+Types (docs/SCHEMA.md): ids, counts and lengths are int64; budgets, drops, scores and timings
 float64; text utf-8; ``signals`` a struct of float64 fields (may be absent). Readers accept
 any integer width for int columns and float32 for float columns, and reject anything else
 (:func:`type_problem`). Input identity is ``(run_id, task, input_id)`` (``INPUT_KEY``).
@@ -172,7 +172,7 @@ def _is_list(t: pa.DataType) -> bool:
 def type_problem(kind: str, t: pa.DataType) -> str | None:
     """``None`` when arrow type ``t`` is acceptable for a column of ``kind``, else a reason.
 
-    Reader rule of DESIGN §3: any integer width for ints, float32 or float64 for floats.
+    Reader rule of docs/SCHEMA.md: any integer width for ints, float32 or float64 for floats.
     """
     ok = {
         INT: _is_int(t),

@@ -1,6 +1,6 @@
 """Shared fixtures: tiny randomly initialised causal LMs built from a config in code.
 
-No weights are downloaded (DESIGN §2). Each model has 4 layers, 4 query heads and 2 KV heads
+No weights are downloaded (docs/COLLECTION.md). Each model has 4 layers, 4 query heads and 2 KV heads
 (grouped-query attention), hidden size 64, a 512-token vocabulary, float32 weights, eval mode,
 ``sdpa`` attention, and is initialised from a fixed seed so every test sees the same weights.
 

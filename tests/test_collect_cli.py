@@ -57,7 +57,7 @@ def test_uninterrupted_run_is_schema_v1(reference):
         assert 0.98 * 640 <= r["n_tokens"] <= 640
         assert len(r["agreement"]) == 4 and len(r["pair_jaccard"]) == 4 * 6
     for o in outcomes:
-        if o["budget"] == 1.0:  # the full-cache arm reproduces the full-KV outcome (DESIGN §3)
+        if o["budget"] == 1.0:  # the full-cache arm reproduces the full-KV outcome (docs/SCHEMA.md)
             assert o["prediction"] == full[(o["task"], o["input_id"])]["full_prediction"]
             assert o["score"] == full[(o["task"], o["input_id"])]["full_score"]
             assert o["n_kept"] == full[(o["task"], o["input_id"])]["n_tokens"]

@@ -184,8 +184,9 @@ def test_frontier_data_brute_force(gated):
 
 
 def test_accuracy_vs_kept_kv_renders(gated, tmp_path):
-    ax = F.accuracy_vs_kept_kv(gated, evictor="snapkv")
-    assert isinstance(ax, Axes)
+    fig = F.accuracy_vs_kept_kv(gated, evictor="snapkv")
+    assert isinstance(fig, Figure)
+    ax = fig.axes[0]
     assert "kept-KV" in ax.get_xlabel() and ax.get_ylabel() == "accuracy"
     _render(ax.figure, tmp_path, "fig4")
 
@@ -321,10 +322,12 @@ def test_delta_of_f_needs_both_classes(gated):
 
 
 def test_delta_matrix_and_delta_of_f_render(gated, tmp_path):
-    ax = F.delta_matrix(gated)
+    fig = F.delta_matrix(gated)
+    assert isinstance(fig, Figure)
+    ax = fig.axes[0]
     assert ax.get_xlabel() == "base evictor" and len(ax.get_yticklabels()) == 2
     _render(ax.figure, tmp_path, "fig8")
-    ax = F.delta_of_f(gated)
+    ax = F.delta_of_f(gated).axes[0]
     _assert_axes_labelled(ax)
     _render(ax.figure, tmp_path, "fig7")
 
@@ -360,7 +363,7 @@ def test_scaling_data_needs_one_evictor(gated):
 
 def test_rho_vs_headroom_renders(tmp_path):
     g = hand_gated(seed=5, contexts=(4096, 16384), evictors=("snapkv",), n=8)
-    ax = F.rho_vs_headroom(g)
+    ax = F.rho_vs_headroom(g).axes[0]
     _assert_axes_labelled(ax)
     assert "headroom" in ax.get_xlabel()
     _render(ax.figure, tmp_path, "fig9")
@@ -429,10 +432,67 @@ def test_ax_is_used_and_pyplot_untouched(gated):
     before = plt.get_fignums()
     fig = Figure()
     ax = fig.add_subplot()
-    assert F.delta_matrix(gated, ax=ax) is ax
+    assert F.delta_matrix(gated, ax=ax) is ax.figure
     axes = Figure().subplots(1, 2)
     gate = gated.unique(subset=["run_id", "task", "input_id"])
     assert F.drop_by_task(gate, ax=axes) is axes[0].figure
     with pytest.raises(ValueError, match="panel"):
         F.drop_by_task(gate, ax=axes[0])
     assert plt.get_fignums() == before
+
+
+# --------------------------------------------------------------------------- readability fixes
+def _texts(fig):
+    return [t.get_text() for ax in fig.axes for t in ax.texts]
+
+
+def test_task_key_spells_out_every_abbreviation():
+    from pagestats.figures._frames import short_task, task_key
+
+    tasks = ["niah_multikey_3", "niah_single_1", "niah_multiquery", "niah_multivalue", "vt", "fwe", "qa_1"]
+    key = task_key(tasks)
+    for task in tasks[:4]:
+        assert f"{short_task(task)} = {task}" in key
+    assert "vt = variable tracking" in key and "fwe = frequent words" in key
+    assert "qa_1" not in key  # not abbreviated, nothing to spell out
+
+
+def test_delta_matrix_says_na_for_missing_cells(gated):
+    # m2 has no h2o rows: its h2o cell is "n/a", the other three cells carry numbers
+    fig = F.delta_matrix(gated.filter(~((pl.col("model") == "m2") & (pl.col("evictor") == "h2o"))))
+    texts = _texts(fig)
+    assert texts.count("n/a") == 1
+    assert sum(t.startswith(("+", "-", "−")) for t in texts) == 3
+
+
+def test_panels_show_only_their_cells_tasks(gated):
+    # m2 lacks vt: its panel of Figs. 2 and 11 has two task ticks, m1's has three
+    sub = gated.filter(~((pl.col("model") == "m2") & (pl.col("task") == "vt")))
+    gate = sub.unique(subset=["run_id", "task", "input_id"])
+    for fig in (F.drop_by_task(gate), F.recovery_fraction(sub)):
+        ticks = [[t.get_text() for t in ax.get_xticklabels()] for ax in fig.axes]
+        assert sorted(map(len, ticks)) == [2, 3], ticks
+    # Fig. 11 writes k/n on every bar, so a zero share is visibly a measured 0
+    fig = F.recovery_fraction(sub)
+    data = F.recovery_fraction_data(sub)
+    assert sorted(_texts(fig)) == sorted(f"{k}/{n}" for k, n in zip(data["k"], data["n"]))
+
+
+def test_rho_vs_headroom_labels_every_point():
+    g = hand_gated(seed=5, contexts=(4096, 16384), evictors=("snapkv",), n=8)
+    fig = F.rho_vs_headroom(g)
+    data = F.scaling_data(g)
+    labels = {t.get_text() for t in fig.axes[0].texts}
+    assert len(labels) == data.height  # one per (model, context, task) row
+    assert "MK3 m1 4K" in labels and "vt m2 16K" in labels
+
+
+def test_tau_sensitivity_says_when_there_is_no_plateau():
+    taus = np.linspace(0, 0.2, 41)
+    curve = pl.DataFrame({"tau": taus, "delta": taus, "fp_rate": np.full(41, 0.5), "fn_rate": np.full(41, 0.5)})
+    fig = F.tau_sensitivity(curve, tau0=0.07)
+    assert "no τ meets both plateau criteria" in fig.axes[0].get_title()
+    ok = curve.with_columns(pl.lit(0.0).alias("fp_rate"), pl.lit(0.0).alias("fn_rate"), pl.lit(0.1).alias("delta"))
+    fig = F.tau_sensitivity(ok, tau0=0.07)
+    assert "plateau" not in fig.axes[0].get_title()
+    assert any(p.get_width() > 0 for p in fig.axes[0].patches)  # the shaded band

@@ -1,4 +1,4 @@
-"""Tests of pagestats.io: loading schema-v1 runs and every validation rule of DESIGN §3, §9.
+"""Tests of pagestats.io: loading schema-v1 runs and every validation rule of docs/SCHEMA.md.
 
 The fixture writes a small valid run with the shared writers of pagestats.schema (2 tasks ×
 3 inputs × 2 evictors × the 9 budgets, L = 6, H = 4); each rule test breaks one thing and

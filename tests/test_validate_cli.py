@@ -1,4 +1,4 @@
-"""`pagestats validate LOGS...` (DESIGN §5): exit 0 when valid, else exit 1 and one line per
+"""`pagestats validate LOGS...` (docs/CLI.md): exit 0 when valid, else exit 1 and one line per
 problem naming the file (and row)."""
 
 from __future__ import annotations

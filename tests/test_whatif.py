@@ -1,4 +1,4 @@
-"""pagestats.whatif: the DESIGN §5 table against a hand-computed log and a brute-force loop."""
+"""pagestats.whatif: the docs/CLI.md table against a hand-computed log and a brute-force loop."""
 
 from __future__ import annotations
 

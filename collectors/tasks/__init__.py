@@ -12,7 +12,7 @@ Inputs are deterministic functions of ``(task, draw, input_id)`` and the tokeniz
 every random choice is derived from those three by SHA-256 (:func:`input_seed`).
 
 The prompt is the whole RULER input — instruction, context and question inside the chat template,
-then the answer prefix. Query-aware runs prefill all of it (as RULER runs; DESIGN §7); query-agnostic
+then the answer prefix. Query-aware runs prefill all of it (as RULER runs; docs/COLLECTION.md); query-agnostic
 runs prefill the tokens before ``TaskInput.question_start`` (instruction and context), evict there, and
 append the rest (question, end of the chat turn, answer prefix) afterwards (:func:`split_prompt`).
 """

@@ -1,4 +1,4 @@
-"""RULER-style input generators (DESIGN §7; PAGE §4 "Setup"), written from RULER's task definitions.
+"""RULER-style input generators (docs/COLLECTION.md; PAGE §4 "Setup"), written from RULER's task definitions.
 
 Each generator is built for one input (a seed) and maps a haystack size to the user message:
 ``build(n, m) -> Body`` where ``n`` counts the task's haystack *units* (noise or essay words,

@@ -1,4 +1,4 @@
-"""Meeting a context-length target by search over haystack size (DESIGN §7).
+"""Meeting a context-length target by search over haystack size (docs/COLLECTION.md).
 
 The prompt is counted with the model's own tokenizer *after* its chat template and the answer
 prefix, so ``n_tokens`` is exactly the number of prompt positions the model prefills. The search

@@ -1,4 +1,4 @@
-"""RULER's scoring (RULER ``scripts/eval``; DESIGN §7).
+"""RULER's scoring (RULER ``scripts/eval``; docs/COLLECTION.md).
 
 A prediction is post-processed as RULER does — stripped, every control character (U+0000–U+001F)
 replaced by a newline, stripped again — and each reference is looked for as a case-insensitive

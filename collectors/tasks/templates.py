@@ -1,4 +1,4 @@
-"""RULER's prompt templates, answer prefixes and generation lengths (DESIGN §7).
+"""RULER's prompt templates, answer prefixes and generation lengths (docs/COLLECTION.md).
 
 The wording is RULER's (Hsieh et al., 2024, "RULER: What's the real context size of your
 long-context language models?"; NVIDIA/RULER ``scripts/data/synthetic/constants.py`` and
@@ -15,7 +15,7 @@ a chat template is applied the prefix starts the assistant turn and its leading 
 
 from __future__ import annotations
 
-#: Tokens to generate per RULER task family (RULER ``constants.py``; DESIGN §7).
+#: Tokens to generate per RULER task family (RULER ``constants.py``; docs/COLLECTION.md).
 NIAH_TOKENS, VT_TOKENS, CWE_TOKENS, FWE_TOKENS, QA_TOKENS = 128, 30, 120, 50, 32
 
 NIAH_TEMPLATE = (
@@ -68,7 +68,7 @@ QA_DOCUMENT = "Document {i}:\n{document}"
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 
 #: Per-task configuration, as in RULER's ``synthetic.yaml``. ``haystack`` is RULER's haystack
-#: type; "essay" tasks use the noise haystack unless an essay file is supplied (DESIGN §7).
+#: type; "essay" tasks use the noise haystack unless an essay file is supplied (docs/COLLECTION.md).
 NIAH_CONFIGS: dict[str, dict] = {
     "niah_single_1": dict(haystack="noise", type_k="words", type_v="numbers", num_k=1, num_v=1, num_q=1),
     "niah_multikey_1": dict(haystack="essay", type_k="words", type_v="numbers", num_k=4, num_v=1, num_q=1),

@@ -1,7 +1,8 @@
 """One function per paper figure, each with a pure ``*_data`` preparation function.
 
 Every figure function takes the data first and everything else keyword-only, accepts
-``ax=`` (one Axes, or a sequence of Axes for small multiples) and returns what it drew on.
+``ax=`` (one Axes, or a sequence of Axes for small multiples) and returns the ``Figure`` it
+drew on, which a notebook displays inline.
 Figures are built on ``matplotlib.figure.Figure`` with the Agg canvas — no ``pyplot``,
 nothing to close — and share the single-column style of :mod:`pagestats.figures._style`.
 

@@ -17,9 +17,25 @@ def require(frame: pl.DataFrame, columns: Iterable[str], what: str) -> None:
 
 
 def short_task(task: str) -> str:
-    """Compact RULER task label for tick labels (niah_multikey_3 → MK3), as plain text (``$`` escaped)."""
+    """Compact RULER task label for tick labels (niah_multikey_3 → MK3), as plain text (``$`` escaped);
+    :func:`task_key` spells the abbreviations out."""
     return (str(task).replace("niah_", "").replace("multikey_", "MK").replace("multiquery", "MQ")
             .replace("multivalue", "MV").replace("single_", "S").replace("$", r"\$"))
+
+
+def task_key(tasks: Iterable[str]) -> str:
+    """The key to the abbreviations of :func:`short_task`, e.g. ``"MK3 = niah_multikey_3,
+    vt = variable tracking"``: every abbreviated task in the order given, then the RULER
+    tasks whose short names are not words (vt, cwe, fwe)."""
+    spelled = {"vt": "variable tracking", "cwe": "common words", "fwe": "frequent words"}
+    items = []
+    for task in dict.fromkeys(tasks):
+        short = short_task(task)
+        if short != task:
+            items.append(f"{short} = {task}")
+        elif task in spelled:
+            items.append(f"{task} = {spelled[task]}")
+    return ", ".join(items)
 
 
 def present(frame: pl.DataFrame, keys: Iterable[str]) -> list[str]:

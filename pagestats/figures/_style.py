@@ -156,3 +156,22 @@ def cell_label(row: dict) -> str:
     if row.get("evictor") is not None:
         parts.append(str(row["evictor"]))
     return plain_text(" ".join(parts))
+
+
+
+def add_task_key(fig, key: str, *, legend=None, width: int = 80) -> None:
+    """Spell out the task abbreviations (:func:`pagestats.figures._frames.task_key`), wrapped
+    to ``width`` characters: as the title of the figure's ``legend`` when there is one (under
+    its existing title), else as a note under the figure."""
+    import textwrap
+
+    if not key:
+        return
+    text = "\n".join(textwrap.wrap(key, width))
+    if legend is None:
+        fig.supxlabel(text, fontsize=5, color="0.35")
+        return
+    title = legend.get_title().get_text()
+    legend.set_title(f"{title}\n{text}" if title else text)
+    legend.get_title().set_fontsize(5)
+    legend.get_title().set_color("0.35")

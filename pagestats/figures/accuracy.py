@@ -15,6 +15,7 @@ from pagestats.figures._frames import (
     require,
     select_cells,
     short_task,
+    task_key,
     task_order,
     where,
 )
@@ -112,8 +113,9 @@ def accuracy_vs_budget(gated: pl.DataFrame, *, model=None, context_length=None, 
                 axis.set_xlabel("KV budget b")
         handles, labels = axes[0].get_legend_handles_labels()
         title = st.cell_label(groups[0])
-        fig.legend(handles, labels, loc="outside lower center", ncols=3, title=title or None,
-                   title_fontsize=6)
+        legend = fig.legend(handles, labels, loc="outside lower center", ncols=3, title=title or None,
+                            title_fontsize=6)
+        st.add_task_key(fig, task_key(order), legend=legend)
     return fig
 
 
@@ -157,7 +159,7 @@ def frontier_data(gated: pl.DataFrame, *, by=MATRIX_CELL) -> pl.DataFrame:
     References
     ----------
     PAGE paper, §4.1 "Accuracy-Memory Frontier", Figure 4; Eq. 2 (closed gate keeps
-    n_kept = n_tokens); DESIGN §4 (kept-KV).
+    n_kept = n_tokens); docs/DEFINITIONS.md (kept-KV).
     """
     require(gated, ("budget", "n_tokens", "gate_open", "score_full", "score_plain", "score_gated",
                     "n_kept_plain", "n_kept_gated"), "frontier_data")
@@ -202,7 +204,7 @@ def accuracy_vs_kept_kv(gated: pl.DataFrame, *, evictor=None, context_length=Non
 
     Returns
     -------
-    matplotlib.axes.Axes
+    matplotlib.figure.Figure
 
     References
     ----------
@@ -246,4 +248,4 @@ def accuracy_vs_kept_kv(gated: pl.DataFrame, *, evictor=None, context_length=Non
         arm_handles.append(Line2D([], [], color="0.6", alpha=0.4, linewidth=3.5, label="frontier"))
         cell_handles, cell_labels = axis.get_legend_handles_labels()
         fig.legend(handles=arm_handles + cell_handles, loc="outside lower center", ncols=3)
-    return axis
+    return fig

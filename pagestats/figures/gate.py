@@ -9,7 +9,7 @@ import polars as pl
 from pagestats import defaults
 from pagestats.columns import MODEL_CELL, with_task_class
 from pagestats.figures import _style as st
-from pagestats.figures._frames import cells, present, require, short_task, task_order, where
+from pagestats.figures._frames import cells, present, require, short_task, task_key, task_order, where
 from pagestats.profile import bin_layers
 
 
@@ -91,13 +91,17 @@ def drop_by_task(gate: pl.DataFrame, *, tau: float | None = defaults.TAU, ax=Non
                               row_height=1.6)
         for i, (axis, cell) in enumerate(zip(axes, groups)):
             sub = where(data, cell)
-            x = sub["task_rank"].to_numpy().astype(float)
+            # only the tasks this cell holds, in the global order
+            shown = sub.select("task", "task_rank").unique().sort("task_rank")
+            pos = pl.DataFrame({"task": shown["task"], "x": list(range(shown.height))})
+            sub = sub.join(pos, on="task", maintain_order="left")
+            x = sub["x"].to_numpy().astype(float)
             slot = sub["slot"].to_numpy()
             n = sub["task_n"].to_numpy()
             jitter = np.where(n > 1, (slot / np.maximum(n - 1, 1) - 0.5) * 0.5, 0.0)
             colors = [st.class_color(c) for c in sub["task_class"].to_list()]
-            means = sub.group_by("task_rank", "task_class").agg(pl.col("task_mean").first()).sort("task_rank")
-            axis.bar(means["task_rank"].to_numpy(), means["task_mean"].to_numpy(), width=0.7,
+            means = sub.group_by("x", "task_class").agg(pl.col("task_mean").first()).sort("x")
+            axis.bar(means["x"].to_numpy(), means["task_mean"].to_numpy(), width=0.7,
                      color=[st.class_color(c) for c in means["task_class"].to_list()], alpha=0.22,
                      edgecolor="none", zorder=1)
             axis.scatter(x + jitter, sub["drop"].to_numpy(), s=3, c=colors, alpha=0.6, linewidths=0,
@@ -105,24 +109,25 @@ def drop_by_task(gate: pl.DataFrame, *, tau: float | None = defaults.TAU, ax=Non
             if tau is not None:
                 axis.axhline(tau, color=st.TAU_COLOR, linestyle="--", linewidth=0.8, zorder=3)
             axis.axhline(0.0, color="0.8", linewidth=0.5, zorder=0)
-            axis.set_xticks(tasks["task_rank"].to_list(), [short_task(t) for t in tasks["task"].to_list()],
+            axis.set_xticks(range(shown.height), [short_task(t) for t in shown["task"].to_list()],
                             rotation=45, ha="right")
-            axis.set_xlim(-0.6, len(tasks) - 0.4)
+            axis.set_xlim(-0.6, shown.height - 0.4)
             if len(groups) > 1 or cell:
                 axis.set_title(st.cell_label(cell))
             if i % 2 == 0:
                 axis.set_ylabel("head-agreement drop D")
-        _class_legend(fig, data["task_class"].unique().sort().to_list(), tau)
+        legend = _class_legend(fig, data["task_class"].unique().sort().to_list(), tau)
+        st.add_task_key(fig, task_key(tasks["task"].to_list()), legend=legend)
     return fig
 
 
-def _class_legend(fig, classes, tau) -> None:
+def _class_legend(fig, classes, tau):
     from matplotlib.lines import Line2D
 
     handles = [Line2D([], [], marker="o", linestyle="none", color=st.class_color(c), label=c) for c in classes]
     if tau is not None:
         handles.append(Line2D([], [], color=st.TAU_COLOR, linestyle="--", linewidth=0.8, label=f"τ = {tau:g}"))
-    fig.legend(handles=handles, loc="outside lower center", ncols=len(handles))
+    return fig.legend(handles=handles, loc="outside lower center", ncols=len(handles))
 
 
 
@@ -231,7 +236,8 @@ def agreement_profile(
             if len(groups) > 1 or cell:
                 axis.set_title(st.cell_label(cell))
         handles, labels = axes[0].get_legend_handles_labels()
-        fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 5))
+        legend = fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 5))
+        st.add_task_key(fig, task_key(order), legend=legend)
     return fig
 
 
@@ -313,6 +319,17 @@ def tau_sensitivity_data(
     return pl.concat(parts)
 
 
+#: Fill of the operational plateau of Fig. 6.
+PLATEAU_COLOR = "#f2c14e"
+
+
+def _two_line_label(cell: dict) -> str:
+    """A panel title on two lines: the model, then the context and the rest of the cell."""
+    model = cell.get("model")
+    rest = st.cell_label({k: v for k, v in cell.items() if k != "model"})
+    return f"{model}\n{rest}" if model is not None and rest else st.cell_label(cell)
+
+
 _CURVE_VALUES = {"tau", "n_inputs", "p_open", "delta", "fp_rate", "fn_rate", "kept_kv"}
 
 
@@ -345,6 +362,7 @@ def tau_sensitivity(curve: pl.DataFrame, *, tau0: float = defaults.TAU, delta_to
     data = tau_sensitivity_data(curve, tau0=tau0, delta_tolerance=delta_tolerance, error_budget=error_budget)
     keys = _curve_keys(data.drop("delta_tau0", "in_plateau", "in_band"))
     groups = cells(data, keys) if keys else [{}]
+    from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
     with st.style():
@@ -355,7 +373,11 @@ def tau_sensitivity(curve: pl.DataFrame, *, tau0: float = defaults.TAU, delta_to
             finite = np.isfinite(tau)
             band = sub["in_band"].to_numpy()
             if band.any():
-                axis.axvspan(tau[band].min(), tau[band].max(), color="0.88", lw=0)
+                axis.axvspan(tau[band].min(), tau[band].max(), color=PLATEAU_COLOR, alpha=0.45, lw=0, zorder=0)
+            note = None
+            if not band.any():
+                note = ("no τ meets both plateau criteria" if not sub["in_plateau"].any()
+                        else f"the plateau does not reach τ = {tau0:g}")
             axis.axvline(tau0, color=st.TAU_COLOR, linestyle=":", linewidth=0.8)
             line_d, = axis.plot(tau[finite], sub["delta"].to_numpy()[finite] * 100, color="black",
                                 label="Δ gated − plain (left)")
@@ -375,9 +397,12 @@ def tau_sensitivity(curve: pl.DataFrame, *, tau0: float = defaults.TAU, delta_to
             if i % 2 == 1 or len(groups) == 1:
                 twin.set_ylabel("error rate")
             if cell:
-                axis.set_title(st.cell_label(cell))
+                axis.set_title(_two_line_label(cell) + (f"\n{note}" if note else ""), fontsize=6)
+            elif note:
+                axis.set_title(note, fontsize=6)
         handles = [line_d, line_fp, line_fn]
         if data["in_band"].any():
-            handles.append(Patch(color="0.88", label="plateau"))
+            handles.append(Patch(color=PLATEAU_COLOR, alpha=0.45, label="plateau"))
+        handles.append(Line2D([], [], color=st.TAU_COLOR, linestyle=":", linewidth=0.8, label=f"τ0 = {tau0:g}"))
         fig.legend(handles=handles, loc="outside lower center", ncols=2)
     return fig

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
+from matplotlib.patches import Rectangle
 
 from pagestats import defaults, metrics
 from pagestats.columns import MATRIX_CELL
@@ -31,7 +32,7 @@ def delta_matrix_data(gated: pl.DataFrame) -> pl.DataFrame:
 
     References
     ----------
-    PAGE paper, §4.1 "Transfer Across Eviction Mechanisms", Table 2, Figure 8; DESIGN §4 (Δ).
+    PAGE paper, §4.1 "Transfer Across Eviction Mechanisms", Table 2, Figure 8; docs/DEFINITIONS.md (Δ).
     """
     require(gated, _NEEDS, "delta_matrix_data")
     keys = present(gated, MATRIX_CELL)
@@ -40,11 +41,12 @@ def delta_matrix_data(gated: pl.DataFrame) -> pl.DataFrame:
 
 def delta_matrix(gated: pl.DataFrame, *, ax=None):
     """Figure 8: the Δ matrix, evictors as columns and (model, context) as rows, as an
-    annotated heatmap in percentage points (diverging, centred at 0).
+    annotated heatmap in percentage points (diverging, centred at 0); a cell the logs do
+    not hold reads "n/a".
 
     Returns
     -------
-    matplotlib.axes.Axes
+    matplotlib.figure.Figure
 
     References
     ----------
@@ -71,6 +73,9 @@ def delta_matrix(gated: pl.DataFrame, *, ax=None):
                     dark = abs(grid[i, j]) > 0.6 * limit
                     axis.text(j, i, f"{grid[i, j]:+.1f}", ha="center", va="center", fontsize=6,
                               color="white" if dark else "black")
+                else:  # a cell the logs do not hold
+                    axis.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor="0.93", edgecolor="none"))
+                    axis.text(j, i, "n/a", ha="center", va="center", fontsize=6, color="0.45")
         axis.set_xticks(range(len(evictors)), [st.plain_text(e) for e in evictors], rotation=30, ha="right")
         axis.set_yticks(range(len(rows)), [st.cell_label(r) for r in rows])
         axis.tick_params(length=0)
@@ -82,7 +87,7 @@ def delta_matrix(gated: pl.DataFrame, *, ax=None):
         bar.outline.set_visible(False)
         grand = float(np.nanmean(grid))
         axis.set_title(f"mean over budgets b < 1; grand mean {grand:+.1f} pp")
-    return axis
+    return fig
 
 
 # --------------------------------------------------------------------------- Fig. 7
@@ -145,7 +150,7 @@ def delta_of_f(gated: pl.DataFrame, *, f=None, ax=None):
 
     Returns
     -------
-    matplotlib.axes.Axes
+    matplotlib.figure.Figure
 
     References
     ----------
@@ -172,4 +177,4 @@ def delta_of_f(gated: pl.DataFrame, *, f=None, ax=None):
         axis.set_xlabel("capacity-bound share f of the workload")
         axis.set_ylabel("Δ(f) gated − plain (pp)")
         axis.legend(loc="upper left")
-    return axis
+    return fig

@@ -9,7 +9,7 @@ import polars as pl
 from pagestats import metrics, stats
 from pagestats.columns import MODEL_CELL
 from pagestats.figures import _style as st
-from pagestats.figures._frames import cells, present, require, short_task, task_order, where
+from pagestats.figures._frames import cells, present, require, short_task, task_key, task_order, where
 
 R_VALUES = (-1, 0, 1)
 
@@ -83,6 +83,7 @@ def recovery_distribution(gated: pl.DataFrame, *, ax=None):
                 st.percent_axis(axis)
             if i >= len(order) - ncols:
                 axis.set_xlabel("r(x)")
+        st.add_task_key(fig, task_key(order))
     return fig
 
 
@@ -113,8 +114,9 @@ def recovery_fraction_data(gated: pl.DataFrame, *, confidence_level: float = 0.9
 
 
 def recovery_fraction(gated: pl.DataFrame, *, confidence_level: float = 0.95, ax=None):
-    """Figure 11: fraction of inputs with r(x) > 0 per task (bars, Wilson 95% bars), one
-    small multiple per (model, context) cell.
+    """Figure 11: fraction of inputs with r(x) > 0 per task (bars, Wilson 95% bars, the count
+    k/n written at the foot of each bar), one small multiple per (model, context) cell showing
+    only the tasks that cell holds.
 
     Returns
     -------
@@ -128,22 +130,31 @@ def recovery_fraction(gated: pl.DataFrame, *, confidence_level: float = 0.95, ax
     groups = cells(data, MODEL_CELL)
     order = task_order(data)
     ncols = min(len(groups), 2 if len(groups) <= 4 else 3)
-    ymax = max(float(data["high"].max()), 0.05)
+    ymax = max(float(data["high"].max()), 0.05) * 1.15  # room for the k/n labels
     with st.style():
         fig, axes = st.panels(len(groups), ax, ncols=ncols, sharey=True, row_height=1.3)
         for i, (axis, cell) in enumerate(zip(axes, groups)):
             sub = where(data, cell)
-            pos = {t: j for j, t in enumerate(order)}
-            x = np.array([pos[t] for t in sub["task"].to_list()])
+            # only the tasks this cell holds, in the global order
+            shown = [t for t in order if t in set(sub["task"].to_list())]
+            pos = {t: j for j, t in enumerate(shown)}
+            sub = sub.with_columns(pl.col("task").replace_strict(pos, return_dtype=pl.Int64).alias("_x")).sort("_x")
+            x = sub["_x"].to_numpy()
             frac = sub["fraction"].to_numpy()
             colors = [st.class_color(c) for c in sub["task_class"].to_list()] if "task_class" in sub.columns else "0.4"
             axis.bar(x, frac, width=0.7, color=colors, alpha=0.8)
             axis.errorbar(x, frac, yerr=[frac - sub["low"].to_numpy(), sub["high"].to_numpy() - frac],
                           fmt="none", ecolor="0.2", elinewidth=0.6, capsize=1.2)
-            axis.set_xticks(range(len(order)), [short_task(t) for t in order], rotation=60, ha="right")
+            # a zero share is a measured 0 (k of n), not a missing bar
+            for xi, k, n, top in zip(x, sub["k"].to_list(), sub["n"].to_list(), sub["high"].to_list()):
+                axis.annotate(f"{k}/{n}", (xi, top), xytext=(0, 1.5), textcoords="offset points", ha="center",
+                              va="bottom", fontsize=4.5, color="0.3", rotation=90)
+            axis.set_xticks(range(len(shown)), [short_task(t) for t in shown], rotation=60, ha="right")
+            axis.set_xlim(-0.6, len(shown) - 0.4)
             axis.set_ylim(0, ymax * 1.1)
             axis.set_title(st.cell_label(cell), fontsize=6)
             if i % ncols == 0:
                 axis.set_ylabel("share with r(x) > 0")
                 st.percent_axis(axis)
+        st.add_task_key(fig, task_key(order) + "; k/n = inputs with r(x) > 0 / inputs")
     return fig

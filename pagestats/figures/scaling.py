@@ -8,7 +8,7 @@ import polars as pl
 
 from pagestats import defaults, metrics
 from pagestats.figures import _style as st
-from pagestats.figures._frames import require, select_cells
+from pagestats.figures._frames import require, select_cells, short_task, task_key
 
 
 def scaling_data(gated: pl.DataFrame, *, evictor=None) -> pl.DataFrame:
@@ -57,11 +57,11 @@ def scaling_data(gated: pl.DataFrame, *, evictor=None) -> pl.DataFrame:
 def rho_vs_headroom(gated: pl.DataFrame, *, evictor=None, ax=None):
     """Figure 9: ρ against headroom 1 − A_full per (model, context, task) row; dilution-prone
     rows as filled circles with the fitted through-origin line, capacity-bound rows as open
-    triangles; Wilson 95% intervals on ρ as vertical bars.
+    triangles; Wilson 95% intervals on ρ as vertical bars; each point labelled by its task.
 
     Returns
     -------
-    matplotlib.axes.Axes
+    matplotlib.figure.Figure
 
     References
     ----------
@@ -82,6 +82,7 @@ def rho_vs_headroom(gated: pl.DataFrame, *, evictor=None, ax=None):
             axis.scatter(x, y, marker=st.CLASS_MARKER[cls], s=14,
                          facecolors=color if cls == defaults.DILUTION_PRONE else "white",
                          edgecolors=color, linewidths=0.8, label=cls, zorder=3)
+        _label_points(axis, data)
         slope = float(data["fit_slope"][0])
         xmax = max(float(data["headroom"].max()), 0.05) * 1.05
         if np.isfinite(slope):
@@ -93,4 +94,27 @@ def rho_vs_headroom(gated: pl.DataFrame, *, evictor=None, ax=None):
         axis.set_xlabel(r"headroom $1 - A_\mathrm{full}$")
         axis.set_ylabel(r"recovery rate $\rho$ (plain)")
         axis.legend(loc="upper left")
-    return axis
+    return fig
+
+
+def _label_points(axis, data: pl.DataFrame) -> None:
+    """Label each point by its task (and model and context, where the figure holds several),
+    stacking the labels of nearby points; the key to the abbreviations goes under
+    the figure."""
+    several = [k for k in ("model", "context_length") if k in data.columns and data[k].n_unique() > 1]
+    xspan = max(float(data["headroom"].max()), 0.05)
+    yspan = max(float(data["high"].max()) if "high" in data.columns else float(data["rho"].max()), 0.05)
+    placed: list[tuple[float, float, int]] = []  # (x, y, level) of the labels so far
+    for row in data.sort("headroom", "rho").iter_rows(named=True):
+        label = short_task(row["task"])
+        if several:
+            label += f" {st.cell_label({k: row[k] for k in several})}"
+        x, y = row["headroom"], row["rho"]
+        # the lowest level whose label would not overlap one already placed nearby
+        level = 0
+        while any(abs(x - px) < 0.16 * xspan and abs(y - py) < 0.06 * yspan and lv == level for px, py, lv in placed):
+            level += 1
+        placed.append((x, y, level))
+        axis.annotate(label, (x, y), xytext=(3, 2 + 6 * level), textcoords="offset points",
+                      fontsize=4.5, color="0.25", zorder=4)
+    st.add_task_key(axis.figure, task_key(data.sort("task")["task"].unique(maintain_order=True).to_list()))

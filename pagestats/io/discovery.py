@@ -1,4 +1,4 @@
-"""Discovery of the runs and log files named by ``load`` / ``validate_paths`` (DESIGN §3, §9).
+"""Discovery of the runs and log files named by ``load`` / ``validate_paths`` (docs/SCHEMA.md).
 
 Holds :class:`_Run` (a run directory and its checked manifest), :class:`_Source` (one log
 file and what its inspection learned), :class:`_Discovery` (expands paths, globs, run

@@ -1,4 +1,4 @@
-"""The loader guard: what the reader agrees to open, and how much of it it reads (DESIGN §9).
+"""The loader guard: what the reader agrees to open, and how much of it it reads (docs/SCHEMA.md).
 
 Every file the reader opens passes :func:`check_regular` first: it must be a regular file
 (not a FIFO, a device, a socket or a directory) and, when it belongs to a run, its real

@@ -1,4 +1,4 @@
-"""Load and validate schema-v1 logs (DESIGN §3, §9) through DuckDB into polars.
+"""Load and validate schema-v1 logs (docs/SCHEMA.md) through DuckDB into polars.
 
 ``LOGS`` may be run directories, individual parquet / jsonl files, or globs:
 
@@ -340,7 +340,7 @@ def validate_paths(paths: Sequence[str]) -> list[Problem]:
 
 
 def load(paths, *, exclude: Sequence[str] = (), columns: str = "analysis", strict: bool = True) -> Logs:
-    """Load and validate logs into a :class:`Logs` (DESIGN §3).
+    """Load and validate logs into a :class:`Logs` (docs/SCHEMA.md).
 
     Parameters
     ----------

@@ -1,4 +1,4 @@
-"""Inspection and reading of log files through DuckDB into polars (DESIGN §3, §9).
+"""Inspection and reading of log files through DuckDB into polars (docs/SCHEMA.md).
 
 Inspection (:func:`_inspect`) reads a file's arrow schema (parquet footer, or the whole
 jsonl file), tells its table from the columns when the directory does not, and checks

@@ -1,4 +1,4 @@
-"""Schema-version upgrades applied on read (DESIGN §3, §9).
+"""Schema-version upgrades applied on read (docs/SCHEMA.md).
 
 :data:`UPGRADES` maps ``from_version`` to one :class:`Upgrade` step ``v`` → ``v + 1``;
 ``upgrade_manifest``, ``upgrade_schema`` and ``upgrade_table`` apply the steps from a run's

@@ -203,7 +203,7 @@ def topk_pair_jaccard(indices: np.ndarray, k: int) -> np.ndarray:
     Parameters
     ----------
     indices : int array, shape (N, L, H, k_max)
-        Key positions in descending score order (DESIGN §3).
+        Key positions in descending score order (docs/SCHEMA.md).
     k : int
         Set size, k ≤ k_max; the first k positions of each list form the set.
 
@@ -218,7 +218,7 @@ def topk_pair_jaccard(indices: np.ndarray, k: int) -> np.ndarray:
     :func:`pagestats.profile.pairwise_intersections` (the collector's definition) needs at
     most H·k columns instead of T; renumbering preserves every intersection exactly. Rows
     are processed in blocks of 256 (input, layer) rows to keep the one-hot block in cache.
-    Each stored list must be a set (no repeated position), as DESIGN §3 states.
+    Each stored list must be a set (no repeated position), as docs/SCHEMA.md states.
     """
     n, n_layers, h, k_max = indices.shape
     if k > k_max:

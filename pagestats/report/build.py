@@ -1,5 +1,5 @@
 """The report: every table and figure of the catalogue, plus an index of what it was
-computed from (DESIGN §5 ``pagestats report``, §9 "every report states which files").
+computed from (docs/CLI.md ``pagestats report``; docs/SCHEMA.md "Safety": every report lists its files).
 
 The report is only a list of calls, assembled here and run by :func:`build_report`.
 :data:`FIGURES` (:mod:`pagestats.report.figure_entries`) and the table entries

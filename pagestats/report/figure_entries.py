@@ -1,6 +1,6 @@
 """The figure entries of the report: :data:`FIGURES`, one :class:`~pagestats.report.context.Entry`
 per paper figure, each a call of a :mod:`pagestats.figures` function on the replays of the
-:class:`~pagestats.report.context.Context` (DESIGN §5 ``pagestats report``).
+:class:`~pagestats.report.context.Context` (docs/CLI.md ``pagestats report``).
 
 Read by :func:`pagestats.report.catalogue`. Above :mod:`pagestats.figures` in the data flow:
 the figures never import this module.
@@ -65,7 +65,7 @@ def _fig4(ctx):
     ev = ctx.headline_evictor
     sub = ctx.gated.filter(pl.col("evictor") == ev)
     return _per_cell(ctx, sub, ["context_length"],
-                     lambda c: accuracy_vs_kept_kv(sub, evictor=ev, context_length=c["context_length"]).figure)
+                     lambda c: accuracy_vs_kept_kv(sub, evictor=ev, context_length=c["context_length"]))
 
 
 def _fig5(ctx):
@@ -92,17 +92,17 @@ def _fig6(ctx):
 
 def _fig7(ctx):
 
-    return delta_of_f(ctx.gated).figure
+    return delta_of_f(ctx.gated)
 
 
 def _fig8(ctx):
 
-    return delta_matrix(ctx.gated).figure
+    return delta_matrix(ctx.gated)
 
 
 def _fig9(ctx):
 
-    return rho_vs_headroom(ctx.gated.filter(pl.col("evictor") == ctx.headline_evictor)).figure
+    return rho_vs_headroom(ctx.gated.filter(pl.col("evictor") == ctx.headline_evictor))
 
 
 def _fig10(ctx):

@@ -6,7 +6,7 @@ per-cell random streams.
 
 References
 ----------
-DESIGN §3 (the full-KV audit arm: budgets contain 1.0); PAGE paper App. A.7.3 (input-draw
+docs/SCHEMA.md (the full-KV audit arm: budgets contain 1.0); PAGE paper App. A.7.3 (input-draw
 replicates, recorded in the manifest's ``draw``).
 """
 
@@ -140,5 +140,5 @@ def _check_budgets(budgets) -> list[float]:
     if not b or any(not 0.0 < x <= 1.0 for x in b) or len(set(b)) != len(b):
         raise ValueError(f"budgets must be distinct values in (0, 1], got {budgets!r}")
     if 1.0 not in b:
-        raise ValueError("budgets must contain 1.0 (the full-KV audit arm, DESIGN §3)")
+        raise ValueError("budgets must contain 1.0 (the full-KV audit arm, docs/SCHEMA.md)")
     return sorted(b)

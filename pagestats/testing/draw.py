@@ -8,7 +8,7 @@ the top-k lists. The generative rule is spelled out in :mod:`pagestats.testing`.
 
 References
 ----------
-PAGE paper: §3 "Head-Agreement Drop D" (Eq. 3), App. F (deployed bins); DESIGN §7 and
+PAGE paper: §3 "Head-Agreement Drop D" (Eq. 3), App. F (deployed bins); docs/COLLECTION.md and
 App. A.2.3 (kept count: protection overrides the budget).
 """
 

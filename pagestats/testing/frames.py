@@ -7,7 +7,7 @@ references and predictions consistent with the RULER ``string_match_all`` scores
 
 References
 ----------
-DESIGN §3 (the collector's output these frames imitate); PAGE paper §4 "Setup" (tasks).
+docs/SCHEMA.md (the collector's output these frames imitate); PAGE paper §4 "Setup" (tasks).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ in :mod:`pagestats.testing.synthetic`.
 
 References
 ----------
-PAGE paper: §4 "Setup" (models, tasks), Table 27 (harm rate), Eq. 1 (ρ); DESIGN §8
+PAGE paper: §4 "Setup" (models, tasks), Table 27 (harm rate), Eq. 1 (ρ); docs/PERFORMANCE.md
 (paper-scale log set).
 """
 
@@ -68,7 +68,7 @@ PAPER_MODELS = (
 )
 
 
-#: The paper-scale log set of DESIGN §8 used by the benchmarks: 4 models × 4 evictors = 16 cells,
+#: The paper-scale log set of docs/PERFORMANCE.md used by the benchmarks: 4 models × 4 evictors = 16 cells,
 #: 4 tasks × 100 inputs = 400 inputs per cell, 9 budgets. Pass as ``synthetic_logs(**PAPER_SCALE, ...)``.
 PAPER_SCALE = dict(
     models=tuple(ModelSpec(f"synthetic-{L}L{H}H", L, H) for L, H in ((28, 12), (36, 16), (32, 32), (24, 14))),

@@ -1,6 +1,6 @@
 """Seeded, schema-v1-valid synthetic PAGE logs with a planted task partition.
 
-:func:`synthetic_logs` draws runs that look like a collector's output (DESIGN §3) but whose
+:func:`synthetic_logs` draws runs that look like a collector's output (docs/SCHEMA.md) but whose
 ground truth is known: every capacity-bound input has a low drop D and is harmed by
 eviction with a documented probability, every dilution-prone input has a high D and is
 sometimes *recovered* by eviction. :func:`planted_rates` returns those true per-(task,
@@ -58,7 +58,7 @@ RULER ``string_match_all`` fractions ``j/m``.
   ρ (Eq. 1) ``= (1−p_full)·max_{b<1 in the grid} r_c(b)``. With the defaults ρ = 0 for
   capacity-bound tasks and 0.12 for dilution-prone ones (grid containing b = 0.5).
 - Budget 1.0 reproduces the full-KV outcome (``h = r = 0``; ``n_kept = n_tokens``); the
-  kept count is ``n_kept = max(⌊b·T⌋, n_sink + n_recent)`` (DESIGN §7, App. A.2.3).
+  kept count is ``n_kept = max(⌊b·T⌋, n_sink + n_recent)`` (docs/COLLECTION.md, App. A.2.3).
 
 *Signals* (struct of float64): ``attention_entropy`` and ``top1_mass`` are informative
 (shifted by +0.8 and −0.08 for dilution-prone inputs, sd 0.4 and 0.05), ``sink_mass`` and

@@ -1,5 +1,5 @@
-"""The validation rules of log schema v1, one module per table (DESIGN's reader rules, in
-``docs/``): :mod:`~pagestats.io.validation.manifest`, :mod:`~pagestats.io.validation.inputs`,
+"""The validation rules of log schema v1, one module per table (the reader rules of
+``docs/SCHEMA.md``): :mod:`~pagestats.io.validation.manifest`, :mod:`~pagestats.io.validation.inputs`,
 :mod:`~pagestats.io.validation.outcomes`, :mod:`~pagestats.io.validation.topk`;
 :mod:`~pagestats.io.validation.frames` runs them all on a run's frames and
 :mod:`~pagestats.io.validation.problems` holds the one-line :class:`Problem` record."""

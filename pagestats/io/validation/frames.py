@@ -1,4 +1,4 @@
-"""Validation rules of log schema v1 (DESIGN §3, §9), as vectorised checks on frames.
+"""Validation rules of log schema v1 (docs/SCHEMA.md), as vectorised checks on frames.
 
 :mod:`pagestats.io` discovers and reads the files; this module holds the rules. Every
 check returns a list of :class:`Problem` (never raises, never stops at the first), each
@@ -12,7 +12,7 @@ manifest (:func:`check_manifest`)
     valid JSON object; every key of :data:`pagestats.schema.MANIFEST_KEYS` and of the
     ``model``, ``gate`` and ``protection`` blocks; a readable ``schema_version``; sane
     ``n_layers``/``n_heads``, ``budgets``, ``evictors``, ``tasks``, ``gate.bins``;
-    ``files[]`` entries whose paths stay inside the run directory (§9).
+    ``files[]`` entries whose paths stay inside the run directory (docs/SCHEMA.md, "Safety").
 frames (:func:`check_frames`)
     nulls in required columns; duplicate inputs / outcome rows / topk rows; ``drop``
     finite; ``full_score`` and ``score`` in [0, 1]; ``budget`` in (0, 1]; ``run_id``,
@@ -36,7 +36,7 @@ the sibling modules of each table.
 References
 ----------
 PAGE paper, §3 (a_ℓ, Eq. 3 drop D), §4 "Setup" (budgets, full-cache audit arm at b = 1),
-App. F (deployed bins). DESIGN §3 (schema, reader rules) and §9 (paths validated).
+App. F (deployed bins). docs/SCHEMA.md (schema, reader rules, safety).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Row rules of the ``inputs`` table (DESIGN §3): scores, drop, profile lengths and values.
+"""Row rules of the ``inputs`` table (docs/SCHEMA.md): scores, drop, profile lengths and values.
 
 ``full_score`` in [0, 1]; ``drop`` finite; ``run_id`` and ``task`` non-empty and
 without ``/`` (so that an exclusion can name them); ``n_tokens`` ≥ 1; ``model``,
@@ -10,7 +10,7 @@ manifest ``n_layers`` (else consistent within the run) and ≥ 2; ``pair_jaccard
 
 References
 ----------
-PAGE paper, §3 (a_ℓ, Eq. 3 drop D), App. F (deployed bins). DESIGN §3 (schema, reader rules).
+PAGE paper, §3 (a_ℓ, Eq. 3 drop D), App. F (deployed bins). docs/SCHEMA.md (schema, reader rules).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ use the extracted :class:`RunInfo` (as a frame, :func:`_run_frame`).
 
 References
 ----------
-PAGE paper, App. F (deployed bins). DESIGN §3 (manifest schema, reader rules) and §9
+PAGE paper, App. F (deployed bins). docs/SCHEMA.md (manifest schema, reader rules, safety)
 (manifest paths validated: relative, no ``..``, no symbolic link out of the run).
 """
 
@@ -75,7 +75,7 @@ def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-#: Manifest fields that must be integers, with their smallest value (DESIGN §3).
+#: Manifest fields that must be integers, with their smallest value (docs/SCHEMA.md).
 _INT_FIELDS = (
     ("schema_version", 0), ("context_length", 1), ("seed", 0),
     ("model.n_layers", 2), ("model.n_heads", 2), ("model.n_kv_heads", 1), ("model.head_dim", 1),
@@ -118,7 +118,7 @@ def safe_relative_path(run_dir: str | os.PathLike, rel) -> str | None:
     """The normalised form of manifest path ``rel`` if it stays inside ``run_dir``, else ``None``.
 
     Rejects non-strings, absolute paths, ``..`` components and paths whose real location
-    (symbolic links resolved) lies outside the run directory (DESIGN §9).
+    (symbolic links resolved) lies outside the run directory (docs/SCHEMA.md).
     """
     if not isinstance(rel, str) or not rel or "\x00" in rel:
         return None

@@ -1,4 +1,4 @@
-"""Row rules of the ``outcomes`` table (DESIGN §3): ranges, orphans, the budget grid, the audit arm.
+"""Row rules of the ``outcomes`` table (docs/SCHEMA.md): ranges, orphans, the budget grid, the audit arm.
 
 ``score`` in [0, 1]; ``budget`` in (0, 1]; outcomes without an input and inputs without
 outcomes; ``n_kept`` in [1, n_tokens]; the budget-1.0 arm equal to the full-KV outcome
@@ -10,7 +10,7 @@ for the inputs whose signature differs.
 
 References
 ----------
-PAGE paper, §4 "Setup" (budgets, full-cache audit arm at b = 1). DESIGN §3 (schema,
+PAGE paper, §4 "Setup" (budgets, full-cache audit arm at b = 1). docs/SCHEMA.md (schema,
 reader rules).
 """
 

@@ -9,7 +9,7 @@ numbers are 0-based positions within the file.
 
 References
 ----------
-DESIGN §3 (reader rules: every problem names the file and the row; no rule stops at the
+docs/SCHEMA.md (reader rules: every problem names the file and the row; no rule stops at the
 first problem; required columns non-null; no duplicate inputs, outcome rows or topk rows).
 """
 

@@ -1,4 +1,4 @@
-"""Row rules of the ``topk`` table (DESIGN §3): every row has an input, layer/head/indices in
+"""Row rules of the ``topk`` table (docs/SCHEMA.md): every row has an input, layer/head/indices in
 range, every list is complete and every input has all its rows.
 
 ``layer`` in [0, L) (L = the input's ``agreement`` length), ``head`` in [0, H) (H from
@@ -11,7 +11,7 @@ no duplicate and every layer and head in range, that is one row per (layer, head
 
 References
 ----------
-DESIGN §3 (schema, reader rules).
+docs/SCHEMA.md (schema, reader rules).
 """
 
 from __future__ import annotations
