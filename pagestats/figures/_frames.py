@@ -26,13 +26,13 @@ def short_task(task: str) -> str:
 def task_key(tasks: Iterable[str]) -> str:
     """The key to the abbreviations of :func:`short_task`, e.g. ``"MK3 = niah_multikey_3,
     vt = variable tracking"``: every abbreviated task in the order given, then the RULER
-    tasks whose short names are not words (vt, cwe, fwe)."""
+    tasks whose short names are not words (vt, cwe, fwe); plain text (``$`` escaped)."""
     spelled = {"vt": "variable tracking", "cwe": "common words", "fwe": "frequent words"}
     items = []
     for task in dict.fromkeys(tasks):
-        short = short_task(task)
-        if short != task:
-            items.append(f"{short} = {task}")
+        short, plain = short_task(task), str(task).replace("$", r"\$")  # plain text, as short_task
+        if short != plain:
+            items.append(f"{short} = {plain}")
         elif task in spelled:
             items.append(f"{task} = {spelled[task]}")
     return ", ".join(items)

@@ -327,7 +327,7 @@ def _two_line_label(cell: dict) -> str:
     """A panel title on two lines: the model, then the context and the rest of the cell."""
     model = cell.get("model")
     rest = st.cell_label({k: v for k, v in cell.items() if k != "model"})
-    return f"{model}\n{rest}" if model is not None and rest else st.cell_label(cell)
+    return f"{st.plain_text(str(model))}\n{rest}" if model is not None and rest else st.cell_label(cell)
 
 
 _CURVE_VALUES = {"tau", "n_inputs", "p_open", "delta", "fp_rate", "fn_rate", "kept_kv"}
