@@ -12,10 +12,10 @@ from __future__ import annotations
 import polars as pl
 
 from pagestats.columns import WHATIF_CELL
-from pagestats.metrics import formulas
+from pagestats import formulas
 from pagestats.replay import FixedTau, Policy, ProfileSpec
 from pagestats.replay import sql as replay_sql
-from pagestats.replay.gate import N_KEPT_GATED, SCORE_GATED
+from pagestats.formulas import N_KEPT_GATED, SCORE_GATED
 from pagestats.schema import INPUT_KEY
 
 WHATIF_COLUMNS = (
@@ -40,10 +40,10 @@ GATE_FREE = ("n_inputs", "acc_full", "acc_plain", "harm_plain")
 
 
 def whatif_query(draws: list[str]) -> str:
-    """The what-if as one DuckDB query over ``outcomes``, ``inputs`` and ``decisions``.
+    """The what-if as one DuckDB query over ``outcomes`` and ``decisions`` (one join).
 
-    Every aggregate is a formula of :mod:`pagestats.metrics.formulas` and the gated arm is
-    :data:`~pagestats.replay.gate.SCORE_GATED` / :data:`~pagestats.replay.gate.N_KEPT_GATED`,
+    Every aggregate is a formula of :mod:`pagestats.formulas` and the gated arm is
+    :data:`~pagestats.formulas.SCORE_GATED` / :data:`~pagestats.formulas.N_KEPT_GATED`,
     the same SQL text that polars evaluates in :mod:`pagestats.metrics` and
     :func:`pagestats.replay.gated_outcomes`.
     """
@@ -58,10 +58,10 @@ def whatif_query(draws: list[str]) -> str:
             {formulas.OPEN_COUNT} / count(*) AS p_open,
             avg({formulas.kept_fraction("n_kept_gated")}) AS kept_kv
         FROM (
-            SELECT i.model, i.context_length, o.evictor, o.task, o.budget{", " + draw if draws else ""},
-                i.full_score AS score_full, o.score AS score_plain, {SCORE_GATED} AS score_gated,
+            SELECT d.model, d.context_length, o.evictor, o.task, o.budget{", " + draw if draws else ""},
+                d.full_score AS score_full, o.score AS score_plain, {SCORE_GATED} AS score_gated,
                 {N_KEPT_GATED} AS n_kept_gated, n_tokens, gate_open
-            FROM outcomes o LEFT JOIN inputs i USING ({key}) LEFT JOIN decisions d USING ({key})
+            FROM outcomes o LEFT JOIN decisions d USING ({key})
         )
         GROUP BY ALL"""
     if not draws:

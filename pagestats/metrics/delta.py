@@ -9,9 +9,8 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from pagestats import defaults, stats
+from pagestats import defaults, formulas, stats
 from pagestats.columns import MATRIX_CELL, input_key
-from pagestats.metrics import formulas
 from pagestats.metrics._frames import _outcome_rows, _uniq, _unit_key
 
 __all__ = [

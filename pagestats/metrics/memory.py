@@ -9,9 +9,8 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from pagestats import defaults
+from pagestats import defaults, formulas
 from pagestats.columns import MATRIX_CELL
-from pagestats.metrics import formulas
 from pagestats.metrics._frames import _arm, _outcome_rows
 
 __all__ = ["kept_kv", "compression", "static_batching"]

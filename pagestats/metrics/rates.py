@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import polars as pl
 
-from pagestats import defaults, stats
+from pagestats import defaults, formulas, stats
 from pagestats.columns import TASK_CELL, input_key, require_columns
-from pagestats.metrics import formulas
 from pagestats.metrics._frames import (
     _arm,
     _by,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import polars as pl
 
 from pagestats.columns import input_key, with_task_class
+from pagestats.formulas import N_KEPT_GATED, SCORE_GATED
 from pagestats.replay.policies import POLICY_TYPES, FixedTau, Policy
 from pagestats.replay.spec import ProfileSpec, _require, profile_drop
 from pagestats.schema import INPUT_KEY
@@ -23,11 +24,6 @@ GATE_COLUMNS = (
     "run_id", "task", "input_id", "pair_draw", "model", "context_length", "task_class",
     "n_tokens", "full_score", "drop", "tau", "gate_open",
 )  # fmt: skip
-#: The gated arm of Eq. 2, written once as SQL over an outcome row joined with its input's
-#: decision: the plain outcome where the gate opens, else the full-KV outcome. Polars evaluates
-#: it here (:func:`polars.sql_expr`), DuckDB in :mod:`pagestats.replay.sql`.
-SCORE_GATED = "CASE WHEN gate_open THEN score ELSE full_score END"
-N_KEPT_GATED = "CASE WHEN gate_open THEN n_kept ELSE n_tokens END"
 GATED_OUTCOME_COLUMNS = (
     "run_id", "task", "input_id", "pair_draw", "model", "context_length", "task_class",
     "evictor", "budget", "n_tokens", "drop", "tau", "gate_open", "score_full", "score_plain",

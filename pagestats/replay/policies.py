@@ -28,6 +28,7 @@ import numpy as np
 import polars as pl
 
 from pagestats import defaults
+from pagestats.formulas import GATE_RULE
 from pagestats.schema import INPUT_KEY
 
 #: Canonical order of inputs inside a calibration group for ``pilot="first"``: the first
@@ -35,10 +36,6 @@ from pagestats.schema import INPUT_KEY
 #: of n inputs is a balanced slice of the logged workload rather than n inputs of one task.
 PILOT_ORDER = ["input_id", "task", "run_id"]
 PILOT_MODES = ("first", "random")
-#: The gate rule of §3 (Eq. 2), written once as SQL: open (evict) iff D ≥ τ. Polars evaluates it
-#: on in-memory frames (:func:`polars.sql_expr`), DuckDB on the parquet files
-#: (:mod:`pagestats.replay.sql`).
-GATE_RULE = '"drop" >= tau'
 
 
 def _sql_string(text: str) -> str:
@@ -263,7 +260,8 @@ class TaskOracle:
 
     @property
     def rule(self) -> str:
-        """The decision as SQL (evaluated by polars here and by DuckDB in :mod:`pagestats.replay.sql`)."""
+        """The decision as SQL (evaluated by polars here and by DuckDB in :mod:`pagestats.replay.sql`,
+        as the formulas of :mod:`pagestats.formulas`)."""
         return f"task_class <> {_sql_string(self.capacity_class)}"
 
     def decide(self, frame: pl.DataFrame) -> pl.DataFrame:

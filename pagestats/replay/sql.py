@@ -9,7 +9,7 @@ then creates the relation ``decisions`` (``run_id, task, input_id, [pair_draw], 
 gate_open``):
 
 * a fixed τ or the task-label oracle under the default profile is one SQL projection of
-  ``inputs``, with the policy's own rule (:data:`~pagestats.replay.policies.GATE_RULE`,
+  ``inputs``, with the policy's own rule (:data:`~pagestats.formulas.GATE_RULE`,
   :attr:`TaskOracle.rule <pagestats.replay.policies.TaskOracle.rule>`), reading the logged D
   (validation checks it against :func:`pagestats.profile.drop_from_agreement`; the
   collector's logs reproduce it bit for bit);
@@ -32,7 +32,8 @@ import polars as pl
 
 from pagestats.columns import require_columns, with_task_class
 from pagestats.replay.gate import gate
-from pagestats.replay.policies import GATE_RULE, FixedTau, Policy, TaskOracle
+from pagestats.formulas import GATE_RULE
+from pagestats.replay.policies import FixedTau, Policy, TaskOracle
 from pagestats.replay.spec import ProfileSpec
 from pagestats.schema import INPUT_KEY
 
@@ -41,7 +42,11 @@ INPUT_COLUMNS = (*INPUT_KEY, "model", "context_length", "task_class", "n_tokens"
 #: The columns of ``outcomes`` that the replay reads.
 OUTCOME_COLUMNS = (*INPUT_KEY, "evictor", "budget", "n_kept", "score")
 
+#: The columns of the relation ``decisions`` made by :func:`decide`.
+DECISION_COLUMNS = (*INPUT_KEY, "pair_draw", *INPUT_COLUMNS[3:-1], "drop", "tau", "gate_open")
+
 _KEY = ", ".join(INPUT_KEY)
+_META = ", ".join(c for c in INPUT_COLUMNS if c != "drop")
 
 
 def connect(logs) -> duckdb.DuckDBPyConnection:
@@ -92,8 +97,9 @@ def _per_input(con, logs, profile: ProfileSpec):
 def decide(con, logs, policy: Policy, profile: ProfileSpec = ProfileSpec()) -> list[str]:
     """Create the relation ``decisions`` on ``con``; return its draw columns (``["pair_draw"]`` or ``[]``).
 
-    ``decisions`` has ``run_id, task, input_id, [pair_draw], drop, tau, gate_open``, one row
-    per input (and head-pair draw). See the module docstring for where each policy runs.
+    ``decisions`` has :data:`DECISION_COLUMNS` (``pair_draw`` only with head-pair draws), one
+    row per input (and draw): the input's own columns with its D, τ and decision, so that a
+    query joins the outcome rows to it once. See the module docstring for where each policy runs.
     """
     if not isinstance(profile, ProfileSpec):
         raise TypeError(f"profile must be a ProfileSpec, got {type(profile).__name__}")
@@ -104,12 +110,16 @@ def decide(con, logs, policy: Policy, profile: ProfileSpec = ProfileSpec()) -> l
         else:
             tau, rule = "CAST(NULL AS DOUBLE)", policy.rule
         con.execute(
-            f'CREATE OR REPLACE TEMP VIEW decisions AS SELECT {_KEY}, "drop", tau, {rule} AS gate_open FROM '
-            f'(SELECT {_KEY}, "drop", task_class, {tau} AS tau FROM inputs)'
+            f"CREATE OR REPLACE TEMP VIEW decisions AS SELECT {_META}, \"drop\", tau, {rule} AS gate_open FROM "
+            f"(SELECT {_META}, \"drop\", {tau} AS tau FROM inputs)"
         )
         return []
     frame = gate(_per_input(con, logs, profile), policy, profile)
     draws = ["pair_draw"] if "pair_draw" in frame.columns else []
     con.register("_decided", frame.select(*INPUT_KEY, *draws, "drop", "tau", "gate_open"))
-    con.execute("CREATE OR REPLACE TEMP VIEW decisions AS SELECT * FROM _decided")
+    meta = ", ".join(f"i.{c}" for c in INPUT_COLUMNS if c not in (*INPUT_KEY, "drop"))
+    con.execute(
+        f"CREATE OR REPLACE TEMP VIEW decisions AS SELECT {_KEY}, {'pair_draw, ' if draws else ''}{meta}, "
+        f'd."drop", d.tau, d.gate_open FROM _decided d JOIN inputs i USING ({_KEY})'
+    )
     return draws

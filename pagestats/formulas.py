@@ -1,0 +1,48 @@
+"""The gate rule, the gated arm and the aggregates of the per-cell metrics, each written once, as SQL.
+
+polars evaluates them on in-memory frames (:func:`polars.sql_expr`: :mod:`pagestats.replay`,
+:mod:`pagestats.metrics`) and DuckDB on the parquet files (:mod:`pagestats.replay.sql`,
+:mod:`pagestats.whatif`, :func:`pagestats.replay.tau_curve`), so a formula cannot mean one
+thing in memory and another out of core. The gate rule reads a per-input row (``drop``,
+``tau``); the gated arm an outcome row joined with its input's decision (``score``,
+``n_kept``, ``full_score``, ``n_tokens``, ``gate_open``); the aggregates a gated-outcome row
+(``score_full``, ``score_plain``, ``score_gated``, ``n_kept_*``, ``n_tokens``, ``gate_open``).
+A foundation module: it imports only polars, so the out-of-core path does not load SciPy.
+
+References
+----------
+PAGE paper, §3 (Eq. 2: the gate rule and the gated arm); Table 13 (accuracy); Table 27
+(harm); Tables 12 and 22 (p_open, kept-KV).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+#: The gate rule (§3, Eq. 2): open (evict) iff D ≥ τ.
+GATE_RULE = '"drop" >= tau'
+#: The gated arm (Eq. 2): the plain outcome where the gate opens, else the full-KV outcome.
+SCORE_GATED = "CASE WHEN gate_open THEN score ELSE full_score END"
+N_KEPT_GATED = "CASE WHEN gate_open THEN n_kept ELSE n_tokens END"
+
+#: Mean accuracy of each arm over the rows of a group (Table 13).
+ACCURACY = {"acc_full": "avg(score_full)", "acc_plain": "avg(score_plain)", "acc_gated": "avg(score_gated)"}
+
+
+def harm_count(score: str) -> str:
+    """Harm events of an arm: rows with ``A(b, x) < A(1, x)`` (App. A.7.1, Table 27)."""
+    return f"sum(CAST({score} < score_full AS BIGINT))"
+
+
+#: Gate-open rows (p_open's numerator; Tables 12, 22).
+OPEN_COUNT = "sum(CAST(gate_open AS BIGINT))"
+
+
+def kept_fraction(kept: str) -> str:
+    """Per-row kept-KV fraction ``n_kept / n_tokens`` of an arm (App. A.6.2, Table 22)."""
+    return f"CAST({kept} AS DOUBLE) / n_tokens"
+
+
+def expr(sql: str) -> pl.Expr:
+    """The polars expression of a formula."""
+    return pl.sql_expr(sql)
