@@ -124,3 +124,16 @@ def test_changed_file_or_bad_logs_refused(tmp_path, capsys):
     (tmp_path / "plain.duckdb").write_text("hello")
     with pytest.raises(LogError, match="cannot open|not a pagestats"):
         open_logs(str(tmp_path / "plain.duckdb"))
+
+
+@pytest.mark.parametrize("by,profile", [(("model", "context_length", "evictor"), ProfileSpec()),
+                                        (("task_class", "budget"), ProfileSpec(pairs_fraction=0.5, draws=2))])
+def test_tau_curve_out_of_core_equals_in_memory(written, by, profile):
+    from pagestats.replay import tau_curve
+
+    _, logs, db = written
+    taus = [-np.inf, -0.01, 0.0, 0.02, 0.05, 0.1, np.inf]
+    got, ref = tau_curve(db, taus, profile, by), tau_curve(logs, taus, profile, by)
+    assert got.height == len(taus) * ref.select([*by, *(["pair_draw"] if profile.pairs_fraction else [])]).n_unique()
+    assert_frame_equal(got, ref, abs_tol=1e-12, rel_tol=0)
+    assert got["tau"].to_list()[: len(taus)] == taus  # the given order within a group

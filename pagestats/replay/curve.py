@@ -1,17 +1,69 @@
-"""The fixed-τ replay at many thresholds in one pass: the threshold-sensitivity curve
-(App. A.3.4 "Threshold sensitivity", Fig. 6)."""
+"""The fixed-τ replay at many thresholds in one query: the threshold-sensitivity curve
+(App. A.3.4 "Threshold sensitivity", Fig. 6), computed by DuckDB over a thresholds table."""
 
 from __future__ import annotations
 
 import numpy as np
 import polars as pl
 
-from pagestats import defaults
-from pagestats.replay.gate import _decision_frame, _outcome_rows
+from pagestats import defaults, formulas
+from pagestats.replay import sql as replay_sql
 from pagestats.replay.spec import ProfileSpec
 from pagestats.schema import INPUT_KEY
 
 TAU_CURVE_COLUMNS = ("tau", "n_inputs", "p_open", "delta", "fp_rate", "fn_rate", "kept_kv")
+#: Columns of the outcome rows the curve can be grouped by.
+GROUP_COLUMNS = ("model", "context_length", "evictor", "task", "task_class", "budget", "run_id", "input_id",
+                 "n_tokens", "full_score")  # fmt: skip
+
+
+def _sql_string(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def tau_curve_query(groups: list[str]) -> str:
+    """The curve as one DuckDB query over ``outcomes``, ``drops`` and ``_thresholds(tau, _ord)``.
+
+    Per input: D, its class, Σ(A_full − A_plain), Σ kept fraction and the row count over the
+    rows with b < 1. Per group and distinct D: running sums in D order. For each threshold an
+    ASOF join picks the running sums of the inputs with D < τ, the inputs whose gate
+    :data:`~pagestats.formulas.GATE_RULE` keeps closed; every metric is then a difference of
+    sums.
+    """
+    g = ", ".join(groups)
+    unit = ", ".join([*groups, *(c for c in INPUT_KEY if c not in groups)])
+    on = " AND ".join(f"g.{c} = c.{c}" for c in groups)
+    sums = ("n", "cap", "dil", "gain", "kept", "n_rows")
+    window = "PARTITION BY " + g + ' ORDER BY "drop" ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW'
+    return f"""
+    WITH rows AS (
+        SELECT o.run_id, o.task, o.input_id, o.evictor, o.budget, o.n_kept, o.score, d.model, d.context_length,
+            d.task_class, d.n_tokens, d.full_score, d."drop"{", d.pair_draw" if "pair_draw" in groups else ""}
+        FROM outcomes o JOIN drops d USING ({", ".join(INPUT_KEY)}) WHERE o.budget < 1
+    ), units AS (
+        SELECT {unit}, any_value("drop") AS "drop", 1 AS n,
+            CAST(any_value(task_class) = {_sql_string(defaults.CAPACITY_BOUND)} AS DOUBLE) AS cap,
+            CAST(any_value(task_class) = {_sql_string(defaults.DILUTION_PRONE)} AS DOUBLE) AS dil,
+            sum(full_score - score) AS gain, sum({formulas.kept_fraction("n_kept")}) AS kept,
+            CAST(count(*) AS DOUBLE) AS n_rows
+        FROM rows GROUP BY {unit}
+    ), levels AS (
+        SELECT {g}, "drop", {", ".join(f"sum(sum({c})) OVER w AS {c}" for c in sums)}
+        FROM units GROUP BY {g}, "drop" WINDOW w AS ({window})
+    ), totals AS (
+        SELECT {g}, {", ".join(f"sum({c}) AS {c}" for c in sums)} FROM units GROUP BY {g}
+    ), grid AS (
+        SELECT * FROM totals CROSS JOIN _thresholds
+    )
+    SELECT {", ".join(f"g.{c}" for c in groups)}, g.tau, CAST(g.n AS BIGINT) AS n_inputs,
+        1.0 - coalesce(c.n, 0) / g.n AS p_open,
+        coalesce(c.gain, 0) / g.n_rows AS delta,
+        CASE WHEN g.cap > 0 THEN (g.cap - coalesce(c.cap, 0)) / g.cap ELSE CAST('NaN' AS DOUBLE) END AS fp_rate,
+        CASE WHEN g.dil > 0 THEN coalesce(c.dil, 0) / g.dil ELSE CAST('NaN' AS DOUBLE) END AS fn_rate,
+        (g.kept - coalesce(c.kept, 0) + coalesce(c.n_rows, 0)) / g.n_rows AS kept_kv
+    FROM grid g ASOF LEFT JOIN levels c ON {on} AND g.tau > c."drop"
+    ORDER BY {", ".join(f"g.{c}" for c in groups)}, g._ord
+    """
 
 
 def tau_curve(
@@ -20,17 +72,17 @@ def tau_curve(
     profile: ProfileSpec = ProfileSpec(),
     by=("model", "context_length", "evictor"),
 ) -> pl.DataFrame:
-    """Fixed-τ replay at many thresholds in one pass (App. A.3.4 "Threshold sensitivity", Fig. 6).
+    """Fixed-τ replay at many thresholds in one query (App. A.3.4 "Threshold sensitivity", Fig. 6).
 
     Parameters
     ----------
-    logs : pagestats.io.Logs
+    logs : pagestats.io.Logs or pagestats.io.LogDB
     taus : array_like of float
         Thresholds (any order; ±inf allowed).
     profile : ProfileSpec
     by : sequence of str
-        Groups of the curve (columns of the outcome rows: model, context_length, evictor,
-        task, task_class, budget, run_id).
+        Groups of the curve (columns of the outcome rows, :data:`GROUP_COLUMNS`: model,
+        context_length, evictor, task, task_class, budget, run_id, …).
 
     Returns
     -------
@@ -45,60 +97,28 @@ def tau_curve(
     n_kept/n_tokens. Over the group's inputs: p_open = fraction with D ≥ τ; fp_rate = share of
     capacity-bound inputs whose gate opens ("gate fires on capacity-bound MK3"); fn_rate =
     share of dilution-prone inputs whose gate stays closed (App. A.3.4); NaN when the group
-    has no input of that class. Algorithm: one join and one group-by give per input the sums
-    of (A_full − A_plain), of n_kept/n_tokens and the row count; inputs are sorted by D in
-    each group, and for every τ the closed inputs are a prefix (D < τ) found by
-    ``searchsorted``, so each metric is a difference of cumulative sums. Equals the
-    brute-force loop of :func:`gated_outcomes` over τ up to floating-point summation order.
+    has no input of that class. One DuckDB query (:func:`tau_curve_query`) over the outcome
+    rows and a table of the thresholds: the closed inputs at τ are those with D < τ, found
+    for every τ at once by an ASOF join on running sums in D order. Equals the brute-force
+    loop of :func:`gated_outcomes` over τ up to floating-point summation order.
     """
     taus = np.asarray(taus, dtype=np.float64).ravel()
     if np.isnan(taus).any():
         raise ValueError("taus contain NaN")
+    if taus.size == 0:
+        raise ValueError("taus is empty")
     by = list(by)
-    rows = _outcome_rows(logs, _decision_frame(logs, profile)).filter(pl.col("budget") < 1.0)
-    bad = [c for c in by if c not in rows.columns or c in ("pair_draw", "drop", "score", "n_kept")]
+    bad = [c for c in by if c not in GROUP_COLUMNS]
     if bad:
         raise ValueError(f"tau_curve: cannot group by {bad}")
-    groups = [*by, *(["pair_draw"] if "pair_draw" in rows.columns else [])]
-    units = (
-        rows.group_by([*groups, *(c for c in INPUT_KEY if c not in groups)])
-        .agg(
-            pl.col("drop").first(),
-            (pl.col("task_class").first() == defaults.CAPACITY_BOUND).cast(pl.Float64).alias("_cap"),
-            (pl.col("task_class").first() == defaults.DILUTION_PRONE).cast(pl.Float64).alias("_dil"),
-            (pl.col("full_score") - pl.col("score")).sum().alias("_gain"),
-            (pl.col("n_kept") / pl.col("n_tokens")).sum().alias("_kept"),
-            pl.len().cast(pl.Float64).alias("_rows"),
-        )
-        .sort([*groups, "drop"])
-    )
-    keys = units.select(groups)
-    if units.height == 0:
+    con = replay_sql.connect(logs)
+    try:
+        groups = [*by, *replay_sql.drops(con, logs, profile)]
+        con.register("_thresholds", pl.DataFrame({"tau": taus, "_ord": np.arange(taus.size, dtype=np.int64)}))
+        out = con.sql(tau_curve_query(groups)).pl()
+    finally:
+        con.close()
+    if out.height == 0:
         raise ValueError("tau_curve: no outcome rows with budget < 1 to replay")
-    run = keys.select(pl.struct(groups).rle_id()).to_series().to_numpy()
-    starts = np.flatnonzero(np.r_[True, run[1:] != run[:-1]])
-    ends = np.r_[starts[1:], units.height]
-    drop = units["drop"].to_numpy()
-    sums = ("_cap", "_dil", "_gain", "_kept", "_rows")
-    cums = {c: np.concatenate([[0.0], np.cumsum(units[c].to_numpy())]) for c in sums}
-    n_groups, n_taus = len(starts), len(taus)
-    metrics = {c: np.empty((n_groups, n_taus)) for c in TAU_CURVE_COLUMNS if c != "tau"}
-    with np.errstate(invalid="ignore", divide="ignore"):
-        for g, (s, e) in enumerate(zip(starts, ends)):
-            closed = np.searchsorted(drop[s:e], taus, side="left")  # inputs with D < τ
-            tot = {c: v[e] - v[s] for c, v in cums.items()}
-            part = {c: v[s + closed] - v[s] for c, v in cums.items()}
-            n = e - s
-            metrics["n_inputs"][g] = n
-            metrics["p_open"][g] = 1.0 - closed / n
-            metrics["delta"][g] = part["_gain"] / tot["_rows"]
-            metrics["kept_kv"][g] = (tot["_kept"] - part["_kept"] + part["_rows"]) / tot["_rows"]
-            metrics["fp_rate"][g] = (tot["_cap"] - part["_cap"]) / tot["_cap"] if tot["_cap"] else np.nan
-            metrics["fn_rate"][g] = part["_dil"] / tot["_dil"] if tot["_dil"] else np.nan
-    out = keys[starts].select(pl.all().repeat_by(n_taus).explode())
-    cols = {"tau": np.tile(taus, n_groups)}
-    cols.update({c: m.ravel() for c, m in metrics.items()})
-    out = out.with_columns(
-        *(pl.Series(c, cols[c]).cast(pl.Int64 if c == "n_inputs" else pl.Float64) for c in TAU_CURVE_COLUMNS)
-    )
-    return out
+    return out.with_columns(pl.col("n_inputs").cast(pl.Int64), *(pl.col(c).cast(pl.Float64) for c in TAU_CURVE_COLUMNS
+                                                                   if c != "n_inputs"))

@@ -34,7 +34,7 @@ from pagestats.columns import require_columns, with_task_class
 from pagestats.replay.gate import gate
 from pagestats.formulas import GATE_RULE
 from pagestats.replay.policies import FixedTau, Policy, TaskOracle
-from pagestats.replay.spec import ProfileSpec
+from pagestats.replay.spec import ProfileSpec, profile_drop
 from pagestats.schema import INPUT_KEY
 
 #: The scalar columns of ``inputs`` that the replay reads.
@@ -92,6 +92,29 @@ def _per_input(con, logs, profile: ProfileSpec):
     inputs = con.sql(f"SELECT {cols} FROM inputs ORDER BY {_KEY}").pl()
     topk = con.sql(f"SELECT * FROM topk ORDER BY {_KEY}, layer, head").pl() if profile.k is not None else None
     return SimpleNamespace(inputs=inputs, outcomes=None, topk=topk, manifests=logs.manifests)
+
+
+def drops(con, logs, profile: ProfileSpec = ProfileSpec()) -> list[str]:
+    """Create the relation ``drops`` on ``con`` (the input columns and D under ``profile``, as
+    ``decisions`` without τ); return its draw columns.
+
+    The default profile reads the logged D in SQL; any other spec runs
+    :func:`pagestats.replay.profile_drop` on the per-input frame and joins D back.
+    """
+    if not isinstance(profile, ProfileSpec):
+        raise TypeError(f"profile must be a ProfileSpec, got {type(profile).__name__}")
+    if profile == ProfileSpec():
+        con.execute(f'CREATE OR REPLACE TEMP VIEW drops AS SELECT {_META}, "drop" FROM inputs')
+        return []
+    frame = profile_drop(_per_input(con, logs, profile), profile)
+    draws = ["pair_draw"] if "pair_draw" in frame.columns else []
+    con.register("_dropped", frame)
+    meta = ", ".join(f"i.{c}" for c in INPUT_COLUMNS if c not in (*INPUT_KEY, "drop"))
+    con.execute(
+        f"CREATE OR REPLACE TEMP VIEW drops AS SELECT {_KEY}, {'pair_draw, ' if draws else ''}{meta}, "
+        f'd."drop" FROM _dropped d JOIN inputs i USING ({_KEY})'
+    )
+    return draws
 
 
 def decide(con, logs, policy: Policy, profile: ProfileSpec = ProfileSpec()) -> list[str]:
