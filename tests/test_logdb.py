@@ -137,3 +137,25 @@ def test_tau_curve_out_of_core_equals_in_memory(written, by, profile):
     assert got.height == len(taus) * ref.select([*by, *(["pair_draw"] if profile.pairs_fraction else [])]).n_unique()
     assert_frame_equal(got, ref, abs_tol=1e-12, rel_tol=0)
     assert got["tau"].to_list()[: len(taus)] == taus  # the given order within a group
+
+
+def test_index_validates_run_by_run(tmp_path):
+    import shutil
+
+    s = synthetic_logs(models={"a": (6, 4), "b": (6, 4)}, n_inputs=3, tasks=("niah_multikey_3", "vt"),
+                       evictors=("snapkv",), budgets=(0.5, 1.0), with_topk=False, seed=4)  # fmt: skip
+    runs = [str(r) for r in s.write(tmp_path / "logs")]
+    copy = tmp_path / "copy" / "same"
+    shutil.copytree(runs[0], copy)
+    with pytest.raises(LogError, match="is also the run_id"):
+        index_logs([*runs, str(copy)], str(tmp_path / "dup.duckdb"))
+    # a broken row in the second run is reported with its file and row, as load reports it
+    path = sorted((tmp_path / "logs").glob("*/outcomes/*.parquet"))[-1]
+    frame = pl.read_parquet(path)
+    frame.with_columns(pl.when(pl.int_range(pl.len()) == 1).then(1.5).otherwise(pl.col("score")).alias("score")).write_parquet(path)
+    with pytest.raises(LogError) as err:
+        index_logs(runs, str(tmp_path / "bad.duckdb"))
+    with pytest.raises(LogError) as ref:
+        load(runs)
+    assert [str(p) for p in err.value.problems] == [str(p) for p in ref.value.problems]
+    assert any(f"{path}:row 1: score outside [0, 1]" in str(p) for p in err.value.problems)

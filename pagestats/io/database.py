@@ -1,7 +1,8 @@
 """Validated logs as a DuckDB database of views over their files, for queries out of core.
 
-:func:`index_logs` validates the logs once (every rule of :mod:`pagestats.io.validation`),
-then writes a DuckDB database whose views ``inputs``, ``outcomes`` (and ``topk``) read the
+:func:`index_logs` validates the logs once (every rule of :mod:`pagestats.io.validation`;
+run by run when every file lies in a named run directory, so that memory grows with the
+largest run and not with the release), then writes a DuckDB database whose views ``inputs``, ``outcomes`` (and ``topk``) read the
 parquet files where they lie, with the task classes of the manifests joined to ``inputs``.
 The database stores no log rows: the file list with each file's sha256, size and
 modification time (table ``log_files``), the manifests (``manifests``) and the task
@@ -26,6 +27,7 @@ import duckdb
 import polars as pl
 
 from pagestats import schema
+from pagestats.io.discovery import _Discovery
 from pagestats.io.load import HEAVY_COLUMNS, FileRecord, Logs, load
 from pagestats.io.validation.problems import LogError, Problem
 
@@ -47,8 +49,8 @@ def _files_query(table: str, files: list[FileRecord]) -> str:
     return f"read_parquet([{paths}], union_by_name = true)"
 
 
-def _create(con: duckdb.DuckDBPyConnection, logs: Logs, task_classes: pl.DataFrame) -> None:
-    records = [FileRecord(os.path.abspath(f.path), f.table, f.sha256, f.rows) for f in logs.files]
+def _create(con: duckdb.DuckDBPyConnection, manifests: dict, files: list[FileRecord], task_classes: pl.DataFrame) -> None:
+    records = [FileRecord(os.path.abspath(f.path), f.table, f.sha256, f.rows) for f in files]
     jsonl = [f.path for f in records if not f.path.endswith(".parquet")]
     if jsonl:
         raise LogError([Problem(p, None, "index: only parquet files can be indexed (convert jsonl logs with "
@@ -65,7 +67,7 @@ def _create(con: duckdb.DuckDBPyConnection, logs: Logs, task_classes: pl.DataFra
     ))  # fmt: skip
     con.execute("CREATE TABLE log_files AS SELECT * FROM _files")
     con.register("_manifests", pl.DataFrame(
-        {"run_id": list(logs.manifests), "manifest": [json.dumps(m) for m in logs.manifests.values()]},
+        {"run_id": list(manifests), "manifest": [json.dumps(m) for m in manifests.values()]},
         schema={"run_id": pl.String, "manifest": pl.String},
     ))  # fmt: skip
     con.execute("CREATE TABLE manifests AS SELECT * FROM _manifests")
@@ -134,6 +136,48 @@ class LogDB:
         self.con.close()
 
 
+def _validated(paths: list[str]) -> tuple[dict, list[FileRecord], pl.DataFrame]:
+    """Manifests, file records and task classes of the validated logs (:class:`LogError` otherwise).
+
+    When every file lies in a whole run directory, each run is loaded and checked on its own
+    (no rule relates rows of two runs: every key starts with run_id) and dropped before the
+    next; the run_ids must then be distinct across runs. Otherwise all files are loaded at once.
+    """
+    disc = _Discovery()
+    for p in paths:
+        disc.add(p)
+    runs = list(disc.runs.values())
+    by_run = (
+        not disc.problems and len(runs) > 1 and all(r.full and r.info is not None for r in runs)
+        and all(src.run is not None and src.run.full for src in disc.sources.values())
+    )
+    groups = [(r, [r.dir]) for r in sorted(runs, key=lambda r: r.dir)] if by_run else [(None, list(paths))]
+    problems: list[Problem] = []
+    manifests: dict[str, dict] = {}
+    files: list[FileRecord] = []
+    classes = []
+    seen: dict[str, str] = {}
+    for run, group in groups:
+        if run is not None:
+            if run.info.run_id in seen:
+                problems.append(Problem(run.manifest_path, None, f"run_id {run.info.run_id!r} is also the run_id "
+                                                                 f"of {seen[run.info.run_id]}"))
+                continue
+            seen[run.info.run_id] = run.manifest_path
+        try:
+            logs = load(group, strict=True)
+        except LogError as err:
+            problems += err.problems
+            continue
+        manifests.update(logs.manifests)
+        files += logs.files
+        classes.append(logs.inputs.select("run_id", "task", "task_class").unique())
+        del logs
+    if problems:
+        raise LogError(problems)
+    return manifests, files, pl.concat(classes).unique().sort("run_id", "task")
+
+
 def index_logs(
     paths: Sequence[str] | str,
     db: str,
@@ -157,20 +201,19 @@ def index_logs(
     LogError
         Any validation problem (nothing is written), or a jsonl file (only parquet is indexed).
     """
-    logs = load(paths, strict=True)
-    task_classes = logs.inputs.select("run_id", "task", "task_class").unique().sort("run_id", "task")
+    paths = [paths] if isinstance(paths, (str, os.PathLike)) else [str(p) for p in paths]
+    manifests, files, task_classes = _validated(paths)
     tmp = f"{db}.tmp"
     if os.path.exists(tmp):
         os.remove(tmp)
     con = duckdb.connect(tmp, config=_config(memory_limit, temp_directory))
     try:
-        _create(con, logs, task_classes)
+        _create(con, manifests, files, task_classes)
     except BaseException:
         con.close()
         os.remove(tmp)
         raise
     con.close()
-    del logs
     os.replace(tmp, db)
     return open_logs(db, memory_limit=memory_limit, temp_directory=temp_directory)
 
