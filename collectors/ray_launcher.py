@@ -58,7 +58,8 @@ class LaunchSummary:
         """The one-line summary printed at the end of a launch."""
         return (f"{self.out}: {self.inputs} inputs valid ({self.collected} collected now, "
                 f"{self.inputs - self.collected} there before) by {self.shards} Ray shards; "
-                f"{self.failures_retried} failures retried; wall {self.wall_s:.1f} s")
+                f"{self.failures_retried} failure{'' if self.failures_retried == 1 else 's'} retried; "
+                f"wall {self.wall_s:.1f} s")
 
 
 def retryable_errors() -> tuple[type, ...]:

@@ -204,3 +204,16 @@ def test_model_name_labels_rows_and_manifest(model_dir, tmp_path):
 def test_local_model_is_labelled_by_its_directory_name(reference, model_dir):
     m = json.loads((reference / "manifest.json").read_text())
     assert m["model"]["name"] == model_dir.name
+
+
+def test_slurm_array_script_collects_the_same_run(model_dir, reference, tmp_path):
+    """docs/slurm_collect.sh, run as array tasks 0 and 1 of 2 (CPU, the tiny model), equals one process."""
+    script = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "slurm_collect.sh")
+    out = tmp_path / "run"
+    for index in (0, 1):
+        env = {**os.environ, "SLURM_ARRAY_TASK_ID": str(index), "SLURM_ARRAY_TASK_COUNT": "2",
+               "PYTHON": sys.executable, "MODEL": str(model_dir), "OUT": str(out), "DEVICE": "cpu", "DTYPE": "float32"}
+        proc = subprocess.run(["bash", script, *ARGS], env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    for table in schema.TABLES:
+        assert rows(out, table) == rows(reference, table), table

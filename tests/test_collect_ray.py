@@ -61,7 +61,7 @@ def test_cli_retries_a_shard_killed_mid_run(model_dir, reference, tmp_path, monk
     summary = json.loads(captured.out.strip().splitlines()[-1])
     assert summary["inputs"] == 6 and summary["collected"] == 6 and summary["shards"] == 2
     assert summary["failures_retried"] == 1 and "WorkerCrashedError" in summary["retried"][0]
-    assert "6 inputs valid" in captured.err and "1 failures retried" in captured.err
+    assert "6 inputs valid" in captured.err and "1 failure retried" in captured.err
     assert_same_run(out, reference)
 
 
