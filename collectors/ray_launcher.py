@@ -163,7 +163,11 @@ def launch(cfg: CollectConfig, *, shards: int, address: str | None = None, gpus_
     retry_on = retryable_errors()
     started = not ray.is_initialized()
     if started:
-        ray.init(address=address)
+        try:
+            ray.init(address=address)
+        except ConnectionError as err:
+            where = f"the Ray cluster at {address}" if address else "a local Ray instance"
+            raise LaunchError(f"cannot start or reach {where}: {_first_line(err)}") from None
     total = len(work_items(cfg.tasks, cfg.n))
     bar = tqdm(total=total, unit="input", desc=f"{shards} shards", disable=not progress, dynamic_ncols=True)
     retried: list[str] = []

@@ -139,13 +139,6 @@ def test_bad_options_exit_with_a_message(capsys):
 ERROR_ARGS = ["--tasks", "niah_single_1", "--context-length", "300", "--n", "1", "--no-progress"]
 
 
-def _collect_process(*args, env=None):
-    """``python -m collectors ARGS`` in a fresh process: (exit code, stderr lines)."""
-    proc = subprocess.run([sys.executable, "-m", "collectors", *args], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
-    return proc.returncode, proc.stderr.strip().splitlines()
-
-
 def _model_dir_variant(model_dir, tmp_path, *, drop=(), config=None):
     import shutil
 
@@ -161,7 +154,8 @@ def _model_dir_variant(model_dir, tmp_path, *, drop=(), config=None):
 
 @pytest.mark.parametrize("case", ["missing-path", "no-tokenizer", "unknown-type", "not-causal", "cuda",
                                   "too-long", "flash-attention", "unknown-kernel"])
-def test_collector_errors_are_one_line(case, model_dir, tmp_path):
+def test_collector_errors_are_one_line(case, model_dir, tmp_path, capsys):
+    """In process: an exception escaping cli.main would fail the test, so exit 2 with one line means no traceback."""
     import torch
 
     out = tmp_path / "out"
@@ -185,10 +179,19 @@ def test_collector_errors_are_one_line(case, model_dir, tmp_path):
         extra, expect = ["--attn-impl", "flash_attention_2"], "flash_attention_2"
     elif case == "unknown-kernel":
         extra, expect = ["--attn-impl", "nosuchkernel"], "not a transformers attention kernel"
-    code, lines = _collect_process("--model", model, "--out", str(out), *ERROR_ARGS, *extra)
+    code = cli.main(["--model", model, "--out", str(out), *ERROR_ARGS, *extra])
+    lines = capsys.readouterr().err.strip().splitlines()
     assert code == 2, lines
     assert len(lines) == 1 and lines[0].startswith("error: ") and expect in lines[0], lines
     assert not out.exists()  # refused before any work
+
+
+def test_missing_model_is_one_line_in_a_fresh_process(tmp_path):
+    """What a user sees from the command: one stderr line, exit 2, no transformers traceback."""
+    proc = subprocess.run([sys.executable, "-m", "collectors", "--model", str(tmp_path / "nonexistent"),
+                           "--out", str(tmp_path / "out"), *ERROR_ARGS], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [f"error: model path not found: {tmp_path / 'nonexistent'}"]
 
 
 def test_model_name_labels_rows_and_manifest(model_dir, tmp_path):
