@@ -36,6 +36,9 @@ def test_gpu_bench_smoke_without_duckdb_or_polars(tmp_path):
                 assert math.isfinite(row[key]), key
             assert row["stock_prefill_ms"] > 0 and row["gate_signals_ms"] > 0
             assert row["eager_attentions_predicted_gib"] == 4 * 4 * row["tokens"] ** 2 * 2 / 2**30
+    assert result["finished"] is True
     sweep = result["models"]["qwen2.5-1.5b"]["sweep"]
-    assert sweep["max_batch_16"]["n_arms"] == sweep["max_batch_33"]["n_arms"] == 33
-    assert sweep["max_batch_33"]["over_baseline"] > 0
+    for batch in ("max_batch_16", "max_batch_33"):
+        assert sweep[batch]["n_arms"] == 33 and sweep[batch]["over_baseline"] > 0
+        assert sweep[batch]["every_arm_decoded_all_steps"] is True
+        assert sweep[batch]["full_arm_equals_baseline_tokens"] is True  # float32 on the CPU: exact
