@@ -19,6 +19,7 @@ import polars as pl
 
 import pagestats
 from pagestats import defaults
+from pagestats.columns import MATRIX_CELL
 from pagestats.io import ExclusionError, LogError, index_logs, load, open_logs, validate_paths
 from pagestats.io.database import MEMORY_LIMIT
 from pagestats.io.validation.problems import one_line
@@ -236,11 +237,33 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--bins", default=None, help="bin fraction, decimal or fraction such as 1/4 (default: 1/3)")
     p.add_argument("--strict-bins", action="store_true", help="strict-thirds late bin (Table 24; default: the deployed equal-size bins)")
     p.add_argument("--format", choices=["csv", "table"], default="table",
-                   help="table: a summary for reading; csv: the per-cell table on stdout")
+                   help="table: the summary of --by for reading; csv: the per-cell table (every column "
+                   "at full precision) on stdout")
+    p.add_argument("--by", default=",".join(MATRIX_CELL), metavar="KEYS",
+                   help="group keys of the summary, a comma list of model, context_length, evictor, task, budget")
+    p.add_argument("--evictor", default=None, metavar="E1,E2", help="show only these evictors (default: all)")
+    p.add_argument("--task", default=None, metavar="T1,T2", help="show only these tasks (default: all)")
+    p.add_argument("--context", default=None, metavar="N1,N2",
+                   help="show only these context lengths (default: all); the replay still sees every input")
+    p.add_argument("-o", "--output", default=None, metavar="FILE",
+                   help="also write the per-cell table to FILE: .csv, .parquet or .json (default: none)")
 
     p = sub.add_parser("report", help="write every table and figure plus an index with file hashes")
     _add_logs(p)
     p.add_argument("--out", required=True, help="output directory")
+
+    p = sub.add_parser("show", help="print one input: prompt, references, D and the gate, a_ℓ, every arm's prediction")
+    p.add_argument("logs", nargs="+", metavar="LOGS", help="run directories, parquet/jsonl files or globs")
+    p.add_argument("--input", required=True, metavar="RUN/TASK/ID",
+                   help="the input; RUN is a run_id or the run's directory name")
+    p.add_argument("--tau", type=number(-1.0, 1.0, name="--tau"), default=defaults.TAU,
+                   help="the fixed threshold τ of the gate decision shown")
+
+    p = sub.add_parser("compact", help="merge a run's part files into one file per table, with a new manifest")
+    p.add_argument("run", metavar="RUN", help="the run directory to compact")
+    p.add_argument("--out", required=True, metavar="RUN2", help="the new run directory (must not exist)")
+    p.add_argument("--rows", type=number(1, 10**12, integer=True, name="--rows"), default=None,
+                   help="rows per output file (default: one file per table)")
 
     p = sub.add_parser("index", help="validate logs and write a DuckDB database of views over their parquet files")
     p.add_argument("logs", nargs="+", metavar="LOGS", help="run directories, parquet/jsonl files or globs")
@@ -271,6 +294,28 @@ def _bad_logs_line(err: LogError, logs: list[str]) -> str:
                     "for the full list")
 
 
+def _comma_list(text, kind=str, name="option"):
+    """A comma-separated option value as a list of ``kind`` (``None`` stays ``None``)."""
+    if text is None:
+        return None
+    items = [s.strip() for s in str(text).split(",") if s.strip()]
+    try:
+        return [kind(s) for s in items]
+    except ValueError:
+        raise ValueError(f"{name}: cannot read {text!r} as a comma list of {kind.__name__}") from None
+
+
+def _summary_text(summary: pl.DataFrame, args) -> str:
+    """The ``whatif`` summary as a compact text table, with one line saying what it shows."""
+    body = summary.with_columns(pl.col(pl.Float64).round(3))
+    with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=160, tbl_hide_dataframe_shape=True,
+                   tbl_hide_column_data_types=True, tbl_formatting="ASCII_MARKDOWN", float_precision=3):
+        text = str(body)
+    scope = "every budget" if "budget" in summary.columns else "budgets b < 1"
+    return (f"{text}\nmean over inputs and {scope} per {', '.join(summary.columns[:summary.columns.index('n_inputs')])}; "
+            "the per-cell table: --format csv or -o FILE")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "validate":
@@ -289,6 +334,36 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(one_line(f"indexed {len(db.files)} files into {args.db}"), file=sys.stderr)
         db.close()
+        return 0
+
+    if args.command == "compact":
+        from pagestats.io import compact_run
+
+        try:
+            compact_run(args.run, args.out, rows_per_file=args.rows)
+        except LogError as err:
+            print(_bad_logs_line(err, [args.run]), file=sys.stderr)
+            return 1
+        except (ValueError, OSError) as err:
+            print(one_line(f"error: {err}"), file=sys.stderr)
+            return 2
+        print(one_line(f"compacted {args.run} into {args.out} (validated)"), file=sys.stderr)
+        return 0
+
+    if args.command == "show":
+        from pagestats.show import parse_input_spec, show_input
+
+        try:
+            logs = load(args.logs, columns="all")
+        except LogError as err:
+            print(_bad_logs_line(err, args.logs), file=sys.stderr)
+            return 1
+        try:
+            run_id, task, input_id = parse_input_spec(args.input, logs)
+        except ValueError as err:
+            print(one_line(f"error: {err}"), file=sys.stderr)
+            return 2
+        print(show_input(logs, run_id, task, input_id, policy=FixedTau(args.tau)))
         return 0
 
     if args.command == "report":
@@ -318,18 +393,24 @@ def main(argv: list[str] | None = None) -> int:
             print(one_line(f"excluded: {line}"), file=sys.stderr)
 
     if args.command == "whatif":
-        from pagestats.whatif import whatif_table  # SciPy via metrics: imported only for `whatif`
+        from pagestats.whatif import filter_whatif, whatif_summary, whatif_table, write_whatif
 
         try:
             table = whatif_table(logs, policy=policy_from_args(args), profile=profile_from_args(args))
-        except (ValueError, TypeError) as err:  # bad option values: one line, no traceback
+            table = filter_whatif(table, evictor=_comma_list(args.evictor), task=_comma_list(args.task),
+                                  context_length=_comma_list(args.context, int, "--context"))
+            summary = None if args.format == "csv" else whatif_summary(table, by=_comma_list(args.by))
+            if args.output:
+                write_whatif(table, args.output)
+        except (ValueError, TypeError, OSError) as err:  # bad option values: one line, no traceback
             print(one_line(f"error: {err}"), file=sys.stderr)
             return 2
+        if args.output:
+            print(one_line(f"wrote {table.height} rows × {table.width} columns to {args.output}"), file=sys.stderr)
         if args.format == "csv":
             sys.stdout.write(table.write_csv(float_precision=None))
         else:
-            with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=200):
-                print(table)
+            print(_summary_text(summary, args))
         return 0
 
     if args.command == "report":

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from pagestats.columns import WHATIF_CELL
+from pagestats.columns import MATRIX_CELL, WHATIF_CELL
 from pagestats import formulas
 from pagestats.replay import FixedTau, Policy, ProfileSpec
 from pagestats.replay import sql as replay_sql
@@ -120,3 +120,85 @@ def whatif_table(logs, policy: Policy = FixedTau(), profile: ProfileSpec = Profi
             for c in WHATIF_COLUMNS[6:]
         ),
     )
+
+
+#: The columns of :func:`whatif_summary` after its group keys.
+SUMMARY_COLUMNS = ("n_inputs", "acc_plain", "acc_gated", "delta", "harm_plain", "harm_gated", "p_open", "kept_kv")
+#: File formats of :func:`write_whatif`, by extension.
+WHATIF_FORMATS = (".csv", ".parquet", ".json")
+
+
+def whatif_summary(table: pl.DataFrame, by=MATRIX_CELL) -> pl.DataFrame:
+    """The what-if table pooled into groups: one row per value of ``by``.
+
+    Parameters
+    ----------
+    table : polars.DataFrame
+        :func:`whatif_table` output (possibly filtered to some rows).
+    by : sequence of str
+        Group keys, any of the five cell keys (default the matrix cell, model × context ×
+        evictor).
+
+    Returns
+    -------
+    polars.DataFrame
+        ``by`` then :data:`SUMMARY_COLUMNS`, sorted by ``by``.
+
+    Notes
+    -----
+    Each value column is the mean over the group's inputs and budgets b < 1 (every budget
+    when ``budget`` is a key) of the per-input quantity: the per-cell values are averaged with
+    their ``n_inputs`` as weights. Every (evictor, budget) arm of a run holds the same inputs,
+    so ``delta`` is the paper's Δ of a cell (§4, Table 2: the mean over inputs and budgets
+    b < 1 of gated − plain). ``n_inputs`` counts each input of the group once: the inputs of
+    each (model, context_length, task) are counted at one budget and one evictor.
+    """
+    by = [by] if isinstance(by, str) else list(by)
+    unknown = [k for k in by if k not in WHATIF_CELL]
+    if not by or unknown or len(set(by)) != len(by):
+        raise ValueError(f"--by takes distinct keys among {', '.join(WHATIF_CELL)}; got {','.join(by) or 'nothing'}")
+    rows = table if "budget" in by else table.filter(pl.col("budget") < 1.0)
+    if rows.height == 0:
+        raise ValueError("no rows with an eviction budget b < 1 to summarise")
+    weight = pl.col("n_inputs").cast(pl.Float64)
+    values = [c for c in SUMMARY_COLUMNS if c != "n_inputs"]
+    pooled = rows.group_by(by).agg(*(((pl.col(c) * weight).sum() / weight.sum()).alias(c) for c in values))
+    input_keys = list(dict.fromkeys([*by, "model", "context_length", "task"]))
+    counts = (rows.group_by(input_keys).agg(pl.col("n_inputs").max())
+              .group_by(by).agg(pl.col("n_inputs").sum().cast(pl.Int64)))
+    return pooled.join(counts, on=by).select(*by, *SUMMARY_COLUMNS).sort(by)
+
+
+def filter_whatif(table: pl.DataFrame, *, evictor=None, task=None, context_length=None) -> pl.DataFrame:
+    """The rows of a what-if table whose evictor, task and context length are among the given
+    values (``None`` keeps all). A value the table does not hold is a ``ValueError`` that
+    lists the values it does hold."""
+    for column, wanted in (("evictor", evictor), ("task", task), ("context_length", context_length)):
+        if wanted is None:
+            continue
+        wanted = list(wanted)
+        have = table[column].unique().sort().to_list()
+        missing = [w for w in wanted if w not in have]
+        if missing:
+            raise ValueError(f"no {column} {', '.join(map(str, missing))} in the logs; "
+                             f"they hold {', '.join(map(str, have))}")
+        table = table.filter(pl.col(column).is_in(wanted))
+    return table
+
+
+def write_whatif(table: pl.DataFrame, path) -> str:
+    """Write a what-if table to ``path`` in the format its extension names: ``.csv`` (floats at
+    full precision), ``.parquet`` or ``.json`` (a list of records). Returns the path."""
+    from pathlib import Path
+
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in WHATIF_FORMATS:
+        raise ValueError(f"-o {path}: the extension must be one of {', '.join(WHATIF_FORMATS)}")
+    if suffix == ".csv":
+        table.write_csv(path, float_precision=None)
+    elif suffix == ".parquet":
+        table.write_parquet(path)
+    else:
+        table.write_json(path)
+    return str(path)

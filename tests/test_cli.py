@@ -73,3 +73,203 @@ def test_docs_links_resolve():
             if "://" in target:
                 continue
             assert (page.parent / target).exists(), f"{page.name} links to a missing {target}"
+
+
+# --------------------------------------------------------------------------- whatif for people
+import csv  # noqa: E402
+import io as stdio  # noqa: E402
+import json  # noqa: E402
+from contextlib import redirect_stdout  # noqa: E402
+
+import polars as pl  # noqa: E402
+
+from pagestats import metrics  # noqa: E402
+from pagestats.columns import MATRIX_CELL  # noqa: E402
+from pagestats.io import load  # noqa: E402
+from pagestats.replay import FixedTau, gated_outcomes  # noqa: E402
+from pagestats.whatif import WHATIF_COLUMNS, whatif_summary, whatif_table  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    """Two synthetic runs (two models, two contexts, two evictors, three budgets)."""
+    from pagestats.testing import synthetic_logs
+
+    s = synthetic_logs(models={"m-a": (6, 4), "m-b": (8, 4)}, n_inputs=6, tasks=("niah_multikey_3", "vt", "fwe"),
+                       evictors=("snapkv", "h2o"), context_lengths=(4096, 8192), budgets=(0.25, 0.5, 1.0),
+                       with_topk=False, seed=3)
+    return [str(p) for p in s.write(tmp_path_factory.mktemp("runs"))]
+
+
+def _run(argv, capsys):
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_whatif_summary_is_the_matrix_delta(two_runs):
+    logs = load(two_runs)
+    table = whatif_table(logs, FixedTau(0.05))
+    summary = whatif_summary(table)
+    gated = gated_outcomes(logs, FixedTau(0.05))
+    ref = metrics.delta(gated, by=list(MATRIX_CELL))  # mean over inputs and budgets b < 1 of gated − plain
+    joined = summary.join(ref, on=list(MATRIX_CELL), suffix="_ref")
+    assert joined.height == summary.height == ref.height == 8
+    assert joined["delta"].to_numpy() == pytest.approx(joined["delta_ref"].to_numpy(), abs=1e-12)
+    # p_open and the inputs counted once per cell, by brute force over the gated rows
+    for row in summary.iter_rows(named=True):
+        cell = gated.filter((pl.col("model") == row["model"]) & (pl.col("context_length") == row["context_length"])
+                            & (pl.col("evictor") == row["evictor"]) & (pl.col("budget") < 1))
+        per_input = cell.unique(subset=["run_id", "task", "input_id"])
+        assert row["n_inputs"] == per_input.height
+        assert row["p_open"] == pytest.approx(per_input["gate_open"].mean())
+        assert row["kept_kv"] == pytest.approx((cell["n_kept_gated"] / cell["n_tokens"]).mean())
+        assert row["harm_gated"] == pytest.approx((cell["score_gated"] < cell["score_full"]).mean())
+
+
+def test_whatif_prints_the_summary_by_default(two_runs, capsys):
+    rc, out, err = _run(["whatif", *two_runs, "--tau", "0.05"], capsys)
+    assert rc == 0
+    lines = out.splitlines()
+    assert lines[0].split("|")[1].strip() == "model" and "delta" in lines[0] and "budget" not in lines[0]
+    assert len([ln for ln in lines if ln.startswith("| m-")]) == 8  # one row per model × context × evictor
+    assert max(map(len, lines)) < 160
+    rc, out, _ = _run(["whatif", *two_runs, "--by", "evictor,task", "--evictor", "h2o"], capsys)
+    assert rc == 0 and len([ln for ln in out.splitlines() if ln.startswith("| h2o")]) == 3
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--by", "evictor,colour"], "--by takes distinct keys"),
+    (["--evictor", "snapkv,quest"], "no evictor quest in the logs; they hold h2o, snapkv"),
+    (["--task", "qa_1"], "no task qa_1"),
+    (["--context", "4096,2048"], "no context_length 2048"),
+    (["--context", "4k"], "--context: cannot read"),
+    (["-o", "table.xlsx"], "the extension must be one of .csv, .parquet, .json"),
+])
+def test_whatif_bad_rows_or_output_exit_2(two_runs, capsys, tmp_path, argv, needle):
+    argv = [a if a != "table.xlsx" else str(tmp_path / a) for a in argv]
+    rc, out, err = _run(["whatif", *two_runs, *argv], capsys)
+    assert rc == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and needle in err, err
+
+
+def test_whatif_filters_and_output_files(two_runs, capsys, tmp_path):
+    rc, out, _ = _run(["whatif", *two_runs, "--format", "csv", "--evictor", "snapkv", "--context", "8192",
+                       "--task", "vt,fwe"], capsys)
+    assert rc == 0
+    rows = list(csv.DictReader(stdio.StringIO(out)))
+    assert tuple(rows[0].keys()) == WHATIF_COLUMNS  # exactly the contract's columns
+    full = whatif_table(load(two_runs))
+    expected = full.filter((pl.col("evictor") == "snapkv") & (pl.col("context_length") == 8192)
+                           & pl.col("task").is_in(["vt", "fwe"]))
+    assert len(rows) == expected.height == 2 * 2 * 3  # models × tasks × budgets
+    written = {}
+    for ext in ("csv", "parquet", "json"):
+        path = tmp_path / f"w.{ext}"
+        rc, out, err = _run(["whatif", *two_runs, "-o", str(path)], capsys)
+        assert rc == 0 and f"wrote {full.height} rows × 14 columns to {path}" in err
+        assert "| model" in out  # the summary still goes to stdout
+        written[ext] = {"csv": pl.read_csv, "parquet": pl.read_parquet, "json": pl.read_json}[ext](path)
+    for ext, frame in written.items():
+        assert frame.columns == list(WHATIF_COLUMNS), ext
+        assert frame.height == full.height
+        assert frame["delta"].to_list() == full["delta"].to_list(), ext  # full precision in every format
+    assert json.loads((tmp_path / "w.json").read_text())[0]["model"] == full["model"][0]
+
+
+# --------------------------------------------------------------------------- show, compact, --exclude
+DATA = ROOT / "data"
+SMALL = DATA / "smollm2-1024-snapkv"  # 60 inputs written as 15 parts per table
+needs_data = pytest.mark.skipif(not (SMALL / "manifest.json").is_file(), reason="shipped logs not present")
+
+
+@needs_data
+def test_show_one_input(capsys):
+    logs = load([str(SMALL)], columns="all")
+    row = logs.inputs.filter((pl.col("task") == "vt") & (pl.col("input_id") == 3)).row(0, named=True)
+    rc, out, err = _run(["show", str(SMALL), "--input", f"{SMALL.name}/vt/3"], capsys)  # the directory name
+    assert rc == 0, err
+    assert out.startswith(f"input {row['run_id']}/vt/3\n")
+    lines = row["prompt"].splitlines()
+    assert f"  | {lines[0]}\n  | {lines[1]}\n" in out and f"  | {lines[-1]}\n" in out  # head and tail
+    assert all(repr(r) in out for r in row["references"])
+    assert f"D = {row['drop']:.4f}" in out
+    assert ("gate open" in out) == (row["drop"] >= 0.07)
+    from pagestats.show import sparkline
+
+    assert sparkline(row["agreement"]) in out and len(sparkline(row["agreement"])) == len(row["agreement"])
+    arms = logs.outcomes.filter((pl.col("task") == "vt") & (pl.col("input_id") == 3))
+    assert sum(1 for line in out.splitlines() if line.startswith("snapkv ")) == arms.height
+    rc, out2, _ = _run(["show", str(SMALL), "--input", f"{row['run_id']}/vt/3"], capsys)  # the run_id
+    assert rc == 0 and out2 == out
+
+
+@needs_data
+@pytest.mark.parametrize("spec, needle", [
+    ("nope/vt/3", "no run 'nope'; the runs are"), ("smollm2-1024-snapkv/qa_1/0", "has no task 'qa_1'"),
+    ("smollm2-1024-snapkv/vt/99", "no input 99"), ("smollm2-1024-snapkv/vt", "RUN/TASK/ID"),
+])
+def test_show_bad_input_exit_2(capsys, spec, needle):
+    rc, out, err = _run(["show", str(SMALL), "--input", spec], capsys)
+    assert rc == 2 and out == "" and needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_sparkline_scales_min_to_max():
+    from pagestats.show import BLOCKS, sparkline
+
+    assert sparkline([0.0, 0.5, 1.0]) == BLOCKS[0] + BLOCKS[4] + BLOCKS[-1]  # 0.5·7 = 3.5 rounds to 4
+    assert sparkline([2.0, 2.0]) == BLOCKS[0] * 2
+
+
+@needs_data
+def test_compact_keeps_every_row_and_the_whatif(tmp_path, capsys):
+    before = json.loads((SMALL / "manifest.json").read_text())
+    assert len([f for f in before["files"] if f["path"].startswith("inputs/")]) > 1
+    out = tmp_path / "compacted"
+    rc, _, err = _run(["compact", str(SMALL), "--out", str(out)], capsys)
+    assert rc == 0 and "validated" in err
+    after = json.loads((out / "manifest.json").read_text())
+    assert sorted(f["path"].split("/")[0] for f in after["files"]) == ["inputs", "outcomes", "topk"]
+    for table in ("inputs", "outcomes", "topk"):
+        assert sum(f["rows"] for f in after["files"] if f["path"].startswith(table)) == \
+            sum(f["rows"] for f in before["files"] if f["path"].startswith(table))
+    assert {k: v for k, v in after.items() if k not in ("files", "compacted_from")} == \
+        {k: v for k, v in before.items() if k != "files"}
+    assert after["compacted_from"]["files"] == len(before["files"])
+    a, b = load([str(SMALL)], columns="all"), load([str(out)], columns="all")
+    for name in ("inputs", "outcomes", "topk"):
+        assert getattr(a, name).equals(getattr(b, name)), name  # every row, in order, every column
+    csvs = []
+    for run in (SMALL, out):
+        rc, text, _ = _run(["whatif", str(run), "--format", "csv"], capsys)
+        csvs.append(text)
+    assert csvs[0] == csvs[1]
+    # parts of a chosen size; an existing target is refused; bad logs are exit 1
+    rc, _, _ = _run(["compact", str(SMALL), "--out", str(tmp_path / "parts"), "--rows", "25"], capsys)
+    parts = json.loads((tmp_path / "parts" / "manifest.json").read_text())["files"]
+    assert rc == 0 and [f["rows"] for f in parts if f["path"].startswith("inputs/")] == [25, 25, 10]
+    rc, _, err = _run(["compact", str(SMALL), "--out", str(out)], capsys)
+    assert rc == 2 and "exists" in err
+
+
+def test_compact_refuses_bad_logs(two_runs, tmp_path, capsys):
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(two_runs[0], bad)
+    victim = next((bad / "outcomes").glob("*.parquet"))
+    victim.write_bytes(victim.read_bytes()[:-20])
+    rc, out, err = _run(["compact", str(bad), "--out", str(tmp_path / "x")], capsys)
+    assert rc == 1 and "problem" in err and not (tmp_path / "x").exists()
+    assert not list(tmp_path.glob(".x.compact-*"))
+    rc, out, err = _run(["compact", str(tmp_path), "--out", str(tmp_path / "y")], capsys)
+    assert rc == 2 and "not a run directory" in err
+
+
+@needs_data
+def test_exclude_takes_the_directory_name(capsys):
+    logs = load([str(DATA)], exclude=["smollm2-1024-snapkv/vt"])
+    assert "run SmolLM2-135M-Instruct-1024" in logs.exclusions[0]
+    assert logs.inputs.filter((pl.col("context_length") == 1024) & (pl.col("task") == "vt")).height == 0
+    rc, out, err = _run(["whatif", str(DATA), "--exclude", "smollm2-51"], capsys)
+    assert rc == 2 and "the runs are" in err and "(directory smollm2-512)" in err

@@ -9,14 +9,16 @@
 (schema-version steps), :mod:`~pagestats.io.validation` (the rules),
 :mod:`~pagestats.io.load` (``load``, ``validate_paths``, exclusions),
 :mod:`~pagestats.io.database` (:func:`index_logs` / :func:`open_logs`: validated logs as a
-DuckDB database of views over their files, :class:`LogDB`, for queries out of core).
+DuckDB database of views over their files, :class:`LogDB`, for queries out of core),
+:mod:`~pagestats.io.compact` (:func:`compact_run`: a run's parts merged into few files).
 """
 
+from pagestats.io.compact import compact_run
 from pagestats.io.database import LogDB, index_logs, open_logs
 from pagestats.io.load import HEAVY_COLUMNS, FileRecord, Logs, load, validate_paths
 from pagestats.io.validation.problems import ExclusionError, LogError, Problem
 
 __all__ = [
-    "HEAVY_COLUMNS", "ExclusionError", "FileRecord", "LogDB", "LogError", "Logs", "Problem", "index_logs", "load",
-    "open_logs", "validate_paths",
+    "HEAVY_COLUMNS", "ExclusionError", "FileRecord", "LogDB", "LogError", "Logs", "Problem", "compact_run", "index_logs",
+    "load", "open_logs", "validate_paths",
 ]

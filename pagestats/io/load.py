@@ -107,6 +107,8 @@ class Logs:
         One human-readable line per explicit exclusion, with the rows it removed.
     problems : list of Problem
         Problems found (empty after a strict load).
+    run_dirs : dict
+        run_id → the directory of the run (runs read through a manifest).
     """
 
     inputs: pl.DataFrame
@@ -116,6 +118,7 @@ class Logs:
     files: list[FileRecord] = field(default_factory=list)
     exclusions: list[str] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
+    run_dirs: dict[str, str] = field(default_factory=dict)
 
     def exclusion_report(self) -> list[str]:
         """One line per exclusion, e.g. ``"run r1 task niah_multikey_3: 50 inputs, 1800 outcomes"``."""
@@ -149,11 +152,19 @@ def _exclusion_mask(frame: pl.DataFrame, run_id, task, input_id) -> pl.Expr:
     return expr
 
 
-def _apply_exclusions(exclude, inputs, outcomes, topk):
+def _apply_exclusions(exclude, inputs, outcomes, topk, run_dirs=None):
+    """Drop the rows that ``exclude`` names. RUN is a run_id or the name of a run's directory
+    (``run_dirs``: run_id → directory); an exclusion matching nothing raises, listing the runs."""
     parsed = [(spec, *_parse_exclusion(spec)) for spec in exclude]
+    ids = set(inputs["run_id"].unique().to_list()) if parsed and inputs.height else set()
+    by_dir: dict[str, str] = {}
+    for run_id, folder in (run_dirs or {}).items():
+        by_dir.setdefault(os.path.basename(os.path.normpath(folder)), run_id)
     lines, unmatched = [], []
     drop_in = drop_oc = drop_tk = pl.lit(False)
     for spec, run_id, task, input_id in parsed:
+        if run_id not in ids and run_id in by_dir:
+            run_id = by_dir[run_id]
         m = _exclusion_mask(inputs, run_id, task, input_id)
         n_in = inputs.select(m.sum()).item() if inputs.height else 0
         n_oc = outcomes.select(m.sum()).item() if outcomes.height else 0
@@ -168,7 +179,9 @@ def _apply_exclusions(exclude, inputs, outcomes, topk):
         lines.append(f"{where}: {counts}")
         drop_in, drop_oc, drop_tk = drop_in | m, drop_oc | m, drop_tk | m
     if unmatched:
-        raise ExclusionError(unmatched)
+        folder_of = {v: k for k, v in by_dir.items()}
+        valid = ", ".join(f"{r} (directory {folder_of[r]})" if r in folder_of else r for r in sorted(ids)) or "none"
+        raise ExclusionError([Problem(u.file, u.row, f"{u.message}; the runs are {valid}") for u in unmatched])
     if parsed:
         inputs = inputs.filter(~drop_in)
         outcomes = outcomes.filter(~drop_oc)
@@ -266,7 +279,9 @@ def _load(paths, exclude: Sequence[str], columns: str) -> tuple[Logs, list[Probl
                                   if s.table == "inputs"})) or ", ".join(os.fspath(p) for p in paths)
         problems.append(Problem(where, None, "the logs have no inputs (every inputs file has zero rows)"))
     topk = tables["topk"] if has_topk else None
-    inputs, outcomes, topk, lines = _apply_exclusions(list(exclude), inputs, outcomes, topk)
+    run_dirs = {run.info.run_id: os.path.dirname(run.manifest_path) for run in disc.runs.values()
+                if run.info is not None and runs.get(run.info.run_id) is run.info}
+    inputs, outcomes, topk, lines = _apply_exclusions(list(exclude), inputs, outcomes, topk, run_dirs)
 
     file_runs = {s.index: s.run.info.run_id for s in sources if s.run is not None and s.run.info is not None}
     problems += check_frames(
@@ -282,6 +297,7 @@ def _load(paths, exclude: Sequence[str], columns: str) -> tuple[Logs, list[Probl
         files=files,
         exclusions=lines,
         problems=problems,
+        run_dirs=run_dirs,
     )
     return logs, problems
 
@@ -347,7 +363,8 @@ def load(paths, *, exclude: Sequence[str] = (), columns: str = "analysis", stric
     paths : str or sequence of str
         Run directories, parquet / jsonl files, or globs (see the module docstring).
     exclude : sequence of str
-        Explicit exclusions ``RUN_ID``, ``RUN_ID/TASK`` or ``RUN_ID/TASK/INPUT_ID``, applied
+        Explicit exclusions ``RUN``, ``RUN/TASK`` or ``RUN/TASK/INPUT_ID`` (RUN a run_id or
+        the name of the run's directory), applied
         to inputs, outcomes and topk and reported by :meth:`Logs.exclusion_report`. One that
         is malformed or matches nothing raises :class:`ExclusionError`.
     columns : {"analysis", "all"}

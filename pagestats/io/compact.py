@@ -1,0 +1,101 @@
+"""Compaction of a run: its many part files rewritten as one file per table (or parts of a
+chosen number of rows), every row kept in order, and a new manifest with the new hashes.
+
+A collection writes a run as many small parts (one per few inputs and shard, so that it can
+resume after a crash); once it is finished, fewer files read faster and list shorter.
+:func:`compact_run` reads the parts in the manifest's order, writes them through the
+collector's own writer (:func:`pagestats.schema.write_parquet`,
+:func:`pagestats.schema.write_manifest`) into a staging folder beside the target, validates
+the result, and only then moves it into place (docs/SCHEMA.md, docs/CLI.md ``compact``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pagestats import schema
+from pagestats.io.load import validate_paths
+from pagestats.io.validation.problems import LogError
+
+
+def compact_run(run, out, *, rows_per_file: int | None = None) -> str:
+    """Rewrite the run directory ``run`` as the new run directory ``out``.
+
+    Parameters
+    ----------
+    run : str or path
+        A valid run directory (with ``manifest.json``) of the current schema version whose
+        files are parquet.
+    out : str or path
+        The new run directory; it must not exist.
+    rows_per_file : int, optional
+        Rows per output file (default: one file per table).
+
+    Returns
+    -------
+    str
+        ``out``.
+
+    Raises
+    ------
+    LogError
+        ``run`` is not valid (its problems), or, which would be a bug, the result is not.
+    ValueError
+        ``run`` is not a run directory, ``out`` exists, or ``rows_per_file`` < 1.
+
+    Notes
+    -----
+    Each table's rows are the concatenation of its parts in the manifest's order, cast to the
+    writer's declared types; the manifest keeps every key but ``files`` (rewritten with the new
+    paths, sha256 and row counts) and gains ``compacted_from``: the sha256 of the old manifest
+    and its number of files.
+    """
+    run, out = Path(run), Path(out)
+    manifest_path = run / "manifest.json"
+    if not manifest_path.is_file():
+        raise ValueError(f"{run}: not a run directory (no manifest.json)")
+    if out.exists() or out.is_symlink():
+        raise ValueError(f"--out {out} exists; compact writes a new run directory")
+    if rows_per_file is not None and rows_per_file < 1:
+        raise ValueError(f"--rows must be at least 1, got {rows_per_file}")
+    problems = validate_paths([str(run)])
+    if problems:
+        raise LogError(problems)
+    raw = manifest_path.read_bytes()
+    manifest = json.loads(raw)
+    if manifest.get("schema_version") != schema.SCHEMA_VERSION:
+        raise ValueError(f"{run}: compact writes schema v{schema.SCHEMA_VERSION}; this run is "
+                         f"v{manifest.get('schema_version')} (read it with `pagestats validate` first)")
+    entries = manifest.get("files") or []
+    loose = [e["path"] for e in entries if not str(e["path"]).endswith(".parquet")]
+    if loose:
+        raise ValueError(f"{run}: compact reads parquet parts; {loose[0]} is not one")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = out.parent / f".{out.name}.compact-{os.getpid()}"
+    try:
+        for table in schema.TABLES:
+            parts = [e for e in entries if str(e["path"]).split("/")[0] == table]
+            if not parts:
+                continue
+            data = pa.concat_tables([pq.read_table(run / e["path"]) for e in parts], promote_options="default")
+            step = rows_per_file or max(data.num_rows, 1)
+            for i, start in enumerate(range(0, max(data.num_rows, 1), step)):
+                schema.write_parquet(table, data.slice(start, step), staging / table / f"part-{i:06d}.parquet")
+        kept = {k: v for k, v in manifest.items() if k not in ("files", "schema_version", "compacted_from")}
+        kept["compacted_from"] = {"manifest_sha256": hashlib.sha256(raw).hexdigest(), "files": len(entries)}
+        schema.write_manifest(staging, kept)
+        problems = validate_paths([str(staging)])
+        if problems:
+            raise LogError(problems)
+        os.rename(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return str(out)
