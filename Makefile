@@ -2,6 +2,7 @@
 #   make report   install the analysis package and regenerate the report from data/
 #   make test     install everything (CPU torch pinned first) and run the whole test suite
 #   make gpu-env  a separate venv (.venv-gpu) with a CUDA build of torch, the collector and Ray
+#   make kvpress-env  a separate venv (.venv-kvpress) with kvpress and the transformers it supports (< 5.3)
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -14,7 +15,12 @@ GPU_VENV    ?= .venv-gpu
 TORCH_SPEC  ?= torch>=2.4
 TORCH_INDEX ?=
 
-.PHONY: report test recollect bench gpu-env clean
+# kvpress-env: kvpress pins transformers < 5.3, so its presses (kvpress:<Press> evictors) are tested in
+# their own venv; `make test` runs the kvpress tests and the core collector tests there too.
+KVPRESS_VENV ?= .venv-kvpress
+KVPRESS_TESTS ?= tests/test_kvpress.py tests/test_perhead.py tests/test_query_agnostic.py
+
+.PHONY: report test recollect bench gpu-env kvpress-env clean
 
 $(VENV)/.core: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,8 +41,18 @@ report: $(VENV)/.core
 	$(VENV)/bin/pagestats report $(LOGS) --out $(OUT)
 	@echo "report written to $(OUT)/index.md"
 
-test: $(VENV)/.full
+$(KVPRESS_VENV)/.done: pyproject.toml
+	$(PYTHON) -m venv $(KVPRESS_VENV)
+	$(KVPRESS_VENV)/bin/python -m pip install -q --upgrade pip
+	$(KVPRESS_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(KVPRESS_VENV)/bin/python -m pip install -q -e ".[collect,kvpress]" "pytest>=8" "pytest-xdist>=3"
+	touch $@
+
+kvpress-env: $(KVPRESS_VENV)/.done
+
+test: $(VENV)/.full $(KVPRESS_VENV)/.done
 	$(PY) -m pytest -n 2 --durations=15 tests
+	$(KVPRESS_VENV)/bin/python -m pytest -n 2 $(KVPRESS_TESTS)
 
 recollect: $(VENV)/.full
 	$(VENV)/bin/pagestats-collect --tasks niah_single_1,niah_multikey_3 --context-length 512 \
@@ -56,4 +72,4 @@ gpu-env:
 	    print(f'torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.device_count()} GPU(s) visible')"
 
 clean:
-	rm -rf $(VENV) $(GPU_VENV) out
+	rm -rf $(VENV) $(GPU_VENV) $(KVPRESS_VENV) out

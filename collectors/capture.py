@@ -74,6 +74,9 @@ class Prefill:
     snapkv_attention : torch.Tensor or None, shape (L, H, T)
         Like ``window_attention`` but over the last ``snapkv_window`` rows, the SnapKV-family
         evictors' window; ``None`` when that window equals the gate's (then ``window_attention`` is it).
+    press_scores : dict or None
+        ``{evictor: [per layer (1, H_kv, T) scores]}`` of the kvpress evictors scored in this prefill
+        (:mod:`collectors.presses`), or ``None``.
     """
 
     input_ids: torch.LongTensor
@@ -83,6 +86,7 @@ class Prefill:
     accumulated_attention: torch.Tensor | None
     prefill_ms: float
     snapkv_attention: torch.Tensor | None = None
+    press_scores: dict | None = None
 
     @property
     def n_tokens(self) -> int:
@@ -110,6 +114,9 @@ class Recorder:
     snapkv_window : int or None
         Also average the last ``snapkv_window`` rows (the SnapKV-family eviction window) when it
         differs from ``window``.
+    full_attention : bool
+        Also keep each layer's full causal softmax (1, H, T, T) in ``attention_matrix`` until a
+        kvpress hook takes it (:mod:`collectors.presses`).
     """
 
     window: int = defaults.WINDOW
@@ -119,6 +126,8 @@ class Recorder:
     window_attention: dict[int, torch.Tensor] = field(default_factory=dict)
     accumulated_attention: dict[int, torch.Tensor] = field(default_factory=dict)
     snapkv_attention: dict[int, torch.Tensor] = field(default_factory=dict)
+    full_attention: bool = False
+    attention_matrix: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def __post_init__(self):
         if int(self.window) < 1:
@@ -255,6 +264,10 @@ def _make_capture_function(base: str):
                 recorder.accumulated_attention[layer] = accumulated_probabilities(
                     module, query, key, mask, scaling, recorder.query_chunk, softcap
                 )
+            if recorder.full_attention:
+                rows = slice(0, query.shape[2])
+                probs = torch.softmax(_scores(module, query, key, mask, scaling, softcap, rows), dim=-1)
+                recorder.attention_matrix[layer] = probs.to(query.dtype)[None]
         return output
 
     capture_attention_forward.__name__ = f"{CAPTURE_PREFIX}{base}"
@@ -310,7 +323,7 @@ def capture_attention(model, *, window: int = defaults.WINDOW, accumulate: bool 
 
 
 def prefill(model, input_ids, *, window: int = defaults.WINDOW, accumulate: bool = False, query_chunk: int = 256,
-            snapkv_window: int | None = None) -> Prefill:
+            snapkv_window: int | None = None, presses=()) -> Prefill:
     """One prompt forward pass with the observation window (and optionally H2O scores) captured.
 
     Parameters
@@ -326,6 +339,8 @@ def prefill(model, input_ids, *, window: int = defaults.WINDOW, accumulate: bool
         Query rows per accumulation chunk.
     snapkv_window : int or None
         Window of the SnapKV-family evictors; captured separately only when it differs from ``window``.
+    presses : sequence of collectors.presses.PressSpec
+        kvpress evictors to score in this forward pass (``Prefill.press_scores``).
 
     Returns
     -------
@@ -343,8 +358,16 @@ def prefill(model, input_ids, *, window: int = defaults.WINDOW, accumulate: bool
     device = next(model.parameters()).device
     input_ids = input_ids.to(device=device, dtype=torch.long)
     cache = DynamicCache(config=model.config)
-    with torch.no_grad(), capture_attention(model, window=window, accumulate=accumulate, query_chunk=query_chunk,
-                                            snapkv_window=snapkv_window) as rec:
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.no_grad())
+        rec = stack.enter_context(capture_attention(model, window=window, accumulate=accumulate,
+                                                    query_chunk=query_chunk, snapkv_window=snapkv_window))
+        scored = None
+        if presses:
+            from collectors.presses import NEEDS_ATTENTIONS, press_scores
+
+            rec.full_attention = any(spec.press in NEEDS_ATTENTIONS for spec in presses)
+            scored = stack.enter_context(press_scores(model, presses, cache, rec))
         start = time.perf_counter()
         out = model(input_ids=input_ids, **{cache_keyword(model): cache}, use_cache=True, logits_to_keep=1)
         if device.type == "cuda":
@@ -362,4 +385,5 @@ def prefill(model, input_ids, *, window: int = defaults.WINDOW, accumulate: bool
         accumulated_attention=rec.stacked("accumulated_attention") if accumulate else None,
         prefill_ms=prefill_ms,
         snapkv_attention=rec.stacked("snapkv_attention") if rec.snapkv_window is not None else None,
+        press_scores=None if scored is None else {e: [by_layer[i] for i in range(n_layers)] for e, by_layer in scored.items()},
     )

@@ -74,7 +74,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="run seed, recorded in the manifest (default 0)")
     p.add_argument("--draw", type=int, default=None, help="seed of the input draws (inputs.draw); default: --seed")
     p.add_argument("--evictors", type=_list(), default=defaults.EVICTORS,
-                   help=f"base evictors, from: {fmt(EVICTORS)} (default {fmt(defaults.EVICTORS)})")
+                   help=f"base evictors, from: {fmt(EVICTORS)}, or any kvpress ScorerPress as "
+                   "kvpress:<Press>[:param=value]... (needs the kvpress extra) "
+                   f"(default {fmt(defaults.EVICTORS)})")
     p.add_argument("--budgets", type=_list(float), default=defaults.BUDGETS,
                    help=f"nominal budgets in (0,1]; 1.0 is the full-cache audit arm (default {fmt(defaults.BUDGETS)})")
     p.add_argument("--out", required=True, help="run directory (created; resumed if it holds the same run)")
@@ -143,12 +145,13 @@ def config_from_args(args):
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    from collectors.evict import EVICTORS
+    from collectors.evict import EVICTORS, is_evictor
     from collectors.writer import RunMismatchError
 
-    bad = [e for e in args.evictors if e not in EVICTORS]
+    bad = [e for e in args.evictors if not is_evictor(e)]
     if bad:
-        print(f"error: unknown evictor(s) {bad}; expected some of {', '.join(EVICTORS)}", file=sys.stderr)
+        print(f"error: unknown evictor(s) {bad}; expected some of {', '.join(EVICTORS)} or kvpress:<Press>",
+              file=sys.stderr)
         return 2
     if args.ray is not None:
         return _main_ray(args)

@@ -57,6 +57,10 @@ The SnapKV family (``snapkv``, ``pyramidkv``, ``snapkv-perlayer``, ``snapkv-perh
 ``prefill.snapkv_attention`` when the prefill carries one (captured with the eviction window w when it
 differs from the gate's window), else from ``prefill.window_attention`` (the two windows are equal).
 
+kvpress:<Press>[:param=value]...
+    Any kvpress ``ScorerPress`` scored inside the same prefill, with kvpress's own keep rule, per layer
+    and KV head (:mod:`collectors.presses`).
+
 Budget 1.0 (and any budget where ``n_kept == T``) keeps every position for every evictor, including
 ``streamingllm-fixed``: Table 2's budget 1.0 is the full-cache audit arm (``pagestats.defaults``).
 """
@@ -84,12 +88,20 @@ __all__ = [
     "PER_HEAD_EVICTORS",
     "ACCUMULATED_EVICTORS",
     "kv_group_mean",
+    "is_evictor",
     "n_kept",
     "scores",
     "pyramid_weights",
     "select_top",
     "kept_positions",
 ]
+
+
+def is_evictor(name: str) -> bool:
+    """Whether ``name`` is a built-in evictor (:data:`EVICTORS`) or a kvpress press (``kvpress:...``)."""
+    from collectors.presses import is_press
+
+    return name in EVICTORS or is_press(name)
 
 
 def _check_protection(n_sink: int, n_recent: int) -> None:
@@ -284,8 +296,15 @@ def kept_positions(
         Sorted unique positions, shape (n_kept,), (L, n_kept) for ``snapkv-perlayer`` or
         (L, H_kv, n_kept) for the per-head evictors.
     """
+    from collectors import presses
+
+    if presses.is_press(evictor):
+        scored = getattr(prefill, "press_scores", None) or {}
+        if evictor not in scored:
+            raise ValueError(f"{evictor} was not scored in this prefill (capture.prefill(..., presses=...))")
+        return presses.kept_positions(scored[evictor], budget)
     if evictor not in EVICTORS:
-        raise ValueError(f"unknown evictor {evictor!r}; choose from {EVICTORS}")
+        raise ValueError(f"unknown evictor {evictor!r}; choose from {EVICTORS} or kvpress:<Press>")
     n_tokens = int(prefill.input_ids.shape[-1])
     count = n_kept(n_tokens, budget, n_sink, n_recent)
     if evictor == "streamingllm-fixed" and count < n_tokens:

@@ -84,6 +84,11 @@ class CollectConfig:
             raise ValueError(f"tasks must be a non-empty list without repeats, got {list(self.tasks)}")
         if not self.evictors:
             raise ValueError("at least one evictor is needed")
+        from collectors import presses
+
+        for evictor in self.evictors:
+            if presses.is_press(evictor):
+                presses.parse(evictor)  # a one-line ValueError for a bad press name or parameter
         if not self.budgets or any(not 0 < b <= 1 for b in self.budgets):
             raise ValueError(f"budgets must be in (0, 1], got {list(self.budgets)}")
         if self.context_length < 1 or self.n < 0:
@@ -158,8 +163,19 @@ def run_parameters(cfg: CollectConfig, model_info: dict) -> dict:
         "gate": {"w": cfg.window, "k": cfg.k, "k_max_stored": cfg.k_max, "bins": cfg.bin_fraction,
                  "convention": cfg.convention},
         "protection": {"n_sink": cfg.n_sink, "n_recent": cfg.n_recent},
-        "evictor_parameters": {"snapkv_window": cfg.snapkv_window, "pool_kernel": cfg.pool_kernel},
+        "evictor_parameters": evictor_parameters(cfg),
     }
+
+
+def evictor_parameters(cfg: CollectConfig) -> dict:
+    """SnapKV window and pooling, and per kvpress evictor its press, parameters and kvpress version."""
+    from collectors import presses
+
+    out = {"snapkv_window": cfg.snapkv_window, "pool_kernel": cfg.pool_kernel}
+    specs = [presses.parse(e) for e in cfg.evictors if presses.is_press(e)]
+    if specs:
+        out["kvpress"] = {spec.evictor: spec.manifest() for spec in specs}
+    return out
 
 
 def software_versions() -> dict:
@@ -172,7 +188,7 @@ def software_versions() -> dict:
             return None
 
     return {"python": platform.python_version(), "torch": v("torch"), "transformers": v("transformers"),
-            "pagestats": v("pagestats")}
+            "pagestats": v("pagestats"), "kvpress": v("kvpress")}
 
 
 def build_manifest(cfg: CollectConfig, model_info: dict) -> dict:
@@ -218,10 +234,12 @@ def collect_input(model, tokenizer, task_input: T.TaskInput, *, cfg: CollectConf
         raise RuntimeError(f"{task_input.task}/{task_input.input_id}: tokenised prompt has {len(ids)} tokens, "
                            f"make_input counted {task_input.n_tokens}")
     input_ids = torch.tensor([ids[:n_context]], dtype=torch.long)
+    from collectors import presses
     from collectors.evict import ACCUMULATED_EVICTORS
 
     pre = capture.prefill(model, input_ids, window=cfg.window, snapkv_window=cfg.snapkv_window,
-                          accumulate=any(e in ACCUMULATED_EVICTORS for e in cfg.evictors))
+                          accumulate=any(e in ACCUMULATED_EVICTORS for e in cfg.evictors),
+                          presses=[presses.parse(e) for e in cfg.evictors if presses.is_press(e)])
     gate = signals.gate_signals(pre.window_attention, k=cfg.k, k_max=max(cfg.k_max, cfg.k),
                                 bin_fraction=cfg.bin_fraction, convention=cfg.convention)
     full, arms = sweep.run_sweep(model, tokenizer, pre, evictors=cfg.evictors, budgets=cfg.budgets,

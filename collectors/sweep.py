@@ -52,7 +52,7 @@ from dataclasses import dataclass
 
 import torch
 
-from collectors.evict import EVICTORS, kept_positions
+from collectors.evict import EVICTORS, is_evictor, kept_positions
 from collectors.model import cache_keyword
 from pagestats import defaults
 
@@ -300,8 +300,8 @@ def _check_sweep_args(evictors, budgets, max_batch):
     evictors = tuple(evictors)
     budgets = tuple(float(b) for b in budgets)
     for e in evictors:
-        if e not in EVICTORS:
-            raise ValueError(f"unknown evictor {e!r}; choose from {EVICTORS}")
+        if not is_evictor(e):
+            raise ValueError(f"unknown evictor {e!r}; choose from {EVICTORS} or kvpress:<Press>")
     for b in budgets:
         if not (0.0 < b <= 1.0):
             raise ValueError(f"budget must lie in (0, 1], got {b!r}")
