@@ -4,7 +4,8 @@ Each benchmark is a script ``bench/<name>.py`` that measures speed as ratios aga
 baseline in the same run and writes ``bench/results/<name>.json``. Without names, the
 offline (no model) benchmarks run; the model benchmarks (gate_signal, capture_memory,
 sweep) load SmolLM2 and are run by name, and so is ``gpu`` (random-weight 1.5B–70B shapes on a
-CUDA GPU; ``python bench/gpu.py --smoke`` is its CPU check).
+CUDA GPU; ``python bench/gpu.py --smoke`` is its CPU check); ``kvpress_sweep`` runs in the kvpress
+environment (``make kvpress-env``; ``.venv-kvpress/bin/python -m bench kvpress_sweep``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 OFFLINE = ("synthetic_scale", "tau_curve", "profile_replay", "bootstrap", "report", "whatif_scale")
-MODEL = ("gate_signal", "capture_memory", "sweep", "gpu")
+MODEL = ("gate_signal", "capture_memory", "sweep", "gpu", "kvpress_sweep")
 
 
 def main(argv: list[str]) -> int:

@@ -1,0 +1,114 @@
+"""Benchmark: kvpress-scored arms in the one-prefill sweep vs kvpress's pipeline once per ratio.
+
+Runs in the kvpress environment (``make kvpress-env``; ``.venv-kvpress/bin/python bench/kvpress_sweep.py``)
+on the default model (SmolLM2-135M-Instruct, CPU, fp32, sdpa), query-agnostic as kvpress is: one
+RULER niah_single_1 input of ``N_TOKENS`` tokens split at its question. Every arm decodes exactly
+``MAX_NEW_TOKENS`` greedy tokens (EOS disabled in both paths so they do the same work). Measured in the
+same run (single runs on a shared CPU: read the ratio, not the seconds):
+
+- ``kvpress_pipeline``: kvpress's ``KVPressTextGenerationPipeline`` forward (context prefilled under the
+  press, then the question and greedy decoding), once per budget with ``compression_ratio = 1 − b``,
+  plus once without a press for the full arm — what a user runs to get the same arms.
+- ``one_prefill_sweep``: ``capture.prefill`` (window capture + the press's ``score()`` per layer) and
+  ``run_sweep`` over the full arm and the same budgets, decoded in batches.
+
+Both paths see the same token ids; the JSON also records how many arms decoded the same tokens.
+Writes ``bench/results/kvpress_sweep.json``.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+
+import torch
+
+from collectors import capture, presses
+from collectors import tasks as T
+from collectors.model import load_model
+from collectors.sweep import run_sweep
+from pagestats import defaults
+
+from _results import write_result
+
+N_TOKENS = 1024
+MAX_NEW_TOKENS = 16
+SPEC = "kvpress:SnapKVPress:window_size=32"
+BUDGETS = tuple(b for b in defaults.BUDGETS if b < 1.0)  # 8 budgets
+
+
+class NoEosTokenizer:
+    eos_token_id = None
+
+    def __init__(self, tokenizer):
+        self._tok = tokenizer
+
+    def decode(self, ids, skip_special_tokens=False):
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+def clock(fn):
+    start = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - start, out
+
+
+@torch.no_grad()
+def main() -> dict:
+    from transformers import pipeline
+
+    model, tokenizer, manifest = load_model()
+    model.generation_config.eos_token_id = None
+    task_input = T.make_input("niah_single_1", tokenizer=tokenizer, context_length=N_TOKENS, input_id=0, draw=0)
+    ids, n_context = T.split_prompt(tokenizer, task_input)
+    context = torch.tensor([ids[:n_context]])
+    question = torch.tensor([ids[n_context:]])
+    spec = presses.parse(SPEC)
+    pipe = pipeline("kv-press-text-generation", model=model, tokenizer=tokenizer)
+    model(input_ids=context[:, :64])  # warm-up
+
+    def kvpress_arm(budget):
+        press = None if budget == 1.0 else spec.make(budget)
+        (text,) = pipe._forward({"context_ids": context, "questions_ids": [question]},
+                                max_new_tokens=MAX_NEW_TOKENS, press=press)
+        return text
+
+    kvpress_seconds, kvpress_texts = {}, {}
+    for budget in (1.0, *BUDGETS):
+        kvpress_seconds[budget], kvpress_texts[budget] = clock(lambda: kvpress_arm(budget))
+
+    def sweep():
+        pf = capture.prefill(model, context, presses=[spec])
+        return run_sweep(model, NoEosTokenizer(tokenizer), pf, evictors=(SPEC,), budgets=BUDGETS,
+                         max_new_tokens=MAX_NEW_TOKENS, question_ids=question)
+
+    t_sweep, (full, arms) = clock(sweep)
+    ours = {1.0: full.text, **{arm.budget: arm.text for arm in arms}}
+    same = sum(ours[b] == kvpress_texts[b] for b in ours)
+    t_kvpress = sum(kvpress_seconds.values())
+    result = {
+        "model": manifest["name"],
+        "device": "cpu",
+        "torch_threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+        "versions": {"kvpress": presses.version(), "transformers": __import__("transformers").__version__,
+                     "torch": torch.__version__},
+        "evictor": SPEC,
+        "n_tokens": len(ids),
+        "n_context": n_context,
+        "max_new_tokens": MAX_NEW_TOKENS,
+        "budgets": [1.0, *BUDGETS],
+        "seconds": {
+            "kvpress_pipeline_total": t_kvpress,
+            "kvpress_pipeline_per_arm": {str(b): s for b, s in kvpress_seconds.items()},
+            "one_prefill_sweep_total": t_sweep,
+        },
+        "speedup_one_prefill_vs_kvpress_per_ratio": t_kvpress / t_sweep,
+        "arms_with_same_text_as_kvpress": f"{same}/{len(ours)}",
+    }
+    write_result("kvpress_sweep", result)
+    return result
+
+
+if __name__ == "__main__":
+    main()
