@@ -264,6 +264,20 @@ def _load_config(source: str, kind: str, kwargs: dict):
     return config
 
 
+def _check_kernel_support(config, attn_impl: str) -> None:
+    """Refuse a kernel the model's class does not implement (transformers' ``_supports_*`` flags)."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    flag = {"sdpa": "_supports_sdpa", "flex_attention": "_supports_flex_attn"}.get(attn_impl)
+    if attn_impl.startswith("flash_attention"):
+        flag = "_supports_flash_attn"
+    if flag and not getattr(cls, flag, False):
+        raise ModelLoadError(f"{cls.__name__} has no {attn_impl} kernel in transformers {transformers.__version__}; "
+                             "use --attn-impl eager")
+
+
 def _check_tokenizer_files(directory: str) -> None:
     if not any((pathlib.Path(directory) / name).is_file() for name in TOKENIZER_FILES):
         raise ModelLoadError(f"{directory} has no tokenizer files (none of {', '.join(TOKENIZER_FILES)}); "
@@ -340,6 +354,7 @@ def load_model(model: str | None = None, *, device: str = "cpu", dtype: str = "f
     check_attn_impl(attn_impl, device=device, dtype=dtype)
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
     config = _load_config(source, kind, kwargs)
+    _check_kernel_support(config, attn_impl)
     if positions is not None:
         check_positions(config, positions)
     if kind == "dir":

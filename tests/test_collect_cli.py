@@ -153,7 +153,7 @@ def _model_dir_variant(model_dir, tmp_path, *, drop=(), config=None):
 
 
 @pytest.mark.parametrize("case", ["missing-path", "no-tokenizer", "unknown-type", "not-causal", "cuda",
-                                  "too-long", "flash-attention", "unknown-kernel"])
+                                  "too-long", "flash-attention", "unknown-kernel", "no-sdpa-in-class"])
 def test_collector_errors_are_one_line(case, model_dir, tmp_path, capsys):
     """In process: an exception escaping cli.main would fail the test, so exit 2 with one line means no traceback."""
     import torch
@@ -179,6 +179,9 @@ def test_collector_errors_are_one_line(case, model_dir, tmp_path, capsys):
         extra, expect = ["--attn-impl", "flash_attention_2"], "flash_attention_2"
     elif case == "unknown-kernel":
         extra, expect = ["--attn-impl", "nosuchkernel"], "not a transformers attention kernel"
+    elif case == "no-sdpa-in-class":  # transformers' Gemma2 implements eager attention only
+        gemma2 = {"model_type": "gemma2", "architectures": ["Gemma2ForCausalLM"], "head_dim": 16}
+        model, expect = str(_model_dir_variant(model_dir, tmp_path, config=gemma2)), "Gemma2ForCausalLM has no sdpa kernel"
     code = cli.main(["--model", model, "--out", str(out), *ERROR_ARGS, *extra])
     lines = capsys.readouterr().err.strip().splitlines()
     assert code == 2, lines
