@@ -2,7 +2,7 @@
 
 Runs in the kvpress environment (``make kvpress-env``; ``.venv-kvpress/bin/python bench/kvpress_sweep.py``)
 on the default model (SmolLM2-135M-Instruct, CPU, fp32, sdpa), query-agnostic as kvpress is: one
-RULER niah_single_1 input of ``N_TOKENS`` tokens split at its question. Every arm decodes exactly
+RULER niah_single_1 input of ``--tokens`` tokens (default ``N_TOKENS``) split at its question. Every arm decodes exactly
 ``MAX_NEW_TOKENS`` greedy tokens (EOS disabled in both paths so they do the same work). Measured in the
 same run (single runs on a shared CPU: read the ratio, not the seconds):
 
@@ -18,6 +18,7 @@ Writes ``bench/results/kvpress_sweep.json``.
 
 from __future__ import annotations
 
+import argparse
 import platform
 import time
 
@@ -54,12 +55,12 @@ def clock(fn):
 
 
 @torch.no_grad()
-def main() -> dict:
+def main(n_tokens: int = N_TOKENS) -> dict:
     from transformers import pipeline
 
     model, tokenizer, manifest = load_model()
     model.generation_config.eos_token_id = None
-    task_input = T.make_input("niah_single_1", tokenizer=tokenizer, context_length=N_TOKENS, input_id=0, draw=0)
+    task_input = T.make_input("niah_single_1", tokenizer=tokenizer, context_length=n_tokens, input_id=0, draw=0)
     ids, n_context = T.split_prompt(tokenizer, task_input)
     context = torch.tensor([ids[:n_context]])
     question = torch.tensor([ids[n_context:]])
@@ -111,4 +112,6 @@ def main() -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tokens", type=int, default=N_TOKENS, help=f"prompt length (default {N_TOKENS})")
+    main(parser.parse_args().tokens)
