@@ -417,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         from pagestats.report import build_report  # matplotlib and great_tables: imported only for `report`
 
         index = build_report(logs if args.db is None else logs.load(), out=args.out)
-        print(index)
+        print(one_line(index))
         return 0
     return 2
 
