@@ -34,6 +34,16 @@ def harm_count(score: str) -> str:
     return f"sum(CAST({score} < score_full AS BIGINT))"
 
 
+#: The paired difference of the gate's effect Δ per (input, budget) (Table 2; App. A.7.2).
+PAIRED_DIFFERENCE = "score_gated - score_plain"
+
+
+def recovered(score: str) -> str:
+    """Per unit: some eviction budget strictly beats the full cache, ``max_b A(b, x) > A(1, x)``
+    (ρ's event, §3 Eq. 1), over the unit's rows with b < 1 (``score_full`` is constant in a unit)."""
+    return f"max({score}) > min(score_full)"
+
+
 #: Gate-open rows (p_open's numerator; Tables 12, 22).
 OPEN_COUNT = "sum(CAST(gate_open AS BIGINT))"
 

@@ -53,7 +53,7 @@ def delta(frame: pl.DataFrame, by=MATRIX_CELL) -> pl.DataFrame:
     """
     rows, by = _outcome_rows(frame, by, ["score_gated", "score_plain"], "delta")
     out = rows.group_by(by).agg(
-        (pl.col("score_gated") - pl.col("score_plain")).mean().alias("delta"),
+        formulas.expr(formulas.PAIRED_DIFFERENCE).mean().alias("delta"),
         pl.struct(_unit_key(rows)).n_unique().cast(pl.Int64).alias("n_inputs"),
         pl.len().cast(pl.Int64).alias("n_rows"),
     )
@@ -93,7 +93,7 @@ def delta_bootstrap(
     """
     rows, by = _outcome_rows(frame, by, ["score_gated", "score_plain"], "delta_bootstrap")
     unit = _unit_key(rows)
-    rows = rows.with_columns((pl.col("score_gated") - pl.col("score_plain")).alias("_d")).sort(
+    rows = rows.with_columns(formulas.expr(formulas.PAIRED_DIFFERENCE).alias("_d")).sort(
         _uniq(by, unit, ["budget"])
     )
     keys, cells, inputs = [], [], []
@@ -108,10 +108,17 @@ def delta_bootstrap(
         cells.append(part["_d"].to_numpy().reshape(n_units, n_budgets))
         if shared_inputs:
             inputs.append(part.select(input_key(part)).unique(maintain_order=True))
+    return _bootstrap_table(keys, cells, inputs, {c: frame.schema[c] for c in by}, rng=rng, n_boot=n_boot,
+                            confidence_level=confidence_level, q=q, shared_inputs=shared_inputs)
+
+
+def _bootstrap_table(keys, cells, inputs, by_schema, *, rng, n_boot, confidence_level, q, shared_inputs):
+    """The bootstrap, BH and result frame of :func:`delta_bootstrap` from its per-cell matrices
+    (also fed by :func:`pagestats.whatif.delta_bootstrap_table`, which reads them from DuckDB)."""
     if shared_inputs and any(not x.equals(inputs[0]) for x in inputs[1:]):
         raise ValueError("delta_bootstrap: shared_inputs=True but the cells do not hold the same inputs")
     if not cells:
-        schema = {**{c: frame.schema[c] for c in by}, "delta": pl.Float64, "low": pl.Float64,
+        schema = {**by_schema, "delta": pl.Float64, "low": pl.Float64,
                   "high": pl.Float64, "p_value": pl.Float64, "p_adjusted": pl.Float64,
                   "rejected": pl.Boolean, "n_inputs": pl.Int64, "n_budgets": pl.Int64, "n_boot": pl.Int64}
         return pl.DataFrame(schema=schema)

@@ -44,7 +44,7 @@ def recovery_rate(
     score, _ = _arm(arm)
     rows, by = _outcome_rows(frame, by, [score, "score_full"], "recovery_rate")
     units = rows.group_by(_uniq(by, _unit_key(rows))).agg(
-        (pl.col(score).max() > pl.col("score_full").first()).alias("_rec")
+        formulas.expr(formulas.recovered(score)).alias("_rec")
     )
     out = units.group_by(by).agg(pl.col("_rec").sum().cast(pl.Int64).alias("k"), pl.len().cast(pl.Int64).alias("n"))
     out = _with_wilson(out.sort(by), "rho", confidence_level)

@@ -1,0 +1,234 @@
+"""Benchmark: the what-if out of core (DuckDB over the parquet files) against one hand-written
+DuckDB query, as ratios measured in the same run.
+
+Data: synthetic runs of 1,000,000 inputs each (8 default tasks × 125,000; one model L=12,
+H=4; RULER 4K; evictor snapkv; the 9 default budgets; no top-k, no text), one run per chunk
+(``draws=(i,)``, seed i, so run_ids differ), written by ``--generate`` in a child process
+each, so that a release of N million inputs is generated one million at a time. The data
+directory is ``--data DIR`` (default ``bench/tmp``); it is deleted at the end unless
+``--keep``.
+
+Measured (each command in its own subprocess, reaped with :func:`os.wait4`, so that its
+peak RSS and CPU time are its own), at 1M and at each larger size given by ``--sizes``:
+
+- ``query``: the baseline, a Python process that imports DuckDB and runs :data:`QUERY`, the
+  what-if of the default fixed τ = 0.07 written by hand (72 rows × 14 columns at 1M);
+- ``index``: ``pagestats index RUNS --db FILE`` (validation run by run, then the views);
+- ``whatif_db``: ``pagestats whatif --db FILE --format csv`` (out of core);
+- at 1M only: ``whatif_logs`` (``pagestats whatif RUN --format csv``: validate + load in
+  memory, then the same query over the frames), ``validate`` (``pagestats validate RUN``)
+  and ``report`` (``pagestats report --db FILE``).
+
+The what-if CSV is compared with the baseline query's rows (every column, to 1e-12).
+Ratios: ``whatif_db / query`` for wall time and peak RSS at every size. Wall times on a
+shared machine are inflated by load: the load average at start and end is recorded.
+
+Run: ``.venv/bin/python bench/duckdb_replay.py [--data DIR] [--sizes 1,10] [--keep]``;
+writes ``bench/results/duckdb_replay.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import pathlib
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from _results import write_result
+
+HERE = pathlib.Path(__file__).resolve().parent
+N_PER_TASK = 125_000
+TIMEOUT_S = 3000
+GIB = 2**30
+
+#: The baseline: the what-if of a fixed τ = 0.07 as one hand-written DuckDB query over the
+#: parquet files (``{outcomes}`` / ``{inputs}``: lists of file paths).
+QUERY = """
+SELECT i.model, i.context_length, o.evictor, o.task, o.budget, count(*) AS n_inputs,
+    avg(i.full_score) AS acc_full, avg(o.score) AS acc_plain,
+    avg(CASE WHEN i."drop" >= 0.07 THEN o.score ELSE i.full_score END) AS acc_gated,
+    avg(CASE WHEN i."drop" >= 0.07 THEN o.score ELSE i.full_score END) - avg(o.score) AS delta,
+    avg(CAST(o.score < i.full_score AS DOUBLE)) AS harm_plain,
+    avg(CAST((CASE WHEN i."drop" >= 0.07 THEN o.score ELSE i.full_score END) < i.full_score AS DOUBLE)) AS harm_gated,
+    avg(CAST(i."drop" >= 0.07 AS DOUBLE)) AS p_open,
+    avg((CASE WHEN i."drop" >= 0.07 THEN o.n_kept ELSE i.n_tokens END) / i.n_tokens) AS kept_kv
+FROM read_parquet({outcomes}) o JOIN read_parquet({inputs}) i USING (run_id, task, input_id)
+GROUP BY ALL ORDER BY ALL
+"""
+
+
+def _generate(root: str, n_per_task: int, draw: int) -> None:
+    """Child: one synthetic run of 8 × n_per_task inputs (draw and seed ``draw``)."""
+    from pagestats import testing
+
+    logs = testing.synthetic_logs(
+        models=(testing.ModelSpec("synthetic-12L4H", 12, 4),), context_lengths=(4096,), evictors=("snapkv",),
+        tasks=testing.SYNTHETIC_TASKS, n_inputs=n_per_task, draws=(draw,), with_topk=False, with_text=False,
+        seed=draw,
+    )  # fmt: skip
+    (run_dir,) = logs.write(root, n_shards=2)
+    print(json.dumps({"run_dir": str(run_dir), "n_inputs": logs.inputs.height, "n_outcomes": logs.outcomes.height}))
+
+
+def _query(runs: list[str], out: str) -> None:
+    """Child: the baseline query, its rows written as JSON."""
+    import duckdb
+
+    def files(table):
+        return "[" + ", ".join(f"'{r}/{table}/*.parquet'" for r in runs) + "]"
+
+    con = duckdb.connect(config={"memory_limit": "2GB"})
+    rows = con.sql(QUERY.format(outcomes=files("outcomes"), inputs=files("inputs"))).fetchall()
+    pathlib.Path(out).write_text(json.dumps(rows))
+
+
+def _measured(cmd: list[str], stdout_path: pathlib.Path, timeout_s: float = TIMEOUT_S) -> dict:
+    """Run ``cmd``, stdout to a file; wall time, CPU time and peak RSS of that child alone."""
+    err_path = stdout_path.with_suffix(".stderr")
+    with open(stdout_path, "wb") as out, open(err_path, "wb") as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, cwd=HERE.parent)
+        timed_out = False
+        while True:
+            pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.perf_counter() - t0 > timeout_s:
+                timed_out = True
+                proc.send_signal(signal.SIGKILL)
+                pid, status, ru = os.wait4(proc.pid, 0)
+                break
+            time.sleep(0.05)
+        wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return {
+        "cmd": " ".join(pathlib.Path(c).name if i == 0 else c for i, c in enumerate(cmd)),
+        "returncode": proc.returncode,
+        "timed_out": timed_out,
+        "wall_s": wall,
+        "cpu_s": ru.ru_utime + ru.ru_stime,
+        "peak_rss_gib": ru.ru_maxrss / 1024.0 / 1024.0,  # Linux: KiB
+        "stderr_tail": err_path.read_text(errors="replace")[-600:],
+    }
+
+
+def _compare(csv_text: str, rows: list) -> dict:
+    """The what-if CSV against the baseline rows: same cells, every number to 1e-12."""
+    import polars as pl
+
+    from pagestats.whatif import WHATIF_COLUMNS
+
+    table = pl.read_csv(io.StringIO(csv_text))
+    problems = []
+    if tuple(table.columns) != WHATIF_COLUMNS:
+        problems.append(f"columns {table.columns}")
+    if table.height != len(rows):
+        problems.append(f"{table.height} rows vs {len(rows)}")
+    worst = 0.0
+    for got, exp in zip(table.rows(), rows):
+        if tuple(got[:6]) != tuple(exp[:6]):
+            problems.append(f"cell {got[:6]} vs {exp[:6]}")
+            break
+        worst = max(worst, *(abs(a - b) for a, b in zip(got[6:], exp[6:])))
+    if worst > 1e-12:
+        problems.append(f"max abs difference {worst:.3g} > 1e-12")
+    return {"ok": not problems, "problems": problems, "n_rows": table.height, "max_abs_diff": worst}
+
+
+def main() -> int:
+    if len(sys.argv) == 5 and sys.argv[1] == "--generate":
+        _generate(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+        return 0
+    if len(sys.argv) >= 4 and sys.argv[1] == "--query":
+        _query(sys.argv[3:], sys.argv[2])
+        return 0
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data", default=str(HERE / "tmp"))
+    ap.add_argument("--sizes", default="1,10", help="release sizes in millions of inputs (1 first)")
+    ap.add_argument("--keep", action="store_true", help="keep the generated data")
+    ap.add_argument("--no-report", action="store_true")
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    import duckdb
+    import polars as pl
+
+    py = sys.executable
+    result: dict = {
+        "benchmark": "duckdb_replay", "python": platform.python_version(), "polars": pl.__version__,
+        "duckdb": duckdb.__version__, "n_cpus": os.cpu_count(), "loadavg_start": list(os.getloadavg()),
+        "shape": {"per_run": "1,000,000 inputs = 8 tasks × 125,000; L=12, H=4; 4096; snapkv; 9 budgets",
+                  "sizes_millions": sizes},
+        "baseline_query": QUERY.strip(),
+        "failures": [],
+    }  # fmt: skip
+    data = pathlib.Path(args.data)
+    data.mkdir(parents=True, exist_ok=True)
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="duckdb_replay-", dir=data))
+    runs: list[str] = []
+    try:
+        for size in sizes:
+            while len(runs) < size:
+                draw = len(runs)
+                m = _measured([py, __file__, "--generate", str(tmp / "logs"), str(N_PER_TASK), str(draw)],
+                              tmp / f"gen{draw}.out")
+                if m["returncode"] != 0:
+                    raise RuntimeError(f"generation {draw} failed: {m['stderr_tail']}")
+                runs.append(json.loads((tmp / f"gen{draw}.out").read_text().splitlines()[-1])["run_dir"])
+            at = {"n_inputs": size * 1_000_000,
+                  "disk_gib": sum(f.stat().st_size for r in runs for f in pathlib.Path(r).rglob("*") if f.is_file()) / GIB}
+            q = _measured([py, __file__, "--query", str(tmp / f"query{size}.json"), *runs], tmp / f"query{size}.out")
+            at["query"] = q
+            db = tmp / f"logs{size}.duckdb"
+            at["index"] = _measured([py, "-m", "pagestats.cli", "index", *runs, "--db", str(db)], tmp / f"index{size}.out")
+            w = _measured([py, "-m", "pagestats.cli", "whatif", "--db", str(db), "--format", "csv"],
+                          tmp / f"whatif{size}.csv")
+            if w["returncode"] == 0 and q["returncode"] == 0:
+                w["check_vs_query"] = _compare((tmp / f"whatif{size}.csv").read_text(),
+                                               json.loads((tmp / f"query{size}.json").read_text()))
+                if not w["check_vs_query"]["ok"]:
+                    result["failures"].append(f"whatif_db {size}M differs from the query: {w['check_vs_query']}")
+                at["ratios"] = {"whatif_db_wall_over_query": w["wall_s"] / q["wall_s"],
+                                "whatif_db_rss_over_query": w["peak_rss_gib"] / q["peak_rss_gib"]}
+            else:
+                result["failures"].append(f"{size}M: whatif exit {w['returncode']}, query exit {q['returncode']}")
+            at["whatif_db"] = w
+            if size == 1:
+                at["whatif_logs"] = _measured([py, "-m", "pagestats.cli", "whatif", *runs, "--format", "csv"],
+                                              tmp / "whatif_logs.csv")
+                at["validate"] = _measured([py, "-m", "pagestats.cli", "validate", *runs], tmp / "validate.out")
+                if not args.no_report:
+                    at["report"] = _measured([py, "-m", "pagestats.cli", "report", "--db", str(db), "--out",
+                                              str(tmp / "report")], tmp / "report.out")
+            for k, v in at.items():
+                if isinstance(v, dict) and v.get("returncode", 0) != 0:
+                    result["failures"].append(f"{size}M {k}: exit {v['returncode']}")
+            result[f"{size}M"] = at
+            print(size, json.dumps({k: (v if not isinstance(v, dict) else {x: v.get(x) for x in
+                                        ("wall_s", "peak_rss_gib", "returncode", "whatif_db_wall_over_query",
+                                         "whatif_db_rss_over_query")}) for k, v in at.items()}), flush=True)
+    except Exception as err:  # record, don't hide
+        result["failures"].append(f"{type(err).__name__}: {err}")
+    finally:
+        if not args.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+        result["loadavg_end"] = list(os.getloadavg())
+        result["data_deleted"] = not tmp.exists()
+        shown = {k: result.get(k) for k in ("failures", "loadavg_start", "loadavg_end")}
+        for size in sizes:
+            at = result.get(f"{size}M", {})
+            shown[f"{size}M"] = {k: ({x: v.get(x) for x in ("wall_s", "peak_rss_gib")} if "wall_s" in v else v)
+                                 for k, v in at.items() if isinstance(v, dict)}
+        write_result("duckdb_replay", result, shown)
+    return 1 if result["failures"] else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
