@@ -47,6 +47,7 @@ from _results import write_result
 HERE = pathlib.Path(__file__).resolve().parent
 N_PER_TASK = 125_000
 TIMEOUT_S = 3000
+REPORT_TIMEOUT_S = 1500
 GIB = 2**30
 
 #: The baseline: the what-if of a fixed τ = 0.07 as one hand-written DuckDB query over the
@@ -206,7 +207,7 @@ def main() -> int:
                 at["validate"] = _measured([py, "-m", "pagestats.cli", "validate", *runs], tmp / "validate.out")
                 if not args.no_report:
                     at["report"] = _measured([py, "-m", "pagestats.cli", "report", "--db", str(db), "--out",
-                                              str(tmp / "report")], tmp / "report.out")
+                                              str(tmp / "report")], tmp / "report.out", timeout_s=REPORT_TIMEOUT_S)
             for k, v in at.items():
                 if isinstance(v, dict) and v.get("returncode", 0) != 0:
                     result["failures"].append(f"{size}M {k}: exit {v['returncode']}")

@@ -3,8 +3,9 @@
 Run ``python notebooks/build_notebooks.py`` after editing a cell here; the committed
 ``.ipynb`` files are this script's output. Every notebook reads its logs from the
 environment variable ``PAGESTATS_LOGS`` (a run directory, a folder of runs, or a glob);
-the default is ``../data`` (the logs shipped in ``data/``, seen from ``notebooks/``). When
-that location holds no run, the notebook draws small synthetic logs
+the default is ``../data`` (the logs shipped in ``data/``, seen from ``notebooks/``). With
+``PAGESTATS_DB`` set to a database written by ``pagestats index LOGS --db FILE``, the logs are
+read through it instead (validated when it was built, so not again). When the location holds no run, the notebook draws small synthetic logs
 (:func:`pagestats.testing.synthetic_logs`) into a temporary folder and says so.
 """
 
@@ -48,7 +49,14 @@ if not paths:
                                  with_topk=True, k_max=32, with_text=False)
     paths = [str(r) for r in syn.write(tmp)]
     print(f"No runs under {LOGS!r}: using synthetic logs with a planted partition in {tmp}")
-print(f"{len(paths)} run(s)")'''
+print(f"{len(paths)} run(s)")
+
+# Or a database written by `pagestats index LOGS --db FILE` (validated when it was built).
+DB = os.environ.get("PAGESTATS_DB")
+
+
+def load_logs():
+    return io.open_logs(DB).load() if DB else io.load(paths)'''
 
 
 def quickstart():
@@ -59,8 +67,8 @@ def quickstart():
         new_code_cell(SETUP),
         new_markdown_cell("## Validate and load\n\n`io.validate_paths` lists every problem (file and row); "
                           "`io.load` raises on any."),
-        new_code_cell('problems = io.validate_paths(paths)\nprint("valid" if not problems else "\\n".join(map(str, problems)))\n'
-                      'logs = io.load(paths)\nprint(logs.inputs.height, "inputs,", logs.outcomes.height, "outcome rows")\n'
+        new_code_cell('problems = [] if DB else io.validate_paths(paths)\nprint("valid" if not problems else "\\n".join(map(str, problems)))\n'
+                      'logs = load_logs()\nprint(logs.inputs.height, "inputs,", logs.outcomes.height, "outcome rows")\n'
                       'logs.inputs.select("model", "context_length", "task", "task_class").unique().sort("model", "context_length", "task")'),
         new_markdown_cell("## What if τ = 0.07? And with the z-scored threshold?\n\nOne row per (model, context, "
                           "evictor, task, budget) — the table `pagestats whatif` prints."),
@@ -99,7 +107,7 @@ def report_notebook():
                           "table (CSV, Markdown, HTML) and figure (PNG, PDF) of the catalogue plus an index of the log "
                           "files (sha256) they came from. Items whose data are missing are skipped with a reason."),
         new_code_cell(SETUP),
-        new_code_cell('from pagestats import report\n\nlogs = io.load(paths)\nout = Path(tempfile.mkdtemp(prefix="pagestats-report-"))\n'
+        new_code_cell('from pagestats import report\n\nlogs = load_logs()\nout = Path(tempfile.mkdtemp(prefix="pagestats-report-"))\n'
                       'index = report.build_report(logs, out, formats=("png",))\nprint(index)\n'
                       'display(Markdown(Path(index).read_text().split("## Outputs")[1]))'),
         new_markdown_cell("## A few tables, typeset\n\nEach table is a tidy frame of numbers; `tables.to_gt` typesets it."),
@@ -123,7 +131,7 @@ def calibration_notebook():
                           "midpoint recipe (Eq. 5). Then the question the paper leaves open: how much does the z-scored "
                           "gate depend on the definition of its pilot?"),
         new_code_cell(SETUP),
-        new_code_cell('logs = io.load(paths)\n'
+        new_code_cell('logs = load_logs()\n'
                       'policies = {"fixed 0.07": FixedTau(0.07), "z-scored": ZScored(), "midpoint": Midpoint()}\n'
                       'rows = []\n'
                       'for name, policy in policies.items():\n'
@@ -156,7 +164,7 @@ def depth_notebook():
                           "(App. A.3.1, needs stored top-k), and try new signals — the open problem of §6 — with "
                           "per-input AUCs corrected for multiplicity (Benjamini–Hochberg)."),
         new_code_cell(SETUP),
-        new_code_cell('logs = io.load(paths)\nt10 = tables.layer_subset_table(logs)\n'
+        new_code_cell('logs = load_logs()\nt10 = tables.layer_subset_table(logs)\n'
                       't10.pivot(on="layers", index=["model", "context_length"], values="margin")'),
         new_code_cell('t9 = tables.head_pair_table(logs, fractions=(0.05, 0.25, 1.0), draws=5)\nt9'),
         new_markdown_cell("## Another k (from the stored top-k indices)"),

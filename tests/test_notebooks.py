@@ -78,3 +78,21 @@ def test_notebook_runs(path, logs_location, monkeypatch):
     if path.name.startswith("01") and importlib.util.find_spec("ipywidgets") is None:
         assert "static sweep" in text  # the fallback ran
     assert elapsed < 120, f"{path.name} took {elapsed:.0f}s"
+
+
+def test_quickstart_reads_a_log_database(logs_location, monkeypatch, tmp_path):
+    """With PAGESTATS_DB the notebook reads the logs through `pagestats index`'s database: same counts."""
+    from pagestats import io
+
+    runs = sorted(str(m.parent) for m in Path(logs_location).glob("**/manifest.json"))
+    db = str(tmp_path / "logs.duckdb")
+    io.index_logs(runs, db).close()
+    logs = io.load(runs)
+    monkeypatch.setenv("PAGESTATS_LOGS", logs_location)
+    monkeypatch.setenv("PAGESTATS_DB", db)
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    nb = nbformat.read(NB_DIR / "01_quickstart.ipynb", as_version=4)
+    nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
+                            resources={"metadata": {"path": str(NB_DIR)}}).execute()
+    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    assert f"{logs.inputs.height} inputs, {logs.outcomes.height} outcome rows" in text
