@@ -306,5 +306,7 @@ def test_names_with_a_slash_are_refused(run):
 def test_exclusion_of_a_nonexistent_id_is_a_usage_error(run):
     with pytest.raises(ExclusionError):
         load([str(run)], exclude=["r1/vt/99"])
-    with pytest.raises(ExclusionError):
-        load([str(run)], exclude=["r1/vt/1_0"])
+    for spec in ("r1/vt/1_0", "r1/vt/\u0661", "r1/vt/" + "9" * 30):  # read as 10, as 1, beyond int64
+        with pytest.raises(ExclusionError, match="is not an integer"):
+            load([str(run)], exclude=[spec])
+    assert load([str(run)], exclude=["r1/vt/1"]).inputs.height == N_INPUTS_ALL - 1

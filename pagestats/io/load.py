@@ -45,6 +45,7 @@ to every table before the row rules). Version 1 is current, so there are no step
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -136,10 +137,9 @@ def _parse_exclusion(spec: str) -> tuple[str, str | None, int | None]:
         raise ExclusionError([Problem("exclude", None, f"exclusion {spec!r} has an empty part")])
     input_id = None
     if len(parts) == 3:
-        try:
-            input_id = int(parts[2])
-        except ValueError:
-            raise ExclusionError([Problem("exclude", None, f"exclusion {spec!r}: input id {parts[2]!r} is not an integer")]) from None
+        if not re.fullmatch(r"-?[0-9]{1,18}", parts[2]):  # ASCII digits only: int() would read "1_0" as 10
+            raise ExclusionError([Problem("exclude", None, f"exclusion {spec!r}: input id {parts[2]!r} is not an integer")])
+        input_id = int(parts[2])
     return parts[0], parts[1] if len(parts) > 1 else None, input_id
 
 
