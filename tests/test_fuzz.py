@@ -439,11 +439,13 @@ def test_every_mutation_is_refused_with_a_named_line_or_changes_no_number(clean,
         _tally[(family, outcome)] += 1
         if outcome not in ("accepted", "refused"):
             _failures.append({"family": family, "mutation": description, "outcome": outcome, "detail": detail})
-        Path(TALLY).write_text(json.dumps({
+        tmp = Path(f"{TALLY}.tmp")
+        tmp.write_text(json.dumps({
             "examples": sum(_tally.values()),
             "by_outcome": dict(Counter(o for (_, o), n in _tally.items() for _ in range(n))),
             "by_family": {f"{f}/{o}": n for (f, o), n in sorted(_tally.items())},
             "failures": _failures,
         }, indent=1) + "\n")
+        os.replace(tmp, TALLY)  # readable at any time during a long campaign
         return
     assert outcome in ("accepted", "refused"), f"{description}: {outcome}: {detail}"
