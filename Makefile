@@ -39,7 +39,14 @@ $(VENV)/.full: $(VENV)/.core
 report: $(VENV)/.core
 	$(VENV)/bin/pagestats validate $(LOGS)
 	$(VENV)/bin/pagestats report $(LOGS) --out $(OUT)
-	@echo "report written to $(OUT)/index.md"
+	@echo "report written to $(OUT)/index.html (one page; index.md and index.json beside it)"
+
+# Open the report in headless Chromium (apt-get install chromium) and save a screenshot to look at.
+CHROMIUM ?= chromium
+check-report: report
+	$(CHROMIUM) --headless=new --no-sandbox --disable-gpu --hide-scrollbars --window-size=1200,4000 \
+	    --screenshot=$(OUT)/screenshot.png file://$(abspath $(OUT))/index.html
+	@echo "screenshot of the page's first 4000 px: $(OUT)/screenshot.png"
 
 $(KVPRESS_VENV)/.done: pyproject.toml
 	$(PYTHON) -m venv $(KVPRESS_VENV)

@@ -3,6 +3,7 @@ the index names every log file with its sha256 and rows, and the policy and defa
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 from pathlib import Path
@@ -136,3 +137,178 @@ def test_report_is_byte_reproducible(two_context, tmp_path):
     assert files == sorted(p.relative_to(outs[1]) for p in outs[1].rglob("*") if p.is_file())
     changed = [str(f) for f in files if (outs[0] / f).read_bytes() != (outs[1] / f).read_bytes()]
     assert changed == []
+
+
+# --------------------------------------------------------------------------- the HTML page
+import re  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+from html.parser import HTMLParser  # noqa: E402
+
+
+class _Page(HTMLParser):
+    """Every id, link, image source and heading of a page, in document order."""
+
+    def __init__(self):
+        super().__init__()
+        self.ids, self.hrefs, self.images, self.headings, self._h = set(), [], [], [], None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if "id" in a:
+            self.ids.add(a["id"])
+        if tag == "a" and "href" in a:
+            self.hrefs.append(a["href"])
+        if tag == "img":
+            self.images.append(a.get("src", ""))
+        if tag in ("h2", "h3"):
+            self._h = ""
+
+    def handle_data(self, data):
+        if self._h is not None:
+            self._h += data
+
+    def handle_endtag(self, tag):
+        if tag in ("h2", "h3") and self._h is not None:
+            self.headings.append(self._h.strip())
+            self._h = None
+
+
+def _page(index: Path) -> tuple[_Page, str]:
+    text = (index.parent / "index.html").read_text(encoding="utf-8")
+    page = _Page()
+    page.feed(text)
+    return page, text
+
+
+def test_html_page_embeds_every_figure_and_has_no_broken_link(two_context):
+    _, index = two_context
+    meta = json.loads((index.parent / "index.json").read_text())
+    page, text = _page(index)
+    pngs = [f for o in meta["outputs"] if o["kind"] == "figure" for f in o["files"] if f.endswith(".png")]
+    assert len(pngs) >= 10 and len(page.images) == len(pngs)
+    for src, f in zip(page.images, pngs):
+        assert src.startswith("data:image/png;base64,")
+        assert base64.b64decode(src.split(",", 1)[1]) == (index.parent / f).read_bytes()  # the very file
+    assert page.hrefs
+    for href in page.hrefs:
+        if href.startswith("#"):
+            assert href[1:] in page.ids, href
+        else:
+            assert "://" not in href and (index.parent / href).is_file(), href
+    assert "src=\"http" not in text and "<link" not in text  # self-contained: nothing fetched
+
+
+def test_html_page_reads_finding_first_provenance_last(two_context):
+    logs, index = two_context
+    meta = json.loads((index.parent / "index.json").read_text())
+    page, text = _page(index)
+    order = [page.headings.index(h) for h in ("Headline", "Figures", "Tables", "Not produced", "Appendix: provenance")]
+    assert order == sorted(order)
+    appendix = text.index('id="appendix"')
+    for rec in meta["files"]:
+        assert text.index(rec["sha256"]) > appendix  # hashes only in the appendix
+    # the headline: one row per matrix cell, Δ and its interval equal Table 28's
+    boot = pl.read_csv(index.parent / "tables" / "tab28_bootstrap.csv")
+    head = pl.DataFrame(meta["headline"])
+    assert head.height == boot.height
+    joined = head.join(boot, on=["model", "context_length", "evictor"], suffix="_t28")
+    for c in ("delta", "low", "high", "p_adjusted"):
+        assert joined[c].to_list() == pytest.approx(joined[f"{c}_t28"].to_list(), abs=1e-12)
+    gated = report.Context(logs).gated.filter(pl.col("budget") < 1)
+    for r in head.iter_rows(named=True):
+        cell = gated.filter((pl.col("model") == r["model"]) & (pl.col("context_length") == r["context_length"])
+                            & (pl.col("evictor") == r["evictor"]))
+        assert r["harm_plain"] == pytest.approx((cell["score_plain"] < cell["score_full"]).mean())
+        assert r["harm_gated"] == pytest.approx((cell["score_gated"] < cell["score_full"]).mean())
+        assert r["compression"] == pytest.approx(1 / (cell["n_kept_gated"] / cell["n_tokens"]).mean())
+    assert meta["headline_sentences"] and meta["headline_sentences"][0] in text.replace("&#x27;", "'")
+    # index.md keeps the same order
+    md = index.read_text()
+    positions = [md.index(h) for h in ("## Headline", "## Figures", "## Tables", "## Not produced", "## Appendix")]
+    assert positions == sorted(positions)
+    assert min(md.index(rec["sha256"]) for rec in meta["files"]) > md.index("## Appendix")
+
+
+def test_every_table_column_has_a_human_header_and_a_gloss(two_context):
+    from pagestats.report.glossary import BY_TABLE, COLUMNS, glossary, header
+
+    _, index = two_context
+    meta = json.loads((index.parent / "index.json").read_text())
+    page, text = _page(index)
+    for o in meta["outputs"]:
+        for f in (f for f in o["files"] if f.endswith(".csv")):
+            columns = pl.read_csv(index.parent / f, n_rows=1).columns
+            for c in columns:
+                assert c in COLUMNS or c in BY_TABLE.get(o["name"], {}), f"{o['name']}: no header for {c!r}"
+                assert all(meaning for _, _, meaning in glossary(o["name"], columns))
+    assert header("tab01_recovery", "k") == "n recovered"  # a count, not the top-k size
+    t1 = text[text.index('id="tab01_recovery"'):]
+    assert "<th" in t1 and ">n recovered</th>" in t1[: t1.index("</table>")]
+
+
+def test_decision_frontier_is_the_pareto_set_of_every_tau_and_budget(two_context):
+    from pagestats import metrics, replay
+    from pagestats.report.decision import decision_data, decision_taus
+
+    logs, _ = two_context
+    ctx = report.Context(logs)
+    data = decision_data(ctx)
+    gated_all = ctx.gated
+    taus = decision_taus(defaults.TAU)
+    gib = metrics.full_cache_gib(logs.inputs, logs.manifests)
+    for cell in data.select("model", "context_length", "evictor").unique().to_dicts():
+        sub = data.filter((pl.col("model") == cell["model"]) & (pl.col("context_length") == cell["context_length"])
+                          & (pl.col("evictor") == cell["evictor"]))
+        assert sub.height == len(taus) * sub["budget"].n_unique()
+        g = gated_all.filter((pl.col("model") == cell["model"]) & (pl.col("context_length") == cell["context_length"])
+                             & (pl.col("evictor") == cell["evictor"]))
+        full = float(gib.filter((pl.col("model") == cell["model"])
+                                & (pl.col("context_length") == cell["context_length"]))["full_gib"][0])
+        for tau in (taus[1], defaults.TAU, taus[-2]):  # brute force: replay the gate at τ, budget by budget
+            at = replay.gated_outcomes(logs, replay.FixedTau(float(tau))).filter(
+                (pl.col("model") == cell["model"]) & (pl.col("context_length") == cell["context_length"])
+                & (pl.col("evictor") == cell["evictor"]) & (pl.col("budget") < 1))
+            for b in at["budget"].unique().to_list():
+                rows = at.filter(pl.col("budget") == b)
+                point = sub.filter((pl.col("tau") == tau) & (pl.col("budget") == b))
+                assert point["accuracy"][0] == pytest.approx(rows["score_gated"].mean(), abs=1e-12)
+                kept = (rows["n_kept_gated"] / rows["n_tokens"]).mean()
+                assert point["kept_kv"][0] == pytest.approx(kept, abs=1e-12)
+                assert point["kv_gib"][0] == pytest.approx(kept * full, rel=1e-12)
+        # τ = +∞ keeps the full cache; the frontier is exactly the non-dominated points (by brute force)
+        assert sub.filter(pl.col("tau") == float("inf"))["kept_kv"].to_list() == pytest.approx([1.0] * sub["budget"].n_unique())
+        pts = list(zip(sub["kept_kv"], sub["accuracy"], sub["on_frontier"]))
+        for c, a, flag in pts:
+            assert flag == (not any(c2 <= c and a2 >= a and (c2 < c or a2 > a) for c2, a2, _ in pts))
+        assert len(g) > 0
+
+
+def test_full_cache_gib_from_the_manifest():
+    from pagestats import metrics
+
+    model = {"n_layers": 30, "n_kv_heads": 3, "head_dim": 64, "dtype": "bfloat16"}
+    assert metrics.kv_bytes_per_token(model) == 2 * 30 * 3 * 64 * 2
+    with pytest.raises(ValueError, match="unknown dtype"):
+        metrics.kv_bytes_per_token({**model, "dtype": "q4"})
+    inputs = pl.DataFrame({"run_id": ["r", "r"], "model": ["m", "m"], "context_length": [8, 8], "n_tokens": [100, 300]})
+    gib = metrics.full_cache_gib(inputs, {"r": {"model": model}})
+    assert gib["full_gib"][0] == pytest.approx(2 * 30 * 3 * 64 * 2 * 200 / 2**30)
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no headless Chromium installed (apt-get install chromium)")
+def test_html_page_renders_in_headless_chromium(two_context, tmp_path):
+    """A real browser loads the page: every embedded figure decodes (naturalWidth > 0)."""
+    _, index = two_context
+    page = tmp_path / "page.html"
+    probe = ("<script>addEventListener('load',()=>{const i=[...document.images];document.body.dataset.ok="
+             "i.filter(x=>x.complete&&x.naturalWidth>0).length+'/'+i.length})</script></body>")
+    page.write_text((index.parent / "index.html").read_text(encoding="utf-8").replace("</body>", probe))
+    dom = subprocess.run([CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000",
+                          "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120).stdout
+    ok = re.search(r'data-ok="(\d+)/(\d+)"', dom)
+    assert ok, dom[-500:]
+    assert ok.group(1) == ok.group(2) and int(ok.group(2)) >= 10

@@ -19,6 +19,7 @@ Fig. 8     :func:`delta_matrix`                   :func:`delta_matrix_data`
 Fig. 9     :func:`rho_vs_headroom`                :func:`scaling_data`
 Fig. 10    :func:`recovery_distribution`          :func:`recovery_distribution_data`
 Fig. 11    :func:`recovery_fraction`              :func:`recovery_fraction_data`
+new        :func:`decision_frontier`              :func:`decision_frontier_data`
 =========  =====================================  ===================================
 """
 
@@ -30,6 +31,7 @@ from pagestats.figures.accuracy import (
     frontier_data,
     pareto_mask,
 )
+from pagestats.figures.decision import decision_frontier, decision_frontier_data
 from pagestats.figures.gate import (
     agreement_profile,
     agreement_profile_data,
@@ -61,6 +63,8 @@ __all__ = [
     "accuracy_vs_kept_kv",
     "frontier_data",
     "pareto_mask",
+    "decision_frontier",
+    "decision_frontier_data",
     "agreement_profile",
     "agreement_profile_data",
     "drop_by_task",

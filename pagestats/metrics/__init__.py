@@ -34,7 +34,7 @@ from pagestats.metrics.delta import (
     delta_of_f,
     oracle_gap,
 )
-from pagestats.metrics.memory import compression, kept_kv, static_batching
+from pagestats.metrics.memory import compression, full_cache_gib, kept_kv, kv_bytes_per_token, static_batching
 from pagestats.metrics.rates import (
     auc_by_signal,
     harm_rate,
@@ -55,6 +55,8 @@ __all__ = [
     "kept_kv",
     "compression",
     "static_batching",
+    "kv_bytes_per_token",
+    "full_cache_gib",
     "delta_of_f",
     "oracle_gap",
     "auc_by_signal",

@@ -13,7 +13,7 @@ from pagestats import defaults, formulas
 from pagestats.columns import MATRIX_CELL
 from pagestats.metrics._frames import _arm, _outcome_rows
 
-__all__ = ["kept_kv", "compression", "static_batching"]
+__all__ = ["kept_kv", "compression", "static_batching", "kv_bytes_per_token", "full_cache_gib"]
 
 
 def kept_kv(frame: pl.DataFrame, by=MATRIX_CELL, arm: str = "gated", *, include_full: bool = False) -> pl.DataFrame:
@@ -104,3 +104,61 @@ def static_batching(p_open, kept_open, batch_sizes=defaults.BATCH_SIZES) -> pl.D
             "compression": 1.0 / provisioned.ravel(),
         }
     )
+
+
+#: Bytes per element of the dtypes a manifest names (the KV cache is held in the model's dtype).
+DTYPE_BYTES = {"float32": 4, "fp32": 4, "float16": 2, "fp16": 2, "bfloat16": 2, "bf16": 2, "float64": 8,
+               "float8_e4m3fn": 1, "float8_e5m2": 1, "int8": 1}
+
+
+def kv_bytes_per_token(model: dict) -> int:
+    """Bytes of KV cache one prompt token occupies: 2 (keys and values) × layers × KV heads ×
+    head_dim × bytes per element of the model's dtype (docs/DEFINITIONS.md, "Memory").
+
+    Parameters
+    ----------
+    model : dict
+        The manifest's ``model`` entry (``n_layers``, ``n_kv_heads``, ``head_dim``, ``dtype``).
+    """
+    missing = [k for k in ("n_layers", "n_kv_heads", "head_dim", "dtype") if model.get(k) is None]
+    if missing:
+        raise ValueError(f"kv_bytes_per_token: the manifest's model entry lacks {', '.join(missing)}")
+    dtype = str(model["dtype"]).replace("torch.", "")
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"kv_bytes_per_token: unknown dtype {model['dtype']!r}; known: {', '.join(DTYPE_BYTES)}")
+    return 2 * int(model["n_layers"]) * int(model["n_kv_heads"]) * int(model["head_dim"]) * DTYPE_BYTES[dtype]
+
+
+def full_cache_gib(inputs: pl.DataFrame, manifests: dict) -> pl.DataFrame:
+    """The full KV cache of one sequence in GiB, per (model, context_length).
+
+    Parameters
+    ----------
+    inputs : polars.DataFrame
+        ``Logs.inputs`` (``run_id``, ``model``, ``context_length``, ``n_tokens``).
+    manifests : dict
+        ``Logs.manifests`` (run_id → manifest); the architecture is read from each run's
+        ``model`` entry.
+
+    Returns
+    -------
+    polars.DataFrame
+        ``model, context_length, bytes_per_token, n_tokens`` (mean prompt length) and
+        ``full_gib`` = bytes_per_token × n_tokens / 2³⁰; a kept-KV fraction f then occupies
+        f × ``full_gib``. Runs of one (model, context_length) must agree on bytes_per_token.
+    """
+    per_run = []
+    for run_id in inputs["run_id"].unique().sort().to_list():
+        manifest = manifests.get(run_id)
+        if not manifest:
+            raise ValueError(f"full_cache_gib: no manifest for run {run_id!r}")
+        per_run.append({"run_id": run_id, "bytes_per_token": kv_bytes_per_token(manifest.get("model") or {})})
+    frame = inputs.select("run_id", "model", "context_length", "n_tokens").join(
+        pl.DataFrame(per_run, schema={"run_id": pl.String, "bytes_per_token": pl.Int64}), on="run_id")
+    out = frame.group_by("model", "context_length").agg(
+        pl.col("bytes_per_token").n_unique().alias("_distinct"), pl.col("bytes_per_token").first(),
+        pl.col("n_tokens").cast(pl.Float64).mean())
+    if (out["_distinct"] > 1).any():
+        raise ValueError("full_cache_gib: runs of one (model, context_length) disagree on the KV-cache layout")
+    return out.drop("_distinct").with_columns(
+        (pl.col("bytes_per_token") * pl.col("n_tokens") / 2**30).alias("full_gib")).sort("model", "context_length")

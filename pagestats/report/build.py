@@ -12,9 +12,13 @@ caches the gate decisions and gated outcomes). The entries sit above
 :mod:`pagestats.tables` and :mod:`pagestats.figures`, which never import the report.
 
 Outputs under ``out``: ``figures/<name>[-<part>].png|pdf``, ``tables/<name>.csv|md``
-(``.html`` where the table is typeset with great_tables), ``index.md`` and
-``index.json`` (log files with sha256 and rows, exclusions, the policy, profile and
-defaults used, every output and every skip reason).
+(``.html`` where the table is typeset with great_tables), and the index in three forms
+(:mod:`~pagestats.report.html`): ``index.html`` (one self-contained page: the headline
+numbers of :mod:`~pagestats.report.headline` first, every figure embedded, every table with
+its caption and column glossary, the skip reasons, then the provenance), ``index.md`` (the
+same order) and ``index.json`` (log files with sha256 and rows, exclusions, the policy,
+profile and defaults used, the headline, every output and every skip reason). A progress
+bar on stderr counts the entries.
 """
 
 from __future__ import annotations
@@ -22,15 +26,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
+from tqdm.auto import tqdm
 
 import pagestats
 from pagestats import defaults
 from pagestats.report.context import Context, Entry, needs_inputs
+from pagestats.report.headline import headline, headline_sentences
+from pagestats.report.html import index_markdown, write_index_html
 from pagestats.report.figure_entries import FIGURES
 from pagestats.report.table_entries import TABLES
 from pagestats.report.write import (
@@ -41,7 +49,6 @@ from pagestats.report.write import (
     out_problem,
     staged_directory,
 )
-from pagestats.tables import markdown_table
 
 # --------------------------------------------------------------------------- catalogue
 
@@ -161,11 +168,15 @@ def _build_into(logs, out, *, policy=None, profile=None, entries: Sequence[Entry
     out.mkdir(parents=True, exist_ok=True)
     ctx = Context(logs, policy=policy, profile=profile)
     outcomes = []
-    for entry in catalogue() if entries is None else entries:
-        try:
-            outcomes.append(_run_entry(entry, ctx, out, formats))
-        except _EmptyOutput as err:
-            outcomes.append(Outcome(entry.name, entry.kind, entry.source, entry.caption, [], str(err)))
+    todo = list(catalogue() if entries is None else entries)
+    with tqdm(todo, desc="report", unit="entry", file=sys.stderr, disable=None) as bar:
+        for entry in bar:
+            bar.set_postfix_str(entry.name)
+            try:
+                outcomes.append(_run_entry(entry, ctx, out, formats))
+            except _EmptyOutput as err:
+                outcomes.append(Outcome(entry.name, entry.kind, entry.source, entry.caption, [], str(err)))
+    lead = headline(ctx) if logs.outcomes.height else pl.DataFrame()
     index = {
         "pagestats_version": pagestats.__version__,
         "schema_version": _schema_versions(logs),
@@ -181,42 +192,16 @@ def _build_into(logs, out, *, policy=None, profile=None, entries: Sequence[Entry
         "headline_evictor": ctx.headline_evictor if logs.outcomes.height else None,
         "defaults": {k: list(v) if isinstance(v, tuple) else v for k, v in defaults.as_dict().items()},
         "outputs": [dataclasses.asdict(o) for o in outcomes],
+        "headline": lead.to_dicts(),
+        "headline_sentences": headline_sentences(lead, ctx.headline_evictor if logs.outcomes.height else None),
     }
     (out / "index.json").write_text(json.dumps(index, indent=2, default=str) + "\n")
     path = out / "index.md"
-    path.write_text(_index_markdown(index))
+    path.write_text(index_markdown(index, out))
+    write_index_html(index, out)
     return str(path)
 
 
 def _schema_versions(logs) -> list:
     manifests = getattr(logs, "manifests", {}) or {}
     return sorted({m.get("schema_version") for m in manifests.values() if isinstance(m, dict)} - {None})
-
-
-def _index_markdown(index: dict) -> str:
-    lines = ["# pagestats report", ""]
-    lines.append(f"pagestats {index['pagestats_version']}; log schema {index['schema_version'] or '?'}; "
-                 f"{index['n_inputs']} inputs, {index['n_outcomes']} outcome rows, "
-                 f"{len(index['runs'])} run(s); headline evictor `{index['headline_evictor']}`.")
-    lines += ["", "## Log files", ""]
-    if index["files"]:
-        lines.append(markdown_table(pl.DataFrame(index["files"], schema={
-            "path": pl.String, "table": pl.String, "sha256": pl.String, "rows": pl.Int64})).rstrip())
-    else:
-        lines.append("(the logs were not read from files: no hashes to report)")
-    lines += ["", "## Exclusions", ""]
-    lines += [f"- {e}" for e in index["exclusions"]] or ["none"]
-    lines += ["", "## Policy and profile", ""]
-    lines.append(f"- policy: `{json.dumps(index['policy'], default=str)}`")
-    lines.append(f"- profile: `{json.dumps(index['profile'], default=str)}`")
-    lines += ["", "## Defaults (pagestats.defaults)", ""]
-    lines += [f"- {k} = {v}" for k, v in index["defaults"].items()]
-    lines += ["", "## Outputs", ""]
-    for o in index["outputs"]:
-        if o["skipped"]:
-            lines.append(f"- **{o['source']}** `{o['name']}` — SKIPPED: {o['skipped']}")
-        else:
-            links = ", ".join(f"[{Path(f).name}]({f})" for f in o["files"])
-            lines.append(f"- **{o['source']}** `{o['name']}` — {o['caption']} {links}".rstrip())
-    return "\n".join(lines) + "\n"
-

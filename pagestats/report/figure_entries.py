@@ -27,6 +27,7 @@ from pagestats.figures import (
     tau_sensitivity,
 )
 from pagestats.figures._style import cell_label
+from pagestats.report.decision import decision_figure
 from pagestats.report.context import (
     Context,
     Entry,
@@ -138,4 +139,8 @@ FIGURES: tuple[Entry, ...] = (
           "Distribution of r(x) per task, pooled over cells; headline evictor."),
     Entry("fig11_recovery_fraction", "figure", "Figure 11", _fig11, (needs_eviction_budgets,),
           "Share of inputs with r(x) > 0 per task and (model, context) cell, Wilson 95% bars; headline evictor."),
+    Entry("figN1_decision_frontier", "figure", "New figure", decision_figure, (needs_eviction_budgets,),
+          "The decision figure: gated accuracy vs kept KV over every threshold τ and budget b, one colour per "
+          "evictor; the line is each evictor's frontier, open circles the points at the fixed τ, the star the "
+          "full cache; top axis in GiB per sequence."),
 )

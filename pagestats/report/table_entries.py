@@ -14,6 +14,7 @@ import polars as pl
 
 from pagestats import defaults, replay
 from pagestats.replay.policies import Midpoint, TaskOracle
+from pagestats.report.decision import decision_table
 from pagestats.report.context import (
     Entry,
     needs_agreement,
@@ -174,6 +175,9 @@ def _entries() -> tuple[Entry, ...]:
               lambda c: t("tabN1_pilot_sensitivity", pilot_sensitivity_table(c.logs, evictor=c.headline_evictor, profile=c.profile)),
               (ev, needs_agreement, needs_pilot_groups),
               "z-scored gate under pilot first/random × per model/per cell × sizes; call flips."),
+        Entry("tabN2_decision_frontier", "table", "New table", decision_table, (ev,),
+              "The accuracy–memory frontier over τ and budgets per evictor: kept KV as a fraction and in GiB "
+              "per sequence."),
     )
 
 

@@ -1,0 +1,70 @@
+"""The report's decision entries: the accuracy–memory frontier over τ and budgets per evictor
+as a figure (:func:`pagestats.figures.decision_frontier`) and as a table of its frontier
+points, with the kept KV cache as a fraction and in GiB per sequence (docs/DEFINITIONS.md,
+"Memory"). The frontier data are computed once per report context."""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+import polars as pl
+
+from pagestats import defaults, metrics, replay
+from pagestats.figures import decision_frontier, decision_frontier_data
+from pagestats.report.context import Context
+from pagestats.tables import Layout
+
+_CACHE: "weakref.WeakKeyDictionary[Context, pl.DataFrame]" = weakref.WeakKeyDictionary()
+
+#: Layout of the frontier table.
+DECISION_LAYOUT = Layout(
+    "Decision table — the accuracy–memory frontier over τ and budgets, per evictor",
+    decimals=4,
+    notes=("Each row is one (τ, b) operating point on its evictor's frontier: no other (τ, b) keeps at most as "
+           "much cache with at least the accuracy. τ = −inf is plain eviction, +inf the full cache.",
+           "kv_gib = kept_kv × the full cache of one sequence: 2 × layers × KV heads × head_dim × dtype bytes × "
+           "mean prompt tokens, from the run manifests."),
+)
+
+
+def decision_taus(tau0: float) -> np.ndarray:
+    """The thresholds of the decision frontier: the Fig. 6 grid, the deployed τ0, and ±∞."""
+    start, stop, step = defaults.TAU_GRID
+    grid = np.round(np.arange(start, stop + step / 25, step), 6)
+    return np.unique(np.r_[grid, tau0, -np.inf, np.inf])
+
+
+def decision_data(ctx: Context) -> pl.DataFrame:
+    """:func:`pagestats.figures.decision_frontier_data` of the context's logs and profile
+    (computed once per context)."""
+    if ctx not in _CACHE:
+        tau0 = ctx.fixed_tau if ctx.fixed_tau is not None else defaults.TAU
+        keys = ("model", "context_length", "evictor", "budget")
+        curve = replay.tau_curve(ctx.logs, decision_taus(tau0), ctx.profile, by=keys)
+        if "pair_draw" in curve.columns:
+            curve = curve.group_by(*keys, "tau").agg(pl.col("delta", "kept_kv", "p_open").mean())
+        accuracy = metrics.accuracy(ctx.gated.filter(pl.col("budget") < 1.0), list(keys))
+        gib = None
+        if getattr(ctx.logs, "manifests", None):
+            gib = metrics.full_cache_gib(ctx.logs.inputs, ctx.logs.manifests)
+        _CACHE[ctx] = decision_frontier_data(curve, accuracy, gib)
+    return _CACHE[ctx]
+
+
+def decision_figure(ctx: Context):
+    """The decision figure with the context's fixed τ (or the default τ) marked."""
+    return decision_frontier(decision_data(ctx), tau=ctx.fixed_tau if ctx.fixed_tau is not None else defaults.TAU)
+
+
+def decision_table(ctx: Context):
+    """The frontier points of every evictor, cheapest first, typeset with :data:`DECISION_LAYOUT`.
+
+    Thresholds that give the same point (same budget, accuracy and kept-KV: no input's D lies
+    between them) are one row, with the range ``tau_from`` … ``tau_to``."""
+    data = decision_data(ctx).filter(pl.col("on_frontier")).drop("on_frontier", "acc_full")
+    keys = [k for k in ("model", "context_length", "evictor") if k in data.columns]
+    point = [*keys, "budget", "accuracy", "kept_kv", *(["kv_gib"] if "kv_gib" in data.columns else []), "p_open",
+             "delta"]
+    rows = data.group_by(point).agg(pl.col("tau").min().alias("tau_from"), pl.col("tau").max().alias("tau_to"))
+    return rows.select(*keys, "tau_from", "tau_to", *point[len(keys):]).sort([*keys, "kept_kv", "accuracy"]), DECISION_LAYOUT

@@ -1,0 +1,167 @@
+"""Human column headers and a one-line meaning for every column of the report's tables.
+
+The tables keep their tidy column names (CSV files, scripts); the HTML page and ``index.md``
+show :func:`header` instead, with a glossary of the columns a table has under it
+(:func:`glossary`). A few names mean different things in different tables; :data:`BY_TABLE`
+overrides them there (Table 1's ``k`` is the number of recovered inputs, not a top-k size).
+"""
+
+from __future__ import annotations
+
+#: tidy name → (header, meaning).
+COLUMNS: dict[str, tuple[str, str]] = {
+    "model": ("model", "model name from the run manifest"),
+    "context_length": ("context", "target prompt length in tokens"),
+    "evictor": ("evictor", "base KV-cache evictor"),
+    "task": ("task", "RULER task"),
+    "task_class": ("task class", "capacity-bound or dilution-prone (from the manifest)"),
+    "budget": ("budget b", "nominal KV budget: fraction of the prompt's positions kept"),
+    "scope": ("scope", "cell: one (model, context, task); pooled: all cells of a task class together"),
+    "n": ("n inputs", "inputs counted"),
+    "n_inputs": ("n inputs", "inputs counted"),
+    "k": ("n recovered", "inputs with the event counted by the rate"),
+    "rho": ("ρ", "recovery rate: share of inputs whose best plain budget beats the full cache (Eq. 1)"),
+    "low": ("95% low", "lower end of the 95% interval of the estimate to its left"),
+    "high": ("95% high", "upper end of the 95% interval of the estimate to its left"),
+    "dilution_prone": ("dilution-prone", "ρ ≥ 0.05 (Eq. 1)"),
+    "delta": ("Δ", "gated − plain accuracy, mean over inputs and budgets b < 1"),
+    "delta_rest": ("Δ without capacity-bound", "Δ over the inputs of the other tasks only"),
+    "p_open_rest": ("p_open without capacity-bound", "gate-open share on the other tasks' inputs"),
+    "identical": ("gated ≡ plain", "the gate opens on every input counted, so gated equals plain (the paper's †)"),
+    "p_open": ("p_open", "share of inputs on which the gate opens (D ≥ τ)"),
+    "mean_drop": ("mean D", "mean head-agreement drop D (Eq. 3)"),
+    "sd_drop": ("SD of D", "standard deviation of D over the inputs"),
+    "tau": ("τ", "threshold of the gate"),
+    "rank": ("rank of mean D", "1 = the smallest mean D of the cell"),
+    "smallest": ("smallest mean D", "this task has the smallest mean D of its cell"),
+    "distractors": ("distractors", "distractor keys of the NIAH-MultiKey variant"),
+    "monotone": ("monotone", "mean D decreases strictly along MultiKey 1 → 2 → 3"),
+    "ratio_first_last": ("D ratio first/last", "mean D of MultiKey-1 over mean D of MultiKey-3"),
+    "statistic": ("signal", "gate signal or profile statistic"),
+    "separated": ("separated", "the task means of the two classes lie on either side of one threshold"),
+    "below": ("capacity below", "every capacity-bound task mean lies below every dilution-prone one"),
+    "margin": ("margin", "smallest dilution-prone task mean minus largest capacity-bound task mean"),
+    "margin_minus": ("margin without excluded tasks", "the margin with the listed tasks left out"),
+    "auc": ("AUC", "separability of capacity-bound vs dilution-prone inputs (Mann–Whitney)"),
+    "auc_oriented": ("AUC (either side)", "max(AUC, 1 − AUC)"),
+    "n_capacity": ("n capacity-bound", "capacity-bound inputs"),
+    "n_dilution": ("n dilution-prone", "dilution-prone inputs"),
+    "p_value": ("p", "p-value"),
+    "p_adjusted": ("p (BH)", "p-value after Benjamini–Hochberg across the table's rows"),
+    "rejected": ("significant (BH)", "rejected at q = 0.05 after Benjamini–Hochberg"),
+    "mk_monotone": ("MK monotone", "the signal decreases along MultiKey 1 → 2 → 3"),
+    "pearson_r": ("r with D", "Pearson correlation with D over inputs"),
+    "mean_drop_capacity": ("mean D capacity-bound", "mean D over the capacity-bound calibration inputs"),
+    "mean_drop_dilution": ("mean D dilution-prone", "mean D over the dilution-prone calibration inputs"),
+    "tau_calibrated": ("τ calibrated", "midpoint threshold (Eq. 5)"),
+    "tau_fixed": ("τ fixed", "the fixed threshold"),
+    "delta_fixed": ("Δ at fixed τ", "Δ with the fixed threshold"),
+    "delta_calibrated": ("Δ at calibrated τ", "Δ with the calibrated threshold"),
+    "p_open_fixed": ("p_open at fixed τ", "gate-open share with the fixed threshold"),
+    "p_open_calibrated": ("p_open at calibrated τ", "gate-open share with the calibrated threshold"),
+    "winner": ("better", "the threshold with the larger Δ"),
+    "pairs_fraction": ("head-pair fraction", "fraction of head pairs kept per draw"),
+    "n_pairs": ("n pairs", "head pairs per layer"),
+    "n_pairs_kept": ("n pairs kept", "head pairs kept per draw"),
+    "n_draws": ("n draws", "random draws"),
+    "margin_mean": ("mean margin", "margin averaged over the draws"),
+    "margin_min": ("min margin", "smallest margin over the draws"),
+    "margin_max": ("max margin", "largest margin over the draws"),
+    "n_ordered": ("n ordered", "draws whose margin is positive"),
+    "layers": ("layers", "layer subset D is computed on"),
+    "n_layers": ("n layers", "layers in the subset"),
+    "ordered": ("ordered", "the margin is positive"),
+    "capacity_max": ("max capacity-bound mean D", "largest capacity-bound task mean of D"),
+    "dilution_min": ("min dilution-prone mean D", "smallest dilution-prone task mean of D"),
+    "note": ("note", "remark on the subset"),
+    "acc_full": ("accuracy full KV", "mean score with the full cache"),
+    "acc_plain": ("accuracy plain", "mean score of plain eviction"),
+    "acc_gated": ("accuracy gated", "mean score of the gated arm (Eq. 2)"),
+    "kept_kv_gated": ("kept KV gated", "mean n_kept / n_tokens of the gated arm"),
+    "kept_kv_plain": ("kept KV plain", "mean n_kept / n_tokens of plain eviction"),
+    "kept_kv_open": ("kept KV when open", "mean kept fraction over the gate-open inputs"),
+    "kept_kv": ("kept KV", "mean n_kept / n_tokens"),
+    "kv_gib": ("KV GiB per sequence", "kept KV × the full cache of one sequence in GiB (from the manifest)"),
+    "compression": ("compression", "1 / kept KV"),
+    "delta_policy": ("Δ gate", "Δ of the gate's policy"),
+    "delta_oracle": ("Δ oracle", "Δ of the task-label oracle (Table 14)"),
+    "gap": ("gap", "Δ oracle − Δ gate"),
+    "same_decisions": ("same decisions", "the gate and the oracle decide alike on every input"),
+    "best_plain": ("best plain evictor", "evictor with the highest plain accuracy"),
+    "acc_best_plain": ("its accuracy", "plain accuracy of the best plain evictor"),
+    "best_gated": ("best gated evictor", "evictor with the highest gated accuracy"),
+    "acc_best_gated": ("its gated accuracy", "gated accuracy of the best gated evictor"),
+    "gain": ("gain", "best gated − best plain accuracy"),
+    "n_evictors": ("n evictors", "evictors compared"),
+    "n_fit_rows": ("n fit rows", "rows the ratio band is fitted on"),
+    "ratio_low": ("ratio low", "lower end of the fitted ρ / headroom band"),
+    "ratio_high": ("ratio high", "upper end of the fitted ρ / headroom band"),
+    "headroom": ("headroom", "1 − A_full"),
+    "predicted_low": ("predicted ρ low", "ratio low × headroom"),
+    "predicted_high": ("predicted ρ high", "ratio high × headroom"),
+    "inside": ("inside band", "the measured ρ lies in the predicted band"),
+    "sha256": ("sha256", "hash of the frozen prediction file (Table 21)"),
+    "batch_size": ("batch size", "sequences in a static batch"),
+    "kept_open": ("kept KV when open", "kept fraction of an open input"),
+    "p_all_open": ("P(all open)", "p_open^B: every input of the batch opens"),
+    "provisioned": ("provisioned", "cache provisioned per sequence: (1 − p^B) + p^B · kept"),
+    "a_full": ("A_full", "full-KV accuracy"),
+    "ratio": ("ρ / headroom", "ρ / (1 − A_full)"),
+    "slope": ("slope", "through-origin slope of ρ on headroom (Eq. 4)"),
+    "slope_se": ("slope SE", "standard error of the slope"),
+    "fit_n": ("fit rows", "rows of the fit"),
+    "fitted_rho": ("fitted ρ", "slope × headroom"),
+    "in_fit": ("in fit", "the row is used by the fit (dilution-prone)"),
+    "harm_gated": ("harm gated", "share of inputs the gated arm scores below the full cache"),
+    "gated_low": ("gated 95% low", "lower end of the gated harm interval"),
+    "gated_high": ("gated 95% high", "upper end of the gated harm interval"),
+    "harm_plain": ("harm plain", "share of inputs plain eviction scores below the full cache"),
+    "plain_low": ("plain 95% low", "lower end of the plain harm interval"),
+    "plain_high": ("plain 95% high", "upper end of the plain harm interval"),
+    "reduction": ("harm reduction", "harm plain − harm gated"),
+    "n_budgets": ("n budgets", "budgets b < 1 per input"),
+    "n_boot": ("bootstrap replicates", "cluster-bootstrap replicates"),
+    "excludes_zero": ("excludes 0", "the 95% interval excludes 0"),
+    "subset": ("subset", "rows of one draw, or the summary over draws"),
+    "draw": ("draw", "seed of the input draw"),
+    "mean": ("mean Δ", "mean Δ over the draws"),
+    "sd": ("SD of Δ", "standard deviation of Δ over the draws"),
+    "range": ("range of Δ", "largest − smallest Δ over the draws"),
+    "pilot": ("pilot", "first or random inputs as the pilot"),
+    "pilot_by": ("pilot per", "pilot pooled per model or per model × context"),
+    "pilot_n": ("pilot size", "inputs in the pilot"),
+    "closed_call": ("closed call", "fewer than half of the task's inputs open"),
+    "flips": ("flips", "the closed call differs from the reference definition"),
+    "n_flipping_definitions": ("n flipping definitions", "pilot definitions whose call differs"),
+    "delta_task": ("Δ task", "Δ over the task's inputs"),
+    "delta_cell": ("Δ cell", "Δ over the cell's inputs"),
+    "tau_from": ("τ from", "smallest threshold giving this point"),
+    "tau_to": ("τ to", "largest threshold giving this point"),
+    "accuracy": ("accuracy", "mean score of the gated arm at this (τ, b)"),
+    "harm_reduction": ("harm reduction", "harm plain − harm gated"),
+}
+
+#: table name → {tidy name: (header, meaning)} where a name means something else there.
+BY_TABLE: dict[str, dict[str, tuple[str, str]]] = {
+    "tab01_recovery": {"k": ("n recovered", "inputs whose best plain budget b < 1 beats the full cache")},
+    "tab25_scaling": {"k": ("n recovered", "inputs whose best plain budget b < 1 beats the full cache")},
+    "tab03_drop_by_task": {"tau": ("τ", "the policy's threshold for the cell's inputs")},
+    "tab24_drop_by_task_strict": {"tau": ("τ", "the policy's threshold for the cell's inputs")},
+    "tab21_preregistered": {"n": ("n inputs", "inputs of the measured row")},
+}
+
+
+def _entry(table: str, column: str) -> tuple[str, str]:
+    if column in BY_TABLE.get(table, {}):
+        return BY_TABLE[table][column]
+    return COLUMNS.get(column, (column.replace("_", " "), ""))
+
+
+def header(table: str, column: str) -> str:
+    """The header shown for ``column`` of ``table``."""
+    return _entry(table, column)[0]
+
+
+def glossary(table: str, columns) -> list[tuple[str, str, str]]:
+    """``(header, tidy name, meaning)`` for each of ``columns`` of ``table``, in order."""
+    return [(_entry(table, c)[0], c, _entry(table, c)[1]) for c in columns]

@@ -1,0 +1,219 @@
+"""The report as one self-contained HTML page (``index.html``) and its Markdown twin
+(``index.md``), both in the order a reader wants: the headline numbers first, then every
+figure, then every table with its caption and a glossary of its columns, then the entries the
+logs cannot support with the reason, and last the provenance (log files and their sha256,
+exclusions, policy, profile, defaults).
+
+Figures are embedded as PNG data URIs, so the page can be mailed or archived alone; its
+only links are relative links to the CSV/Markdown/PDF files written beside it and anchors
+within the page.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+from pathlib import Path
+
+import polars as pl
+
+from pagestats.report.glossary import glossary, header
+
+#: Headline columns shown, as (tidy name, header).
+HEADLINE_SHOWN = (("model", "model"), ("context_length", "context"), ("evictor", "evictor"),
+                  ("n_inputs", "n inputs"), ("delta_ci", "Δ gated − plain [95% CI]"), ("p_adjusted", "p (BH)"),
+                  ("harm_plain", "harm plain"), ("harm_gated", "harm gated"), ("harm_reduction", "harm reduction"),
+                  ("p_open", "p_open"), ("kept_kv", "kept KV"), ("compression", "compression"))
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1100px;margin:2em auto;
+padding:0 1em;color:#1d1d1f;line-height:1.45}
+h1{margin-bottom:.2em} h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}
+.meta{color:#555;font-size:.9em} .finding{font-size:1.05em;margin:.4em 0}
+table{border-collapse:collapse;font-size:.82em;margin:.5em 0}
+th,td{border-bottom:1px solid #e4e4e4;padding:.25em .6em;text-align:right;white-space:nowrap}
+th{background:#f5f5f7;position:sticky;top:0} td.text,th.text{text-align:left}
+.scroll{max-height:28em;overflow:auto;border:1px solid #eee;display:inline-block;max-width:100%}
+figure{margin:1.2em 0} figure img{max-width:100%;border:1px solid #eee}
+figcaption,.caption{color:#333;font-size:.9em} .files{font-size:.8em;color:#666}
+dl.glossary{font-size:.8em;color:#444;display:grid;grid-template-columns:max-content auto;gap:.1em 1em}
+dl.glossary dt{font-weight:600} dl.glossary dd{margin:0}
+nav ul{columns:2;font-size:.9em} .skipped li{margin:.2em 0} code{font-size:.9em}
+"""
+
+
+def _number(value) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "n/a"
+        if math.isinf(value):
+            return "∞" if value > 0 else "−∞"
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _p(value) -> str:
+    return "< 0.001" if value is not None and value < 0.001 else _number(value)
+
+
+def headline_rows(frame: pl.DataFrame) -> list[dict]:
+    """The headline table as display strings (percentages, intervals), one dict per row."""
+    rows = []
+    for r in frame.iter_rows(named=True):
+        rows.append({
+            "model": r["model"], "context_length": str(r["context_length"]), "evictor": r["evictor"],
+            "n_inputs": str(r["n_inputs"]),
+            "delta_ci": f"{r['delta'] * 100:+.1f} pp [{r['low'] * 100:+.1f}, {r['high'] * 100:+.1f}]",
+            "p_adjusted": _p(r["p_adjusted"]),
+            "harm_plain": f"{r['harm_plain']:.1%}", "harm_gated": f"{r['harm_gated']:.1%}",
+            "harm_reduction": f"{r['harm_reduction'] * 100:+.1f} pp", "p_open": f"{r['p_open']:.1%}",
+            "kept_kv": f"{r['kept_kv']:.1%}", "compression": f"{r['compression']:.2f}×",
+        })
+    return rows
+
+
+def _html_table(columns: list[str], rows: list[list[str]], text_columns=()) -> str:
+    head = "".join(f'<th class="{"text" if c in text_columns else ""}">{html.escape(c)}</th>' for c in columns)
+    body = "".join("<tr>" + "".join(
+        f'<td class="{"text" if columns[i] in text_columns else ""}">{html.escape(v)}</td>' for i, v in enumerate(row))
+        + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _read_table(out: Path, path: str) -> pl.DataFrame:
+    return pl.read_csv(out / path, infer_schema_length=None)
+
+
+def _table_html(name: str, frame: pl.DataFrame) -> str:
+    text = {header(name, c) for c, dtype in frame.schema.items() if dtype == pl.String}
+    columns = [header(name, c) for c in frame.columns]
+    rows = [[_number(v) for v in row] for row in frame.iter_rows()]
+    return f'<div class="scroll">{_html_table(columns, rows, text)}</div>'
+
+
+def _glossary_html(name: str, columns) -> str:
+    items = "".join(f"<dt>{html.escape(h)}</dt><dd><code>{html.escape(c)}</code>{' — ' + html.escape(m) if m else ''}</dd>"
+                    for h, c, m in glossary(name, columns))
+    return f'<dl class="glossary">{items}</dl>'
+
+
+def _links(files) -> str:
+    return " · ".join(f'<a href="{html.escape(f)}">{html.escape(Path(f).name)}</a>' for f in files)
+
+
+def write_index_html(index: dict, out) -> str:
+    """Write ``out/index.html`` from the report's ``index`` (the content of ``index.json``,
+    with ``headline`` records and ``headline_sentences``); return its path."""
+    out = Path(out)
+    figures = [o for o in index["outputs"] if o["kind"] == "figure" and not o["skipped"]]
+    tables = [o for o in index["outputs"] if o["kind"] == "table" and not o["skipped"]]
+    skipped = [o for o in index["outputs"] if o["skipped"]]
+    parts = [f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>pagestats report</title>"
+             f"<style>{CSS}</style></head><body>",
+             "<h1>pagestats report</h1>",
+             f'<p class="meta">{html.escape(_meta_line(index))}</p>',
+             '<h2 id="headline">Headline</h2>']
+    parts += [f'<p class="finding">{html.escape(s)}</p>' for s in index.get("headline_sentences", [])]
+    if index.get("headline"):
+        hl = pl.DataFrame(index["headline"])
+        rows = headline_rows(hl)
+        parts.append('<div class="scroll">' + _html_table(
+            [h for _, h in HEADLINE_SHOWN], [[r[c] for c, _ in HEADLINE_SHOWN] for r in rows], {"model", "evictor"})
+            + "</div>")
+        parts.append('<p class="caption">Over each cell\'s inputs and budgets b &lt; 1, with the policy of the '
+                     'appendix. Δ: mean gated − plain accuracy, 95% cluster-bootstrap interval and Benjamini–Hochberg '
+                     'p (as Table 28). Harm: share of (input, budget) whose score falls below the full cache '
+                     '(Table 27). p_open: share of inputs whose gate opens. Kept KV: mean n_kept / n_tokens of the '
+                     'gated arm; compression = 1 / kept KV (Table 22).</p>')
+    parts.append("<nav><ul>" + "".join(f'<li><a href="#{o["name"]}">{html.escape(o["source"])} — '
+                                       f'{html.escape(o["name"])}</a></li>' for o in figures + tables)
+                 + '<li><a href="#skipped">Not produced</a></li><li><a href="#appendix">Appendix</a></li></ul></nav>')
+    parts.append('<h2 id="figures">Figures</h2>')
+    for o in figures:
+        pngs = [f for f in o["files"] if f.endswith(".png")]
+        imgs = "".join(f'<img alt="{html.escape(Path(f).stem)}" src="data:image/png;base64,'
+                       f'{base64.b64encode((out / f).read_bytes()).decode()}">' for f in pngs)
+        parts.append(f'<figure id="{o["name"]}">{imgs}<figcaption><b>{html.escape(o["source"])}</b> '
+                     f'({html.escape(o["name"])}). {html.escape(o["caption"])} '
+                     f'<span class="files">{_links(o["files"])}</span></figcaption></figure>')
+    parts.append('<h2 id="tables">Tables</h2>')
+    for o in tables:
+        parts.append(f'<section id="{o["name"]}"><h3>{html.escape(o["source"])} ({html.escape(o["name"])})</h3>'
+                     f'<p class="caption">{html.escape(o["caption"])} <span class="files">{_links(o["files"])}</span></p>')
+        columns: list[str] = []
+        for f in (f for f in o["files"] if f.endswith(".csv")):
+            frame = _read_table(out, f)
+            columns += [c for c in frame.columns if c not in columns]
+            parts.append(_table_html(o["name"], frame))
+        parts.append(_glossary_html(o["name"], columns) + "</section>")
+    parts.append('<h2 id="skipped">Not produced</h2><ul class="skipped">')
+    parts += [f"<li><b>{html.escape(o['source'])}</b> ({html.escape(o['name'])}): {html.escape(o['skipped'])}</li>"
+              for o in skipped] or ["<li>none: the logs support every entry</li>"]
+    parts.append("</ul>")
+    parts.append('<h2 id="appendix">Appendix: provenance</h2>')
+    parts.append("<h3>Exclusions</h3><ul>" + ("".join(f"<li>{html.escape(e)}</li>" for e in index["exclusions"])
+                                              or "<li>none</li>") + "</ul>")
+    parts.append(f"<h3>Policy and profile</h3><p><code>{html.escape(json.dumps(index['policy'], default=str))}</code>"
+                 f"<br><code>{html.escape(json.dumps(index['profile'], default=str))}</code></p>")
+    parts.append("<h3>Defaults (pagestats.defaults)</h3>" + _html_table(
+        ["name", "value"], [[k, str(v)] for k, v in index["defaults"].items()], {"name", "value"}))
+    parts.append("<h3>Log files</h3>" + (_html_table(
+        ["path", "table", "sha256", "rows"], [[f["path"], f["table"], f["sha256"], str(f["rows"])] for f in index["files"]],
+        {"path", "table", "sha256"}) if index["files"] else "<p>The logs were not read from files: no hashes.</p>"))
+    parts.append("</body></html>\n")
+    path = out / "index.html"
+    path.write_text("\n".join(parts), encoding="utf-8")
+    return str(path)
+
+
+def _meta_line(index: dict) -> str:
+    return (f"pagestats {index['pagestats_version']}; log schema {index['schema_version'] or '?'}; "
+            f"{index['n_inputs']} inputs, {index['n_outcomes']} outcome rows, {len(index['runs'])} run(s); "
+            f"headline evictor {index['headline_evictor']}.")
+
+
+def index_markdown(index: dict, out) -> str:
+    """``index.md``: the content of ``index.html`` in the same order, linking the files in ``out``."""
+    lines = ["# pagestats report", "", _meta_line(index), "", "## Headline", ""]
+    lines += [f"- {s}" for s in index.get("headline_sentences", [])]
+    if index.get("headline"):
+        rows = headline_rows(pl.DataFrame(index["headline"]))
+        lines += ["", "| " + " | ".join(h for _, h in HEADLINE_SHOWN) + " |",
+                  "|" + "---|" * len(HEADLINE_SHOWN)]
+        lines += ["| " + " | ".join(r[c] for c, _ in HEADLINE_SHOWN) + " |" for r in rows]
+    lines += ["", "## Figures", ""]
+    for o in (o for o in index["outputs"] if o["kind"] == "figure" and not o["skipped"]):
+        lines += [f"### {o['source']} ({o['name']})", "", o["caption"], ""]
+        lines += [f"![{Path(f).stem}]({f})" for f in o["files"] if f.endswith(".png")]
+        lines += ["", "Files: " + ", ".join(f"[{Path(f).name}]({f})" for f in o["files"]), ""]
+    lines += ["## Tables", ""]
+    for o in (o for o in index["outputs"] if o["kind"] == "table" and not o["skipped"]):
+        lines += [f"### {o['source']} ({o['name']})", "", o["caption"], "",
+                  "Files: " + ", ".join(f"[{Path(f).name}]({f})" for f in o["files"]), ""]
+        columns = []
+        for f in (f for f in o["files"] if f.endswith(".csv")):
+            with open(Path(out) / f, encoding="utf-8") as fh:
+                columns += [c for c in fh.readline().strip().split(",") if c not in columns]
+        lines += ["Columns: " + "; ".join(f"**{h}** (`{c}`){': ' + m if m else ''}"
+                                          for h, c, m in glossary(o["name"], columns)), ""]
+    lines += ["## Not produced", ""]
+    lines += [f"- **{o['source']}** `{o['name']}` — SKIPPED: {o['skipped']}" for o in index["outputs"]
+              if o["skipped"]] or ["none"]
+    lines += ["", "## Appendix: provenance", "", "### Exclusions", ""]
+    lines += [f"- {e}" for e in index["exclusions"]] or ["none"]
+    lines += ["", "### Policy and profile", "", f"- policy: `{json.dumps(index['policy'], default=str)}`",
+              f"- profile: `{json.dumps(index['profile'], default=str)}`", "", "### Defaults (pagestats.defaults)", ""]
+    lines += [f"- {k} = {v}" for k, v in index["defaults"].items()]
+    lines += ["", "### Log files", ""]
+    if index["files"]:
+        lines += ["| path | table | sha256 | rows |", "|---|---|---|---|"]
+        lines += [f"| {f['path']} | {f['table']} | {f['sha256']} | {f['rows']} |" for f in index["files"]]
+    else:
+        lines.append("(the logs were not read from files: no hashes to report)")
+    return "\n".join(lines) + "\n"
