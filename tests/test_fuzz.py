@@ -11,7 +11,8 @@ copied and damaged by one mutation drawn from seven families:
 * columns — a column dropped, renamed, nulled, or an unknown one added;
 * types — a column cast to another arrow type (int32, float32, string, int64 lists …);
 * rows — a row dropped or duplicated, a part emptied or split in two, rows shuffled, a
-  cell set to an invalid value (NaN, ±inf, out of range, a wrong top-k list);
+  cell set to an invalid value (NaN, ±inf, out of range, a wrong top-k list, a null
+  element inside a list);
 * kinds — a part replaced by a FIFO, a folder, a symbolic link to ``/dev/zero`` or to a
   copy outside the run, deleted, or its table folder replaced by a file;
 * names — a part renamed with glob characters, spaces, a newline, a backslash, non-ASCII
@@ -227,7 +228,7 @@ def mutations(draw):
                                         "list_float64", "struct"]))
         else:
             how = draw(st.sampled_from(["drop_row", "dup_row", "empty", "split", "shuffle", "nan", "inf", "neg",
-                                        "big", "short_list", "long_list", "dup_index", "slash"]))
+                                        "big", "short_list", "long_list", "dup_index", "null_element", "slash"]))
 
         def apply(run):
             f = _parts(run, table)[part]
@@ -338,6 +339,8 @@ def _bad_cell(frame: pl.DataFrame, column: str, i: int, how: str) -> pl.DataFram
             values = values + list(range(10_000, 10_000 + len(values) + 1))
         elif how == "dup_index":
             values = values[:1] * len(values) if values else [0, 0]
+        elif how == "null_element":
+            values = [None] + values[1:] if values else [None]
         else:
             values = [-1.0 if inner.is_float() else -1] + values[1:]
         return frame.with_columns(pl.when(row).then(pl.lit(pl.Series([values], dtype=dtype))).otherwise(pl.col(column))

@@ -310,3 +310,18 @@ def test_exclusion_of_a_nonexistent_id_is_a_usage_error(run):
         with pytest.raises(ExclusionError, match="is not an integer"):
             load([str(run)], exclude=[spec])
     assert load([str(run)], exclude=["r1/vt/1"]).inputs.height == N_INPUTS_ALL - 1
+
+
+@pytest.mark.parametrize(("table", "column"), [("topk", "indices"), ("inputs", "agreement"),
+                                               ("inputs", "pair_jaccard")])
+def test_null_elements_inside_lists(run, table, column):
+    f = run / table / "part-0000.parquet"
+    frame = pl.read_parquet(f)
+    values = list(frame[column][2])
+    values[1] = None
+    frame = frame.with_columns(pl.when(pl.int_range(pl.len()) == 2).then(
+        pl.lit(pl.Series([values], dtype=frame.schema[column]))).otherwise(pl.col(column)).alias(column))
+    schema.write_parquet(table, frame, f)
+    refresh_manifest(run)
+    assert_problem(validate_paths([str(run)]), f, 2, f"{table} column {column!r} has null elements",
+                   f"1 of {len(values)} elements null")

@@ -14,7 +14,7 @@ manifest (:func:`check_manifest`)
     ``n_layers``/``n_heads``, ``budgets``, ``evictors``, ``tasks``, ``gate.bins``;
     ``files[]`` entries whose paths stay inside the run directory (docs/SCHEMA.md, "Safety").
 frames (:func:`check_frames`)
-    nulls in required columns; duplicate inputs / outcome rows / topk rows; ``drop``
+    nulls in required columns and null elements inside list columns; duplicate inputs / outcome rows / topk rows; ``drop``
     finite; ``full_score`` and ``score`` in [0, 1]; ``budget`` in (0, 1]; ``run_id``,
     ``model``, ``context_length`` and ``task`` agreeing with the run's manifest;
     ``agreement`` length = manifest ``n_layers`` (else consistent within the run);

@@ -104,10 +104,20 @@ def emit(bad: pl.DataFrame, files: list[str], rule: str, detail=None) -> list[Pr
 
 
 def _nulls(frame: pl.DataFrame, table: str, files: list[str]) -> list[Problem]:
+    """Nulls in required columns, and null elements inside any list column (a list's
+    min/max/length rules do not see them)."""
     out = []
     for col in schema.columns(table):
-        if col.required and col.name in frame.columns and frame[col.name].null_count():
+        if col.name not in frame.columns:
+            continue
+        if col.required and frame[col.name].null_count():
             out += emit(frame.filter(pl.col(col.name).is_null()), files, f"{table} column {col.name!r} is null")
+        if isinstance(frame.schema[col.name], pl.List):
+            holes = pl.col(col.name).list.eval(pl.element().is_null()).list.any().fill_null(False)
+            bad = frame.filter(holes)
+            bad = bad.with_columns(pl.format("{} of {} elements null", pl.col(col.name).list.eval(
+                pl.element().is_null()).list.sum(), pl.col(col.name).list.len()).alias("_d"))
+            out += emit(bad, files, f"{table} column {col.name!r} has null elements", "_d")
     return out
 
 
