@@ -58,6 +58,12 @@ $(KVPRESS_VENV)/.done: pyproject.toml
 
 kvpress-env: $(KVPRESS_VENV)/.done
 
+# The notebooks' cells (notebooks/build_notebooks.py), executed on data/ and saved with their figures.
+notebooks: $(VENV)/.core
+	$(PY) -m pip install -q -e ".[notebooks]"
+	cd notebooks && ../$(PY) build_notebooks.py --execute
+	@echo "start Jupyter with: $(VENV)/bin/jupyter lab notebooks/"
+
 test: $(VENV)/.full $(KVPRESS_VENV)/.done
 	$(PY) -m pytest -n 2 --durations=15 tests
 	$(KVPRESS_VENV)/bin/python -m pytest -n 2 $(KVPRESS_TESTS)

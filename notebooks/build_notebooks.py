@@ -1,7 +1,10 @@
-"""Write the example notebooks of ``notebooks/`` (no stored outputs).
+"""Write the example notebooks of ``notebooks/``; ``--execute`` also runs them on the shipped logs.
 
-Run ``python notebooks/build_notebooks.py`` after editing a cell here; the committed
-``.ipynb`` files are this script's output. Every notebook reads its logs from the
+Run ``make notebooks`` (this script with ``--execute``) after editing a cell here: the committed
+``.ipynb`` files are this script's cells, executed against ``data/`` with their outputs, so that
+they show their figures before anyone runs them. Each notebook's metadata
+(``pagestats.min_images``) states how many figures it shows at least; the tests execute every
+notebook and check that count. Every notebook reads its logs from the
 environment variable ``PAGESTATS_LOGS`` (a run directory, a folder of runs, or a glob);
 the default is ``../data`` (the logs shipped in ``data/``, seen from ``notebooks/``). With
 ``PAGESTATS_DB`` set to a database written by ``pagestats index LOGS --db FILE``, the logs are
@@ -18,7 +21,8 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 HERE = Path(__file__).resolve().parent
 
-SETUP = '''import os, tempfile
+SETUP = '''%matplotlib inline
+import os, tempfile
 from pathlib import Path
 
 import numpy as np
@@ -85,42 +89,73 @@ def quickstart():
                       'gated = replay.gated_outcomes(logs, FixedTau(0.07))\n'
                       'ev = headline_evictor(gated["evictor"].unique())\n'
                       'cell = gated.select("model", "context_length").unique().sort("model", "context_length").row(0, named=True)\n'
-                      'fig = accuracy_vs_budget(gated.filter(pl.col("evictor") == ev), evictor=ev, **cell)'),
-        new_markdown_cell("## Sweep τ\n\nWith `ipywidgets` installed this is a slider; otherwise a static sweep "
-                          "(the whole curve in one pass, `replay.tau_curve`)."),
-        new_code_cell('curve = replay.tau_curve(logs, np.round(np.arange(-0.02, 0.2001, 0.01), 4), by=("model", "context_length", "evictor"))\n\n'
-                      'def show(tau=0.07):\n'
-                      '    display(curve.filter((pl.col("tau") - tau).abs() < 1e-9).select(\n'
-                      '        "model", "context_length", "evictor", "tau", "p_open", "delta", "fp_rate", "fn_rate", "kept_kv"))\n\n'
-                      'try:\n'
+                      'fig = accuracy_vs_budget(gated.filter(pl.col("evictor") == ev), evictor=ev, **cell)\n'
+                      'fig'),
+        new_markdown_cell("## Choose τ: the τ explorer\n\nLeft: gated accuracy against the kept KV cache for every "
+                          "threshold τ and budget b, one colour per evictor; the line is each evictor's frontier, the "
+                          "open circles the points at the chosen τ (one per budget), the top axis the cache in GiB per "
+                          "sequence (from the manifest). Right: Figure 6, Δ and the error rates against τ, with the "
+                          "chosen τ marked. The titles give p_open and Δ at that τ. Below at τ = 0.07; the next cell is "
+                          "a slider (needs `ipywidgets`, part of the `notebooks` extra)."),
+        new_code_cell('from pagestats.figures import decision_frontier, tau_sensitivity\n'
+                      'from pagestats.report.context import Context\n'
+                      'from pagestats.report.decision import decision_data\n\n'
+                      'frontier = decision_data(Context(logs))    # every (τ, b) point of every evictor, one query\n'
+                      'grid = np.sort(frontier.filter(pl.col("tau").is_finite())["tau"].unique().to_numpy())\n'
+                      'curve = replay.tau_curve(logs, grid, by=("model", "context_length", "evictor"))\n\n\n'
+                      'def explore(tau=0.07):\n'
+                      '    tau = float(grid[np.argmin(np.abs(grid - tau))])\n'
+                      '    at = curve.filter((pl.col("tau") == tau) & (pl.col("evictor") == ev)).sort("model", "context_length")\n'
+                      '    said = "\\n".join(f"{r[\'model\']} {r[\'context_length\']}: p_open {r[\'p_open\']:.0%}, Δ {r[\'delta\'] * 100:+.1f} pp"\n'
+                      '                     for r in at.iter_rows(named=True))\n'
+                      '    left = decision_frontier(frontier, tau=tau)\n'
+                      '    left.suptitle(f"τ = {tau:.4f}, {ev}:\\n{said}", fontsize=6)\n'
+                      '    right = tau_sensitivity(curve.filter(pl.col("evictor") == ev), tau0=tau)  # Figure 6, τ marked\n'
+                      '    display(left, right)\n\n\n'
+                      'explore(0.07)'),
+        new_code_cell('try:\n'
                       '    import ipywidgets as widgets\n'
-                      '    widgets.interact(show, tau=widgets.FloatSlider(value=0.07, min=-0.02, max=0.2, step=0.01))\n'
+                      '    widgets.interact(explore, tau=widgets.FloatSlider(value=0.07, min=float(grid.min()), max=float(grid.max()),\n'
+                      '                                                      step=0.0025, readout_format=".4f", continuous_update=False))\n'
                       'except ImportError:\n'
-                      '    print("ipywidgets is not installed: static sweep")\n'
-                      '    display(curve.filter(pl.col("evictor") == ev).pivot(on="tau", index=["model", "context_length"], values="delta"))'),
+                      '    print("ipywidgets is not installed (pip install -e \'.[notebooks]\'): static sweep")\n'
+                      '    display(curve.filter(pl.col("evictor") == ev).filter(pl.col("tau").is_in(grid[::8].tolist()))\n'
+                      '            .pivot(on="tau", index=["model", "context_length"], values="delta"))'),
     ]
 
 
 def report_notebook():
     return [
-        new_markdown_cell("# Regenerate the paper's tables and figures\n\n`pagestats.report.build_report` writes every "
-                          "table (CSV, Markdown, HTML) and figure (PNG, PDF) of the catalogue plus an index of the log "
-                          "files (sha256) they came from. Items whose data are missing are skipped with a reason."),
+        new_markdown_cell("# Regenerate the paper's figures and tables\n\nEvery figure of the report's catalogue, drawn "
+                          "inline from the logs (an entry whose data are missing says why it is skipped), then a few "
+                          "tables typeset, then the whole report as one HTML page."),
         new_code_cell(SETUP),
-        new_code_cell('from pagestats import report\n\nlogs = load_logs()\nout = Path(tempfile.mkdtemp(prefix="pagestats-report-"))\n'
-                      'index = report.build_report(logs, out, formats=("png",))\nprint(index)\n'
-                      'display(Markdown(Path(index).read_text().split("## Outputs")[1]))'),
+        new_code_cell('from pagestats import report\n'
+                      'from pagestats.report.context import Context\n\n'
+                      'logs = load_logs()\n'
+                      'ctx = Context(logs)    # the replays, computed once for every entry\n'
+                      'for entry in report.catalogue():\n'
+                      '    if entry.kind != "figure":\n'
+                      '        continue\n'
+                      '    reason = next((r for r in (check(ctx) for check in entry.requires) if r), None)\n'
+                      '    if reason:\n'
+                      '        print(f"{entry.source} ({entry.name}) skipped: {reason}")\n'
+                      '        continue\n'
+                      '    made = entry.make(ctx)\n'
+                      '    for part, fig in made if isinstance(made, list) else [("", made)]:\n'
+                      '        display(Markdown(f"**{entry.source}** {part.replace(\'-\', \' \')} — {entry.caption}"), fig)'),
         new_markdown_cell("## A few tables, typeset\n\nEach table is a tidy frame of numbers; `tables.to_gt` typesets it."),
-        new_code_cell('gated = replay.gated_outcomes(logs, FixedTau())\n'
-                      't2 = tables.delta_matrix_table(gated)\n'
+        new_code_cell('t2 = tables.delta_matrix_table(ctx.gated)\n'
                       'tables.to_gt(t2, tables.LAYOUTS["tab02_delta_matrix"])'),
-        new_code_cell('t1 = tables.recovery_table(gated)\n'
+        new_code_cell('t1 = tables.recovery_table(ctx.gated)\n'
                       'tables.to_gt(t1.filter(pl.col("scope") == "pooled"), tables.LAYOUTS["tab01_recovery"])'),
-        new_code_cell('t28 = tables.bootstrap_table(gated, rng=np.random.default_rng(0), n_boot=2000)\n'
-                      'tables.to_gt(t28, tables.LAYOUTS["tab28_bootstrap"])'),
-        new_markdown_cell("## A figure from the report"),
-        new_code_cell('from IPython.display import Image\n\npngs = sorted((out / "figures").glob("fig08*.png"))\n'
-                      'Image(filename=str(pngs[0])) if pngs else print("Figure 8 was skipped")'),
+        new_markdown_cell("## The whole report, one page\n\n`report.build_report` (as `pagestats report LOGS --out DIR`) "
+                          "writes every table and figure and `index.html`: the headline numbers first, every figure, "
+                          "every table with a glossary of its columns, the skipped entries, then the file hashes."),
+        new_code_cell('out = Path(tempfile.mkdtemp(prefix="pagestats-report-"))\n'
+                      'index = Path(report.build_report(logs, out, formats=("png",)))\n'
+                      'print("open", index.with_name("index.html"))\n'
+                      'display(Markdown(index.read_text().split("## Figures")[0]))'),
     ]
 
 
@@ -143,6 +178,13 @@ def calibration_notebook():
                       '                .with_columns(pl.lit(name).alias("policy")))\n'
                       'compare = pl.concat(rows).select("policy", "model", "context_length", "tau", "p_open", "delta")\n'
                       'compare.pivot(on="policy", index=["model", "context_length"], values="delta")'),
+        new_markdown_cell("## Where each threshold falls\n\nFigure 2 (D per input by task) with the fixed τ and the "
+                          "midpoint τ of each cell; the z-scored τ differs per model (printed in the table above)."),
+        new_code_cell('from pagestats.figures import drop_by_task\n\n'
+                      'gate = replay.gate(logs, Midpoint())\n'
+                      'fig = drop_by_task(gate, tau=float(gate["tau"].mean()))\n'
+                      'fig.suptitle(f"dashed: midpoint τ = {float(gate[\'tau\'].mean()):.4f} (mean over cells); fixed τ = 0.07", fontsize=6)\n'
+                      'fig'),
         new_markdown_cell("## Table 7: the midpoint recipe vs the fixed τ"),
         new_code_cell('t7 = tables.calibration_table(logs)\ntables.to_gt(t7, tables.LAYOUTS["tab07_calibration"])'),
         new_markdown_cell("## Pilot-definition sensitivity (new)\n\nPilot = first vs random inputs, pooled per model vs "
@@ -154,6 +196,15 @@ def calibration_notebook():
                       '    pl.col("delta_cell").mean().alias("mean_delta")).sort("pilot", "pilot_by", "pilot_n")'),
         new_code_cell('sens.filter(pl.col("n_flipping_definitions") > 0).select(\n'
                       '    "model", "context_length", "task", "n_flipping_definitions").unique().sort("model", "context_length", "task")'),
+        new_code_cell('from matplotlib.figure import Figure\n\n'
+                      'per = sens.group_by("pilot", "pilot_by", "pilot_n").agg(pl.col("tau").mean()).sort("pilot_n")\n'
+                      'fig = Figure(figsize=(4, 2.4), layout="constrained")\n'
+                      'ax = fig.subplots()\n'
+                      'for (pilot, pilot_by), g in per.group_by("pilot", "pilot_by", maintain_order=True):\n'
+                      '    ax.plot(g["pilot_n"], g["tau"], marker="o", label=f"{pilot} inputs, per {pilot_by}")\n'
+                      'ax.axhline(0.07, color="0.5", linestyle=":", label="fixed τ = 0.07")\n'
+                      'ax.set_xlabel("pilot size"); ax.set_ylabel("mean z-scored τ"); ax.legend(fontsize=6)\n'
+                      'fig'),
     ]
 
 
@@ -164,7 +215,10 @@ def depth_notebook():
                           "(App. A.3.1, needs stored top-k), and try new signals — the open problem of §6 — with "
                           "per-input AUCs corrected for multiplicity (Benjamini–Hochberg)."),
         new_code_cell(SETUP),
-        new_code_cell('logs = load_logs()\nt10 = tables.layer_subset_table(logs)\n'
+        new_code_cell('from pagestats.figures import agreement_profile\n\n'
+                      'logs = load_logs()\n'
+                      'agreement_profile(logs.inputs)    # Figure 5: a_ℓ per task, the early and late bins of D shaded'),
+        new_code_cell('t10 = tables.layer_subset_table(logs)\n'
                       't10.pivot(on="layers", index=["model", "context_length"], values="margin")'),
         new_code_cell('t9 = tables.head_pair_table(logs, fractions=(0.05, 0.25, 1.0), draws=5)\nt9'),
         new_markdown_cell("## Another k (from the stored top-k indices)"),
@@ -193,6 +247,18 @@ def depth_notebook():
                       'frames["mid_dip (custom)"] = custom\n'
                       'aucs = tables.auc_table(frames, by=("model", "context_length"))\n'
                       'aucs.select("statistic", "model", "context_length", "auc", "low", "high", "p_value", "p_adjusted", "rejected")'),
+        new_code_cell('from matplotlib.figure import Figure\n\n'
+                      'fig = Figure(figsize=(4.5, 2.4), layout="constrained")\n'
+                      'ax = fig.subplots()\n'
+                      'shown = aucs.sort("statistic", "model", "context_length")\n'
+                      'labels = [f"{s} {c}" for s, c in zip(shown["statistic"], shown["context_length"])]\n'
+                      'x = np.arange(shown.height)\n'
+                      'ax.bar(x, shown["auc"], color=["#1f77b4" if r else "0.7" for r in shown["rejected"]])\n'
+                      'ax.errorbar(x, shown["auc"], yerr=[shown["auc"] - shown["low"], shown["high"] - shown["auc"]], fmt="none", ecolor="0.2")\n'
+                      'ax.axhline(0.5, color="0.5", linestyle=":")\n'
+                      'ax.set_xticks(x, labels, rotation=60, ha="right", fontsize=6)\n'
+                      'ax.set_ylabel("AUC (95% DeLong); blue: BH-significant")\n'
+                      'fig'),
         new_code_cell('threshold = float(custom["drop"].median())\n'
                       'policy = CustomPolicy(lambda f: mid_dip(f) >= threshold, name="mid_dip ≥ median")\n'
                       'g = replay.gated_outcomes(logs, policy)\n'
@@ -206,23 +272,57 @@ NOTEBOOKS = {
     "03_calibration_transfer.ipynb": calibration_notebook,
     "04_depth_profile.ipynb": depth_notebook,
 }
+#: Figures each notebook shows at least, on the shipped logs (``metadata.pagestats.min_images``).
+MIN_IMAGES = {
+    "01_quickstart.ipynb": 3,           # Fig. 3, the decision figure and Fig. 6 at τ = 0.07
+    "02_regenerate_paper.ipynb": 10,    # every figure of the catalogue the logs support
+    "03_calibration_transfer.ipynb": 2,  # Fig. 2 with the midpoint τ, τ against the pilot size
+    "04_depth_profile.ipynb": 2,        # Fig. 5, the AUC of every signal
+}
 
 
 def build(folder: Path = HERE) -> list[Path]:
+    """Write the notebooks' cells (no outputs) to ``folder``; return the paths."""
     out = []
     for name, cells in NOTEBOOKS.items():
         stem = name.split("_")[0]
         cell_list = cells()
         for i, cell in enumerate(cell_list):
             cell["id"] = f"nb{stem}-{i:02d}"  # stable ids: rebuilding gives identical files
-        nb = new_notebook(cells=cell_list, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
-                                                                  "language": "python"}})
+        nb = new_notebook(cells=cell_list, metadata={
+            "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+            "pagestats": {"min_images": MIN_IMAGES[name]}})
         path = folder / name
         nbformat.write(nb, path)
         out.append(path)
     return out
 
 
+def execute(path: Path, timeout: int = 600) -> nbformat.NotebookNode:
+    """Run the notebook at ``path`` in its own folder (so ``PAGESTATS_LOGS`` defaults to
+    ``../data``) and write it back with its outputs; raise on an error in any cell."""
+    import nbclient
+
+    nb = nbformat.read(path, as_version=4)
+    nbclient.NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                            resources={"metadata": {"path": str(path.parent)}}).execute()
+    nbformat.write(nb, path)
+    return nb
+
+
+def image_outputs(nb) -> int:
+    """How many figures (``image/png`` outputs) a notebook holds."""
+    return sum("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+
+
 if __name__ == "__main__":
+    import sys
+
     for p in build():
-        print(p)
+        if "--execute" in sys.argv[1:]:
+            n = image_outputs(execute(p))
+            if n < MIN_IMAGES[p.name]:
+                raise SystemExit(f"{p.name}: {n} figures, fewer than the {MIN_IMAGES[p.name]} it promises")
+            print(p, f"({n} figures)")
+        else:
+            print(p)

@@ -101,7 +101,8 @@ def decision_frontier(data: pl.DataFrame, *, tau: float | None = defaults.TAU, a
     evictors = data["evictor"].unique().sort().to_list() if "evictor" in data.columns else [None]
     colors = dict(zip(evictors, st.cycle_colors(len(evictors))))
     with st.style():
-        fig, axes = st.panels(len(groups), ax, ncols=min(len(groups), 2), row_height=2.2)
+        ncols = min(len(groups), 2)
+        fig, axes = st.panels(len(groups), ax, ncols=ncols, row_height=3.0, width=st.COLUMN_WIDTH * (1 + 0.6 * (ncols - 1)))
         for i, (axis, cell) in enumerate(zip(axes, groups)):
             sub = where(data, cell)
             shown_tau = None
@@ -126,7 +127,7 @@ def decision_frontier(data: pl.DataFrame, *, tau: float | None = defaults.TAU, a
             axis.plot([1.0], [full], marker="*", color="0.2", markersize=6, linestyle="none", zorder=5)
             axis.set_xlim(0, 1.03)
             axis.set_ylim(-0.02, 1.02)
-            axis.set_xlabel("kept KV (fraction of the prompt)")
+            axis.set_xlabel("kept KV (share of the prompt)")
             if i % 2 == 0:
                 axis.set_ylabel("gated accuracy")
             st.percent_axis(axis, "x")
