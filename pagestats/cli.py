@@ -1,4 +1,4 @@
-"""Command line of docs/CLI.md: ``pagestats validate | whatif | report | index``.
+"""Command line of docs/CLI.md: ``pagestats validate | whatif | report | index | prereg freeze|check``.
 
 Machine-readable outputs are part of the interface: ``validate`` prints one line per
 problem (``FILE[:row N]: message``) and exits 1 if there is any; ``whatif --format csv``
@@ -23,14 +23,19 @@ from pagestats.columns import MATRIX_CELL
 from pagestats.io import ExclusionError, LogError, index_logs, load, open_logs, validate_paths
 from pagestats.io.database import MEMORY_LIMIT
 from pagestats.io.validation.problems import one_line
+from pagestats.prereg import PreregistrationError, freeze_band, verified_band
 from pagestats.replay import (
     LAYER_SUBSETS,
+    PILOT_SPLITS,
+    RECALIBRATE_MODES,
     FixedTau,
     Midpoint,
     Policy,
     ProfileSpec,
     TaskOracle,
     ZScored,
+    pilot_composition,
+    recalibrate,
 )
 
 
@@ -69,43 +74,86 @@ def number(lo: float, hi: float, *, integer: bool = False, name: str = "value"):
     return parse
 
 
+def _given(args, name: str) -> bool:
+    """Whether the user passed ``--name`` (options that only some policies read default to None)."""
+    return getattr(args, name, None) is not None
+
+
+def check_options(args) -> None:
+    """Refuse options that the chosen policy and profile do not read (DESIGN §5: exit 2).
+
+    ``--theta`` applies to ``--policy z``; ``--pilot``, ``--pilot-by`` and ``--pilot-split``
+    to a policy with a pilot (``--policy z`` or ``--recalibrate z``); ``--midpoint-tasks`` to
+    ``--policy midpoint``; ``--pair-draws`` to ``--pairs-fraction``; ``--seed`` to a
+    head-pair draw or a hashed pilot.
+    """
+    name = getattr(args, "policy", None) or "fixed"
+    recal = getattr(args, "recalibrate", None) or "none"
+    has_pilot = name == "z" or recal == "z"
+    if _given(args, "theta") and name != "z":
+        raise ValueError(f"--theta applies to --policy z, not the {name} policy")
+    for opt in ("pilot", "pilot_by", "pilot_split"):
+        if _given(args, opt) and not has_pilot:
+            raise ValueError(f"--{opt.replace('_', '-')} applies to a pilot (--policy z or --recalibrate z), "
+                             f"not the {name} policy")
+    if _given(args, "midpoint_tasks") and name != "midpoint":
+        raise ValueError(f"--midpoint-tasks applies to --policy midpoint, not the {name} policy")
+    if _given(args, "pair_draws") and getattr(args, "pairs_fraction", None) is None:
+        raise ValueError("--pair-draws applies to --pairs-fraction (head-pair subsampling)")
+    split = getattr(args, "pilot_split", None) or defaults.PILOT_SPLIT
+    if _given(args, "seed") and getattr(args, "pairs_fraction", None) is None and not (has_pilot and split != "first"):
+        raise ValueError("--seed applies to --pairs-fraction draws or a random/held-out pilot")
+
+
+def _pilot_by(args) -> tuple[str, ...]:
+    text = getattr(args, "pilot_by", None) or "model"
+    return tuple(s.strip() for s in str(text).split(",") if s.strip())
+
+
 def policy_from_args(args) -> Policy:
     """The gate policy named by the ``pagestats whatif`` options.
 
     ``--tau X`` → :class:`FixedTau` (X); ``--policy fixed`` or no flag → fixed τ = 0.07;
-    ``--policy z`` → :class:`ZScored` (``--theta``, ``--pilot``, ``--pilot-by``, ``--seed``);
-    ``--policy midpoint`` → :class:`Midpoint` (samples by ``task_class``, as docs/DEFINITIONS.md words
-    Eq. 5; ``--midpoint-tasks niah_multikey_3,vt`` takes them from two named tasks, as the
-    paper's Table 7 does); ``--policy oracle`` → :class:`TaskOracle`.
+    ``--policy z`` → :class:`ZScored` (``--theta``, ``--pilot``, ``--pilot-by``,
+    ``--pilot-split``, ``--seed``); ``--policy midpoint`` → :class:`Midpoint` (samples by
+    ``task_class``, as docs/DEFINITIONS.md words Eq. 5; ``--midpoint-tasks niah_multikey_3,vt`` takes
+    them from two named tasks, as the paper's Table 7 does); ``--policy oracle`` →
+    :class:`TaskOracle`. ``--recalibrate z|midpoint`` then re-derives a fixed τ on the
+    changed statistic (:func:`pagestats.replay.recalibrate`, App. A.3.1). Options the policy
+    does not read are refused (:func:`check_options`).
     """
+    check_options(args)
     tau = getattr(args, "tau", None)
     name = getattr(args, "policy", None)
+    seed = int(getattr(args, "seed", None) or 0)
+    pilot_n = int(getattr(args, "pilot", None) or defaults.PILOT_N)
+    split = getattr(args, "pilot_split", None) or defaults.PILOT_SPLIT
+    recal = getattr(args, "recalibrate", None) or "none"
     if tau is not None:
         if name not in (None, "fixed"):
             raise ValueError(f"--tau applies to the fixed policy, not --policy {name}")
-        return FixedTau(float(tau))
-    if name in (None, "fixed"):
-        return FixedTau(defaults.TAU)
-    if name == "z":
-        pilot_by = tuple(s.strip() for s in str(getattr(args, "pilot_by", "model")).split(",") if s.strip())
-        return ZScored(
-            theta_z=float(getattr(args, "theta", defaults.THETA_Z)),
-            pilot_n=int(getattr(args, "pilot", defaults.PILOT_N)),
-            pilot_by=pilot_by,
-            seed=int(getattr(args, "seed", 0)),
-        )
-    if name == "midpoint":
+        policy = FixedTau(float(tau))
+    elif name in (None, "fixed"):
+        policy = FixedTau(defaults.TAU)
+    elif name == "z":
+        theta = getattr(args, "theta", None)
+        policy = ZScored(theta_z=defaults.THETA_Z if theta is None else float(theta), pilot_n=pilot_n,
+                         pilot_by=_pilot_by(args), pilot=split, seed=seed)
+    elif name == "midpoint":
         tasks = getattr(args, "midpoint_tasks", None)
         if tasks is None:
-            return Midpoint()
-        parts = [t.strip() for t in str(tasks).split(",")]
-        if len(parts) != 2 or not all(parts) or parts[0] == parts[1]:
-            raise ValueError(f"--midpoint-tasks takes two different tasks CAPACITY_TASK,DILUTION_TASK "
-                             f"(e.g. niah_multikey_3,vt), got {tasks!r}")
-        return Midpoint(capacity_tasks=(parts[0],), dilution_tasks=(parts[1],))
-    if name == "oracle":
-        return TaskOracle()
-    raise ValueError(f"unknown policy {name!r}; expected fixed, z, midpoint or oracle")
+            policy = Midpoint()
+        else:
+            parts = [t.strip() for t in str(tasks).split(",")]
+            if len(parts) != 2 or not all(parts) or parts[0] == parts[1]:
+                raise ValueError(f"--midpoint-tasks takes two different tasks CAPACITY_TASK,DILUTION_TASK "
+                                 f"(e.g. niah_multikey_3,vt), got {tasks!r}")
+            policy = Midpoint(capacity_tasks=(parts[0],), dilution_tasks=(parts[1],))
+    elif name == "oracle":
+        policy = TaskOracle()
+    else:
+        raise ValueError(f"unknown policy {name!r}; expected fixed, z, midpoint or oracle")
+    return recalibrate(policy, recal, pilot_n=pilot_n, pilot_by=_pilot_by(args), pilot=split, seed=seed)
 
 
 def parse_layers(text: str | None):
@@ -142,7 +190,7 @@ def parse_fraction(text) -> float:
 
 
 def profile_from_args(args) -> ProfileSpec:
-    """The :class:`ProfileSpec` named by ``--layers``, ``--pairs-fraction``, ``--draws``,
+    """The :class:`ProfileSpec` named by ``--layers``, ``--pairs-fraction``, ``--pair-draws``,
     ``--seed``, ``--k``, ``--bins`` and ``--strict-bins``."""
     bins = getattr(args, "bins", None)
     return ProfileSpec(
@@ -150,8 +198,8 @@ def profile_from_args(args) -> ProfileSpec:
         bin_fraction=defaults.BIN_FRACTION if bins is None else parse_fraction(bins),
         convention="strict" if getattr(args, "strict_bins", False) else defaults.BIN_CONVENTION,
         pairs_fraction=getattr(args, "pairs_fraction", None),
-        draws=int(getattr(args, "draws", defaults.PAIR_DRAWS)),
-        seed=int(getattr(args, "seed", 0)),
+        draws=int(getattr(args, "pair_draws", None) or defaults.PAIR_DRAWS),
+        seed=int(getattr(args, "seed", None) or 0),
         k=getattr(args, "k", None),
     )
 
@@ -178,6 +226,35 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, one_line(f"{self.prog}: error: {message} (see {self.prog} --help)") + "\n")
+
+
+def pilot_lines(pilot: pl.DataFrame) -> list[str]:
+    """Stderr lines of a calibration pilot (:func:`pagestats.replay.pilot_composition`): the τ it
+    set and its inputs per task, per context and per run, per pilot group."""
+    if pilot.height == 0:
+        return []
+    lines = []
+    for (model,), part in pilot.group_by(["model"], maintain_order=True):
+        taus = ", ".join(f"{t:.6g}" for t in part["tau"].unique(maintain_order=True).to_list())
+        held = "held out of the evaluation" if part["held_out"].any() else "evaluated with the rest"
+        lines.append(f"pilot {model}: τ = {taus}; {int(part['n_pilot'].sum())} inputs, {held}")
+        for col in ("task", "context_length", "run_id"):
+            counts = part.group_by(col).agg(pl.col("n_pilot").sum()).sort(col)
+            lines.append(f"pilot {model} by {col}: " + ", ".join(f"{k}={n}" for k, n in counts.iter_rows()))
+    return lines
+
+
+def _pilot(logs, policy, profile) -> pl.DataFrame:
+    """:func:`pagestats.replay.pilot_composition` of in-memory logs or of a database's per-input frame."""
+    if hasattr(logs, "cursor"):
+        from pagestats.replay import sql
+
+        con = sql.connect(logs)
+        try:
+            logs = sql._per_input(con, logs, profile)  # the per-input frame the replay reads
+        finally:
+            con.close()
+    return pilot_composition(logs, policy, profile)
 
 
 def _add_duckdb(p: argparse.ArgumentParser) -> None:
@@ -215,24 +292,33 @@ def _parser() -> argparse.ArgumentParser:
     pol = p.add_mutually_exclusive_group()
     pol.add_argument("--tau", type=number(-1.0, 1.0, name="--tau"), help=f"fixed threshold τ (default: {defaults.TAU})")
     pol.add_argument("--policy", choices=["fixed", "z", "midpoint", "oracle"], help="gate policy (default: fixed, τ = 0.07)")
-    p.add_argument("--theta", type=number(-1e3, 1e3, name="--theta"), default=defaults.THETA_Z, help="θ_z of the z-scored policy")
+    p.add_argument("--recalibrate", choices=list(RECALIBRATE_MODES), default="none",
+                   help="re-derive a fixed τ on the changed statistic: z = keep τ's z-position in the pilot, "
+                   "midpoint = Eq. 5 (App. A.3.1: a sweep that rescales D must recalibrate τ; default: none)")
+    p.add_argument("--theta", type=number(-1e3, 1e3, name="--theta"), default=None,
+                   help=f"θ_z of the z-scored policy (default: {defaults.THETA_Z})")
     p.add_argument("--midpoint-tasks", default=None, metavar="CAP,DIL",
                    help="midpoint policy: take the two samples from these tasks (the paper: niah_multikey_3,vt); "
                    "default: all capacity-bound vs all dilution-prone inputs")
-    p.add_argument("--pilot", type=number(1, MAX_PILOT, integer=True, name="--pilot"), default=defaults.PILOT_N, help="pilot size per model (z-scored)")
+    p.add_argument("--pilot", type=number(1, MAX_PILOT, integer=True, name="--pilot"), default=None,
+                   help=f"pilot size per group (default {defaults.PILOT_N})")
     p.add_argument(
         "--pilot-by",
-        default="model",
+        default=None,
         choices=["model", "model,context_length"],
-        help="pool the z-scored pilot per model or per model×context",
+        help="pool the pilot per model (default) or per model×context",
     )
+    p.add_argument("--pilot-split", choices=list(PILOT_SPLITS), default=None,
+                   help=f"which inputs form the pilot (default {defaults.PILOT_SPLIT}: a seeded hash of the input "
+                   "identity, left out of every evaluated number)")
     p.add_argument("--layers", default=None, help="layer subset: all, first-half, second-half, every-2, "
                    "every-4, early-only, first-last, or a comma list / a:b range of layer indices "
                    "(default: all layers)")
     p.add_argument("--pairs-fraction", type=number(0.0, 1.0, name="--pairs-fraction"), default=None, help="fraction of head pairs kept per draw (default: every pair)")
-    p.add_argument("--draws", type=number(1, MAX_DRAWS, integer=True, name="--draws"), default=defaults.PAIR_DRAWS,
-                   help=f"random head-pair draws (averaged; at most {MAX_DRAWS})")
-    p.add_argument("--seed", type=number(0, MAX_SEED, integer=True, name="--seed"), default=0, help="seed of the head-pair draws / pilot sample")
+    p.add_argument("--pair-draws", type=number(1, MAX_DRAWS, integer=True, name="--pair-draws"), default=None,
+                   help=f"random head-pair draws, averaged (default: {defaults.PAIR_DRAWS}; at most {MAX_DRAWS})")
+    p.add_argument("--seed", type=number(0, MAX_SEED, integer=True, name="--seed"), default=None,
+                   help="seed of the head-pair draws / pilot hash (default: 0)")
     p.add_argument("--k", type=number(1, MAX_K, integer=True, name="--k"), default=None, help="top-k set size, k ≤ k_max (needs topk logs; default: the logged k)")
     p.add_argument("--bins", default=None, help="bin fraction, decimal or fraction such as 1/4 (default: 1/3)")
     p.add_argument("--strict-bins", action="store_true", help="strict-thirds late bin (Table 24; default: the deployed equal-size bins)")
@@ -251,6 +337,29 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="write every table and figure plus an index with file hashes")
     _add_logs(p)
     p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--prereg", default=None, metavar="BAND.json",
+                   help="Table 21 checks this frozen band (pagestats prereg freeze) instead of a post-hoc illustration")
+    p.add_argument("--prereg-sha256", default=None, metavar="HEX", help="the sha256 printed when the band was frozen")
+
+    p = sub.add_parser("prereg", help="two-step pre-registration of the scaling prediction (Table 21)")
+    steps = p.add_subparsers(dest="step", required=True)
+    q = steps.add_parser("freeze", help="write the prediction band from the fitting contexts and the target's "
+                         "full-KV scores; print its sha256")
+    _add_logs(q)
+    q.add_argument("--fit-contexts", required=True, metavar="N[,N…]", help="fitting context lengths")
+    q.add_argument("--target-context", required=True, type=number(1, 10**9, integer=True, name="--target-context"),
+                   metavar="N", help="the context length to predict")
+    q.add_argument("--out", required=True, metavar="BAND.json", help="band file (never overwritten)")
+    q.add_argument("--evictor", default=None, help="evictor whose plain arm defines ρ (default snapkv when logged)")
+    q = steps.add_parser("check", help="compare a frozen band with the measurement, after checking its sha256 and "
+                         "that it was frozen before the target outcomes' runs were created")
+    q.add_argument("band", metavar="BAND.json")
+    q.add_argument("--sha256", required=True, metavar="HEX", help="the sha256 printed by prereg freeze")
+    q.add_argument("logs", nargs="+", metavar="LOGS", help="run directories, parquet/jsonl files or globs")
+    q.add_argument("--exclude", action="append", default=[], metavar="RUN_ID[/TASK[/INPUT_ID]]",
+                   help="leave out a run, a task of a run, or one input (repeatable; exclusions are reported)")
+    q.set_defaults(db=None)
+    q.add_argument("--format", choices=["csv", "table"], default="table")
 
     p = sub.add_parser("show", help="print one input: prompt, references, D and the gate, a_ℓ, every arm's prediction")
     p.add_argument("logs", nargs="+", metavar="LOGS", help="run directories, parquet/jsonl files or globs")
@@ -393,10 +502,13 @@ def main(argv: list[str] | None = None) -> int:
             print(one_line(f"excluded: {line}"), file=sys.stderr)
 
     if args.command == "whatif":
-        from pagestats.whatif import filter_whatif, whatif_summary, whatif_table, write_whatif
+        from pagestats.whatif import degenerate_messages, filter_whatif, whatif_summary, whatif_table, write_whatif
 
         try:
-            table = whatif_table(logs, policy=policy_from_args(args), profile=profile_from_args(args))
+            policy, profile = policy_from_args(args), profile_from_args(args)
+            table = whatif_table(logs, policy=policy, profile=profile)
+            pilot = _pilot(logs, policy, profile)
+            warnings = degenerate_messages(table, profile, args.recalibrate)
             table = filter_whatif(table, evictor=_comma_list(args.evictor), task=_comma_list(args.task),
                                   context_length=_comma_list(args.context, int, "--context"))
             summary = None if args.format == "csv" else whatif_summary(table, by=_comma_list(args.by))
@@ -405,6 +517,8 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, TypeError, OSError) as err:  # bad option values: one line, no traceback
             print(one_line(f"error: {err}"), file=sys.stderr)
             return 2
+        for line in [*pilot_lines(pilot), *warnings]:
+            print(one_line(line), file=sys.stderr)
         if args.output:
             print(one_line(f"wrote {table.height} rows × {table.width} columns to {args.output}"), file=sys.stderr)
         if args.format == "csv":
@@ -416,10 +530,69 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "report":
         from pagestats.report import build_report  # matplotlib and great_tables: imported only for `report`
 
-        index = build_report(logs if args.db is None else logs.load(), out=args.out)
+        logs = logs if args.db is None else logs.load()
+        if (args.prereg is None) != (args.prereg_sha256 is None):
+            print("error: --prereg and --prereg-sha256 go together", file=sys.stderr)
+            return 2
+        prereg = None
+        if args.prereg is not None:
+            try:
+                prereg = verified_band(logs, args.prereg, args.prereg_sha256)
+            except (PreregistrationError, OSError) as err:
+                print(one_line(f"error: {err}"), file=sys.stderr)
+                return 2
+        index = build_report(logs, out=args.out, prereg=prereg)
         print(one_line(index))
         return 0
+
+    if args.command == "prereg":
+        return _prereg(args, logs if args.db is None else logs.load())
     return 2
+
+
+def _prereg(args, logs) -> int:
+    """``pagestats prereg freeze|check`` (§4 "Pre-Registered 32K Test", Table 21)."""
+    import dataclasses
+
+    from pagestats import tables
+    from pagestats.replay import gated_outcomes
+
+    try:
+        if args.step == "freeze":
+            fit = [int(c) for c in str(args.fit_contexts).split(",") if c.strip()]
+            target = int(args.target_context)
+            # the target context's outcomes are dropped before anything is computed: only its
+            # inputs' full-KV scores (the headroom) enter the band
+            at_target = logs.inputs.filter(pl.col("context_length") == target).select("run_id").unique()
+            known = dataclasses.replace(logs, outcomes=logs.outcomes.join(at_target, on="run_id", how="anti"))
+            band = tables.prediction_band(gated_outcomes(known, FixedTau()), logs.inputs, fit_contexts=fit,
+                                          target_context=target, evictor=args.evictor)
+            runs = logs.inputs.select("run_id", "context_length").unique()
+            meta = {
+                "fit_contexts": fit, "target_context": target, "evictor": band["evictor"][0], "by": ["model", "task"],
+                "fit_runs": sorted(runs.filter(pl.col("context_length").is_in(fit))["run_id"].to_list()),
+                "headroom_runs": sorted(at_target["run_id"].to_list()),
+                "files": [{"path": f.path, "sha256": f.sha256} for f in getattr(logs, "files", [])],
+            }
+            digest = freeze_band(band, meta, args.out)
+            print(f"frozen: {band.height} band(s) for {target} tokens → {args.out}", file=sys.stderr)
+            print(digest)
+            return 0
+        meta, band = verified_band(logs, args.band, args.sha256)
+    except (PreregistrationError, FileExistsError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    table = tables.preregistered_table(gated_outcomes(logs, FixedTau()), logs.inputs, band=band,
+                                       status=f"pre-registered (frozen {meta['frozen_at']})")
+    inside = int(table["inside"].fill_null(False).sum())
+    print(f"check: {inside} of {table.height} measured ρ inside the frozen band (sha256 ok, frozen "
+          f"{meta['frozen_at']}, before the target runs were created)", file=sys.stderr)
+    if args.format == "csv":
+        sys.stdout.write(table.write_csv(float_precision=None))
+    else:
+        with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=200):
+            print(table)
+    return 0
 
 
 if __name__ == "__main__":

@@ -23,6 +23,9 @@ TAU = 0.07
 THETA_Z = -0.69
 #: Unlabelled pilot size per model for the z-scored gate (§3 "Calibration": ~100 inputs).
 PILOT_N = 100
+#: How the z-scored pilot is drawn: a seeded hash of the input identity, the pilot inputs held
+#: out of every evaluated number (§4.1 notes the pilot is undefined in the paper; pinned here).
+PILOT_SPLIT = "held-out"
 #: Inputs per class for the 40-input midpoint recipe (App. A.3.4, Eq. 5).
 MIDPOINT_N = 20
 #: Pre-registered dilution-prone threshold on ρ (§3, Eq. 1).

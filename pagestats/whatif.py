@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from pagestats.columns import MATRIX_CELL, TASK_CELL, WHATIF_CELL
+from pagestats.columns import MATRIX_CELL, MODEL_CELL, TASK_CELL, WHATIF_CELL
 from pagestats import formulas
 from pagestats.replay import FixedTau, Policy, ProfileSpec
 from pagestats.replay import sql as replay_sql
@@ -36,6 +36,7 @@ WHATIF_COLUMNS = (
     "harm_gated",
     "p_open",
     "kept_kv",
+    "degenerate",
 )
 #: Columns that do not depend on the gate: with head-pair draws they are taken from draw 0
 #: (every draw holds the same rows), so they equal the draw-free values.
@@ -52,6 +53,7 @@ def whatif_query(draws: list[str]) -> str:
     """
     cell = ", ".join(WHATIF_CELL)
     key = ", ".join(INPUT_KEY)
+    held = " AND ".join(f"h.{c} = o.{c}" for c in INPUT_KEY)
     draw = ", ".join(f"d.{c}" for c in draws)
     acc = ", ".join(f"{sql} AS {name}" for name, sql in formulas.ACCURACY.items())
     per_draw = f"""
@@ -65,15 +67,25 @@ def whatif_query(draws: list[str]) -> str:
                 d.full_score AS score_full, o.score AS score_plain, {SCORE_GATED} AS score_gated,
                 {N_KEPT_GATED} AS n_kept_gated, n_tokens, gate_open
             FROM outcomes o LEFT JOIN decisions d USING ({key})
+            WHERE NOT EXISTS (SELECT 1 FROM held_out h WHERE {held})  -- a held-out pilot is not evaluated
         )
         GROUP BY ALL"""
     if not draws:
         return f"{per_draw} ORDER BY {cell}"
-    varying = [c for c in WHATIF_COLUMNS[6:] if c not in GATE_FREE and c != "delta"]
+    varying = [c for c in WHATIF_COLUMNS[6:] if c not in (*GATE_FREE, "delta", "degenerate")]
     return f"""
         SELECT {cell}, {", ".join(f"arg_min({c}, pair_draw) AS {c}" for c in GATE_FREE)},
             {", ".join(f"avg({c}) AS {c}" for c in varying)}
         FROM ({per_draw}) GROUP BY ALL ORDER BY {cell}"""
+
+
+#: Per (model, context_length): the gate-open fraction over the decisions (inputs × head-pair
+#: draws) and whether it is 0 or 1 (App. A.3.1: "its gate-open fraction is 0.00. The gate has
+#: silently become full-KV fallback").
+DEGENERATE_QUERY = """
+    SELECT model, context_length, avg(CAST(gate_open AS DOUBLE)) AS p_open,
+        bool_and(gate_open) OR NOT bool_or(gate_open) AS degenerate
+    FROM decisions GROUP BY ALL"""
 
 
 def whatif_table(logs, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec()) -> pl.DataFrame:
@@ -105,11 +117,17 @@ def whatif_table(logs, policy: Policy = FixedTau(), profile: ProfileSpec = Profi
     the result rows reach Python. With head-pair draws (``profile.pairs_fraction``) each
     column is computed per draw and then averaged over the draws (equal weight);
     :data:`GATE_FREE` columns do not depend on the gate and equal the draw-free values.
+
+    ``degenerate`` is True on every row of a (model, context_length) cell whose gate is
+    open on none or on all of its inputs (over every head-pair draw): there the gate is no
+    gate, the "gated" arm is plain full-KV fallback (or plain eviction), and Δ measures the
+    threshold, not the profile (App. A.3.1). :func:`degenerate_messages` says why.
     """
     con = replay_sql.connect(logs)
     try:
         draws = replay_sql.decide(con, logs, policy, profile)
         table = con.sql(whatif_query(draws)).pl()
+        cells = con.sql(DEGENERATE_QUERY).pl()
     finally:
         con.close()
     orphans = table.filter(pl.col("model").is_null())
@@ -120,8 +138,10 @@ def whatif_table(logs, policy: Policy = FixedTau(), profile: ProfileSpec = Profi
         pl.col("n_inputs").cast(pl.Int64),
         *(
             (pl.col("acc_gated") - pl.col("acc_plain")).alias(c) if c == "delta" else pl.col(c).cast(pl.Float64)
-            for c in WHATIF_COLUMNS[6:]
+            for c in WHATIF_COLUMNS[6:-1]
         ),
+        pl.struct(MODEL_CELL).is_in(cells.filter("degenerate").select(pl.struct(MODEL_CELL)).to_series().implode())
+        .alias("degenerate"),
     )
 
 
@@ -333,3 +353,31 @@ def delta_bootstrap_table(
         confidence_level=defaults.CONFIDENCE_LEVEL if confidence_level is None else confidence_level,
         q=defaults.FDR_Q if q is None else q, shared_inputs=shared_inputs,
     )  # fmt: skip
+
+
+def describe_profile(profile: ProfileSpec) -> str:
+    """The changes of ``profile`` from the default, in the CLI's words (e.g. ``"layers first-half"``)."""
+    default = ProfileSpec()
+    parts = []
+    names = {"layers": "layers", "bin_fraction": "bins", "convention": "bins", "pairs_fraction": "pairs-fraction",
+             "k": "k", "statistic": "statistic"}
+    for field, label in names.items():
+        value = getattr(profile, field)
+        if value != getattr(default, field):
+            shown = ",".join(map(str, value)) if isinstance(value, tuple) else value
+            parts.append(f"{label} {shown}")
+    return ", ".join(parts) or "the logged D"
+
+
+def degenerate_messages(table: pl.DataFrame, profile: ProfileSpec = ProfileSpec(), recalibrate: str = "none") -> list[str]:
+    """One warning line per degenerate (model, context_length) cell of a :func:`whatif_table`,
+    naming the cause (the profile change and which side of τ every input fell on)."""
+    cells = table.filter(pl.col("degenerate")).group_by(list(MODEL_CELL)).agg(pl.col("p_open").mean()).sort(
+        list(MODEL_CELL))
+    lines = []
+    for model, ctx, p_open in cells.iter_rows():
+        side = "D < τ on every input; the gate never opens" if p_open == 0 else \
+            "D ≥ τ on every input; the gate always opens"
+        hint = "; pass --recalibrate z" if recalibrate == "none" else ""
+        lines.append(f"warning: {describe_profile(profile)}: {side} ({model}, {ctx} tokens){hint}")
+    return lines

@@ -318,7 +318,7 @@ def test_zscored_closed_form_paper_example():
     z = z / np.std(z, ddof=1)
     pilot = 0.034 + 0.017 * z
     frame = _frame([*pilot, 5.0, -5.0])  # input_ids 4, 5 are outside a "first" pilot of 4
-    out = ZScored(pilot_n=4).decide(frame)
+    out = ZScored(pilot_n=4, pilot="first").decide(frame)
     expected = 0.034 - 0.69 * 0.017
     assert expected == pytest.approx(0.02227, abs=1e-12)
     assert np.allclose(out["tau"].to_numpy(), expected, atol=1e-12)
@@ -329,7 +329,9 @@ def test_zscored_per_model_and_random_pilot():
     rng = np.random.default_rng(5)
     drops = rng.normal(size=40)
     frame = _frame(drops, models=["a"] * 20 + ["b"] * 20, contexts=[4096, 8192] * 20)
-    out = ZScored(theta_z=0.5, pilot_n=30).decide(frame)  # pilot larger than a group: all inputs
+    with pytest.raises(ValueError, match="larger than the data"):
+        ZScored(theta_z=0.5, pilot_n=30, pilot="first").decide(frame)
+    out = ZScored(theta_z=0.5, pilot_n=20, pilot="first").decide(frame)  # the whole group
     for m, sl in (("a", slice(0, 20)), ("b", slice(20, 40))):
         tau = drops[sl].mean() + 0.5 * drops[sl].std(ddof=1)
         assert np.allclose(out.filter(pl.col("model") == m)["tau"].to_numpy(), tau, atol=1e-12)
@@ -340,7 +342,7 @@ def test_zscored_per_model_and_random_pilot():
     rnd = ZScored(pilot_n=5, pilot="random", seed=2).decide(frame)
     sel = drops[:20][mask.to_numpy()[:20]]
     assert rnd["tau"][0] == pytest.approx(sel.mean() - 0.69 * sel.std(ddof=1), abs=1e-12)
-    by_ctx = ZScored(pilot_n=100, pilot_by=("model", "context_length")).decide(frame)
+    by_ctx = ZScored(pilot_n=10, pilot_by=("model", "context_length"), pilot="first").decide(frame)
     sel = drops[0:20:2]
     assert by_ctx["tau"][0] == pytest.approx(sel.mean() - 0.69 * sel.std(ddof=1), abs=1e-12)
 
@@ -387,7 +389,7 @@ def test_oracle_and_custom(logs):
 
 
 def test_policies_through_gate(logs):
-    z = gate(logs, ZScored(pilot_n=5))
+    z = gate(logs, ZScored(pilot_n=5, pilot="first"))
     for m in ("m-a", "m-b"):
         sub = logs.inputs.filter(pl.col("model") == m).sort("input_id", "task", "run_id").head(5)
         tau = sub["drop"].mean() - 0.69 * sub["drop"].std(ddof=1)

@@ -47,7 +47,8 @@ def _one_error_line(capsys) -> str:
 @pytest.mark.parametrize("option", [
     ["--theta", "nan"], ["--theta", "inf"], ["--tau", "inf"], ["--tau", "1e400"], ["--tau", "1_0"],
     ["--tau", "0.0\u0667"], ["--layers", "\u0661,\u0662"], ["--layers", "99999999999999999999"],
-    ["--draws", "100000000"], ["--draws", str(MAX_DRAWS + 1)], ["--draws", "0"], ["--pairs-fraction", "nan"],
+    ["--pair-draws", "100000000"], ["--pair-draws", str(MAX_DRAWS + 1)], ["--pair-draws", "0"],
+    ["--pairs-fraction", "nan"],
     ["--k", "1e3"], ["--seed", "-1"], ["--pilot", "\u0664"], ["--bins", "1_0/3"],
     ["--policy", "midpoint", "--midpoint-tasks", "vt,vt"], ["--ta", "0.1"], ["--form", "csv"],
 ])
@@ -68,7 +69,7 @@ def test_report_options_are_not_abbreviated(run, capsys, tmp_path):
 
 def test_good_numbers_are_still_read(run, capsys):
     assert main(["whatif", str(run), "--tau", "-0.05", "--format", "csv"]) == 0
-    assert main(["whatif", str(run), "--tau", ".5e-1", "--draws", "3", "--pairs-fraction", "0.5",
+    assert main(["whatif", str(run), "--tau", ".5e-1", "--pair-draws", "3", "--pairs-fraction", "0.5",
                  "--layers", "0:3,5", "--format", "csv"]) == 0
     capsys.readouterr()
 

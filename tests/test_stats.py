@@ -292,33 +292,30 @@ def test_auc_orientation_and_edges():
 # --------------------------------------------------------------------------- pre-registration
 
 
-@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
-def test_freeze_and_load_predictions(tmp_path, suffix):
+def test_freeze_and_load_band(tmp_path):
     import hashlib
+    from datetime import datetime, timezone
 
-    frame = pl.DataFrame({"task": ["vt", "fwe"], "low": [0.1, 0.2], "high": [0.3, 0.4]})
-    path = tmp_path / f"pred{suffix}"
-    digest = prereg.freeze_predictions(frame, path)
+    frame = pl.DataFrame({"task": ["vt", "fwe"], "predicted_low": [0.1, 0.2], "predicted_high": [0.3, 0.4]})
+    path = tmp_path / "band.json"
+    when = datetime(2030, 5, 1, 12, 0, tzinfo=timezone.utc)
+    digest = prereg.freeze_band(frame, {"target_context": 1024, "evictor": "snapkv"}, path, now=when)
     assert digest == hashlib.sha256(path.read_bytes()).hexdigest()
-    assert (tmp_path / f"pred{suffix}.sha256").read_text().split() == [digest, path.name]
-    back = prereg.load_predictions(path, digest)
-    assert back.equals(frame)
+    meta, back = prereg.load_band(path, digest)
+    assert back.select(frame.columns).equals(frame) and meta["frozen_at"] == "2030-05-01T12:00:00+00:00"
     with pytest.raises(FileExistsError):
-        prereg.freeze_predictions(frame, path)
-    # tamper: any byte change is caught before parsing
-    path.write_bytes(path.read_bytes() + b"\n")
-    with pytest.raises(prereg.PreregistrationError):
-        prereg.load_predictions(path, digest)
-
-
-def test_predictions_bad_arguments(tmp_path):
-    frame = pl.DataFrame({"a": [1]})
-    with pytest.raises(ValueError):
-        prereg.freeze_predictions(frame, tmp_path / "p.json")
-    path = tmp_path / "p.csv"
-    prereg.freeze_predictions(frame, path)
-    with pytest.raises(ValueError):
-        prereg.load_predictions(path, "abc")
+        prereg.freeze_band(frame, {}, path)
+    prereg.check_frozen_before(meta, {"r": {"created_at": "2030-05-01T12:00:01Z"}}, ["r"])
+    for created in ("2030-05-01T12:00:00+00:00", "2030-04-30T00:00:00+00:00"):
+        with pytest.raises(prereg.PreregistrationError, match="after run r"):
+            prereg.check_frozen_before(meta, {"r": {"created_at": created}}, ["r"])
+    with pytest.raises(prereg.PreregistrationError, match="no created_at"):
+        prereg.check_frozen_before(meta, {"r": {}}, ["r"])
+    with pytest.raises(prereg.PreregistrationError, match="64 hexadecimal"):
+        prereg.load_band(path, "abc")
+    path.write_bytes(path.read_bytes() + b"\n")  # any byte changed is caught before parsing
+    with pytest.raises(prereg.PreregistrationError, match="does not match"):
+        prereg.load_band(path, digest)
 
 
 def test_bootstrap_shared_inputs_equals_loop_with_one_resample_for_all_cells():

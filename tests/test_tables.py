@@ -3,7 +3,6 @@ truth of the synthetic logs, and closed forms; plus rendering and the report reg
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import statistics
@@ -331,10 +330,15 @@ def test_calibration_midpoint_by_hand(syn, gate):
 
 
 def test_pilot_sensitivity_by_hand(syn, gate):
-    t = tables.pilot_sensitivity_table(syn, pilots=("first", "random"), pilot_sizes=(8, 100))
-    assert t.select("pilot", "pilot_by", "pilot_n").n_unique() == 2 * 2 * 2
+    t = tables.pilot_sensitivity_table(syn, pilot_sizes=(8, 100), reference=ZScored(pilot_n=100, pilot="first"))
+    # 200 inputs per model, 100 per (model, context): a held-out pilot of 100 per cell leaves none, so it is left out
+    assert t.select("pilot", "pilot_by", "pilot_n").n_unique() == 3 * 2 * 2 - 1
+    assert t.filter((pl.col("pilot") == "held-out") & (pl.col("pilot_by") == "model×context_length")
+                    & (pl.col("pilot_n") == 100)).height == 0
     ref = t.filter((pl.col("pilot") == "first") & (pl.col("pilot_by") == "model") & (pl.col("pilot_n") == 100))
     assert not ref["flips"].any()
+    held = t.filter((pl.col("pilot") == "held-out") & (pl.col("pilot_by") == "model") & (pl.col("pilot_n") == 8))
+    assert held["n_evaluated"].sum() == 2 * (200 - 8)
     rows = rows_of(gate)
     for model in ("m6", "m8"):
         pil = [g["drop"] for g in _pilot([g for g in rows if g["model"] == model], 8)]
@@ -342,7 +346,7 @@ def test_pilot_sensitivity_by_hand(syn, gate):
         got = t.filter((pl.col("pilot") == "first") & (pl.col("pilot_by") == "model") & (pl.col("pilot_n") == 8)
                        & (pl.col("model") == model))
         assert np.allclose(got["tau"].to_numpy(), tau)
-        policy_tau = replay.gate(syn, ZScored(pilot_n=8)).filter(pl.col("model") == model)["tau"].unique()
+        policy_tau = replay.gate(syn, ZScored(pilot_n=8, pilot="first")).filter(pl.col("model") == model)["tau"].unique()
         assert policy_tau.len() == 1 and (got["tau"] == policy_tau[0]).all()  # bit-exact, not a mean of copies
         for r in rows_of(got):
             task_rows = [g for g in rows if g["model"] == model and g["context_length"] == r["context_length"]
@@ -464,10 +468,9 @@ def test_scaling_slope_by_hand(gated):
         assert r["fitted_rho"] == pytest.approx(slope * r["headroom"])
 
 
-def test_preregistered_band_and_hash(syn, gated, tmp_path):
-    t = tables.preregistered_table(gated, syn.inputs, workdir=tmp_path)
-    path = tmp_path / "predictions-16384.csv"
-    assert hashlib.sha256(path.read_bytes()).hexdigest() == t["sha256"][0]
+def test_preregistered_band_post_hoc(syn, gated):
+    t = tables.preregistered_table(gated, syn.inputs)
+    assert set(t["status"]) == {"post-hoc illustration, not a pre-registration"}
     rows25 = tables.scaling_table(gated)
     for r in rows_of(t):
         fit = rows25.filter((pl.col("model") == r["model"]) & (pl.col("task") == r["task"]) &
@@ -593,7 +596,8 @@ def test_registry_entries_and_skips(tmp_path):
     index = Path(report.build_report(logs, tmp_path / "out", entries=entries))
     meta = {o["name"]: o for o in json.loads((index.parent / "index.json").read_text())["outputs"]}
     skipped = {n for n, o in meta.items() if o["skipped"]}
-    assert skipped == {"tab04_distractor_sweep", "tab21_preregistered", "tab30_draws"}
+    assert skipped == {"tab04_distractor_sweep", "tab21_preregistered", "tab30_draws", "tabN1_pilot_sensitivity"}
+    assert "holds out 100 inputs per model" in meta["tabN1_pilot_sensitivity"]["skipped"]
     assert "context length" in meta["tab21_preregistered"]["skipped"] and "draws" in meta["tab30_draws"]["skipped"]
     assert all("\n" not in meta[n]["skipped"] for n in skipped)
     for n, o in meta.items():

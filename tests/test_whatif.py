@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 
 from pagestats import defaults
-from pagestats.replay import FixedTau, Midpoint, ProfileSpec, TaskOracle, ZScored, gated_outcomes
+from pagestats.replay import FixedTau, Midpoint, ProfileSpec, RecalibratedTau, TaskOracle, ZScored, gated_outcomes
 from pagestats.cli import parse_layers, policy_from_args, profile_from_args
 from pagestats.whatif import WHATIF_COLUMNS, whatif_table
 
@@ -47,7 +47,8 @@ def tiny_logs():
 def test_whatif_tiny_log_by_hand():
     table = whatif_table(tiny_logs(), FixedTau(0.07))
     assert table.columns == list(WHATIF_COLUMNS)
-    assert table.dtypes[5] == pl.Int64 and all(t == pl.Float64 for t in table.dtypes[6:])
+    assert table.dtypes[5] == pl.Int64 and all(t == pl.Float64 for t in table.dtypes[6:-1])
+    assert table.dtypes[-1] == pl.Boolean
     # gate: mk3/0 D=0.0625 closed, mk3/1 0.25 open, vt/0 0.5 open, vt/1 −0.125 closed
     expected = [
         # task, b, n, full, plain, gated, delta, harm_p, harm_g, p_open, kept_kv
@@ -61,7 +62,8 @@ def test_whatif_tiny_log_by_hand():
     for row, exp in zip(got, expected):
         assert row[:3] == ("m", 4096, "snapkv")
         assert row[3:6] == exp[:3]
-        assert row[6:] == pytest.approx(exp[3:], abs=1e-15)
+        assert row[6:-1] == pytest.approx(exp[3:], abs=1e-15)
+        assert row[-1] is False  # p_open = 0.5: not degenerate
 
 
 def test_whatif_extremes_and_oracle():
@@ -136,12 +138,13 @@ def test_whatif_matches_brute_force(synth, policy, profile):
     assert table.height == len(ref)
     for row, exp in zip(table.rows(), ref):
         assert row[:6] == tuple(exp[:5]) + (int(exp[5]),)
-        assert row[6:] == pytest.approx(exp[6:], abs=1e-12)
+        assert row[6:-1] == pytest.approx(exp[6:], abs=1e-12)
 
 
 def _args(**kw):
-    base = dict(tau=None, policy=None, theta=-0.69, pilot=100, pilot_by="model", layers=None,
-                pairs_fraction=None, draws=20, seed=0, k=None, bins=None, strict_bins=False)  # fmt: skip
+    base = dict(tau=None, policy=None, theta=None, pilot=None, pilot_by=None, pilot_split=None, layers=None,
+                pairs_fraction=None, pair_draws=None, seed=None, k=None, bins=None, strict_bins=False,
+                recalibrate="none")  # fmt: skip
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -151,10 +154,12 @@ def test_args_to_policy_and_profile():
     assert policy_from_args(_args(policy="z", theta=-0.5, pilot=50, pilot_by="model,context_length", seed=4)) == (
         ZScored(theta_z=-0.5, pilot_n=50, pilot_by=("model", "context_length"), seed=4)
     )
+    assert policy_from_args(_args(recalibrate="z", pilot=30, pilot_split="first")) == RecalibratedTau(
+        tau=0.07, pilot_n=30, pilot="first")
     assert policy_from_args(_args(policy="midpoint")) == Midpoint()
     assert policy_from_args(_args(policy="oracle")) == TaskOracle()
     assert profile_from_args(_args()) == ProfileSpec()
-    spec = profile_from_args(_args(layers="0:3,7", pairs_fraction=0.1, draws=5, seed=2, k=16, bins=0.25, strict_bins=True))
+    spec = profile_from_args(_args(layers="0:3,7", pairs_fraction=0.1, pair_draws=5, seed=2, k=16, bins=0.25, strict_bins=True))
     assert spec == ProfileSpec(layers=(0, 1, 2, 7), pairs_fraction=0.1, draws=5, seed=2, k=16, bin_fraction=0.25,
                                convention="strict")  # fmt: skip
     assert parse_layers("every-4") == "every-4"
@@ -182,7 +187,8 @@ def test_cli_whatif_csv(tmp_path, synth):
     for got, exp in zip(rows[1:], ref.rows()):
         assert got[0] == exp[0] and got[2:4] == list(exp[2:4])
         assert int(got[1]) == exp[1] and float(got[4]) == exp[4] and int(got[5]) == exp[5]
-        assert [float(x) for x in got[6:]] == list(exp[6:])  # full float precision round-trips
+        assert [float(x) for x in got[6:-1]] == list(exp[6:-1])  # full float precision round-trips
+        assert got[-1] == str(exp[-1]).lower()
 
 
 def test_whatif_draws_keep_gate_free_columns_exact(synth):
@@ -209,5 +215,6 @@ def test_cli_whatif_bad_options_exit_2_with_one_line(tmp_path, capsys):
 def test_cli_midpoint_tasks_and_fraction_bins():
     ns = argparse.Namespace(tau=None, policy="midpoint", midpoint_tasks="niah_multikey_3,vt")
     assert policy_from_args(ns) == Midpoint(capacity_tasks=("niah_multikey_3",), dilution_tasks=("vt",))
-    ns = argparse.Namespace(bins="1/3", layers=None, strict_bins=False, pairs_fraction=None, draws=20, seed=0, k=None)
+    ns = argparse.Namespace(bins="1/3", layers=None, strict_bins=False, pairs_fraction=None, pair_draws=None, seed=None,
+                            k=None)
     assert profile_from_args(ns).bin_fraction == 1 / 3  # exact third, not 0.3333

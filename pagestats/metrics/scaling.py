@@ -3,7 +3,7 @@
 ``scaling_rows`` builds Table 25 / Fig. 9 from gated outcomes, ``scaling_fit`` is the
 through-origin slope over dilution-prone rows (≈ 0.34 in the paper), and
 ``predict_band`` forms the pre-registered intervals of Table 21 (ratio band of the fitting
-contexts × measured headroom), to be frozen with :func:`pagestats.prereg.freeze_predictions`
+contexts × measured headroom), to be frozen with :func:`pagestats.prereg.freeze_band`
 before the measurement is loaded. Re-exported by :mod:`pagestats.metrics`.
 """
 

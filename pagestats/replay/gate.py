@@ -36,8 +36,9 @@ def _input_meta(logs) -> pl.DataFrame:
     inputs = logs.inputs
     _require(inputs, [*INPUT_KEY, "model", "context_length", "n_tokens", "full_score", "agreement"], "inputs")
     inputs = with_task_class(inputs)  # io adds it from the manifests; plain frames use the defaults
+    reference = [pl.col("drop").cast(pl.Float64).alias("reference_drop")] if "drop" in inputs.columns else []
     return inputs.select(
-        *INPUT_KEY, "model", "context_length", "task_class", "n_tokens", "full_score", "agreement"
+        *INPUT_KEY, "model", "context_length", "task_class", "n_tokens", "full_score", "agreement", *reference
     )
 
 
@@ -46,15 +47,8 @@ def _decision_frame(logs, profile: ProfileSpec) -> pl.DataFrame:
     return prof.join(_input_meta(logs), on=INPUT_KEY, how="left", maintain_order="left")
 
 
-def gate(logs, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec()) -> pl.DataFrame:
-    """Gate decision per input under ``policy``: open (evict) iff D ≥ τ (§3, Eq. 2).
-
-    Returns
-    -------
-    polars.DataFrame
-        ``run_id, task, input_id, [pair_draw], model, context_length, task_class, n_tokens,
-        full_score, drop, tau, gate_open``; ``tau`` is null for threshold-free policies.
-    """
+def _decide(logs, policy: Policy, profile: ProfileSpec) -> pl.DataFrame:
+    """Every input's decision, pilot inputs included (column ``pilot`` when the policy has one)."""
     if not hasattr(policy, "decide"):
         raise TypeError(f"policy must be one of {[t.__name__ for t in POLICY_TYPES]}, got {policy!r}")
     frame = _decision_frame(logs, profile)
@@ -64,7 +58,62 @@ def gate(logs, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec()
     decided = decided.with_columns(pl.col("tau").cast(pl.Float64), pl.col("gate_open").cast(pl.Boolean))
     if decided["gate_open"].null_count():
         raise ValueError(f"policy {getattr(policy, 'name', policy)!r} left gate_open undecided for some inputs")
+    return decided
+
+
+def _evaluated(decided: pl.DataFrame, policy: Policy) -> pl.DataFrame:
+    """The decisions that are evaluated: all of them, less a held-out pilot."""
+    if getattr(policy, "held_out", False) and "pilot" in decided.columns:
+        return decided.filter(~pl.col("pilot"))
+    return decided
+
+
+def decide_all(logs, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec()) -> pl.DataFrame:
+    """:func:`gate` for every input, a held-out pilot included, with ``held_out`` (Boolean)
+    marking the inputs that set τ and are left out of every evaluated number."""
+    decided = _decide(logs, policy, profile)
+    held = pl.col("pilot") if getattr(policy, "held_out", False) and "pilot" in decided.columns else pl.lit(False)
+    out = decided.with_columns(held.alias("held_out"))
+    return out.select([*(c for c in GATE_COLUMNS if c in out.columns), "held_out"])
+
+
+def gate(logs, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec()) -> pl.DataFrame:
+    """Gate decision per input under ``policy``: open (evict) iff D ≥ τ (§3, Eq. 2).
+
+    A policy whose pilot is held out (``pilot="held-out"``, the z-scored default) sets τ
+    on its pilot inputs and leaves them out of the frame, so no evaluated number is
+    computed on the inputs that set the threshold.
+
+    Returns
+    -------
+    polars.DataFrame
+        ``run_id, task, input_id, [pair_draw], model, context_length, task_class, n_tokens,
+        full_score, drop, tau, gate_open``; ``tau`` is null for threshold-free policies.
+    """
+    decided = _evaluated(_decide(logs, policy, profile), policy)
     return decided.select([c for c in GATE_COLUMNS if c in decided.columns])
+
+
+def pilot_composition(logs, policy: Policy, profile: ProfileSpec = ProfileSpec()) -> pl.DataFrame:
+    """The calibration pilot of ``policy``: how many inputs per (model, context_length,
+    run_id, task), whether they are held out, and the τ they set (§3 "Calibration").
+
+    Returns
+    -------
+    polars.DataFrame
+        ``model, context_length, run_id, task, n_pilot, held_out, tau`` (τ of the group's
+        pilot inputs; the mean over head-pair draws); empty for a policy without a pilot.
+    """
+    decided = _decide(logs, policy, profile)
+    cols = ["model", "context_length", "run_id", "task"]
+    if "pilot" not in decided.columns:
+        return pl.DataFrame(schema={**{c: decided.schema[c] for c in cols}, "n_pilot": pl.Int64,
+                                    "held_out": pl.Boolean, "tau": pl.Float64})
+    pilot = decided.filter(pl.col("pilot"))
+    out = pilot.group_by(cols).agg(
+        pl.struct(INPUT_KEY).n_unique().cast(pl.Int64).alias("n_pilot"), pl.col("tau").mean().alias("tau"))
+    return out.with_columns(pl.lit(bool(getattr(policy, "held_out", False))).alias("held_out")).select(
+        *cols, "n_pilot", "held_out", "tau").sort(cols)
 
 
 def _outcome_rows(logs, decisions: pl.DataFrame) -> pl.DataFrame:
@@ -93,8 +142,13 @@ def gated_outcomes(logs, policy: Policy = FixedTau(), profile: ProfileSpec = Pro
         Columns :data:`GATED_OUTCOME_COLUMNS` (``pair_draw`` only with head-pair draws),
         sorted by input key, [pair_draw], evictor, budget.
     """
-    decisions = gate(logs, policy, profile)
-    rows = _outcome_rows(logs, decisions).with_columns(
+    decided = _decide(logs, policy, profile)  # every input, so that outcome rows all have one
+    decisions = decided.select([c for c in GATE_COLUMNS if c in decided.columns])
+    rows = _outcome_rows(logs, decisions)
+    kept = _evaluated(decided, policy)
+    if kept.height != decided.height:  # a held-out pilot: its inputs are not evaluated
+        rows = rows.join(kept.select(INPUT_KEY).unique(), on=INPUT_KEY, how="semi")
+    rows = rows.with_columns(
         pl.col("full_score").alias("score_full"),
         pl.col("score").alias("score_plain"),
         pl.sql_expr(SCORE_GATED).alias("score_gated"),

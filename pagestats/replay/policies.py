@@ -21,6 +21,7 @@ PAGE paper, §3 "Calibration"; App. A.3.4 (recipe, Eq. 5; z-scored variant; Tabl
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -35,7 +36,9 @@ from pagestats.schema import INPUT_KEY
 #: inputs of every task in turn (input_id first, task only as a tie-break), so that a pilot
 #: of n inputs is a balanced slice of the logged workload rather than n inputs of one task.
 PILOT_ORDER = ["input_id", "task", "run_id"]
-PILOT_MODES = ("first", "random")
+#: How a pilot is drawn (see :func:`pilot_mask`); ``"held-out"`` also removes the pilot
+#: inputs from every evaluated number (:func:`pagestats.replay.gate`).
+PILOT_SPLITS = ("first", "random", "held-out")
 
 
 def _sql_string(text: str) -> str:
@@ -55,7 +58,23 @@ def _check_group_cols(frame: pl.DataFrame, cols, what: str) -> list[str]:
     return cols
 
 
-def pilot_mask(frame: pl.DataFrame, by, n: int, mode: str = "first", seed: int = 0) -> pl.Series:
+def pilot_hash(units: pl.DataFrame, seed: int = 0) -> pl.Series:
+    """A seeded 64-bit hash of each input's identity (run_id, task, input_id).
+
+    The order of a ``"random"`` / ``"held-out"`` pilot: it depends only on the input itself
+    and the seed, so it is the same whatever the file order, the row order or the other
+    runs loaded (BLAKE2b of ``"seed/run_id/task/input_id"``, first 8 bytes, big-endian).
+    """
+    keys = zip(units["run_id"].to_list(), units["task"].to_list(), units["input_id"].to_list())
+    values = [
+        int.from_bytes(hashlib.blake2b(f"{int(seed)}/{r}/{t}/{i}".encode(), digest_size=8).digest(), "big") >> 1
+        for r, t, i in keys
+    ]
+    return pl.Series("_hash", values, dtype=pl.Int64)
+
+
+def pilot_mask(frame: pl.DataFrame, by, n: int, mode: str = "first", seed: int = 0, *,
+               strict: bool = False) -> pl.Series:
     """Which rows of ``frame`` belong to the calibration pilot of their ``by`` group.
 
     Parameters
@@ -65,13 +84,18 @@ def pilot_mask(frame: pl.DataFrame, by, n: int, mode: str = "first", seed: int =
     by : sequence of str
         Input-level grouping columns (e.g. ``("model",)``); one pilot per group.
     n : int
-        Pilot size per group; a group with fewer inputs uses all of them.
-    mode : {"first", "random"}
+        Pilot size per group.
+    mode : {"first", "random", "held-out"}
         ``"first"``: the first ``n`` inputs in (input_id, task, run_id) order, i.e. the
-        first inputs of every task in turn. ``"random"``: a seeded uniform sample of ``n``
-        inputs without replacement.
+        first inputs of every task in turn. ``"random"`` and ``"held-out"``: the ``n`` inputs
+        of smallest :func:`pilot_hash` (a seeded uniform sample without replacement, the
+        same whatever the file and row order); ``"held-out"`` pilots are then left out of
+        every evaluated number by :func:`pagestats.replay.gate`.
     seed : int
-        Seed of the ``"random"`` sample (ignored for ``"first"``).
+        Seed of the hash (ignored for ``"first"``).
+    strict : bool
+        Refuse a group with fewer than ``n`` inputs (``n`` + 1 for ``"held-out"``, which must
+        leave an input to evaluate); otherwise such a group uses all of its inputs.
 
     Returns
     -------
@@ -80,22 +104,45 @@ def pilot_mask(frame: pl.DataFrame, by, n: int, mode: str = "first", seed: int =
     Notes
     -----
     The selection is made on distinct inputs, so every head-pair draw of an input is in or
-    out of the pilot together. For ``"random"`` the inputs are first put in canonical key
-    order, so the sample does not depend on the row order of ``frame``.
+    out of the pilot together.
     """
-    if mode not in PILOT_MODES:
-        raise ValueError(f"pilot must be one of {PILOT_MODES}, got {mode!r}")
-    if n < 1:
-        raise ValueError(f"pilot size must be ≥ 1, got {n}")
+    if mode not in PILOT_SPLITS:
+        raise ValueError(f"pilot split must be one of {PILOT_SPLITS}, got {mode!r}")
+    if int(n) != n or n < 1:
+        raise ValueError(f"pilot size must be a positive integer, got {n}")
     by = list(by)
     units = frame.select([*by, *INPUT_KEY]).unique().sort([*by, *PILOT_ORDER])
-    if mode == "random":
-        rng = np.random.default_rng(seed)
-        units = units.with_columns(pl.Series("_key", rng.random(units.height))).sort([*by, "_key"])
+    if strict:
+        sizes = units.group_by(by).len() if by else pl.DataFrame({"len": [units.height]})
+        need = n + 1 if mode == "held-out" else n
+        small = sizes.filter(pl.col("len") < need)
+        if small.height:
+            row = small.row(0, named=True)
+            group = ", ".join(f"{c}={row[c]}" for c in by) or "all inputs"
+            raise ValueError(f"pilot of {n} inputs is larger than the data: {group} has {row['len']} input(s)"
+                             + (" and a held-out pilot must leave one to evaluate" if mode == "held-out" else ""))
+    if mode != "first":
+        units = units.with_columns(pilot_hash(units, seed)).sort([*by, "_hash", *PILOT_ORDER])
     rank = pl.int_range(pl.len()).over(by) if by else pl.int_range(pl.len())
     chosen = units.with_columns((rank < n).alias("_pilot")).select([*by, *INPUT_KEY, "_pilot"])
     joined = frame.select([*by, *INPUT_KEY]).join(chosen, on=[*by, *INPUT_KEY], how="left", maintain_order="left")
     return joined["_pilot"].fill_null(False).rename("pilot")
+
+
+def _pilot_stats(frame: pl.DataFrame, mask: pl.Series, groups: list[str], col: str, prefix: str) -> pl.DataFrame:
+    stats = (
+        frame.filter(mask)
+        .group_by(groups)
+        .agg(
+            pl.col(col).mean().alias(f"{prefix}_mu"),
+            pl.col(col).std(ddof=1).alias(f"{prefix}_sigma"),
+            pl.len().alias(f"{prefix}_n"),
+        )
+    )
+    small = stats.filter(pl.col(f"{prefix}_n") < 2)
+    if small.height:
+        raise ValueError(f"a pilot group has fewer than 2 inputs, σ is undefined: {small.rows()[:3]}")
+    return stats
 
 
 def _with_tau(frame: pl.DataFrame, tau: pl.Expr | float) -> pl.DataFrame:
@@ -130,56 +177,98 @@ class ZScored:
     theta_z : float
         Global threshold on the z-scored drop.
     pilot_n : int
-        Unlabelled pilot size per group (the paper: "∼100 inputs").
+        Unlabelled pilot size per group (the paper: "∼100 inputs"); a group with fewer
+        inputs is refused (with ``"held-out"``, fewer than ``pilot_n + 1``).
     pilot_by : tuple of str
         Pilot groups: ``("model",)`` pools all contexts of a model, as the paper's
         per-model μ_M, σ_M; ``("model", "context_length")`` calibrates each cell.
-    pilot : {"first", "random"}
-        Which inputs form the pilot; see :func:`pilot_mask`.
+    pilot : {"held-out", "random", "first"}
+        Which inputs form the pilot; see :func:`pilot_mask`. The default ``"held-out"``
+        draws them by a seeded hash of the input identity and leaves them out of every
+        evaluated number, so the gate is never scored on the inputs that set it.
     seed : int
-        Seed of a ``"random"`` pilot.
+        Seed of the pilot hash.
 
     Notes
     -----
     The paper leaves the pilot definition open (§4.1: the Llama MK3 call "flips under three
     of four plausible definitions of the unlabeled pilot"), so it is pinned here: the pilot
-    is drawn from the logged inputs of the group (no labels are read; the task name only
-    orders ``"first"``), μ is the pilot mean and σ the pilot sample standard deviation with
-    ``ddof=1`` (an estimate of the model's population σ from a sample). The gate is then
-    applied to every input, pilot inputs included. With head-pair draws μ and σ are computed
-    per draw from the same pilot inputs. Example of App. A.3.4 (Qwen3-4B): μ = 0.034,
-    σ = 0.017 → τ = 0.034 − 0.69·0.017 = 0.02227 ≈ 0.022.
+    is drawn from the logged inputs of the group (no labels are read), μ is the pilot mean
+    and σ the pilot sample standard deviation with ``ddof=1`` (an estimate of the model's
+    population σ from a sample). With head-pair draws μ and σ are computed per draw from
+    the same pilot inputs. Example of App. A.3.4 (Qwen3-4B): μ = 0.034, σ = 0.017 →
+    τ = 0.034 − 0.69·0.017 = 0.02227 ≈ 0.022.
     """
 
     theta_z: float = defaults.THETA_Z
     pilot_n: int = defaults.PILOT_N
     pilot_by: tuple[str, ...] = ("model",)
-    pilot: str = "first"
+    pilot: str = defaults.PILOT_SPLIT
     seed: int = 0
 
     @property
     def name(self) -> str:
         return f"z(theta={self.theta_z!r}, pilot={self.pilot}:{self.pilot_n}, by={','.join(self.pilot_by)})"
 
+    @property
+    def held_out(self) -> bool:
+        return self.pilot == "held-out"
+
     def decide(self, frame: pl.DataFrame) -> pl.DataFrame:
         by = _check_group_cols(frame, self.pilot_by, "ZScored.pilot_by")
-        mask = pilot_mask(frame, by, self.pilot_n, self.pilot, self.seed)
+        mask = pilot_mask(frame, by, self.pilot_n, self.pilot, self.seed, strict=True)
         groups = [*by, *_draw_cols(frame)]
-        stats = (
-            frame.filter(mask)
-            .group_by(groups)
-            .agg(
-                pl.col("drop").mean().alias("_mu"),
-                pl.col("drop").std(ddof=1).alias("_sigma"),
-                pl.len().alias("_n"),
-            )
-        )
-        small = stats.filter(pl.col("_n") < 2)
-        if small.height:
-            raise ValueError(f"ZScored: a pilot group has fewer than 2 inputs, σ is undefined: {small.rows()[:3]}")
-        out = frame.join(stats, on=groups, how="left", maintain_order="left")
-        out = _with_tau(out, pl.col("_mu") + self.theta_z * pl.col("_sigma"))
-        return out.drop("_mu", "_sigma", "_n")
+        stats = _pilot_stats(frame, mask, groups, "drop", "_z")
+        out = frame.join(stats, on=groups, how="left", maintain_order="left").with_columns(mask)
+        out = _with_tau(out, pl.col("_z_mu") + self.theta_z * pl.col("_z_sigma"))
+        return out.drop("_z_mu", "_z_sigma", "_z_n")
+
+
+@dataclass(frozen=True)
+class RecalibratedTau:
+    """A fixed threshold carried onto a changed statistic by standardisation (App. A.3.1:
+    "any sweep of a parameter that rescales D must recalibrate τ alongside it").
+
+    τ keeps its position in the pilot's distribution of the reference D: per pilot group,
+    θ = (τ − μ_ref)/σ_ref on the logged D (``reference_drop``, the default profile), and
+    the threshold on the changed statistic is τ' = μ' + θ·σ' over the same pilot inputs
+    (the z-scored rule of App. A.3.4 with θ_z = θ). On an unchanged statistic τ' = τ.
+
+    Parameters
+    ----------
+    tau : float
+        The threshold on the reference D (the paper: 0.07).
+    pilot_n, pilot_by, pilot, seed
+        The pilot, as for :class:`ZScored` (the same rule; ``"held-out"`` by default).
+    """
+
+    tau: float = defaults.TAU
+    pilot_n: int = defaults.PILOT_N
+    pilot_by: tuple[str, ...] = ("model",)
+    pilot: str = defaults.PILOT_SPLIT
+    seed: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"recalibrated(tau={self.tau!r}, pilot={self.pilot}:{self.pilot_n}, by={','.join(self.pilot_by)})"
+
+    @property
+    def held_out(self) -> bool:
+        return self.pilot == "held-out"
+
+    def decide(self, frame: pl.DataFrame) -> pl.DataFrame:
+        if "reference_drop" not in frame.columns:
+            raise ValueError("RecalibratedTau needs the reference D (reference_drop) in the gate frame")
+        by = _check_group_cols(frame, self.pilot_by, "RecalibratedTau.pilot_by")
+        mask = pilot_mask(frame, by, self.pilot_n, self.pilot, self.seed, strict=True)
+        groups = [*by, *_draw_cols(frame)]
+        ref = _pilot_stats(frame, mask, groups, "reference_drop", "_r")
+        new = _pilot_stats(frame, mask, groups, "drop", "_c")
+        out = frame.join(ref, on=groups, how="left", maintain_order="left")
+        out = out.join(new, on=groups, how="left", maintain_order="left").with_columns(mask)
+        theta = (pl.lit(float(self.tau)) - pl.col("_r_mu")) / pl.col("_r_sigma")
+        out = _with_tau(out, pl.col("_c_mu") + theta * pl.col("_c_sigma"))
+        return out.drop("_r_mu", "_r_sigma", "_r_n", "_c_mu", "_c_sigma", "_c_n")
 
 
 @dataclass(frozen=True)
@@ -217,6 +306,10 @@ class Midpoint:
     def name(self) -> str:
         return f"midpoint(n={self.n}, by={','.join(self.by)})"
 
+    @property
+    def held_out(self) -> bool:
+        return self.pilot == "held-out"
+
     def _class_expr(self, tasks, klass: str) -> pl.Expr:
         if tasks is not None:
             return pl.col("task").is_in(list(tasks))
@@ -225,7 +318,7 @@ class Midpoint:
     def decide(self, frame: pl.DataFrame) -> pl.DataFrame:
         by = _check_group_cols(frame, self.by, "Midpoint.by")
         groups = [*by, *_draw_cols(frame)]
-        means = []
+        means, members = [], []
         for label, tasks, klass in (
             ("_mean_c", self.capacity_tasks, defaults.CAPACITY_BOUND),
             ("_mean_d", self.dilution_tasks, defaults.DILUTION_PRONE),
@@ -235,7 +328,11 @@ class Midpoint:
                 raise ValueError(f"Midpoint: no {klass} inputs in the logs (tasks={tasks})")
             part = part.filter(pilot_mask(part, by, self.n, self.pilot, self.seed))
             means.append(part.group_by(groups).agg(pl.col("drop").mean().alias(label)))
-        out = frame.join(means[0], on=groups, how="left", maintain_order="left")
+            members.append(part.select(INPUT_KEY).unique())
+        chosen = pl.concat(members).unique().with_columns(pl.lit(True).alias("pilot"))
+        out = frame.join(chosen, on=INPUT_KEY, how="left", maintain_order="left")
+        out = out.with_columns(pl.col("pilot").fill_null(False))
+        out = out.join(means[0], on=groups, how="left", maintain_order="left")
         out = out.join(means[1], on=groups, how="left", maintain_order="left")
         bad = out.filter(pl.col("_mean_c").is_null() | pl.col("_mean_d").is_null()).select(by).unique()
         if bad.height:
@@ -295,5 +392,30 @@ class CustomPolicy:
         return frame.with_columns(pl.lit(None, dtype=pl.Float64).alias("tau"), pl.Series("gate_open", arr))
 
 
-Policy = FixedTau | ZScored | Midpoint | TaskOracle | CustomPolicy
-POLICY_TYPES = (FixedTau, ZScored, Midpoint, TaskOracle, CustomPolicy)
+Policy = FixedTau | ZScored | RecalibratedTau | Midpoint | TaskOracle | CustomPolicy
+POLICY_TYPES = (FixedTau, ZScored, RecalibratedTau, Midpoint, TaskOracle, CustomPolicy)
+
+#: ``--recalibrate`` modes: keep τ, carry it by standardisation, or re-derive it with Eq. 5.
+RECALIBRATE_MODES = ("none", "z", "midpoint")
+
+
+def recalibrate(policy: Policy, mode: str, *, pilot_n: int = defaults.PILOT_N, pilot_by=("model",),
+                pilot: str = defaults.PILOT_SPLIT, seed: int = 0) -> Policy:
+    """The policy whose threshold is re-derived on a changed statistic (App. A.3.1).
+
+    ``"none"`` returns ``policy`` unchanged; ``"z"`` turns a :class:`FixedTau` into a
+    :class:`RecalibratedTau` (τ keeps its z-position in the pilot); ``"midpoint"`` replaces
+    it by :class:`Midpoint` (Eq. 5 on the changed statistic, per (model, context)). Only a
+    fixed threshold can be recalibrated: :class:`ZScored` and :class:`Midpoint` already
+    derive τ from the statistic they gate on, and the oracle and custom policies have none.
+    """
+    if mode not in RECALIBRATE_MODES:
+        raise ValueError(f"--recalibrate must be one of {RECALIBRATE_MODES}, got {mode!r}")
+    if mode == "none":
+        return policy
+    if not isinstance(policy, FixedTau):
+        raise ValueError(f"--recalibrate {mode} applies to a fixed τ; {getattr(policy, 'name', policy)} "
+                         "already derives its threshold from the statistic it gates on")
+    if mode == "z":
+        return RecalibratedTau(tau=policy.tau, pilot_n=pilot_n, pilot_by=tuple(pilot_by), pilot=pilot, seed=seed)
+    return Midpoint()

@@ -8,6 +8,10 @@ core), or in-memory frames registered by reference (zero-copy Arrow). :func:`dec
 then creates the relation ``decisions`` (``run_id, task, input_id, [pair_draw], drop, tau,
 gate_open``):
 
+``decide`` also creates ``held_out``: the keys of the inputs a held-out calibration pilot
+used to set τ (:class:`~pagestats.replay.policies.ZScored` by default), which no evaluated
+number may include; it is empty for a policy without one.
+
 * a fixed τ or the task-label oracle under the default profile is one SQL projection of
   ``inputs``, with the policy's own rule (:data:`~pagestats.formulas.GATE_RULE`,
   :attr:`TaskOracle.rule <pagestats.replay.policies.TaskOracle.rule>`), reading the logged D
@@ -31,7 +35,7 @@ import duckdb
 import polars as pl
 
 from pagestats.columns import require_columns, with_task_class
-from pagestats.replay.gate import gate
+from pagestats.replay.gate import decide_all
 from pagestats.formulas import GATE_RULE
 from pagestats.replay.policies import FixedTau, Policy, TaskOracle
 from pagestats.replay.spec import ProfileSpec, profile_drop
@@ -136,8 +140,13 @@ def decide(con, logs, policy: Policy, profile: ProfileSpec = ProfileSpec()) -> l
             f"CREATE OR REPLACE TEMP VIEW decisions AS SELECT {_META}, \"drop\", tau, {rule} AS gate_open FROM "
             f"(SELECT {_META}, \"drop\", {tau} AS tau FROM inputs)"
         )
+        con.execute(f"CREATE OR REPLACE TEMP VIEW held_out AS SELECT {_KEY} FROM inputs WHERE false")
         return []
-    frame = gate(_per_input(con, logs, profile), policy, profile)
+    decided = decide_all(_per_input(con, logs, profile), policy, profile)
+    held = decided.filter(pl.col("held_out")).select(INPUT_KEY).unique()
+    con.register("_held_out", held)
+    con.execute("CREATE OR REPLACE TEMP VIEW held_out AS SELECT * FROM _held_out")
+    frame = decided.filter(~pl.col("held_out"))
     draws = ["pair_draw"] if "pair_draw" in frame.columns else []
     con.register("_decided", frame.select(*INPUT_KEY, *draws, "drop", "tau", "gate_open"))
     meta = ", ".join(f"i.{c}" for c in INPUT_COLUMNS if c not in (*INPUT_KEY, "drop"))

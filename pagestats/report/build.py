@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 
 import pagestats
 from pagestats import defaults
+from pagestats.replay import ZScored, pilot_composition
 from pagestats.report.context import Context, Entry, needs_inputs
 from pagestats.report.headline import headline, headline_sentences
 from pagestats.report.html import index_markdown, write_index_html
@@ -119,7 +120,7 @@ def _describe(value) -> dict | str:
 
 
 def build_report(logs, out, *, policy=None, profile=None, entries: Sequence[Entry] | None = None,
-                 formats: Sequence[str] = FIGURE_FORMATS) -> str:
+                 formats: Sequence[str] = FIGURE_FORMATS, prereg=None) -> str:
     """Write every table and figure of the catalogue and the index; return the index path.
 
     The report is written to a temporary folder beside ``out`` and moved into place when
@@ -132,12 +133,12 @@ def build_report(logs, out, *, policy=None, profile=None, entries: Sequence[Entr
     if problem:
         raise ValueError(problem)
     with staged_directory(out) as staging:
-        _build_into(logs, staging, policy=policy, profile=profile, entries=entries, formats=formats)
+        _build_into(logs, staging, policy=policy, profile=profile, entries=entries, formats=formats, prereg=prereg)
     return str(Path(out) / "index.md")
 
 
 def _build_into(logs, out, *, policy=None, profile=None, entries: Sequence[Entry] | None = None,
-                formats: Sequence[str] = FIGURE_FORMATS) -> str:
+                formats: Sequence[str] = FIGURE_FORMATS, prereg=None) -> str:
     """Write every table and figure of the catalogue and the index into ``out``; return the index path.
 
     Parameters
@@ -152,6 +153,9 @@ def _build_into(logs, out, *, policy=None, profile=None, entries: Sequence[Entry
         What to produce (default :func:`catalogue`).
     formats : sequence of str
         Figure file formats (default PNG and PDF).
+    prereg : tuple, optional
+        ``(meta, band)`` of a frozen band already verified by :func:`pagestats.prereg.verified_band`;
+        Table 21 then checks it. Without it Table 21 is a post-hoc illustration.
 
     Returns
     -------
@@ -166,7 +170,7 @@ def _build_into(logs, out, *, policy=None, profile=None, entries: Sequence[Entry
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    ctx = Context(logs, policy=policy, profile=profile)
+    ctx = Context(logs, policy=policy, profile=profile, prereg=prereg)
     outcomes = []
     todo = list(catalogue() if entries is None else entries)
     with tqdm(todo, desc="report", unit="entry", file=sys.stderr, disable=None) as bar:
@@ -190,6 +194,8 @@ def _build_into(logs, out, *, policy=None, profile=None, entries: Sequence[Entry
         "policy": _describe(ctx.policy),
         "profile": _describe(ctx.profile),
         "headline_evictor": ctx.headline_evictor if logs.outcomes.height else None,
+        "prereg": None if prereg is None else {k: v for k, v in prereg[0].items() if k != "files"},
+        "pilots": _pilots(ctx),
         "defaults": {k: list(v) if isinstance(v, tuple) else v for k, v in defaults.as_dict().items()},
         "outputs": [dataclasses.asdict(o) for o in outcomes],
         "headline": lead.to_dicts(),
@@ -200,6 +206,28 @@ def _build_into(logs, out, *, policy=None, profile=None, entries: Sequence[Entry
     path.write_text(index_markdown(index, out))
     write_index_html(index, out)
     return str(path)
+
+
+def _pilots(ctx: Context) -> list[dict]:
+    """The calibration pilots behind the report's numbers: the report policy's, and the reference
+    z-scored pilot of Table N1 (App. A.3.4) — τ and inputs per task, per context and per run."""
+    out = []
+    for label, policy in (("report policy", ctx.policy), ("z-scored reference (Table N1)", ZScored())):
+        try:
+            comp = pilot_composition(ctx.logs, policy, ctx.profile)
+        except ValueError as err:  # the pilot does not fit these logs: say so
+            out.append({"pilot": label, "policy": getattr(policy, "name", repr(policy)), "unavailable": str(err)})
+            continue
+        if comp.height == 0:
+            continue
+        for (model,), part in comp.group_by(["model"], maintain_order=True):
+            out.append({
+                "pilot": label, "policy": policy.name, "model": model, "held_out": bool(part["held_out"].any()),
+                "tau": sorted(set(part["tau"].to_list())), "n_inputs": int(part["n_pilot"].sum()),
+                **{f"by_{c}": {str(k): int(n) for k, n in part.group_by(c).agg(pl.col("n_pilot").sum()).sort(c).iter_rows()}
+                   for c in ("task", "context_length", "run_id")},
+            })
+    return out
 
 
 def _schema_versions(logs) -> list:

@@ -161,6 +161,8 @@ def write_index_html(index: dict, out) -> str:
                                               or "<li>none</li>") + "</ul>")
     parts.append(f"<h3>Policy and profile</h3><p><code>{html.escape(json.dumps(index['policy'], default=str))}</code>"
                  f"<br><code>{html.escape(json.dumps(index['profile'], default=str))}</code></p>")
+    parts.append("<h3>Calibration pilots and pre-registration</h3><ul>"
+                 + "".join(f"<li>{html.escape(line)}</li>" for line in calibration_lines(index)) + "</ul>")
     parts.append("<h3>Defaults (pagestats.defaults)</h3>" + _html_table(
         ["name", "value"], [[k, str(v)] for k, v in index["defaults"].items()], {"name", "value"}))
     parts.append("<h3>Log files</h3>" + (_html_table(
@@ -170,6 +172,27 @@ def write_index_html(index: dict, out) -> str:
     path = out / "index.html"
     path.write_text("\n".join(parts), encoding="utf-8")
     return str(path)
+
+
+def calibration_lines(index: dict) -> list[str]:
+    """One line per calibration pilot of the report (τ, inputs per task, context and run; held out
+    or not) and one for Table 21's band (frozen, or a post-hoc illustration)."""
+    lines = []
+    for p in index.get("pilots", []):
+        if "unavailable" in p:
+            lines.append(f"{p['pilot']} {p['policy']}: not computed ({p['unavailable']})")
+            continue
+        held = "held out of the evaluation" if p["held_out"] else "evaluated with the rest"
+        lines.append(f"{p['pilot']} {p['policy']}, {p['model']}: τ = {', '.join(f'{t:.6g}' for t in p['tau'])}; "
+                     f"{p['n_inputs']} inputs, {held}; per task {p['by_task']}; per context "
+                     f"{p['by_context_length']}; per run {p['by_run_id']}")
+    if not index.get("pilots"):
+        lines.append("no calibration pilot")
+    band = index.get("prereg")
+    lines.append("Table 21: post-hoc illustration, not a pre-registration" if band is None else
+                 f"Table 21: band frozen {band['frozen_at']} for {band['target_context']} tokens ({band['evictor']}), "
+                 "sha256 checked, frozen before the target outcome runs were created")
+    return lines
 
 
 def _meta_line(index: dict) -> str:
@@ -208,7 +231,10 @@ def index_markdown(index: dict, out) -> str:
     lines += ["", "## Appendix: provenance", "", "### Exclusions", ""]
     lines += [f"- {e}" for e in index["exclusions"]] or ["none"]
     lines += ["", "### Policy and profile", "", f"- policy: `{json.dumps(index['policy'], default=str)}`",
-              f"- profile: `{json.dumps(index['profile'], default=str)}`", "", "### Defaults (pagestats.defaults)", ""]
+              f"- profile: `{json.dumps(index['profile'], default=str)}`", "",
+              "### Calibration pilots and pre-registration", ""]
+    lines += [f"- {line}" for line in calibration_lines(index)]
+    lines += ["", "### Defaults (pagestats.defaults)", ""]
     lines += [f"- {k} = {v}" for k, v in index["defaults"].items()]
     lines += ["", "### Log files", ""]
     if index["files"]:

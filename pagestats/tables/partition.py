@@ -8,13 +8,11 @@ Each function takes a replay frame (:func:`pagestats.replay.gate` or
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Sequence
-from pathlib import Path
 
 import polars as pl
 
-from pagestats import defaults, metrics, prereg
+from pagestats import defaults, metrics
 from pagestats.columns import MODEL_CELL, require_columns
 from pagestats.tables._common import as_list, group_tau, one_evictor, task_means
 
@@ -23,6 +21,7 @@ __all__ = [
     "drop_by_task_table",
     "distractor_sweep_table",
     "scaling_table",
+    "prediction_band",
     "preregistered_table",
     "harm_table",
     "MULTIKEY_TASKS",
@@ -170,72 +169,101 @@ def scaling_table(gated: pl.DataFrame, *, evictor: str | None = None, select: st
     )
 
 
-def preregistered_table(gated: pl.DataFrame, inputs: pl.DataFrame, *, evictor: str | None = None,
-                        workdir=None, by=("model", "task")) -> pl.DataFrame:
-    """Table 21: pre-registered predictions at the largest context vs the measurement.
+#: Table 21's ``status`` when the band was not frozen beforehand.
+POST_HOC = "post-hoc illustration, not a pre-registration"
+BAND_COLUMNS = ("n_fit_rows", "ratio_low", "ratio_high", "headroom", "predicted_low", "predicted_high")
 
-    The protocol of §4 "Pre-Registered 32K Test", replayed in order: (1) fit the ratio band
-    ρ/(1 − A_full) per ``by`` group on every context but the largest
-    (:func:`pagestats.metrics.scaling_rows` on those contexts only); (2) take the headroom
-    at the largest context from the **full-KV** scores of ``inputs`` alone; (3) form the
-    bands (:func:`pagestats.metrics.predict_band`) and freeze them
-    (:func:`pagestats.prereg.freeze_predictions`, sha256); (4) only then read the eviction
-    outcomes of the largest context, reload the frozen file through
-    :func:`pagestats.prereg.load_predictions` (which checks the hash) and compare.
 
-    Parameters
-    ----------
-    gated : polars.DataFrame
-        Gated outcomes (one evictor is used, default the headline one).
-    inputs : polars.DataFrame
-        Per-input rows with ``model, context_length, task, full_score`` (``logs.inputs``).
-    workdir : path, optional
-        Where the prediction file is frozen (default: a temporary directory).
+def prediction_band(gated: pl.DataFrame, inputs: pl.DataFrame, *, fit_contexts: Sequence[int], target_context: int,
+                    evictor: str | None = None, by=("model", "task")) -> pl.DataFrame:
+    """The prediction band of §4 "Pre-Registered 32K Test" (Table 21), from what may be known
+    before the measurement: the fitting contexts' eviction outcomes and the target context's
+    full-KV scores.
+
+    Per ``by`` group: the ratio band ρ/(1 − A_full) over the fitting contexts
+    (:func:`pagestats.metrics.scaling_rows` on the plain arm of ``evictor``) times the
+    headroom 1 − mean full_score of the target context's inputs
+    (:func:`pagestats.metrics.predict_band`). The target context's outcome rows are
+    dropped before anything is computed.
 
     Returns
     -------
     polars.DataFrame
-        ``by``, ``context_length`` (the predicted one), ``n_fit_rows``, ``ratio_low``,
-        ``ratio_high``, ``headroom``, ``predicted_low``, ``predicted_high``, ``task_class``,
-        ``n``, ``rho`` (measured), ``low``, ``high`` (Wilson), ``inside`` (measured ρ in the
-        band), ``sha256`` (of the frozen prediction file). Groups without a fitting row of
-        positive headroom cannot be predicted and are left out.
+        ``by``, ``context_length`` (the target), ``evictor``, ``n_fit_rows``, ``ratio_low``,
+        ``ratio_high``, ``headroom``, ``predicted_low``, ``predicted_high``. Groups without a
+        fitting row of positive headroom cannot be predicted and are left out.
 
     Raises
     ------
     ValueError
-        Fewer than two context lengths.
+        The target is a fitting context, a context is not logged, or no group can be predicted.
     """
     by = as_list(by)
-    sub, ev = one_evictor(gated, evictor)
-    contexts = sorted(sub["context_length"].unique().to_list())
-    if len(contexts) < 2:
-        raise ValueError(f"preregistered_table needs ≥2 context lengths, got {contexts}")
-    target = contexts[-1]
-    fit_rows = metrics.scaling_rows(sub.filter(pl.col("context_length") < target))
-    require_columns(inputs, [*by, "context_length", "full_score"], "preregistered_table")
+    fit_contexts = sorted(int(c) for c in fit_contexts)
+    target = int(target_context)
+    if target in fit_contexts:
+        raise ValueError(f"the target context {target} is also a fitting context")
+    logged = set(inputs["context_length"].unique().to_list())
+    missing = [c for c in [*fit_contexts, target] if c not in logged]
+    if missing:
+        raise ValueError(f"context(s) {missing} are not in the logs (logged: {sorted(logged)})")
+    fit, ev = one_evictor(gated.filter(pl.col("context_length").is_in(fit_contexts)), evictor)
+    fit_rows = metrics.scaling_rows(fit)
+    require_columns(inputs, [*by, "context_length", "full_score"], "prediction_band")
     headroom = (inputs.filter(pl.col("context_length") == target).group_by(by)
                 .agg((1.0 - pl.col("full_score").mean()).alias("headroom")))
     fittable = fit_rows.filter(pl.col("headroom") > 0).select(by).unique()
     headroom = headroom.join(fittable, on=by, how="semi")
     if headroom.height == 0:
-        raise ValueError("preregistered_table: no group has a fitting row with positive headroom")
+        raise ValueError("no group has a fitting row with positive headroom to predict from")
     band = metrics.predict_band(fit_rows, headroom, by=by)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(workdir if workdir is not None else tmp) / f"predictions-{target}.csv"
-        digest = prereg.freeze_predictions(band, path, overwrite=True)
-        frozen = prereg.load_predictions(path, digest)
-    measured = metrics.scaling_rows(sub.filter(pl.col("context_length") == target), by=(*by, "context_length"))
-    frozen = frozen.with_columns(pl.col(c).cast(band.schema[c]) for c in band.columns)
-    out = frozen.with_columns(pl.lit(target, pl.Int64).alias("context_length")).join(
+    return band.with_columns(pl.lit(target, pl.Int64).alias("context_length"), pl.lit(ev).alias("evictor")).select(
+        *by, "context_length", "evictor", *BAND_COLUMNS)
+
+
+def preregistered_table(gated: pl.DataFrame, inputs: pl.DataFrame, *, band: pl.DataFrame | None = None,
+                        status: str | None = None, evictor: str | None = None, by=("model", "task")) -> pl.DataFrame:
+    """Table 21: predicted ρ bands at a target context vs the measured ρ.
+
+    With ``band`` (read through :func:`pagestats.prereg.load_band` after its hash and its
+    freezing time were checked) the table is the pre-registered test of §4. Without it the
+    band is computed here from the same logs (fitting contexts = every context but the
+    largest, target = the largest) and the table says so in ``status``:
+    :data:`POST_HOC`, since the outcomes were in memory when the band was formed.
+
+    Returns
+    -------
+    polars.DataFrame
+        ``by``, ``context_length`` (the predicted one), ``evictor``, ``n_fit_rows``,
+        ``ratio_low``, ``ratio_high``, ``headroom``, ``predicted_low``, ``predicted_high``,
+        ``task_class``, ``n``, ``rho`` (measured, plain arm), ``low``, ``high`` (Wilson),
+        ``inside`` (measured ρ in the band), ``status``.
+    """
+    by = as_list(by)
+    if band is None:
+        contexts = sorted(gated["context_length"].unique().to_list())
+        if len(contexts) < 2:
+            raise ValueError(f"preregistered_table needs ≥2 context lengths, got {contexts}")
+        band = prediction_band(gated, inputs, fit_contexts=contexts[:-1], target_context=contexts[-1],
+                               evictor=evictor, by=by)
+        status = POST_HOC
+    require_columns(band, [*by, "context_length", "evictor", *BAND_COLUMNS], "preregistered_table band")
+    targets = band.select("context_length", "evictor").unique()
+    if targets.height != 1:
+        raise ValueError(f"a band predicts one (context, evictor), got {targets.rows()}")
+    target, ev = targets.row(0)
+    sub = gated.filter((pl.col("context_length") == target) & (pl.col("evictor") == ev))
+    if sub.height == 0:
+        raise ValueError(f"no {ev} outcomes at the target context {target} to check the band against")
+    measured = metrics.scaling_rows(sub, by=(*by, "context_length"))
+    out = band.with_columns(pl.col("context_length").cast(pl.Int64)).join(
         measured.select(*by, "task_class", "n", "rho", "low", "high"), on=by, how="left")
     out = out.with_columns(
         ((pl.col("rho") >= pl.col("predicted_low")) & (pl.col("rho") <= pl.col("predicted_high"))).alias("inside"),
-        pl.lit(digest).alias("sha256"), pl.lit(ev).alias("evictor"),
+        pl.lit(status or "pre-registered").alias("status"),
     )
-    return out.select(*by, "context_length", "evictor", "n_fit_rows", "ratio_low", "ratio_high", "headroom",
-                      "predicted_low", "predicted_high", "task_class", "n", "rho", "low", "high", "inside",
-                      "sha256").sort(by)
+    return out.select(*by, "context_length", "evictor", *BAND_COLUMNS, "task_class", "n", "rho", "low", "high",
+                      "inside", "status").sort(by)
 
 
 def harm_table(gated: pl.DataFrame, *, evictor: str | None = None, by=("task", "task_class"),

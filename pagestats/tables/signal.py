@@ -16,7 +16,7 @@ from scipy import stats as _sps
 
 from pagestats import defaults, metrics, replay, stats
 from pagestats.columns import MODEL_CELL
-from pagestats.replay.policies import FixedTau, Midpoint, ZScored, pilot_mask
+from pagestats.replay.policies import PILOT_SPLITS, FixedTau, Midpoint, ZScored, pilot_mask
 from pagestats.replay.spec import resolve_layers
 from pagestats.tables._common import (
     LogsView,
@@ -309,7 +309,14 @@ def _pilot_label(by: Sequence[str]) -> str:
     return "×".join(by)
 
 
-def pilot_sensitivity_table(logs, *, pilots: Sequence[str] = ("first", "random"),
+def _fits(logs, pilot_by: Sequence[str], n: int, split: str) -> bool:
+    """Whether every pilot group of the logs has the inputs a pilot of ``n`` needs."""
+    need = n + 1 if split == "held-out" else n
+    sizes = logs.inputs.group_by(list(pilot_by)).agg(pl.struct("run_id", "task", "input_id").n_unique().alias("n"))
+    return bool((sizes["n"] >= need).all())
+
+
+def pilot_sensitivity_table(logs, *, pilots: Sequence[str] = PILOT_SPLITS,
                             pilot_by: Sequence[Sequence[str]] = (("model",), ("model", "context_length")),
                             pilot_sizes: Sequence[int] = defaults.PILOT_SIZES, theta_z: float = defaults.THETA_Z,
                             seed: int = 0, evictor: str | None = None,
@@ -320,20 +327,22 @@ def pilot_sensitivity_table(logs, *, pilots: Sequence[str] = ("first", "random")
     The paper leaves the unlabelled pilot of the z-scored gate (App. A.3.4) undefined and
     notes (§4.1) that its Llama NIAH-MK3 call "flips under three of four plausible
     definitions of the unlabeled pilot". This table replays every definition — pilot
-    ``"first"`` vs ``"random"`` × pooled per model vs per (model, context) × pilot sizes —
-    and reports, per cell and task, τ, the gate-open fraction, the gate's *call* on the
-    task (closed iff fewer than half of its inputs open) and whether that call flips
-    relative to the ``reference`` definition (default :class:`~pagestats.replay.policies.ZScored`
-    with the library defaults: first 100 inputs per model).
+    ``"first"`` vs ``"random"`` vs ``"held-out"`` (:func:`pagestats.replay.pilot_mask`) ×
+    pooled per model vs per (model, context) × pilot sizes — and reports, per cell and task,
+    τ, the gate-open fraction, the gate's *call* on the task (closed iff fewer than half of
+    its inputs open) and whether that call flips relative to the ``reference`` definition
+    (default :class:`~pagestats.replay.policies.ZScored` with the library defaults: a
+    held-out pilot of 100 inputs per model). A definition whose pilot is larger than one of
+    its groups (for ``"held-out"``: not smaller) is left out.
 
     Returns
     -------
     polars.DataFrame
-        ``pilot, pilot_by, pilot_n, model, context_length, task, task_class, tau``,
-        ``p_open`` (of the task's inputs), ``closed_call``, ``flips`` (call differs from the
+        ``pilot, pilot_by, pilot_n, model, context_length, task, task_class, evictor, tau``,
+        ``n_evaluated`` (inputs of the task evaluated: a held-out pilot's are not),
+        ``p_open`` (of those inputs), ``closed_call``, ``flips`` (call differs from the
         reference), ``n_flipping_definitions`` (over all definitions, per cell and task),
-        ``delta_task`` and ``delta_cell`` (Δ of the headline evictor, :func:`pagestats.metrics.delta`),
-        ``evictor``.
+        ``delta_task`` and ``delta_cell`` (Δ of the headline evictor, :func:`pagestats.metrics.delta`).
     """
     reference = reference if reference is not None else ZScored(theta_z=theta_z)
     by_task = [*MODEL_CELL, "task", "task_class"]
@@ -341,7 +350,7 @@ def pilot_sensitivity_table(logs, *, pilots: Sequence[str] = ("first", "random")
     def run(policy):
         gated = replay.gated_outcomes(logs, policy, profile)
         sub, ev = one_evictor(gated, evictor)
-        po = metrics.p_open(sub, by=by_task).select(*by_task, "p_open")
+        po = metrics.p_open(sub, by=by_task).select(*by_task, "p_open", pl.col("n").alias("n_evaluated"))
         tau = sub.group_by(list(MODEL_CELL)).agg(group_tau())
         d_task = metrics.delta(sub, by=by_task).select(*by_task, pl.col("delta").alias("delta_task"))
         d_cell = metrics.delta(sub, by=MODEL_CELL).select(*MODEL_CELL, pl.col("delta").alias("delta_cell"))
@@ -353,11 +362,16 @@ def pilot_sensitivity_table(logs, *, pilots: Sequence[str] = ("first", "random")
     for pilot in pilots:
         for grp in pilot_by:
             for n in pilot_sizes:
+                if not _fits(logs, grp, int(n), pilot):
+                    continue
                 policy = ZScored(theta_z=theta_z, pilot_n=int(n), pilot_by=tuple(grp), pilot=pilot, seed=seed)
                 parts.append(run(policy).with_columns(pl.lit(pilot).alias("pilot"), pl.lit(_pilot_label(grp)).alias("pilot_by"),
                                                       pl.lit(int(n), pl.Int64).alias("pilot_n")))
+    if not parts:
+        raise ValueError("pilot_sensitivity_table: no pilot definition fits the logs")
     out = pl.concat(parts).join(ref, on=by_task)
     out = out.with_columns((pl.col("closed_call") != pl.col("_ref")).alias("flips"))
     out = out.with_columns(pl.col("flips").sum().over(by_task).cast(pl.Int64).alias("n_flipping_definitions"))
-    return out.select("pilot", "pilot_by", "pilot_n", *by_task, "evictor", "tau", "p_open", "closed_call", "flips",
-                      "n_flipping_definitions", "delta_task", "delta_cell").sort(["pilot", "pilot_by", "pilot_n", *by_task])
+    return out.select("pilot", "pilot_by", "pilot_n", *by_task, "evictor", "tau", "n_evaluated", "p_open", "closed_call",
+                      "flips", "n_flipping_definitions", "delta_task", "delta_cell").sort(
+                          ["pilot", "pilot_by", "pilot_n", *by_task])

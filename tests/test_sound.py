@@ -1,0 +1,251 @@
+"""Issue 10, sound conclusions: recalibration with a profile change and the degenerate flag,
+named and held-out pilots, options that do not apply. Every expected number is computed in
+the test by hand (NumPy on the planted profile), never by the code under test."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import numpy as np
+import polars as pl
+import pytest
+
+from pagestats import defaults, profile
+from pagestats.cli import main
+from pagestats.io import load
+from pagestats.replay import FixedTau, ProfileSpec, ZScored, gate, gated_outcomes, recalibrate
+from pagestats.testing import synthetic_logs
+from pagestats.whatif import whatif_table
+
+N_PER_TASK = 6
+TASKS = ("niah_multikey_3", "vt")
+
+
+def _planted(i: int, task: int) -> list[float]:
+    """a_ℓ of one input over L = 6 layers: the first half (layers 0–2) always rises, so D on
+    ``--layers first-half`` (a_0 − a_2, bins of one layer) is −0.5 + small < 0 on every input,
+    while the full-depth D = mean(a_0, a_1) − mean(a_4, a_5) spreads around 0.07."""
+    e = 0.011 * i + 0.037 * task
+    return [0.30 + e, 0.30, 0.80 + 0.5 * e, 0.5, 0.26 - e, 0.26]
+
+
+def hand_built_logs(tmp_path):
+    s = synthetic_logs(models={"m": (6, 2)}, n_inputs=N_PER_TASK, tasks=TASKS, evictors=("snapkv",),
+                       budgets=(0.5, 1.0), with_topk=False, seed=3)  # fmt: skip
+    keys = s.inputs.select("task", "input_id").rows()
+    prof = [_planted(i, TASKS.index(t)) for t, i in keys]
+    agreement = np.asarray(prof, dtype=np.float32)
+    drop = profile.drop_from_agreement(agreement)
+    inputs = s.inputs.with_columns(
+        pl.Series("agreement", agreement.tolist(), dtype=pl.List(pl.Float32)),
+        pl.Series("pair_jaccard", agreement.tolist(), dtype=pl.List(pl.Float32)),  # H = 2: one pair per layer
+        pl.Series("drop", drop),
+    )
+    run_dirs = dataclasses.replace(s, inputs=inputs).write(tmp_path / "logs")
+    return [str(d) for d in run_dirs], keys, agreement.astype(np.float64)
+
+
+def test_degenerate_layer_subset_flagged_and_warned(tmp_path, capsys):
+    runs, keys, a = hand_built_logs(tmp_path)
+    assert (a[:, 0] - a[:, 2] < 0).all() and not (profile.drop_from_agreement(a) < 0.07).all()
+    logs = load(runs)
+    table = whatif_table(logs, FixedTau(0.07), ProfileSpec(layers="first-half"))
+    assert table["degenerate"].all() and (table["p_open"] == 0.0).all()
+    assert not whatif_table(logs, FixedTau(0.07))["degenerate"].any()
+
+    assert main(["whatif", *runs, "--layers", "first-half", "--format", "csv"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    warnings = [line for line in err if line.startswith("warning:")]
+    assert warnings == ["warning: layers first-half: D < τ on every input; the gate never opens (m, 4096 tokens); "
+                        "pass --recalibrate z"]
+
+
+def test_recalibrate_z_is_the_hand_computed_tau(tmp_path, capsys):
+    runs, keys, a = hand_built_logs(tmp_path)
+    logs = load(runs)
+    n = 5
+    # the "first" pilot by hand: the first n inputs in (input_id, task) order
+    order = sorted(range(len(keys)), key=lambda j: (keys[j][1], keys[j][0]))
+    pilot = order[:n]
+    d_ref = profile.drop_from_agreement(a)[pilot]
+    d_new = (a[:, 0] - a[:, 2])[pilot]
+    theta = (0.07 - d_ref.mean()) / d_ref.std(ddof=1)
+    tau = d_new.mean() + theta * d_new.std(ddof=1)
+    policy = recalibrate(FixedTau(0.07), "z", pilot_n=n, pilot="first")
+    g = gate(logs, policy, ProfileSpec(layers="first-half"))
+    assert g["tau"].to_numpy() == pytest.approx(np.full(g.height, tau), abs=1e-12)
+    expected_open = sorted(keys[j] for j in range(len(keys)) if a[j, 0] - a[j, 2] >= tau)
+    assert sorted(g.filter("gate_open").select("task", "input_id").rows()) == expected_open
+    # the same through the CLI, which also prints the pilot's τ and composition
+    assert main(["whatif", *runs, "--layers", "first-half", "--recalibrate", "z", "--pilot", str(n),
+                 "--pilot-split", "first", "--format", "csv"]) == 0
+    out = capsys.readouterr()
+    assert f"τ = {tau:.6g}" in out.err and "warning" not in out.err
+    assert "by task: niah_multikey_3=3, vt=2" in out.err
+    # on the unchanged statistic the recalibrated τ is the fixed τ
+    same = gate(logs, policy)
+    assert same["tau"].to_numpy() == pytest.approx(np.full(same.height, 0.07), abs=1e-12)
+
+
+def test_recalibrate_midpoint_is_eq5_on_the_changed_statistic(tmp_path):
+    runs, keys, a = hand_built_logs(tmp_path)
+    d_new = a[:, 0] - a[:, 2]
+    cap = [j for j, (t, _) in enumerate(keys) if t == "niah_multikey_3"]
+    dil = [j for j, (t, _) in enumerate(keys) if t == "vt"]
+    tau = (d_new[cap].mean() + d_new[dil].mean()) / 2  # n = 20 per class > 6: every input
+    g = gate(load(runs), recalibrate(FixedTau(), "midpoint"), ProfileSpec(layers="first-half"))
+    assert g["tau"].to_numpy() == pytest.approx(np.full(g.height, tau), abs=1e-12)
+
+
+def _pilot_tau(logs, **kw) -> float:
+    taus = gate(logs, ZScored(**kw))["tau"].unique().to_list()
+    assert len(taus) == 1
+    return taus[0]
+
+
+@pytest.mark.parametrize("split", ["random", "held-out"])
+def test_pilot_tau_invariant_to_file_and_row_order(tmp_path, split):
+    s = synthetic_logs(models={"m": (6, 4)}, n_inputs=10, tasks=("niah_multikey_3", "vt", "fwe"), evictors=("snapkv",),
+                       budgets=(0.5, 1.0), with_topk=False, draws=(0, 1), seed=4)  # fmt: skip
+    runs = [str(d) for d in s.write(tmp_path / "logs", n_shards=3)]
+    base = load(runs)
+    tau = _pilot_tau(base, pilot_n=12, pilot=split, seed=7)
+    files = sorted(str(p) for p in (tmp_path / "logs").glob("*/*/*.parquet"))
+    rng = random.Random(1)
+    for _ in range(3):
+        rng.shuffle(files)
+        shuffled = load(files)
+        assert shuffled.inputs.height == base.inputs.height
+        rows = dataclasses.replace(shuffled, inputs=shuffled.inputs.sample(fraction=1.0, shuffle=True, seed=rng.randrange(99)))
+        assert _pilot_tau(rows, pilot_n=12, pilot=split, seed=7) == tau
+    assert _pilot_tau(base, pilot_n=12, pilot=split, seed=8) != tau
+
+
+def test_held_out_pilot_is_in_no_evaluated_row(tmp_path):
+    s = synthetic_logs(models={"m": (6, 4)}, n_inputs=8, tasks=("niah_multikey_3", "vt"), evictors=("snapkv", "h2o"),
+                       budgets=(0.5, 1.0), with_topk=False, seed=5)  # fmt: skip
+    logs = load([str(d) for d in s.write(tmp_path / "logs")])
+    policy = ZScored(pilot_n=6, pilot="held-out", seed=2)
+    keys = set(logs.inputs.select("run_id", "task", "input_id").rows())
+    evaluated = set(gate(logs, policy).select("run_id", "task", "input_id").rows())
+    outcome_keys = set(gated_outcomes(logs, policy).select("run_id", "task", "input_id").rows())
+    assert len(keys - evaluated) == 6 and outcome_keys == evaluated
+    # the pilot held out is exactly the 6 inputs of smallest seeded hash (in-sample split, same hash)
+    in_sample = ZScored(pilot_n=6, pilot="random", seed=2)
+    assert set(gate(logs, in_sample).select("run_id", "task", "input_id").rows()) == keys
+    assert _pilot_tau(logs, pilot_n=6, pilot="random", seed=2) == _pilot_tau(logs, pilot_n=6, pilot="held-out", seed=2)
+    table = whatif_table(logs, policy)
+    assert table.group_by("task", "evictor").agg(pl.col("n_inputs").first())["n_inputs"].sum() == 2 * (16 - 6)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (["--theta", "-0.5"], "--theta applies to --policy z"),
+    (["--pilot", "10"], "--pilot applies to a pilot"),
+    (["--policy", "midpoint", "--pilot-split", "random"], "--pilot-split applies to a pilot"),
+    (["--midpoint-tasks", "niah_multikey_3,vt"], "--midpoint-tasks applies to --policy midpoint"),
+    (["--pair-draws", "3"], "--pair-draws applies to --pairs-fraction"),
+    (["--policy", "z", "--pilot", "100000"], "larger than the data"),
+    (["--policy", "z", "--recalibrate", "z"], "applies to a fixed τ"),
+])
+def test_options_that_do_not_apply_exit_2(tmp_path, capsys, bad, message):
+    runs, _, _ = hand_built_logs(tmp_path)
+    assert main(["whatif", *runs, *bad]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0]
+
+
+# --------------------------------------------------------------------------- pre-registration
+
+
+def _prereg_runs(tmp_path):
+    """A fitting run at 4096, the target's full-KV-only run at 8192 (both created in 2000), and
+    the target's eviction run at 8192 created in 2099, after any band frozen today."""
+    common = dict(models={"m": (6, 2)}, n_inputs=12, tasks=("niah_multikey_3", "vt", "fwe"), evictors=("snapkv",),
+                  with_topk=False, seed=6)  # fmt: skip
+    fit = synthetic_logs(**common, context_lengths=(4096,), budgets=(0.25, 0.5, 1.0))
+    full = synthetic_logs(**common, context_lengths=(8192,), budgets=(1.0,), draws=(1,))
+    later = synthetic_logs(**common, context_lengths=(8192,), budgets=(0.25, 0.5, 1.0), draws=(2,),
+                           created_at="2099-01-01T00:00:00+00:00")
+    before = [str(d) for s, name in ((fit, "fit"), (full, "full")) for d in s.write(tmp_path / name)]
+    return before, [str(d) for d in later.write(tmp_path / "later")]
+
+
+def test_prereg_freeze_then_check(tmp_path, capsys):
+    import hashlib
+
+    before, later = _prereg_runs(tmp_path)
+    band = tmp_path / "band.json"
+    args = ["prereg", "freeze", *before, "--fit-contexts", "4096", "--target-context", "8192", "--out", str(band)]
+    assert main(args) == 0
+    digest = capsys.readouterr().out.strip()
+    assert digest == hashlib.sha256(band.read_bytes()).hexdigest()
+    assert main(args) == 2  # never overwritten
+    assert "exists" in capsys.readouterr().err
+
+    assert main(["prereg", "check", str(band), "--sha256", digest, *before, *later, "--format", "csv"]) == 0
+    out = capsys.readouterr()
+    rows = pl.read_csv(bytes(out.out, "utf-8"))
+    assert rows.height >= 2 and rows["status"].n_unique() == 1 and rows["status"][0].startswith("pre-registered")
+    # the band is ratio × headroom from the fitting run only, by hand
+    logs = load([*before, *later])
+    fit_in = logs.inputs.filter(pl.col("context_length") == 4096)
+    fit_out = logs.outcomes.join(fit_in.select("run_id", "task", "input_id", "full_score"), on=["run_id", "task", "input_id"])
+    for r in rows.iter_rows(named=True):
+        task_out = fit_out.filter(pl.col("task") == r["task"])
+        per_input = task_out.group_by("input_id").agg(
+            (pl.col("score").filter(pl.col("budget") < 1).max() > pl.col("score").filter(pl.col("budget") == 1).first()))
+        rho = per_input[:, 1].mean()
+        head = 1 - fit_in.filter(pl.col("task") == r["task"])["full_score"].mean()
+        target_head = 1 - logs.inputs.filter((pl.col("run_id") == "syn-m-8192-d1") & (pl.col("task") == r["task"])
+                                             )["full_score"].mean()  # the full-KV run the band was frozen from
+        assert r["predicted_low"] == pytest.approx(rho / head * target_head, abs=1e-12)
+
+    # a changed byte, or another hash, is refused
+    assert main(["prereg", "check", str(band), "--sha256", "0" * 64, *before, *later]) == 2
+    assert "does not match" in capsys.readouterr().err
+    text = band.read_text()
+    band.write_text(text.replace('"headroom": 0.', '"headroom": 1.', 1))
+    assert main(["prereg", "check", str(band), "--sha256", digest, *before, *later]) == 2
+    assert "changed after it was frozen" in capsys.readouterr().err
+    band.write_text(text)
+    assert main(["prereg", "check", str(band), "--sha256", digest, *before, *later]) == 0
+
+
+def test_prereg_band_frozen_after_the_outcomes_is_refused(tmp_path, capsys):
+    before, _ = _prereg_runs(tmp_path)
+    band = tmp_path / "band.json"
+    assert main(["prereg", "freeze", *before, "--fit-contexts", "4096", "--target-context", "8192",
+                 "--out", str(band)]) == 0
+    digest = capsys.readouterr().out.strip()
+    # the target's own full-KV run (created 2000) carries no eviction outcomes: nothing to check on
+    assert main(["prereg", "check", str(band), "--sha256", digest, *before]) == 2
+    assert "no snapkv eviction outcomes" in capsys.readouterr().err
+    old = synthetic_logs(models={"m": (6, 2)}, n_inputs=12, tasks=("niah_multikey_3", "vt", "fwe"), evictors=("snapkv",),
+                         with_topk=False, seed=6, context_lengths=(8192,), budgets=(0.5, 1.0), draws=(3,))  # fmt: skip
+    old_runs = [str(d) for d in old.write(tmp_path / "old")]
+    assert main(["prereg", "check", str(band), "--sha256", digest, *before, *old_runs]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "after run syn-m-8192-d3" in err[0]
+
+
+def test_report_table21_labels_post_hoc_and_shows_a_frozen_band(tmp_path, capsys):
+    from pagestats.report import build_report
+    from pagestats.report.table_entries import TABLES
+
+    before, later = _prereg_runs(tmp_path)
+    logs = load([*before, *later])
+    entry = [e for e in TABLES if e.name == "tab21_preregistered"]
+    build_report(logs, tmp_path / "posthoc", entries=entry)
+    post = pl.read_csv(tmp_path / "posthoc" / "tables" / "tab21_preregistered.csv")
+    assert set(post["status"]) == {"post-hoc illustration, not a pre-registration"}
+    band = tmp_path / "band.json"
+    assert main(["prereg", "freeze", *before, "--fit-contexts", "4096", "--target-context", "8192",
+                 "--out", str(band)]) == 0
+    digest = capsys.readouterr().out.strip()
+    assert main(["report", *before, *later, "--out", str(tmp_path / "frozen"), "--prereg", str(band),
+                 "--prereg-sha256", digest]) == 0
+    frozen = pl.read_csv(tmp_path / "frozen" / "tables" / "tab21_preregistered.csv")
+    assert frozen["status"][0].startswith("pre-registered (frozen ")
+    assert main(["report", *before, *later, "--out", str(tmp_path / "bad"), "--prereg", str(band),
+                 "--prereg-sha256", "1" * 64]) == 2
