@@ -80,7 +80,7 @@ def _given(args, name: str) -> bool:
 
 
 def check_options(args) -> None:
-    """Refuse options that the chosen policy and profile do not read (DESIGN §5: exit 2).
+    """Refuse options that the chosen policy and profile do not read (docs/CLI.md: exit 2).
 
     ``--theta`` applies to ``--policy z``; ``--pilot``, ``--pilot-by`` and ``--pilot-split``
     to a policy with a pilot (``--policy z`` or ``--recalibrate z``); ``--midpoint-tasks`` to
@@ -338,8 +338,9 @@ def _parser() -> argparse.ArgumentParser:
     _add_logs(p)
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--prereg", default=None, metavar="BAND.json",
-                   help="Table 21 checks this frozen band (pagestats prereg freeze) instead of a post-hoc illustration")
-    p.add_argument("--prereg-sha256", default=None, metavar="HEX", help="the sha256 printed when the band was frozen")
+                   help="Table 21 checks this frozen band (pagestats prereg freeze) (default: none, Table 21 is a "
+                   "post-hoc illustration)")
+    p.add_argument("--prereg-sha256", default=None, metavar="HEX", help="the sha256 printed when the band was frozen (default: none; required with --prereg)")
 
     p = sub.add_parser("prereg", help="two-step pre-registration of the scaling prediction (Table 21)")
     steps = p.add_subparsers(dest="step", required=True)
@@ -350,16 +351,17 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--target-context", required=True, type=number(1, 10**9, integer=True, name="--target-context"),
                    metavar="N", help="the context length to predict")
     q.add_argument("--out", required=True, metavar="BAND.json", help="band file (never overwritten)")
-    q.add_argument("--evictor", default=None, help="evictor whose plain arm defines ρ (default snapkv when logged)")
+    q.add_argument("--evictor", default=None, help="evictor whose plain arm defines ρ (default: snapkv when logged)")
     q = steps.add_parser("check", help="compare a frozen band with the measurement, after checking its sha256 and "
                          "that it was frozen before the target outcomes' runs were created")
     q.add_argument("band", metavar="BAND.json")
     q.add_argument("--sha256", required=True, metavar="HEX", help="the sha256 printed by prereg freeze")
     q.add_argument("logs", nargs="+", metavar="LOGS", help="run directories, parquet/jsonl files or globs")
     q.add_argument("--exclude", action="append", default=[], metavar="RUN_ID[/TASK[/INPUT_ID]]",
-                   help="leave out a run, a task of a run, or one input (repeatable; exclusions are reported)")
+                   help="leave out a run, a task of a run, or one input (repeatable; exclusions are reported; "
+                   "default: none)")
     q.set_defaults(db=None)
-    q.add_argument("--format", choices=["csv", "table"], default="table")
+    q.add_argument("--format", choices=["csv", "table"], default="table", help="table or csv on stdout (default: table)")
 
     p = sub.add_parser("show", help="print one input: prompt, references, D and the gate, a_ℓ, every arm's prediction")
     p.add_argument("logs", nargs="+", metavar="LOGS", help="run directories, parquet/jsonl files or globs")

@@ -167,7 +167,7 @@ def test_whatif_filters_and_output_files(two_runs, capsys, tmp_path):
     for ext in ("csv", "parquet", "json"):
         path = tmp_path / f"w.{ext}"
         rc, out, err = _run(["whatif", *two_runs, "-o", str(path)], capsys)
-        assert rc == 0 and f"wrote {full.height} rows × 14 columns to {path}" in err
+        assert rc == 0 and f"wrote {full.height} rows × 15 columns to {path}" in err
         assert "| model" in out  # the summary still goes to stdout
         written[ext] = {"csv": pl.read_csv, "parquet": pl.read_parquet, "json": pl.read_json}[ext](path)
     for ext, frame in written.items():
