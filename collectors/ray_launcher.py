@@ -115,6 +115,12 @@ def _inputs_present(out: pathlib.Path) -> int:
     return sum(pq.ParquetFile(f).metadata.num_rows for f in (out / "inputs").glob("part-*.parquet"))
 
 
+def _cancel(ray, pending) -> None:
+    """Stop the shards still running (what they finished stays; a rerun resumes from it)."""
+    for ref in pending:
+        ray.cancel(ref, force=True)
+
+
 def _first_line(err: BaseException) -> str:
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
@@ -195,6 +201,7 @@ def launch(cfg: CollectConfig, *, shards: int, address: str | None = None, gpus_
                     results[i] = ray.get(ref)
                 except retry_on as err:
                     if attempts[i] >= max_retries:
+                        _cancel(ray, pending)
                         raise ShardFailedError(f"shard {i}/{shards} was lost {attempts[i] + 1} times "
                                                f"(last: {type(err).__name__}); giving up") from None
                     attempts[i] += 1
@@ -203,8 +210,7 @@ def launch(cfg: CollectConfig, *, shards: int, address: str | None = None, gpus_
                               f"retry {attempts[i]} of {max_retries}", file=sys.stderr)
                     pending[submit(i)] = i
                 except RayTaskError as err:
-                    for other in pending:
-                        ray.cancel(other, force=True)
+                    _cancel(ray, pending)
                     cause = err.cause if isinstance(err.cause, BaseException) else err
                     if isinstance(cause, (ValueError, FileNotFoundError)):
                         raise cause from None
