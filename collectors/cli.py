@@ -95,7 +95,7 @@ def parser() -> argparse.ArgumentParser:
     ray.add_argument("--max-retries", type=int, default=3, help="with --ray: most retries of a shard whose worker "
                      "or node was lost (default 3)")
     p.add_argument("--device", default="cpu", help="torch device, e.g. cpu, cuda, cuda:1 (default cpu)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"], help="weights dtype")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"], help="weights dtype (default float32)")
     p.add_argument("--attn-impl", default="sdpa", help="stock attention kernel the capture wraps: sdpa, eager, "
                    "flash_attention_2 (default sdpa)")
     p.add_argument("--k", type=int, default=defaults.TOP_K, help=f"top-k of the agreement a_ℓ (default {defaults.TOP_K})")
@@ -112,19 +112,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--snapkv-pool", type=int, default=defaults.SNAPKV_POOL_KERNEL, help="odd average-pooling width of "
                    f"SnapKV-family scores, 1 = none (default {defaults.SNAPKV_POOL_KERNEL})")
     p.add_argument("--max-new-tokens", type=int, default=None, help="tokens to generate for every task, overriding "
-                   f"RULER's per-task numbers ({tokens})")
+                   f"RULER's per-task numbers (default: RULER's, {tokens})")
     p.add_argument("--essay-file", default=None, help="plain-text essay used as the haystack of the tasks whose "
                    "RULER haystack is an essay (niah_multikey_1, niah_multivalue, niah_multiquery); without it they "
-                   "use RULER's noise haystack. The manifest records which (task_options)")
+                   "use RULER's noise haystack (the default). The manifest records which (task_options)")
     p.add_argument("--qa-file", type=_list(), default=(), help="SQuAD json (for qa_1) and/or HotpotQA json "
-                   "(for qa_2), comma-separated; the format is detected")
+                   "(for qa_2), comma-separated; the format is detected (default: none, so no qa task)")
     p.add_argument("--task-classes", type=_classes, default=None, metavar="TASK=CLASS,...",
                    help="task partition recorded in the manifest (capacity-bound | dilution-prone); tasks not "
                    "named get the default (capacity-bound: " + fmt(defaults.DEFAULT_CAPACITY_BOUND_TASKS) + ")")
     p.add_argument("--part-size", type=int, default=8, help="finished inputs per written part (default 8)")
     p.add_argument("--max-batch", type=int, default=16, help="most arms decoded together (default 16)")
-    p.add_argument("--no-batch-arms", action="store_true", help="decode arms one at a time")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-batch-arms", action="store_true", help="decode arms one at a time (default: in batches)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (default: a tqdm bar on stderr)")
     return p
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 import shlex
 import sys
@@ -544,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(one_line(f"error: {err}"), file=sys.stderr)
                 return 2
         index = build_report(logs, out=args.out, prereg=prereg)
-        print(one_line(index))
+        print(one_line(os.path.join(os.path.dirname(index), "index.html")))  # the page to open; index.md beside it
         return 0
 
     if args.command == "prereg":
