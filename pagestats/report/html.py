@@ -33,7 +33,7 @@ padding:0 1em;color:#1d1d1f;line-height:1.45}
 h1{margin-bottom:.2em} h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}
 .meta{color:#555;font-size:.9em} .finding{font-size:1.05em;margin:.4em 0}
 table{border-collapse:collapse;font-size:.82em;margin:.5em 0}
-th,td{border-bottom:1px solid #e4e4e4;padding:.25em .6em;text-align:right;white-space:nowrap}
+th,td{border-bottom:1px solid #e4e4e4;padding:.25em .45em;text-align:right;white-space:nowrap}
 th{background:#f5f5f7;position:sticky;top:0} td.text,th.text{text-align:left}
 .scroll{max-height:28em;overflow:auto;border:1px solid #eee;display:inline-block;max-width:100%}
 figure{margin:1.2em 0} figure img{max-width:100%;border:1px solid #eee}
@@ -123,9 +123,11 @@ def write_index_html(index: dict, out) -> str:
     if index.get("headline"):
         hl = pl.DataFrame(index["headline"])
         rows = headline_rows(hl)
+        shown = [(c, h) for c, h in HEADLINE_SHOWN if not (c == "model" and hl["model"].n_unique() == 1)]
+        if len(shown) < len(HEADLINE_SHOWN):
+            parts.append(f"<p class=\"caption\">Model: {html.escape(str(hl['model'][0]))}.</p>")
         parts.append('<div class="scroll">' + _html_table(
-            [h for _, h in HEADLINE_SHOWN], [[r[c] for c, _ in HEADLINE_SHOWN] for r in rows], {"model", "evictor"})
-            + "</div>")
+            [h for _, h in shown], [[r[c] for c, _ in shown] for r in rows], {"model", "evictor"}) + "</div>")
         parts.append('<p class="caption">Over each cell\'s inputs and budgets b &lt; 1, with the policy of the '
                      'appendix. Δ: mean gated − plain accuracy, 95% cluster-bootstrap interval and Benjamini–Hochberg '
                      'p (as Table 28). Harm: share of (input, budget) whose score falls below the full cache '
