@@ -342,6 +342,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="Table 21 checks this frozen band (pagestats prereg freeze) (default: none, Table 21 is a "
                    "post-hoc illustration)")
     p.add_argument("--prereg-sha256", default=None, metavar="HEX", help="the sha256 printed when the band was frozen (default: none; required with --prereg)")
+    p.add_argument("--dilution-rule", choices=["task-class", "rho"], default=defaults.DILUTION_RULE,
+                   help="rows Fig. 9's scaling slope is fitted on: the dilution-prone task class or measured ρ ≥ 0.05 "
+                   f"(default: {defaults.DILUTION_RULE}; Table 25 shows both)")
 
     p = sub.add_parser("prereg", help="two-step pre-registration of the scaling prediction (Table 21)")
     steps = p.add_subparsers(dest="step", required=True)
@@ -544,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
             except (PreregistrationError, OSError) as err:
                 print(one_line(f"error: {err}"), file=sys.stderr)
                 return 2
-        index = build_report(logs, out=args.out, prereg=prereg)
+        index = build_report(logs, out=args.out, prereg=prereg, dilution_rule=args.dilution_rule)
         print(one_line(os.path.join(os.path.dirname(index), "index.html")))  # the page to open; index.md beside it
         return 0
 

@@ -30,6 +30,8 @@ PILOT_SPLIT = "held-out"
 MIDPOINT_N = 20
 #: Pre-registered dilution-prone threshold on ρ (§3, Eq. 1).
 RHO_THRESHOLD = 0.05
+#: Rows the scaling slope is fitted on (§5, Fig. 9: the dilution-prone task class; "rho": ρ ≥ 0.05).
+DILUTION_RULE = "task-class"
 #: Nominal budgets (§4 "Setup", Table 2; 1.0 is the full-cache audit arm).
 BUDGETS = (0.0625, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0)
 #: Protected positions: first n_sink and last n_recent prompt tokens (§3 "Algorithm", App. F).

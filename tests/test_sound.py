@@ -249,3 +249,34 @@ def test_report_table21_labels_post_hoc_and_shows_a_frozen_band(tmp_path, capsys
     assert frozen["status"][0].startswith("pre-registered (frozen ")
     assert main(["report", *before, *later, "--out", str(tmp_path / "bad"), "--prereg", str(band),
                  "--prereg-sha256", "1" * 64]) == 2
+
+
+# --------------------------------------------------------------------------- scaling fit
+
+
+def test_scaling_fit_is_the_binomial_mle_with_its_se():
+    """The slope and SE equal a statsmodels fit written here and the binomial likelihood
+    maximised by SciPy with the Fisher information at the optimum; zero-headroom rows are
+    left out and counted."""
+    import statsmodels.api as sm
+    from scipy.optimize import minimize_scalar
+
+    from pagestats import metrics
+
+    rows = pl.DataFrame({
+        "task_class": ["dilution-prone"] * 6 + ["capacity-bound"],
+        "headroom": [0.9, 0.5, 0.3, 0.7, 0.0, 0.0, 0.95],
+        "n": [65, 15, 50, 20, 40, 30, 50], "k": [20, 2, 5, 7, 0, 0, 0],
+    }).with_columns((pl.col("k") / pl.col("n")).alias("rho"), (pl.col("k") / pl.col("n") >= 0.05).alias("dilution_prone"))
+    fit = metrics.scaling_fit(rows, rule="task-class")
+    h, k, n = np.array([0.9, 0.5, 0.3, 0.7]), np.array([20, 2, 5, 7]), np.array([65, 15, 50, 20])
+    ref = sm.GLM(np.column_stack([k, n - k]), h[:, None], family=sm.families.Binomial(link=sm.families.links.Identity())).fit()
+    nll = lambda b: -np.sum(k * np.log(b * h) + (n - k) * np.log(1 - b * h))  # noqa: E731
+    mle = minimize_scalar(nll, bounds=(1e-6, 1 / h.max() - 1e-6), method="bounded", options={"xatol": 1e-12}).x
+    mu = mle * h
+    se = 1 / np.sqrt(np.sum(n * h * h / (mu * (1 - mu))))
+    assert fit.slope == pytest.approx(ref.params[0], rel=1e-8) and fit.slope == pytest.approx(mle, rel=1e-6)
+    assert fit.se == pytest.approx(ref.bse[0], rel=1e-6) and fit.se == pytest.approx(se, rel=1e-5)
+    assert (fit.n, fit.n_excluded) == (4, 2)
+    unweighted = np.dot(h, k / n) / np.dot(h, h)  # the old least squares: a different number
+    assert abs(unweighted - fit.slope) > 1e-3

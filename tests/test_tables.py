@@ -458,14 +458,21 @@ def test_compression_and_batching_closed_form(gated):
 
 
 def test_scaling_slope_by_hand(gated):
+    import statsmodels.api as sm
+
     t = tables.scaling_table(gated)
-    fit = t.filter(pl.col("in_fit"))
-    x, y = fit["headroom"].to_numpy(), fit["rho"].to_numpy()
-    slope = sum(a * b for a, b in zip(x, y)) / sum(a * a for a in x)
-    assert t["slope"][0] == pytest.approx(slope)
-    assert set(fit["task_class"]) == {DIL}
+    for rule, chosen in (("task_class", pl.col("task_class") == DIL), ("rho", pl.col("rho") >= 0.05)):
+        fit = t.filter(chosen & (pl.col("headroom") > 0))
+        assert t.filter(pl.col(f"in_fit_{rule}")).equals(fit)
+        assert t[f"zero_headroom_{rule}"][0] == t.filter(chosen & (pl.col("headroom") == 0)).height
+        h, k, n = fit["headroom"].to_numpy(), fit["k"].to_numpy(), fit["n"].to_numpy()
+        ref = sm.GLM(np.column_stack([k, n - k]), h[:, None],
+                     family=sm.families.Binomial(link=sm.families.links.Identity())).fit()
+        assert t[f"slope_{rule}"][0] == pytest.approx(ref.params[0], rel=1e-6)
+        assert t[f"slope_se_{rule}"][0] == pytest.approx(ref.bse[0], rel=1e-5)
+        assert t[f"fit_n_{rule}"][0] == fit.height
     for r in rows_of(t):
-        assert r["fitted_rho"] == pytest.approx(slope * r["headroom"])
+        assert r["fitted_rho"] == pytest.approx(t["slope_task_class"][0] * r["headroom"])
 
 
 def test_preregistered_band_post_hoc(syn, gated):

@@ -11,7 +11,7 @@ from pagestats.figures import _style as st
 from pagestats.figures._frames import require, select_cells, short_task, task_key
 
 
-def scaling_data(gated: pl.DataFrame, *, evictor=None) -> pl.DataFrame:
+def scaling_data(gated: pl.DataFrame, *, evictor=None, rule: str = defaults.DILUTION_RULE) -> pl.DataFrame:
     """ρ and headroom per (model, context_length, task) row, with the through-origin fit
     (data of Fig. 9).
 
@@ -27,9 +27,9 @@ def scaling_data(gated: pl.DataFrame, *, evictor=None) -> pl.DataFrame:
     polars.DataFrame
         The rows of :func:`pagestats.metrics.scaling_rows` (``model, context_length, task,
         task_class, n, a_full, headroom, k, rho, low, high``, …) plus ``fit_slope``,
-        ``fit_se``, ``fit_n`` (:func:`pagestats.metrics.scaling_fit`: through-origin slope
-        of ρ on headroom over the dilution-prone rows; NaN when there are none or every
-        headroom is 0) and ``fitted`` (slope × headroom).
+        ``fit_se``, ``fit_n`` (:func:`pagestats.metrics.scaling_fit`: binomial GLM slope
+        through the origin of ρ on headroom over the dilution-prone rows of ``rule`` with
+        headroom > 0; NaN when there are none or none recovered) and ``fitted`` (slope × headroom).
 
     References
     ----------
@@ -40,11 +40,11 @@ def scaling_data(gated: pl.DataFrame, *, evictor=None) -> pl.DataFrame:
     if "evictor" in sub.columns and sub["evictor"].n_unique() > 1:
         raise ValueError(f"scaling_data: choose one evictor of {sub['evictor'].unique().sort().to_list()}")
     rows = metrics.scaling_rows(sub)
-    dil = rows.filter((pl.col("task_class") == defaults.DILUTION_PRONE) & pl.col("rho").is_not_null())
+    dil = rows.filter(metrics.in_fit(rule) & pl.col("rho").is_not_null() & (pl.col("headroom") > 0))
     slope = se = np.nan
     n = dil.height
-    if n and float(dil["headroom"].abs().sum()) > 0:
-        fit = metrics.scaling_fit(rows)
+    if n and int(dil["k"].sum()) > 0:
+        fit = metrics.scaling_fit(rows, rule=rule)
         slope, se, n = fit.slope, fit.se, fit.n
     return rows.with_columns(
         pl.lit(slope, dtype=pl.Float64).alias("fit_slope"),
@@ -54,7 +54,7 @@ def scaling_data(gated: pl.DataFrame, *, evictor=None) -> pl.DataFrame:
     )
 
 
-def rho_vs_headroom(gated: pl.DataFrame, *, evictor=None, ax=None):
+def rho_vs_headroom(gated: pl.DataFrame, *, evictor=None, ax=None, rule: str = defaults.DILUTION_RULE):
     """Figure 9: ρ against headroom 1 − A_full per (model, context, task) row; dilution-prone
     rows as filled circles with the fitted through-origin line, capacity-bound rows as open
     triangles; Wilson 95% intervals on ρ as vertical bars; each point labelled by its task.
@@ -67,7 +67,7 @@ def rho_vs_headroom(gated: pl.DataFrame, *, evictor=None, ax=None):
     ----------
     PAGE paper, Figure 9.
     """
-    data = scaling_data(gated, evictor=evictor)
+    data = scaling_data(gated, evictor=evictor, rule=rule)
     with st.style():
         fig, (axis,) = st.panels(1, ax, row_height=2.0)
         for cls in (defaults.DILUTION_PRONE, defaults.CAPACITY_BOUND):
@@ -88,7 +88,7 @@ def rho_vs_headroom(gated: pl.DataFrame, *, evictor=None, ax=None):
         if np.isfinite(slope):
             xs = np.array([0.0, xmax])
             axis.plot(xs, slope * xs, color=st.class_color(defaults.DILUTION_PRONE), linewidth=0.9,
-                      linestyle="--", label=rf"fit $\rho = {slope:.2f}\,(1 - A_\mathrm{{full}})$", zorder=2)
+                      linestyle="--", label=rf"binomial fit ({rule}) $\rho = {slope:.2f}\,(1 - A_\mathrm{{full}})$", zorder=2)
         axis.set_xlim(0, xmax)
         axis.set_ylim(bottom=-0.01)
         axis.set_xlabel(r"headroom $1 - A_\mathrm{full}$")

@@ -42,7 +42,7 @@ from pagestats.metrics.rates import (
     recovery_indicator,
     recovery_rate,
 )
-from pagestats.metrics.scaling import predict_band, scaling_fit, scaling_rows
+from pagestats.metrics.scaling import DILUTION_RULES, in_fit, predict_band, scaling_fit, scaling_rows
 
 __all__ = [
     "accuracy",
@@ -62,5 +62,7 @@ __all__ = [
     "auc_by_signal",
     "scaling_rows",
     "scaling_fit",
+    "in_fit",
+    "DILUTION_RULES",
     "predict_band",
 ]

@@ -1,7 +1,7 @@
 """The scaling relation ρ ≈ (1 − A_full)·p_recov and its pre-registered test (§5, Eq. 4).
 
 ``scaling_rows`` builds Table 25 / Fig. 9 from gated outcomes, ``scaling_fit`` is the
-through-origin slope over dilution-prone rows (≈ 0.34 in the paper), and
+through-origin slope over dilution-prone rows (a binomial GLM; ≈ 0.34 in the paper), and
 ``predict_band`` forms the pre-registered intervals of Table 21 (ratio band of the fitting
 contexts × measured headroom), to be frozen with :func:`pagestats.prereg.freeze_band`
 before the measurement is loaded. Re-exported by :mod:`pagestats.metrics`.
@@ -16,7 +16,7 @@ from pagestats.columns import input_key, require_columns
 from pagestats.metrics._frames import _by
 from pagestats.metrics.rates import recovery_rate
 
-__all__ = ["scaling_rows", "scaling_fit", "predict_band", "SCALING_BY"]
+__all__ = ["scaling_rows", "scaling_fit", "predict_band", "in_fit", "SCALING_BY", "DILUTION_RULES"]
 
 #: One row of Table 25: (model, context, task).
 SCALING_BY = ("model", "context_length", "task")
@@ -70,26 +70,41 @@ def scaling_rows(
     return out.select(cols).sort(by)
 
 
-def scaling_fit(rows: pl.DataFrame, *, select: str = "class") -> stats.FitResult:
-    """Through-origin least-squares slope of ρ on headroom (§5; Table 25; Fig. 9: ≈ 0.34).
+#: Which rows of Table 25 the scaling slope is fitted on (§5): the dilution-prone *task class*
+#: (Fig. 9's filled circles) or the measured ρ ≥ 0.05 (the table's ``dilution_prone`` column).
+DILUTION_RULES = ("task-class", "rho")
+
+
+def in_fit(rule: str) -> pl.Expr:
+    """Rows of :func:`scaling_rows` that ``rule`` counts as dilution-prone (:data:`DILUTION_RULES`)."""
+    if rule == "task-class":
+        return (pl.col("task_class") == defaults.DILUTION_PRONE).fill_null(False)
+    if rule == "rho":
+        return pl.col("dilution_prone").fill_null(False)
+    raise ValueError(f"dilution rule must be one of {DILUTION_RULES}, got {rule!r}")
+
+
+def scaling_fit(rows: pl.DataFrame, *, rule: str = defaults.DILUTION_RULE) -> stats.BinomialFitResult:
+    """The slope of ρ on headroom through the origin (§5 Eq. 4; Table 25; Fig. 9: ≈ 0.34).
+
+    A binomial GLM with an identity link (:func:`pagestats.stats.binomial_origin_fit`): each
+    row's ρ = k/n is weighted by its binomial information, so a 65-input row counts more
+    than a 15-input one. Rows with zero headroom (A_full = 1) carry no information on the
+    slope (ρ is 0 there by construction) and are left out and counted (``n_excluded``).
 
     Parameters
     ----------
     rows : polars.DataFrame
         :func:`scaling_rows` output (drop any rows to exclude beforehand, as the paper
         drops Qwen2.5-3B 4K FWE as counting noise).
-    select : {"class", "rho"}
-        Which rows are "dilution-prone": ``"class"`` = ``task_class`` is dilution-prone
-        (Fig. 9's filled circles, the default); ``"rho"`` = measured ``ρ ≥ 0.05``.
+    rule : {"task-class", "rho"}
+        Which rows are dilution-prone (:func:`in_fit`).
     """
-    if select == "class":
-        keep = pl.col("task_class") == defaults.DILUTION_PRONE
-    elif select == "rho":
-        keep = pl.col("dilution_prone")
-    else:
-        raise ValueError(f"select must be 'class' or 'rho', got {select!r}")
-    sub = rows.filter(keep & pl.col("rho").is_not_null())
-    return stats.through_origin_fit(sub["headroom"].to_numpy(), sub["rho"].to_numpy())
+    sub = rows.filter(in_fit(rule) & pl.col("rho").is_not_null())
+    zero = sub.filter(pl.col("headroom") <= 0)
+    sub = sub.filter(pl.col("headroom") > 0)
+    return stats.binomial_origin_fit(sub["headroom"].to_numpy(), sub["k"].to_numpy(), sub["n"].to_numpy(),
+                                     n_excluded=zero.height)
 
 
 def predict_band(fit_rows: pl.DataFrame, headroom: pl.DataFrame, by=("task",)) -> pl.DataFrame:

@@ -120,7 +120,8 @@ def _describe(value) -> dict | str:
 
 
 def build_report(logs, out, *, policy=None, profile=None, entries: Sequence[Entry] | None = None,
-                 formats: Sequence[str] = FIGURE_FORMATS, prereg=None) -> str:
+                 formats: Sequence[str] = FIGURE_FORMATS, prereg=None,
+                 dilution_rule: str | None = None) -> str:
     """Write every table and figure of the catalogue and the index; return the index path.
 
     The report is written to a temporary folder beside ``out`` and moved into place when
@@ -133,12 +134,13 @@ def build_report(logs, out, *, policy=None, profile=None, entries: Sequence[Entr
     if problem:
         raise ValueError(problem)
     with staged_directory(out) as staging:
-        _build_into(logs, staging, policy=policy, profile=profile, entries=entries, formats=formats, prereg=prereg)
+        _build_into(logs, staging, policy=policy, profile=profile, entries=entries, formats=formats, prereg=prereg,
+                    dilution_rule=dilution_rule)
     return str(Path(out) / "index.md")
 
 
 def _build_into(logs, out, *, policy=None, profile=None, entries: Sequence[Entry] | None = None,
-                formats: Sequence[str] = FIGURE_FORMATS, prereg=None) -> str:
+                formats: Sequence[str] = FIGURE_FORMATS, prereg=None, dilution_rule: str | None = None) -> str:
     """Write every table and figure of the catalogue and the index into ``out``; return the index path.
 
     Parameters
@@ -170,7 +172,7 @@ def _build_into(logs, out, *, policy=None, profile=None, entries: Sequence[Entry
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    ctx = Context(logs, policy=policy, profile=profile, prereg=prereg)
+    ctx = Context(logs, policy=policy, profile=profile, prereg=prereg, dilution_rule=dilution_rule)
     outcomes = []
     todo = list(catalogue() if entries is None else entries)
     with tqdm(todo, desc="report", unit="entry", file=sys.stderr, disable=None) as bar:
@@ -196,6 +198,7 @@ def _build_into(logs, out, *, policy=None, profile=None, entries: Sequence[Entry
         "headline_evictor": ctx.headline_evictor if logs.outcomes.height else None,
         "prereg": None if prereg is None else {k: v for k, v in prereg[0].items() if k != "files"},
         "pilots": _pilots(ctx),
+        "dilution_rule": ctx.dilution_rule,
         "defaults": {k: list(v) if isinstance(v, tuple) else v for k, v in defaults.as_dict().items()},
         "outputs": [dataclasses.asdict(o) for o in outcomes],
         "headline": lead.to_dicts(),

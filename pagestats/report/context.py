@@ -31,12 +31,14 @@ class Context:
     """What every entry of a report sees: the logs, the policy, the profile, and the
     replays computed once (lazily) from them."""
 
-    def __init__(self, logs, *, policy=None, profile=None, prereg=None):
+    def __init__(self, logs, *, policy=None, profile=None, prereg=None, dilution_rule=None):
         self.logs = logs
         self.policy = policy if policy is not None else FixedTau()
         self.profile = profile if profile is not None else ProfileSpec()
         #: ``(meta, band)`` of a verified frozen band (:func:`pagestats.prereg.verified_band`), or None
         self.prereg = prereg
+        #: rows the scaling slope of Fig. 9 is fitted on (:data:`pagestats.metrics.DILUTION_RULES`)
+        self.dilution_rule = dilution_rule or defaults.DILUTION_RULE
 
     @functools.cached_property
     def gate(self) -> pl.DataFrame:

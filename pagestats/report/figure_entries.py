@@ -103,7 +103,7 @@ def _fig8(ctx):
 
 def _fig9(ctx):
 
-    return rho_vs_headroom(ctx.gated.filter(pl.col("evictor") == ctx.headline_evictor))
+    return rho_vs_headroom(ctx.gated.filter(pl.col("evictor") == ctx.headline_evictor), rule=ctx.dilution_rule)
 
 
 def _fig10(ctx):

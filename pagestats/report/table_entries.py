@@ -171,7 +171,7 @@ def _entries() -> tuple[Entry, ...]:
               lambda c: t("tab24_drop_by_task_strict", drop_by_task_table(strict(c))), (needs_agreement,),
               "Mean D per task with strict-thirds bins."),
         Entry("tab25_scaling", "table", "Table 25",
-              lambda c: t("tab25_scaling", scaling_table(c.gated, evictor=c.headline_evictor)), (ev, needs_dilution_headroom),
+              lambda c: t("tab25_scaling", scaling_table(c.gated, evictor=c.headline_evictor, rule=c.dilution_rule)), (ev, needs_dilution_headroom),
               "ρ / (1 − A_full) per (model, context, task) and the through-origin slope."),
         Entry("tab27_harm", "table", "Table 27",
               lambda c: t("tab27_harm", harm_table(c.gated, evictor=c.headline_evictor)), (ev,),

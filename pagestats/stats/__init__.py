@@ -18,7 +18,7 @@ from pagestats.stats.bootstrap import (
     bootstrap_pvalue,
     cluster_bootstrap,
 )
-from pagestats.stats.fit import FitResult, through_origin_fit
+from pagestats.stats.fit import BinomialFitResult, FitResult, binomial_origin_fit, through_origin_fit
 from pagestats.stats.multitest import BHResult, bh
 from pagestats.stats.wilson import Interval, wilson
 
@@ -33,5 +33,7 @@ __all__ = [
     "bootstrap_pvalue",
     "cluster_bootstrap",
     "through_origin_fit",
+    "binomial_origin_fit",
+    "BinomialFitResult",
     "wilson",
 ]

@@ -1,8 +1,11 @@
-"""Least squares through the origin: the scaling slope ρ ≈ p_recov·(1 − A_full) (§5 Eq. 4, App. A.6.4, Table 25, Fig. 9)."""
+"""Fits through the origin for the scaling slope ρ ≈ p_recov·(1 − A_full) (§5 Eq. 4, App. A.6.4,
+Table 25, Fig. 9): the binomial GLM the report uses, and plain least squares."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import warnings
 
 import numpy as np
 
@@ -56,3 +59,68 @@ def through_origin_fit(x, y) -> FitResult:
     syy = float(ya @ ya)
     r2 = 1.0 - sse / syy if syy > 0 else float("nan")
     return FitResult(slope=slope, se=se, n=n, r2=r2)
+
+
+@dataclass(frozen=True)
+class BinomialFitResult(_Result):
+    """Binomial GLM with an identity link through the origin, ``k_i ~ Binomial(n_i, slope·x_i)``."""
+
+    slope: float
+    se: float
+    n: int
+    n_excluded: int
+    deviance: float
+    method: str = "binomial GLM, identity link, through the origin (statsmodels)"
+
+
+def binomial_origin_fit(x, k, n, *, n_excluded: int = 0) -> BinomialFitResult:
+    """Maximum-likelihood slope of ``k_i/n_i`` on ``x_i`` through the origin under binomial noise.
+
+    The scaling relation (§5 Eq. 4) is a proportion ρ = k/n per row with n from a dozen to a
+    few hundred inputs, so rows are weighted by their binomial information rather than
+    equally: ``statsmodels.GLM(endog=[k, n − k], exog=x, family=Binomial(link=Identity()))``
+    without a constant (iteratively reweighted least squares with weights
+    n_i / (μ_i(1 − μ_i)), μ_i = slope·x_i). ``se`` is the model-based standard error
+    (scale 1) and ``deviance`` the residual deviance.
+
+    Parameters
+    ----------
+    x : array_like
+        The regressor (headroom 1 − A_full); every value must be > 0.
+    k, n : array_like of int
+        Successes (recovered inputs) and trials (inputs) per row.
+    n_excluded : int
+        Rows the caller left out (e.g. zero headroom), recorded in the result.
+
+    Raises
+    ------
+    ValueError
+        Mismatched lengths, no rows, x ≤ 0, k outside [0, n], or no success at all (the
+        slope is then 0 on the boundary and its standard error undefined).
+    """
+    import statsmodels.api as sm
+    from statsmodels.tools.sm_exceptions import DomainWarning
+
+    xa = np.asarray(x, dtype=np.float64).ravel()
+    ka = np.asarray(k, dtype=np.float64).ravel()
+    na = np.asarray(n, dtype=np.float64).ravel()
+    if not xa.shape == ka.shape == na.shape:
+        raise ValueError(f"x, k and n differ in length ({xa.size}, {ka.size}, {na.size})")
+    if xa.size == 0:
+        raise ValueError("binomial_origin_fit: no rows")
+    if not np.all(np.isfinite(xa)) or np.any(xa <= 0):
+        raise ValueError("binomial_origin_fit: x must be finite and > 0 (leave zero-headroom rows out)")
+    if np.any(ka < 0) or np.any(ka > na) or np.any(na < 1):
+        raise ValueError("binomial_origin_fit: need 0 ≤ k ≤ n and n ≥ 1")
+    if ka.sum() == 0:
+        raise ValueError("binomial_origin_fit: no row has a success; the slope is 0 and its SE undefined")
+    family = sm.families.Binomial(link=sm.families.links.Identity())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DomainWarning)  # identity link: μ = slope·x stays in (0, 1) here
+        res = sm.GLM(np.column_stack([ka, na - ka]), xa[:, None], family=family).fit(
+            start_params=np.array([ka.sum() / (na * xa).sum()]))
+    slope = float(res.params[0])
+    if np.any(slope * xa >= 1.0):
+        raise ValueError("binomial_origin_fit: the fitted proportion reaches 1 on some row")
+    return BinomialFitResult(slope=slope, se=float(res.bse[0]), n=int(xa.size), n_excluded=int(n_excluded),
+                             deviance=float(res.deviance))

@@ -120,7 +120,9 @@ LAYOUTS: dict[str, Layout] = {
     "tab24_drop_by_task_strict": Layout("Table 24 — mean D per task (strict thirds)",
                                         {"p_open [95% CI]": ("p_open", "low", "high")}, notes=(_WILSON,)),
     "tab25_scaling": Layout("Table 25 — scaling verification ρ / (1 − A_full)", {"ρ [95% CI]": ("rho", "low", "high")},
-                            notes=("slope: least squares through the origin of ρ on headroom over dilution-prone rows.",)),
+                            notes=("slope: binomial GLM (identity link) through the origin of ρ on headroom, fitted on the rows each "
+                                   "rule calls dilution-prone (task class; measured ρ ≥ 0.05); rows of zero headroom are "
+                                   "left out and counted (zero_headroom_*).",)),
     "tab27_harm": Layout("Table 27 — fixed-budget harm rate, gated / plain",
                          {"gated [95% CI]": ("harm_gated", "gated_low", "gated_high"),
                           "plain [95% CI]": ("harm_plain", "plain_low", "plain_high")}, notes=(_WILSON,)),

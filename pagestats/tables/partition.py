@@ -142,31 +142,44 @@ def distractor_sweep_table(gate: pl.DataFrame, tasks: Sequence[str] = MULTIKEY_T
     return out.select(*MODEL_CELL, "task", "distractors", "n", "mean_drop", "sd_drop", "p_open", "monotone", "ratio_first_last")
 
 
-def scaling_table(gated: pl.DataFrame, *, evictor: str | None = None, select: str = "class") -> pl.DataFrame:
-    """Table 25: scaling verification ρ/(1 − A_full) per (model, context, task), with the
-    through-origin slope of ρ on headroom over dilution-prone rows (Eq. 4; Fig. 9: ≈ 0.34).
+def scaling_table(gated: pl.DataFrame, *, evictor: str | None = None, rule: str = defaults.DILUTION_RULE) -> pl.DataFrame:
+    """Table 25: scaling verification ρ/(1 − A_full) per (model, context, task), with the slope
+    of ρ on headroom through the origin (Eq. 4; Fig. 9: ≈ 0.34) under both selection rules.
+
+    The slope is a binomial GLM with an identity link (:func:`pagestats.metrics.scaling_fit`),
+    fitted on the rows each rule calls dilution-prone (``"task-class"``: the task's class;
+    ``"rho"``: measured ρ ≥ 0.05), rows of zero headroom left out and counted.
 
     Returns
     -------
     polars.DataFrame
-        :func:`pagestats.metrics.scaling_rows` columns plus ``evictor``, ``slope``,
-        ``slope_se``, ``fit_n`` (one fit, repeated on every row), ``fitted_rho`` =
-        slope × headroom and ``in_fit`` (row used by the fit).
+        :func:`pagestats.metrics.scaling_rows` columns plus ``evictor`` and, for each rule
+        (``task_class`` and ``rho`` suffixes): ``slope_*``, ``slope_se_*``, ``fit_n_*``,
+        ``zero_headroom_*`` (rows of the rule left out for zero headroom) and ``in_fit_*``
+        (the row is in that fit); a slope is NaN when its rule selects no row with a
+        recovery. ``fitted_rho`` = slope × headroom under ``rule``.
 
     References
     ----------
     PAGE §5 (Eq. 4), App. A.6.4, Table 25.
     """
     sub, ev = one_evictor(gated, evictor)
-    rows = metrics.scaling_rows(sub)
-    fit = metrics.scaling_fit(rows, select=select)
-    in_fit = (pl.col("task_class") == defaults.DILUTION_PRONE) if select == "class" else pl.col("dilution_prone")
-    return rows.with_columns(
-        pl.lit(ev).alias("evictor"),
-        pl.lit(fit.slope).alias("slope"), pl.lit(fit.se).alias("slope_se"), pl.lit(fit.n, pl.Int64).alias("fit_n"),
-        (pl.lit(fit.slope) * pl.col("headroom")).alias("fitted_rho"),
-        (in_fit & pl.col("rho").is_not_null()).fill_null(False).alias("in_fit"),
-    )
+    rows = metrics.scaling_rows(sub).with_columns(pl.lit(ev).alias("evictor"))
+    for name in metrics.DILUTION_RULES:
+        suffix = name.replace("-", "_")
+        chosen = metrics.in_fit(name) & pl.col("rho").is_not_null()
+        usable = rows.filter(chosen & (pl.col("headroom") > 0))
+        if usable.height and int(usable["k"].sum()) > 0:
+            fit = metrics.scaling_fit(rows, rule=name)
+            slope, se, n, zero = fit.slope, fit.se, fit.n, fit.n_excluded
+        else:
+            slope, se, n, zero = float("nan"), float("nan"), usable.height, rows.filter(chosen & (pl.col("headroom") <= 0)).height
+        rows = rows.with_columns(
+            pl.lit(slope, pl.Float64).alias(f"slope_{suffix}"), pl.lit(se, pl.Float64).alias(f"slope_se_{suffix}"),
+            pl.lit(n, pl.Int64).alias(f"fit_n_{suffix}"), pl.lit(zero, pl.Int64).alias(f"zero_headroom_{suffix}"),
+            (chosen & (pl.col("headroom") > 0)).fill_null(False).alias(f"in_fit_{suffix}"),
+        )
+    return rows.with_columns((pl.col(f"slope_{rule.replace('-', '_')}") * pl.col("headroom")).alias("fitted_rho"))
 
 
 #: Table 21's ``status`` when the band was not frozen beforehand.
