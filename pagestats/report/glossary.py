@@ -112,6 +112,16 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "fit_n": ("fit rows", "rows of the fit"),
     "fitted_rho": ("fitted ρ", "slope × headroom"),
     "in_fit": ("in fit", "the row is used by the fit (dilution-prone)"),
+    **{f"{col}_{rule}": (f"{head} ({label})", f"{meaning}; rows chosen by {label}")
+       for rule, label in (("task_class", "task class"), ("rho", "ρ ≥ 0.05"))
+       for col, head, meaning in (
+           ("slope", "slope", "binomial GLM slope of ρ on headroom through the origin (Eq. 4)"),
+           ("slope_se", "slope SE", "model standard error of the slope"),
+           ("fit_n", "fit rows", "rows of the fit (headroom > 0)"),
+           ("zero_headroom", "zero-headroom rows", "rows left out of the fit because A_full = 1"),
+           ("in_fit", "in fit", "the row is used by the fit"))},
+    "status": ("status", "pre-registered (frozen band, checked) or a post-hoc illustration"),
+    "n_evaluated": ("n evaluated", "inputs evaluated (a held-out pilot's inputs are not)"),
     "harm_gated": ("harm gated", "share of inputs the gated arm scores below the full cache"),
     "gated_low": ("gated 95% low", "lower end of the gated harm interval"),
     "gated_high": ("gated 95% high", "upper end of the gated harm interval"),
