@@ -280,3 +280,55 @@ def test_scaling_fit_is_the_binomial_mle_with_its_se():
     assert (fit.n, fit.n_excluded) == (4, 2)
     unweighted = np.dot(h, k / n) / np.dot(h, h)  # the old least squares: a different number
     assert abs(unweighted - fit.slope) > 1e-3
+
+
+# --------------------------------------------------------------------------- equal footing, BH, n_inputs
+
+
+def _unequal_logs(tmp_path):
+    """Two evictors on 8 inputs per task, and a second input draw logged for snapkv only."""
+    common = dict(models={"m": (6, 2)}, tasks=("niah_multikey_3", "vt"), budgets=(0.25, 0.5, 1.0), with_topk=False)
+    both = synthetic_logs(**common, n_inputs=8, evictors=("snapkv", "h2o"), seed=7)
+    extra = synthetic_logs(**common, n_inputs=5, evictors=("snapkv",), draws=(1,), seed=8)
+    return load([str(d) for s, name in ((both, "both"), (extra, "extra")) for d in s.write(tmp_path / name)])
+
+
+def test_evictor_comparison_uses_identical_input_sets(tmp_path):
+    from pagestats import metrics, tables
+
+    logs = _unequal_logs(tmp_path)
+    gated = gated_outcomes(logs, FixedTau())
+    kept, left = metrics.equal_inputs(gated)
+    sets = {ev: set(part.select("run_id", "task", "input_id").unique().rows())
+            for (ev,), part in kept.partition_by(["evictor"], as_dict=True).items()}
+    assert sets["snapkv"] == sets["h2o"] and len(sets["h2o"]) == 16
+    assert dict(left.select("evictor", "n_left_out").rows()) == {"h2o": 0, "snapkv": 10}
+    # Table 2 and Table 28 report Δ on those inputs: the hand-computed mean over the common inputs
+    t2 = tables.delta_matrix_table(gated)
+    t28 = tables.bootstrap_table(gated, rng=np.random.default_rng(0), n_boot=200)
+    for ev in ("snapkv", "h2o"):
+        rows = gated.filter((pl.col("evictor") == ev) & (pl.col("budget") < 1) & (pl.col("run_id") == "syn-m-4096-d0"))
+        want = (rows["score_gated"] - rows["score_plain"]).mean()
+        for t in (t2, t28):
+            r = t.filter(pl.col("evictor") == ev).row(0, named=True)
+            assert r["delta"] == pytest.approx(want, abs=1e-12) and r["n_inputs"] == 16
+            assert r["n_left_out"] == (10 if ev == "snapkv" else 0)
+
+
+def test_no_variation_cells_leave_the_bh_family_and_n_inputs_counts_inputs(tmp_path):
+    from pagestats import metrics, stats
+
+    logs = _unequal_logs(tmp_path)
+    gated = gated_outcomes(logs, FixedTau(-1.0))  # the gate opens everywhere: gated ≡ plain, Δ ≡ 0
+    res = metrics.delta_bootstrap(gated, rng=np.random.default_rng(1), n_boot=200)
+    assert res["p_value"].is_nan().all() and (res["note"] == "no variation").all() and not res["rejected"].any()
+    mixed = pl.concat([gated.filter(pl.col("evictor") == "h2o"),
+                       gated_outcomes(logs, FixedTau(0.07)).filter(pl.col("evictor") == "snapkv")])
+    res = metrics.delta_bootstrap(mixed, rng=np.random.default_rng(1), n_boot=200)
+    h2o = res.filter(pl.col("evictor") == "h2o").row(0, named=True)
+    snap = res.filter(pl.col("evictor") == "snapkv").row(0, named=True)
+    assert np.isnan(h2o["p_value"]) and np.isnan(h2o["p_adjusted"])
+    assert snap["p_adjusted"] == pytest.approx(stats.bh(np.array([snap["p_value"]])).adjusted[0])  # a family of one
+    # n_inputs counts distinct inputs, not input × evictor
+    by_task = metrics.delta(gated, by=("model", "task"))
+    assert dict(by_task.select("task", "n_inputs").rows()) == {"niah_multikey_3": 13, "vt": 13}

@@ -32,6 +32,7 @@ from pagestats.metrics.delta import (
     delta,
     delta_bootstrap,
     delta_of_f,
+    equal_inputs,
     oracle_gap,
 )
 from pagestats.metrics.memory import compression, full_cache_gib, kept_kv, kv_bytes_per_token, static_batching
@@ -46,6 +47,7 @@ from pagestats.metrics.scaling import DILUTION_RULES, in_fit, predict_band, scal
 
 __all__ = [
     "accuracy",
+    "equal_inputs",
     "recovery_rate",
     "harm_rate",
     "recovery_indicator",

@@ -10,16 +10,54 @@ import numpy as np
 import polars as pl
 
 from pagestats import defaults, formulas, stats
-from pagestats.columns import MATRIX_CELL, input_key
+from pagestats.columns import MATRIX_CELL, MODEL_CELL, input_key, require_columns
 from pagestats.metrics._frames import _outcome_rows, _uniq, _unit_key
+from pagestats.schema import INPUT_KEY
 
 __all__ = [
+    "equal_inputs",
     "accuracy",
     "delta",
     "delta_bootstrap",
     "delta_of_f",
     "oracle_gap",
 ]
+
+
+def equal_inputs(frame: pl.DataFrame, by=MODEL_CELL, across: str = "evictor",
+                 reference=defaults.EVICTORS) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Put the cells compared side by side on the same inputs.
+
+    Within each group of ``by`` (default a (model, context) cell), the cells are the values of
+    ``across`` (default the evictors of Table 2). The compared inputs are those that every
+    ``reference`` cell of the group holds (default the paper's four evictors, §4; every cell
+    when none of them is logged); every cell keeps only those inputs, so a difference between
+    two cells is never a difference of inputs (e.g. a second input draw logged for SnapKV only).
+    A cell outside ``reference`` that lacks some of them (a baseline run on a few inputs)
+    keeps the ones it has; its ``n_inputs`` shows it.
+
+    Returns
+    -------
+    (polars.DataFrame, polars.DataFrame)
+        The rows of ``frame`` on the compared inputs, and per (``by``, ``across``) how many of
+        its inputs were left out: ``by``, ``across``, ``n_left_out``.
+    """
+    by = [by] if isinstance(by, str) else list(by)
+    require_columns(frame, [*by, across, *INPUT_KEY], "equal_inputs")
+    key = [c for c in INPUT_KEY if c not in by]  # by may hold task (Table 29's cells)
+    units = frame.select(*by, across, *key).unique()
+    names = units.select(*by, across).unique()
+    ref = names.filter(pl.col(across).is_in(list(reference or [])))
+    ref = ref.vstack(names.join(ref.select(by).unique(), on=by, how="anti", nulls_equal=True))  # groups without one
+    ref_units = units.join(ref, on=[*by, across], how="semi", nulls_equal=True)
+    n_ref = ref.group_by(by).agg(pl.len().alias("_cells"))
+    common = (ref_units.group_by([*by, *key]).agg(pl.len().alias("_in"))
+              .join(n_ref, on=by, nulls_equal=True).filter(pl.col("_in") == pl.col("_cells")).select(*by, *key))
+    kept = frame.join(common, on=[*by, *key], how="semi", nulls_equal=True)
+    left = units.join(common, on=[*by, *key], how="anti", nulls_equal=True).group_by([*by, across]).agg(
+        pl.len().cast(pl.Int64).alias("n_left_out"))
+    counts = names.join(left, on=[*by, across], how="left", nulls_equal=True)
+    return kept, counts.with_columns(pl.col("n_left_out").fill_null(0)).sort([*by, across])
 
 
 def accuracy(frame: pl.DataFrame, by=(*MATRIX_CELL, "budget")) -> pl.DataFrame:
@@ -31,12 +69,12 @@ def accuracy(frame: pl.DataFrame, by=(*MATRIX_CELL, "budget")) -> pl.DataFrame:
     Returns
     -------
     polars.DataFrame
-        ``by`` columns, ``acc_full``, ``acc_plain``, ``acc_gated``, ``delta``, ``n_inputs`` (units).
+        ``by`` columns, ``acc_full``, ``acc_plain``, ``acc_gated``, ``delta``, ``n_inputs`` (distinct inputs).
     """
     rows, by = _outcome_rows(frame, by, ["score_full", "score_plain", "score_gated"], "accuracy", include_full=True)
     out = rows.group_by(by).agg(
         *(formulas.expr(sql).alias(name) for name, sql in formulas.ACCURACY.items()),
-        pl.struct(_unit_key(rows)).n_unique().cast(pl.Int64).alias("n_inputs"),
+        pl.struct(input_key(rows)).n_unique().cast(pl.Int64).alias("n_inputs"),
     )
     return out.with_columns((pl.col("acc_gated") - pl.col("acc_plain")).alias("delta")).sort(by)
 
@@ -49,12 +87,12 @@ def delta(frame: pl.DataFrame, by=MATRIX_CELL) -> pl.DataFrame:
     Returns
     -------
     polars.DataFrame
-        ``by`` columns, ``delta``, ``n_inputs`` (units), ``n_rows``.
+        ``by`` columns, ``delta``, ``n_inputs`` (distinct inputs, whatever the evictors pooled), ``n_rows``.
     """
     rows, by = _outcome_rows(frame, by, ["score_gated", "score_plain"], "delta")
     out = rows.group_by(by).agg(
         formulas.expr(formulas.PAIRED_DIFFERENCE).mean().alias("delta"),
-        pl.struct(_unit_key(rows)).n_unique().cast(pl.Int64).alias("n_inputs"),
+        pl.struct(input_key(rows)).n_unique().cast(pl.Int64).alias("n_inputs"),
         pl.len().cast(pl.Int64).alias("n_rows"),
     )
     return out.sort(by)
@@ -83,7 +121,8 @@ def delta_bootstrap(
     -------
     polars.DataFrame
         ``by`` columns, ``delta``, ``low``, ``high``, ``p_value``, ``p_adjusted``,
-        ``rejected``, ``n_inputs``, ``n_budgets``, ``n_boot``.
+        ``rejected``, ``n_inputs``, ``n_budgets``, ``n_boot``, ``note`` ("one input" or "no
+        variation": p is NaN and the cell is left out of the BH family; else null).
 
     Raises
     ------
@@ -120,7 +159,8 @@ def _bootstrap_table(keys, cells, inputs, by_schema, *, rng, n_boot, confidence_
     if not cells:
         schema = {**by_schema, "delta": pl.Float64, "low": pl.Float64,
                   "high": pl.Float64, "p_value": pl.Float64, "p_adjusted": pl.Float64,
-                  "rejected": pl.Boolean, "n_inputs": pl.Int64, "n_budgets": pl.Int64, "n_boot": pl.Int64}
+                  "rejected": pl.Boolean, "n_inputs": pl.Int64, "n_budgets": pl.Int64, "n_boot": pl.Int64,
+                  "note": pl.String}
         return pl.DataFrame(schema=schema)
     res = stats.cluster_bootstrap(
         cells, rng=rng, n_boot=n_boot, confidence_level=confidence_level, shared_inputs=shared_inputs
@@ -136,6 +176,9 @@ def _bootstrap_table(keys, cells, inputs, by_schema, *, rng, n_boot, confidence_
         pl.Series("n_inputs", res.n_inputs),
         pl.Series("n_budgets", res.n_budgets),
         pl.lit(res.n_boot, pl.Int64).alias("n_boot"),
+    ).with_columns(
+        pl.when(pl.col("n_inputs") == 1).then(pl.lit("one input"))
+        .when(pl.col("p_value").is_nan()).then(pl.lit("no variation")).otherwise(pl.lit(None, pl.String)).alias("note"),
     )
 
 

@@ -73,7 +73,8 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "ordered": ("ordered", "the margin is positive"),
     "capacity_max": ("max capacity-bound mean D", "largest capacity-bound task mean of D"),
     "dilution_min": ("min dilution-prone mean D", "smallest dilution-prone task mean of D"),
-    "note": ("note", "remark on the subset"),
+    "note": ("note", "why a value is missing: a layer subset that cannot be computed, or a bootstrap cell with "
+             "one input or no variation (p is NaN and the cell is left out of the BH family)"),
     "acc_full": ("accuracy full KV", "mean score with the full cache"),
     "acc_plain": ("accuracy plain", "mean score of plain eviction"),
     "acc_gated": ("accuracy gated", "mean score of the gated arm (Eq. 2)"),
@@ -120,6 +121,7 @@ COLUMNS: dict[str, tuple[str, str]] = {
            ("fit_n", "fit rows", "rows of the fit (headroom > 0)"),
            ("zero_headroom", "zero-headroom rows", "rows left out of the fit because A_full = 1"),
            ("in_fit", "in fit", "the row is used by the fit"))},
+    "n_left_out": ("n left out", "inputs of the cell left out so that the compared cells hold the same inputs"),
     "status": ("status", "pre-registered (frozen band, checked) or a post-hoc illustration"),
     "n_evaluated": ("n evaluated", "inputs evaluated (a held-out pilot's inputs are not)"),
     "harm_gated": ("harm gated", "share of inputs the gated arm scores below the full cache"),

@@ -249,11 +249,11 @@ def cluster_bootstrap(
     by the data).
 
     Interval: ``numpy.quantile`` (linear) of Δ* at ``α/2`` and ``1 − α/2``. p-value:
-    :func:`bootstrap_pvalue` of Δ* against 0. Degenerate cells: all differences equal →
-    every Δ* equals Δ, the interval is ``[Δ, Δ]`` (``[0, 0]`` and ``p = 1`` when they
-    are 0); **one input** → the resampling distribution is a point mass and carries no
-    information, so the interval is ``[Δ, Δ]`` and the p-value NaN (left out by
-    :func:`bh`).
+    :func:`bootstrap_pvalue` of Δ* against 0. Degenerate cells: **one input**, or **no
+    variation** (every input's mean difference equal, e.g. Δ ≡ 0 where the gate opens on
+    every input) → the resampling distribution is a point mass and carries no information,
+    so the interval is ``[Δ, Δ]`` and the p-value NaN: such a cell is no test and is left
+    out of the :func:`bh` family, consistently for both cases.
     """
     if not isinstance(rng, np.random.Generator):
         raise TypeError("rng must be a numpy.random.Generator (np.random.default_rng(seed))")
@@ -279,7 +279,8 @@ def cluster_bootstrap(
         est.append(c.mean())
         low.append(lo)
         high.append(hi)
-        pval.append(np.nan if c.shape[0] == 1 else float(bootstrap_pvalue(reps)))
+        means = c.mean(axis=1)
+        pval.append(np.nan if np.ptp(means) == 0 else float(bootstrap_pvalue(reps)))  # one input, or no variation
         if return_replicates:
             reps_all.append(reps)
 

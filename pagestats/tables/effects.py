@@ -54,7 +54,10 @@ def delta_matrix_table(gated: pl.DataFrame) -> pl.DataFrame:
         tasks excluded; null when only capacity-bound tasks are logged), ``n_inputs``,
         ``p_open_rest`` (gate-open fraction on the non-capacity-bound inputs) and
         ``identical`` (the gate opens on every non-capacity-bound input, so there gated ≡
-        plain exactly and ``delta_rest`` is 0 by construction; the paper's † rows).
+        plain exactly and ``delta_rest`` is 0 by construction; the paper's † rows), and
+        ``n_left_out``: the evictors of a (model, context) are compared on the same inputs
+        (:func:`pagestats.metrics.equal_inputs`), and this many of the cell's logged inputs
+        are not among them.
 
     References
     ----------
@@ -62,6 +65,7 @@ def delta_matrix_table(gated: pl.DataFrame) -> pl.DataFrame:
     excluding NIAH-MK3, exactly 0.000 in 8 of 16 cells), App. A.4.1, Table 12.
     """
     by = list(MATRIX_CELL)
+    gated, left = metrics.equal_inputs(gated)
     full = metrics.delta(gated, by=by)
     rest_rows = gated.filter(~_CAP)
     rest = metrics.delta(rest_rows, by=by).select(*by, pl.col("delta").alias("delta_rest")) if rest_rows.height else None
@@ -70,8 +74,8 @@ def delta_matrix_table(gated: pl.DataFrame) -> pl.DataFrame:
         out = out.join(rest, on=by, how="left")
     else:
         out = out.with_columns(pl.lit(None, pl.Float64).alias("delta_rest"))
-    out = out.join(_rest_open(gated, by), on=by, how="left")
-    return out.select(*by, "delta", "delta_rest", "n_inputs", "p_open_rest", "identical").sort(by)
+    out = out.join(_rest_open(gated, by), on=by, how="left").join(left, on=by, how="left")
+    return out.select(*by, "delta", "delta_rest", "n_inputs", "n_left_out", "p_open_rest", "identical").sort(by)
 
 
 def delta_by_task_table(gated: pl.DataFrame) -> pl.DataFrame:
@@ -86,6 +90,7 @@ def delta_by_task_table(gated: pl.DataFrame) -> pl.DataFrame:
         :func:`delta_matrix_table`).
     """
     by = [*MATRIX_CELL, "task", "task_class"]
+    gated, _ = metrics.equal_inputs(gated)  # the evictors of a cell on the same inputs, as Table 2
     d = metrics.delta(gated, by=by)
     po = metrics.p_open(gated, by=[*MODEL_CELL, "task"]).select(*MODEL_CELL, "task", "p_open")
     out = d.join(po, on=[*MODEL_CELL, "task"], how="left").join(_rest_open(gated, list(MATRIX_CELL)), on=list(MATRIX_CELL), how="left")
@@ -108,7 +113,7 @@ def budget_axis_table(gated: pl.DataFrame) -> pl.DataFrame:
     """
     by = [*MATRIX_CELL, "budget"]
     require_columns(gated, [*by, "score_full", "score_plain", "score_gated"], "budget_axis_table")
-    rows = gated.filter(pl.col("budget") < 1.0)
+    rows, _ = metrics.equal_inputs(gated.filter(pl.col("budget") < 1.0))  # evictors on the same inputs
     acc = rows.group_by(by).agg(
         pl.col("score_full").mean().alias("acc_full"), pl.col("score_plain").mean().alias("acc_plain"),
         pl.col("score_gated").mean().alias("acc_gated"),
@@ -158,6 +163,7 @@ def best_evictor_table(gated: pl.DataFrame) -> pl.DataFrame:
         gain`` (= acc_best_gated − acc_best_plain), ``n_evictors``.
     """
     require_columns(gated, [*MATRIX_CELL, "budget", "score_plain", "score_gated"], "best_evictor_table")
+    gated, _ = metrics.equal_inputs(gated)  # the best evictor is chosen on the same inputs for all
     acc = gated.filter(pl.col("budget") < 1.0).group_by(list(MATRIX_CELL)).agg(
         pl.col("score_plain").mean().alias("plain"), pl.col("score_gated").mean().alias("gated"))
     acc = acc.sort([*MODEL_CELL, "evictor"])
@@ -295,14 +301,23 @@ def bootstrap_table(gated: pl.DataFrame, *, rng: np.random.Generator, by=MATRIX_
     -------
     polars.DataFrame
         :func:`pagestats.metrics.delta_bootstrap` columns (``delta, low, high, p_value,
-        p_adjusted, rejected, n_inputs, n_budgets, n_boot``) and ``excludes_zero``.
+        p_adjusted, rejected, n_inputs, n_budgets, n_boot, note``; a cell without variation
+        has p = NaN, note "no variation", and is left out of the BH family), ``n_left_out``
+        (with ``evictor`` in ``by``: the evictors of a group are compared on the same inputs,
+        :func:`pagestats.metrics.equal_inputs`) and ``excludes_zero``.
 
     References
     ----------
     PAGE App. A.7.2, Tables 28–29 (10,000 replicates, 2.5–97.5 percentiles, BH at q = 0.05).
     """
     sub = gated if tasks is None else gated.filter(pl.col("task").is_in(list(tasks)))
+    by = list(by)
+    left = None
+    if "evictor" in by:  # cells that differ by evictor are compared on the same inputs
+        sub, left = metrics.equal_inputs(sub, by=[c for c in by if c != "evictor"])
     out = metrics.delta_bootstrap(sub, by=by, rng=rng, n_boot=n_boot, confidence_level=confidence_level, q=q)
+    if left is not None:
+        out = out.join(left, on=[c for c in left.columns if c != "n_left_out"], how="left")
     return out.with_columns(((pl.col("low") > 0) | (pl.col("high") < 0)).alias("excludes_zero"))
 
 
