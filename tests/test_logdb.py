@@ -199,3 +199,21 @@ def test_delta_bootstrap_table_bit_identical(written):
     assert_frame_equal(shared, metrics.delta_bootstrap(gated_outcomes(logs, policy), ("evictor",),
                                                        rng=np.random.default_rng(7), n_boot=500, shared_inputs=True),
                        check_dtypes=False)
+
+
+def test_validate_paths_run_by_run_finds_the_same_problems(tmp_path):
+    from pagestats.io import validate_paths
+    from pagestats.io.load import _load, _runs_apart
+
+    s = synthetic_logs(models={"a": (6, 4), "b": (6, 4), "c": (6, 4)}, n_inputs=3, tasks=("niah_multikey_3", "vt"),
+                       evictors=("snapkv",), budgets=(0.5, 1.0), with_topk=False, seed=6)  # fmt: skip
+    runs = [str(r) for r in s.write(tmp_path)]
+    for i, path in enumerate(sorted(tmp_path.glob("*/outcomes/*.parquet"))[:2]):
+        frame = pl.read_parquet(path)
+        bad = pl.when(pl.int_range(pl.len()) == i).then(-0.5).otherwise(pl.col("score")).alias("score")
+        frame.with_columns(bad).write_parquet(path)
+    assert _runs_apart(runs) is not None and _runs_apart(runs[:1]) is None
+    apart = validate_paths(runs)
+    together = _load(runs, (), "analysis")[1]
+    assert sorted(map(str, apart)) == sorted(map(str, together))
+    assert sum("score outside [0, 1]" in str(p) for p in apart) == 2

@@ -27,8 +27,7 @@ import duckdb
 import polars as pl
 
 from pagestats import schema
-from pagestats.io.discovery import _Discovery
-from pagestats.io.load import HEAVY_COLUMNS, FileRecord, Logs, load
+from pagestats.io.load import HEAVY_COLUMNS, FileRecord, Logs, _runs_apart, _same_run_id, load
 from pagestats.io.validation.problems import LogError, Problem
 
 #: DuckDB's memory limit for the queries of a :class:`LogDB` (beyond it, operators spill).
@@ -139,31 +138,22 @@ class LogDB:
 def _validated(paths: list[str]) -> tuple[dict, list[FileRecord], pl.DataFrame]:
     """Manifests, file records and task classes of the validated logs (:class:`LogError` otherwise).
 
-    When every file lies in a whole run directory, each run is loaded and checked on its own
-    (no rule relates rows of two runs: every key starts with run_id) and dropped before the
-    next; the run_ids must then be distinct across runs. Otherwise all files are loaded at once.
+    Several whole run directories are loaded and checked one at a time
+    (:func:`pagestats.io.load._runs_apart`) and each dropped before the next; otherwise all
+    files are loaded at once.
     """
-    disc = _Discovery()
-    for p in paths:
-        disc.add(p)
-    runs = list(disc.runs.values())
-    by_run = (
-        not disc.problems and len(runs) > 1 and all(r.full and r.info is not None for r in runs)
-        and all(src.run is not None and src.run.full for src in disc.sources.values())
-    )
-    groups = [(r, [r.dir]) for r in sorted(runs, key=lambda r: r.dir)] if by_run else [(None, list(paths))]
+    runs = _runs_apart(paths)
+    groups = [(r, [r.dir]) for r in runs] if runs is not None else [(None, list(paths))]
     problems: list[Problem] = []
     manifests: dict[str, dict] = {}
     files: list[FileRecord] = []
     classes = []
     seen: dict[str, str] = {}
     for run, group in groups:
-        if run is not None:
-            if run.info.run_id in seen:
-                problems.append(Problem(run.manifest_path, None, f"run_id {run.info.run_id!r} is also the run_id "
-                                                                 f"of {seen[run.info.run_id]}"))
-                continue
-            seen[run.info.run_id] = run.manifest_path
+        dup = _same_run_id(run, seen) if run is not None else None
+        if dup is not None:
+            problems.append(dup)
+            continue
         try:
             logs = load(group, strict=True)
         except LogError as err:

@@ -342,16 +342,58 @@ def _check_against_manifests(disc: _Discovery, sources: list[_Source], digests: 
     return problems, missing_tables
 
 
+def _runs_apart(paths) -> list | None:
+    """The runs named by ``paths``, sorted by directory, when there are several and every file
+    lies in one of them, named whole (else ``None``).
+
+    No rule relates the rows of two runs (every key starts with run_id, and a row carrying
+    another run's run_id is reported in its own file), so such runs can be validated one at
+    a time, in the memory of the largest; only the run_ids must be compared across them.
+    """
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    disc = _Discovery()
+    for p in paths:
+        disc.add(p)
+    runs = list(disc.runs.values())
+    apart = (
+        not disc.problems and len(runs) > 1 and all(r.full and r.info is not None for r in runs)
+        and all(src.run is not None and src.run.full for src in disc.sources.values())
+    )
+    return sorted(runs, key=lambda r: r.dir) if apart else None
+
+
+def _same_run_id(run, seen: dict[str, str]) -> Problem | None:
+    """The problem of a run whose run_id an earlier run already has (and record it otherwise)."""
+    other = seen.setdefault(run.info.run_id, run.manifest_path)
+    if other == run.manifest_path:
+        return None
+    return Problem(run.manifest_path, None, f"run_id {run.info.run_id!r} is also the run_id of {other}")
+
+
 def validate_paths(paths: Sequence[str]) -> list[Problem]:
     """Every problem of the logs at ``paths`` (run directories, parquet/jsonl files, globs).
 
     Runs every rule of :mod:`pagestats.io.validation` and never stops at the first problem.
-    Returns an empty list when the logs are valid.
+    Returns an empty list when the logs are valid. Several whole run directories are checked
+    one run at a time (:func:`_runs_apart`), so memory grows with the largest run, not with
+    the release; the problems are then listed run by run.
     """
-    try:
-        _, problems = _load(paths, (), "analysis")
-    except LogError as err:  # pragma: no cover - only exclusions raise, and there are none
-        return err.problems
+    runs = _runs_apart(paths)
+    groups = [[r.dir] for r in runs] if runs is not None else [paths]
+    problems: list[Problem] = []
+    seen: dict[str, str] = {}
+    for i, group in enumerate(groups):
+        if runs is not None:
+            dup = _same_run_id(runs[i], seen)
+            if dup is not None:
+                problems.append(dup)
+                continue
+        try:
+            _, found = _load(group, (), "analysis")
+        except LogError as err:  # pragma: no cover - only exclusions raise, and there are none
+            found = err.problems
+        problems += found
     return problems
 
 
