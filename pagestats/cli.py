@@ -106,6 +106,16 @@ def check_options(args) -> None:
         raise ValueError("--seed applies to --pairs-fraction draws or a random/held-out pilot")
 
 
+def _draws(text: str):
+    """``--draws`` value: ``pooled`` or a draw number."""
+    text = str(text).strip()
+    if text == "pooled":
+        return text
+    if not re.fullmatch(r"[0-9]+", text):
+        raise argparse.ArgumentTypeError(f"--draws takes pooled or a draw number, got {text!r}")
+    return int(text)
+
+
 def _pilot_by(args) -> tuple[str, ...]:
     text = getattr(args, "pilot_by", None) or "model"
     return tuple(s.strip() for s in str(text).split(",") if s.strip())
@@ -316,6 +326,9 @@ def _parser() -> argparse.ArgumentParser:
                    "every-4, early-only, first-last, or a comma list / a:b range of layer indices "
                    "(default: all layers)")
     p.add_argument("--pairs-fraction", type=number(0.0, 1.0, name="--pairs-fraction"), default=None, help="fraction of head pairs kept per draw (default: every pair)")
+    p.add_argument("--draws", type=_draws, default=None, metavar="pooled|N",
+                   help="input draws (inputs.draw): N keeps draw N, pooled pools them on purpose (default: one "
+                   "row per draw, with a draw column, when the logs hold more than one)")
     p.add_argument("--pair-draws", type=number(1, MAX_DRAWS, integer=True, name="--pair-draws"), default=None,
                    help=f"random head-pair draws, averaged (default: {defaults.PAIR_DRAWS}; at most {MAX_DRAWS})")
     p.add_argument("--seed", type=number(0, MAX_SEED, integer=True, name="--seed"), default=None,
@@ -512,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             policy, profile = policy_from_args(args), profile_from_args(args)
-            table = whatif_table(logs, policy=policy, profile=profile)
+            table = whatif_table(logs, policy=policy, profile=profile, draws=args.draws)
             pilot = _pilot(logs, policy, profile)
             warnings = degenerate_messages(table, profile, args.recalibrate)
             table = filter_whatif(table, evictor=_comma_list(args.evictor), task=_comma_list(args.task),

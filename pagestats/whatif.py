@@ -43,19 +43,24 @@ WHATIF_COLUMNS = (
 GATE_FREE = ("n_inputs", "acc_full", "acc_plain", "harm_plain")
 
 
-def whatif_query(draws: list[str]) -> str:
+def whatif_query(draws: list[str], input_draws: str | int | None = None) -> str:
     """The what-if as one DuckDB query over ``outcomes`` and ``decisions`` (one join).
 
     Every aggregate is a formula of :mod:`pagestats.formulas` and the gated arm is
     :data:`~pagestats.formulas.SCORE_GATED` / :data:`~pagestats.formulas.N_KEPT_GATED`,
     the same SQL text that polars evaluates in :mod:`pagestats.metrics` and
-    :func:`pagestats.replay.gated_outcomes`.
+    :func:`pagestats.replay.gated_outcomes`. ``input_draws``: ``"split"`` adds the input draw
+    (``inputs.draw``) to the cell keys, an integer keeps only that draw's inputs, ``None``
+    pools whatever is there.
     """
-    cell = ", ".join(WHATIF_CELL)
+    cell = ", ".join([*WHATIF_CELL, *(["draw"] if input_draws == "split" else [])])
     key = ", ".join(INPUT_KEY)
     held = " AND ".join(f"h.{c} = o.{c}" for c in INPUT_KEY)
     draw = ", ".join(f"d.{c}" for c in draws)
     acc = ", ".join(f"{sql} AS {name}" for name, sql in formulas.ACCURACY.items())
+    draw_col = ", x.draw" if input_draws == "split" else ""
+    draw_join = f" LEFT JOIN (SELECT {key}, draw FROM inputs) x USING ({key})" if input_draws is not None else ""
+    draw_where = f" AND x.draw = {int(input_draws)}" if isinstance(input_draws, int) else ""
     per_draw = f"""
         SELECT {cell}{", " + ", ".join(draws) if draws else ""}, count(*) AS n_inputs, {acc},
             {formulas.harm_count("score_plain")} / count(*) AS harm_plain,
@@ -63,11 +68,11 @@ def whatif_query(draws: list[str]) -> str:
             {formulas.OPEN_COUNT} / count(*) AS p_open,
             avg({formulas.kept_fraction("n_kept_gated")}) AS kept_kv
         FROM (
-            SELECT d.model, d.context_length, o.evictor, o.task, o.budget{", " + draw if draws else ""},
+            SELECT d.model, d.context_length, o.evictor, o.task, o.budget{", " + draw if draws else ""}{draw_col},
                 d.full_score AS score_full, o.score AS score_plain, {SCORE_GATED} AS score_gated,
                 {N_KEPT_GATED} AS n_kept_gated, n_tokens, gate_open
-            FROM outcomes o LEFT JOIN decisions d USING ({key})
-            WHERE NOT EXISTS (SELECT 1 FROM held_out h WHERE {held})  -- a held-out pilot is not evaluated
+            FROM outcomes o LEFT JOIN decisions d USING ({key}){draw_join}
+            WHERE NOT EXISTS (SELECT 1 FROM held_out h WHERE {held}){draw_where}  -- a held-out pilot is not evaluated
         )
         GROUP BY ALL"""
     if not draws:
@@ -88,7 +93,15 @@ DEGENERATE_QUERY = """
     FROM decisions GROUP BY ALL"""
 
 
-def whatif_table(logs, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec()) -> pl.DataFrame:
+def input_draws(con) -> list[int]:
+    """The input draws (``inputs.draw``, the seed of the input draw) of the logs on ``con``."""
+    if "draw" not in [row[0] for row in con.sql("DESCRIBE inputs").fetchall()]:
+        return []
+    return [row[0] for row in con.sql("SELECT DISTINCT draw FROM inputs ORDER BY draw").fetchall()]
+
+
+def whatif_table(logs, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec(), *,
+                 draws: str | int | None = None) -> pl.DataFrame:
     """Per (model, context_length, evictor, task, budget): accuracy, Δ, harm, p_open, kept-KV.
 
     Parameters
@@ -118,6 +131,11 @@ def whatif_table(logs, policy: Policy = FixedTau(), profile: ProfileSpec = Profi
     column is computed per draw and then averaged over the draws (equal weight);
     :data:`GATE_FREE` columns do not depend on the gate and equal the draw-free values.
 
+    ``draws`` says what to do with input draws (``inputs.draw``, e.g. a second draw of some
+    tasks): by default, when more than one is logged, each row is one draw's and a ``draw``
+    column (last) says which; ``"pooled"`` pools them on purpose (``draw`` is then null);
+    an integer keeps that draw's inputs only (the gate is still calibrated on every input).
+
     ``degenerate`` is True on every row of a (model, context_length) cell whose gate is
     open on none or on all of its inputs (over every head-pair draw): there the gate is no
     gate, the "gated" arm is plain full-KV fallback (or plain eviction), and Δ measures the
@@ -125,11 +143,17 @@ def whatif_table(logs, policy: Policy = FixedTau(), profile: ProfileSpec = Profi
     """
     con = replay_sql.connect(logs)
     try:
-        draws = replay_sql.decide(con, logs, policy, profile)
-        table = con.sql(whatif_query(draws)).pl()
+        present = input_draws(con)
+        if draws not in (None, "pooled") and (isinstance(draws, bool) or draws not in present):
+            raise ValueError(f"--draws takes pooled or one of the logged input draws {present}, got {draws!r}")
+        mode = draws if draws not in (None, "pooled") else ("split" if draws is None and len(present) > 1 else None)
+        pair_draws = replay_sql.decide(con, logs, policy, profile)
+        table = con.sql(whatif_query(pair_draws, mode)).pl()
         cells = con.sql(DEGENERATE_QUERY).pl()
     finally:
         con.close()
+    if draws == "pooled" and len(present) > 1:
+        table = table.with_columns(pl.lit(None, pl.Int64).alias("draw"))  # null: the draws are pooled
     orphans = table.filter(pl.col("model").is_null())
     if orphans.height:
         raise ValueError(f"{int(orphans['n_inputs'].sum())} outcome row(s) have no input row")
@@ -142,6 +166,7 @@ def whatif_table(logs, policy: Policy = FixedTau(), profile: ProfileSpec = Profi
         ),
         pl.struct(MODEL_CELL).is_in(cells.filter("degenerate").select(pl.struct(MODEL_CELL)).to_series().implode())
         .alias("degenerate"),
+        *([pl.col("draw").cast(pl.Int64)] if "draw" in table.columns else []),
     )
 
 
@@ -180,6 +205,8 @@ def whatif_summary(table: pl.DataFrame, by=MATRIX_CELL) -> pl.DataFrame:
     unknown = [k for k in by if k not in WHATIF_CELL]
     if not by or unknown or len(set(by)) != len(by):
         raise ValueError(f"--by takes distinct keys among {', '.join(WHATIF_CELL)}; got {','.join(by) or 'nothing'}")
+    if "draw" in table.columns and table["draw"].null_count() < table.height and "draw" not in by:
+        by = [*by, "draw"]  # input draws are summarised apart unless pooled on purpose (--draws pooled)
     rows = table if "budget" in by else table.filter(pl.col("budget") < 1.0)
     if rows.height == 0:
         raise ValueError("no rows with an eviction budget b < 1 to summarise")

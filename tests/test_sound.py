@@ -332,3 +332,21 @@ def test_no_variation_cells_leave_the_bh_family_and_n_inputs_counts_inputs(tmp_p
     # n_inputs counts distinct inputs, not input × evictor
     by_task = metrics.delta(gated, by=("model", "task"))
     assert dict(by_task.select("task", "n_inputs").rows()) == {"niah_multikey_3": 13, "vt": 13}
+
+
+def test_whatif_input_draws_are_split_pooled_on_purpose_or_chosen(tmp_path, capsys):
+    logs = _unequal_logs(tmp_path)  # draw 0: 8 inputs per task (snapkv, h2o); draw 1: 5 per task (snapkv)
+    split = whatif_table(logs)
+    assert split.columns[-1] == "draw" and sorted(split["draw"].unique().to_list()) == [0, 1]
+    snap = split.filter((pl.col("evictor") == "snapkv") & (pl.col("task") == "vt") & (pl.col("budget") == 0.5))
+    assert dict(snap.select("draw", "n_inputs").rows()) == {0: 8, 1: 5}
+    pooled = whatif_table(logs, draws="pooled")
+    row = pooled.filter((pl.col("evictor") == "snapkv") & (pl.col("task") == "vt") & (pl.col("budget") == 0.5))
+    assert row["n_inputs"].to_list() == [13] and row["draw"].null_count() == 1
+    # pooled accuracy is the input-weighted mean of the two draws' (by hand)
+    assert row["acc_plain"][0] == pytest.approx((snap["acc_plain"] * snap["n_inputs"]).sum() / 13, abs=1e-12)
+    one = whatif_table(logs, draws=1)
+    assert "draw" not in one.columns and set(one["evictor"]) == {"snapkv"} and (one["n_inputs"] == 5).all()
+    runs = [str(p) for p in sorted(tmp_path.glob("*/syn-*"))]
+    assert main(["whatif", *runs, "--draws", "7"]) == 2
+    assert "logged input draws [0, 1]" in capsys.readouterr().err

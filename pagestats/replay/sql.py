@@ -77,7 +77,7 @@ def connect(logs) -> duckdb.DuckDBPyConnection:
     if outcomes.select(pl.struct(*INPUT_KEY, "evictor", "budget").is_duplicated().any()).item():
         raise ValueError("outcomes: duplicate rows for the same (input, evictor, budget)")
     con = duckdb.connect()
-    con.register("inputs", inputs.select(INPUT_COLUMNS))
+    con.register("inputs", inputs.select(*INPUT_COLUMNS, *(["draw"] if "draw" in inputs.columns else [])))
     con.register("outcomes", outcomes)
     return con
 
