@@ -13,20 +13,9 @@ import polars as pl
 from pagestats import defaults, metrics, replay
 from pagestats.figures import decision_frontier, decision_frontier_data
 from pagestats.report.context import Context
-from pagestats.tables import Layout
+from pagestats.tables import LAYOUTS
 
 _CACHE: "weakref.WeakKeyDictionary[Context, pl.DataFrame]" = weakref.WeakKeyDictionary()
-
-#: Layout of the frontier table.
-DECISION_LAYOUT = Layout(
-    "Decision table — the accuracy–memory frontier over τ and budgets, per evictor",
-    decimals=4,
-    notes=("Each row is one (τ, b) operating point on its evictor's frontier: no other (τ, b) keeps at most as "
-           "much cache with at least the accuracy. τ = −inf is plain eviction, +inf the full cache.",
-           "kv_gib = kept_kv × the full cache of one sequence: 2 × layers × KV heads × head_dim × dtype bytes × "
-           "mean prompt tokens, from the run manifests."),
-)
-
 
 def decision_taus(tau0: float) -> np.ndarray:
     """The thresholds of the decision frontier: the Fig. 6 grid, the deployed τ0, and ±∞."""
@@ -58,7 +47,8 @@ def decision_figure(ctx: Context):
 
 
 def decision_table(ctx: Context):
-    """The frontier points of every evictor, cheapest first, typeset with :data:`DECISION_LAYOUT`.
+    """The frontier points of every evictor, cheapest first, typeset with its layout in
+    :data:`pagestats.tables.LAYOUTS`.
 
     Thresholds that give the same point (same budget, accuracy and kept-KV: no input's D lies
     between them) are one row, with the range ``tau_from`` … ``tau_to``."""
@@ -67,4 +57,5 @@ def decision_table(ctx: Context):
     point = [*keys, "budget", "accuracy", "kept_kv", *(["kv_gib"] if "kv_gib" in data.columns else []), "p_open",
              "delta"]
     rows = data.group_by(point).agg(pl.col("tau").min().alias("tau_from"), pl.col("tau").max().alias("tau_to"))
-    return rows.select(*keys, "tau_from", "tau_to", *point[len(keys):]).sort([*keys, "kept_kv", "accuracy"]), DECISION_LAYOUT
+    return rows.select(*keys, "tau_from", "tau_to", *point[len(keys):]).sort([*keys, "kept_kv", "accuracy"]), \
+        LAYOUTS["tabN2_decision_frontier"]

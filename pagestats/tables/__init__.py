@@ -138,4 +138,11 @@ LAYOUTS: dict[str, Layout] = {
                                       notes=("closed_call: fewer than half of the task's inputs open; flips: differs from "
                                              "the reference pilot (100 inputs per model, held out); held-out pilots are "
                                              "evaluated on the other inputs only (n_evaluated).",)),
+    "tabN2_decision_frontier": Layout(
+        "New — the accuracy–memory frontier over τ and budgets, per evictor", {}, decimals=4,
+        notes=("Each row is one (τ, b) operating point on its evictor's frontier: no other (τ, b) keeps at most as "
+               "much cache with at least the accuracy; τ from … τ to is the range of thresholds giving it "
+               "(τ = −inf is plain eviction, +inf the full cache).",
+               "kv_gib = kept_kv × the full cache of one sequence: 2 × layers × KV heads × head_dim × dtype bytes × "
+               "mean prompt tokens, from the run manifests.")),
 }
