@@ -51,7 +51,7 @@ def build_frames(run_id="r1", seed=0):
                     "context_length": 128,
                     "task": task,
                     "input_id": input_id,
-                    "draw": 1000 + input_id,
+                    "draw": 1000,
                     "n_tokens": n_tokens,
                     "drop": float(profile.drop_from_agreement(agreement)),
                     "agreement": agreement.tolist(),

@@ -325,3 +325,20 @@ def test_null_elements_inside_lists(run, table, column):
     refresh_manifest(run)
     assert_problem(validate_paths([str(run)]), f, 2, f"{table} column {column!r} has null elements",
                    f"1 of {len(values)} elements null")
+
+
+def test_one_draw_per_run(run):
+    """A replicate is a run (App. A.7.3): a second draw inside a run made report's draw table
+    pair every input with both draws (found by the fuzz test)."""
+    f = run / "inputs" / "part-0000.parquet"
+    frame = pl.read_parquet(f).with_columns(
+        pl.when(pl.int_range(pl.len()) == 4).then(-(2**40)).otherwise(pl.col("draw")).alias("draw"))
+    schema.write_parquet("inputs", frame, f)
+    refresh_manifest(run)
+    assert_problem(validate_paths([str(run)]), f, 4, "draw differs within the run",
+                   f"draw {-(2**40)} but the run's usual draw is 1000")
+    man = _manifest(run)
+    man["draw"] = 7
+    _write_manifest_text(run, json.dumps(man))
+    problems = validate_paths([str(run)])
+    assert sum("draw 1000 but the manifest's draw is 7" in p.message for p in problems) == N_INPUTS_ALL - 1

@@ -1,6 +1,7 @@
 """Row rules of the ``inputs`` table (docs/SCHEMA.md): scores, drop, profile lengths and values.
 
-``full_score`` in [0, 1]; ``drop`` finite; ``run_id`` and ``task`` non-empty and
+``full_score`` in [0, 1]; ``drop`` finite; one ``draw`` per run (the manifest's, when it
+has one); ``run_id`` and ``task`` non-empty and
 without ``/`` (so that an exclusion can name them); ``n_tokens`` ≥ 1; ``model``,
 ``context_length`` and ``task`` agreeing with the run's manifest; ``agreement`` length =
 manifest ``n_layers`` (else consistent within the run) and ≥ 2; ``pair_jaccard`` length
@@ -43,7 +44,7 @@ def _check_inputs(inp: pl.DataFrame, files, runs) -> list[Problem]:
     problems += emit(bad.with_columns(pl.format("n_tokens = {}", "n_tokens").alias("_d")), files, "n_tokens < 1", "_d")
 
     frame = inp.select(
-        "_file", "_row", "run_id", "task", "model", "context_length", "drop",
+        "_file", "_row", "run_id", "task", "model", "context_length", "draw", "drop",
         pl.col("agreement").list.len().alias("_L"),
         pl.col("pair_jaccard").list.len().alias("_P"),
     ).join(_run_frame(runs), on="run_id", how="left")
@@ -56,6 +57,15 @@ def _check_inputs(inp: pl.DataFrame, files, runs) -> list[Problem]:
     problems += emit(bad.with_columns(pl.format("context_length {} but the manifest says {}", "context_length",
                                                 "_context_length").alias("_d")),
                      files, "context_length differs from the manifest", "_d")
+    # one input draw per run (a replicate is a run, App. A.7.3): the manifest's draw, else the run's most common
+    usual = _mode_per_run(frame.filter(pl.col("draw").is_not_null()), "draw").rename({"draw": "_usual_draw"})
+    drawn = frame.join(usual, on="run_id", how="left").with_columns(
+        pl.coalesce("_draw", "_usual_draw").alias("_ref_draw"),
+        pl.when(pl.col("_draw").is_not_null()).then(pl.lit("the manifest's")).otherwise(pl.lit("the run's usual"))
+        .alias("_ref_src"))
+    bad = drawn.filter(pl.col("draw") != pl.col("_ref_draw"))
+    problems += emit(bad.with_columns(pl.format("draw {} but {} draw is {}", "draw", "_ref_src", "_ref_draw").alias("_d")),
+                     files, "draw differs within the run", "_d")
     for run_id, info in runs.items():
         if info.tasks is None:
             continue

@@ -42,6 +42,7 @@ class RunInfo:
     model_name: str | None = None
     context_length: int | None = None
     k_max_stored: int | None = None
+    draw: int | None = None
     files: dict[str, dict] = field(default_factory=dict)  # normalised relative path → entry
 
 
@@ -77,7 +78,7 @@ def _is_int(x) -> bool:
 
 #: Manifest fields that must be integers, with their smallest value (docs/SCHEMA.md).
 _INT_FIELDS = (
-    ("schema_version", 0), ("context_length", 1), ("seed", 0),
+    ("schema_version", 0), ("context_length", 1), ("seed", 0), ("draw", 0),
     ("model.n_layers", 2), ("model.n_heads", 2), ("model.n_kv_heads", 1), ("model.head_dim", 1),
     ("gate.w", 1), ("gate.k", 1), ("gate.k_max_stored", 0),
     ("protection.n_sink", 0), ("protection.n_recent", 0),
@@ -260,6 +261,7 @@ def check_manifest(run_dir: str | os.PathLike, manifest, manifest_path: str) -> 
         model_name=model_name,
         context_length=context_length,
         k_max_stored=k_max_stored,
+        draw=fields["draw"],
         files=files,
     )
     return info, problems
@@ -274,7 +276,8 @@ def _run_frame(runs: Mapping[str, RunInfo]) -> pl.DataFrame:
             "_model": [r.model_name for r in runs.values()],
             "_context_length": [r.context_length for r in runs.values()],
             "_k_max_stored": [r.k_max_stored for r in runs.values()],
+            "_draw": [r.draw for r in runs.values()],
         },
         schema={"run_id": pl.String, "_n_layers": pl.Int64, "_n_heads": pl.Int64, "_model": pl.String,
-                "_context_length": pl.Int64, "_k_max_stored": pl.Int64},
+                "_context_length": pl.Int64, "_k_max_stored": pl.Int64, "_draw": pl.Int64},
     )
