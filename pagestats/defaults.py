@@ -76,6 +76,8 @@ RULER_TASKS = (
 PAIR_DRAWS = 20
 #: Head-pair fractions of Table 9 (1.0 = every pair, the reference row).
 PAIR_FRACTIONS = (0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
+#: Top-k set sizes of the k sweep (App. A.3.1: k ∈ {8, 16, 32, 64, 128}; those ≤ the logged k_max run).
+K_SWEEP = (8, 16, 32, 64, 128)
 #: Pilot sizes of the pilot-sensitivity table (§3 "Calibration": the pilot is "~100 inputs").
 PILOT_SIZES = (25, 50, 100)
 #: Batch sizes of the static-batching table (App. A.6.2, Table 23).

@@ -350,3 +350,23 @@ def test_whatif_input_draws_are_split_pooled_on_purpose_or_chosen(tmp_path, caps
     runs = [str(p) for p in sorted(tmp_path.glob("*/syn-*"))]
     assert main(["whatif", *runs, "--draws", "7"]) == 2
     assert "logged input draws [0, 1]" in capsys.readouterr().err
+
+
+def test_layer_table_reports_the_gate_recalibrated_and_flags_the_fixed_tau(tmp_path):
+    from pagestats import tables
+
+    runs, keys, a = hand_built_logs(tmp_path)
+    logs = load(runs)
+    fixed = tables.layer_subset_table(logs, subsets=("all", "first-half"), recalibrate="none", pilot_n=5)
+    row = fixed.filter(pl.col("layers") == "first-half").row(0, named=True)
+    assert row["degenerate"] is True and row["p_open"] == 0.0 and row["tau_gate"] == 0.07
+    recal = tables.layer_subset_table(logs, subsets=("all", "first-half"), pilot_n=5)  # z, held-out pilot of 5
+    full = recal.filter(pl.col("layers") == "all").row(0, named=True)
+    half = recal.filter(pl.col("layers") == "first-half").row(0, named=True)
+    assert full["tau_gate"] == pytest.approx(0.07, abs=1e-12)  # the unchanged statistic keeps τ
+    assert half["degenerate"] is False and 0 < half["p_open"] < 1 and half["tau_gate"] < 0
+    policy = recalibrate(FixedTau(0.07), "z", pilot_n=5)
+    g = gate(logs, policy, ProfileSpec(layers="first-half"))
+    assert half["p_open"] == pytest.approx(g["gate_open"].mean()) and g.height == len(keys) - 5
+    small = tables.layer_subset_table(logs, subsets=("first-half",))  # 100 > 12 inputs: said, not guessed
+    assert small["tau_gate"].is_null().all() and small["recalibration"][0].startswith("not computed")

@@ -603,7 +603,8 @@ def test_registry_entries_and_skips(tmp_path):
     index = Path(report.build_report(logs, tmp_path / "out", entries=entries))
     meta = {o["name"]: o for o in json.loads((index.parent / "index.json").read_text())["outputs"]}
     skipped = {n for n, o in meta.items() if o["skipped"]}
-    assert skipped == {"tab04_distractor_sweep", "tab21_preregistered", "tab30_draws", "tabN1_pilot_sensitivity"}
+    assert skipped == {"tab04_distractor_sweep", "tab21_preregistered", "tab30_draws", "tabN1_pilot_sensitivity",
+                       "tabA31_k_sweep"}
     assert "holds out 100 inputs per model" in meta["tabN1_pilot_sensitivity"]["skipped"]
     assert "context length" in meta["tab21_preregistered"]["skipped"] and "draws" in meta["tab30_draws"]["skipped"]
     assert all("\n" not in meta[n]["skipped"] for n in skipped)

@@ -122,6 +122,9 @@ COLUMNS: dict[str, tuple[str, str]] = {
            ("zero_headroom", "zero-headroom rows", "rows left out of the fit because A_full = 1"),
            ("in_fit", "in fit", "the row is used by the fit"))},
     "n_left_out": ("n left out", "inputs of the cell left out so that the compared cells hold the same inputs"),
+    "tau_gate": ("τ of the gate", "the fixed τ carried to this statistic (recalibrated, App. A.3.1), or the fixed τ"),
+    "degenerate": ("degenerate", "the gate opens on none or on all of the cell's inputs: Δ would measure the threshold"),
+    "recalibration": ("recalibration", "how τ was carried to the changed statistic, or why it was not computed"),
     "status": ("status", "pre-registered (frozen band, checked) or a post-hoc illustration"),
     "n_evaluated": ("n evaluated", "inputs evaluated (a held-out pilot's inputs are not)"),
     "harm_gated": ("harm gated", "share of inputs the gated arm scores below the full cache"),
@@ -156,6 +159,7 @@ COLUMNS: dict[str, tuple[str, str]] = {
 #: table name → {tidy name: (header, meaning)} where a name means something else there.
 BY_TABLE: dict[str, dict[str, tuple[str, str]]] = {
     "tab01_recovery": {"k": ("n recovered", "inputs whose best plain budget b < 1 beats the full cache")},
+    "tabA31_k_sweep": {"k": ("top-k", "size of the top-k key sets the agreement a_ℓ and D are computed from")},
     "tab25_scaling": {"k": ("n recovered", "inputs whose best plain budget b < 1 beats the full cache")},
     "tab03_drop_by_task": {"tau": ("τ", "the policy's threshold for the cell's inputs")},
     "tab24_drop_by_task_strict": {"tau": ("τ", "the policy's threshold for the cell's inputs")},

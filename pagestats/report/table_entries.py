@@ -24,6 +24,7 @@ from pagestats.report.context import (
     needs_draws,
     needs_eviction_budgets,
     needs_pilot_groups,
+    needs_topk,
     needs_signals,
 )
 from pagestats.tables import (
@@ -43,6 +44,7 @@ from pagestats.tables import (
     drop_by_task_table,
     harm_table,
     head_pair_table,
+    k_sweep_table,
     layer_subset_table,
     oracle_gap_table,
     pilot_sensitivity_table,
@@ -142,6 +144,9 @@ def _entries() -> tuple[Entry, ...]:
         Entry("tab10_layers", "table", "Table 10",
               lambda c: t("tab10_layers", layer_subset_table(c.logs, profile=c.profile)), (needs_agreement, both),
               "Margin of D recomputed on layer subsets."),
+        Entry("tabA31_k_sweep", "table", "App. A.3.1", lambda c: t("tabA31_k_sweep", k_sweep_table(c.logs, profile=c.profile)),
+              (needs_agreement, both, needs_topk),
+              "Margin of D recomputed at each top-k, with the gate-open fraction at τ recalibrated with k."),
         Entry("tab12_delta_by_task", "table", "Table 12",
               lambda c: t("tab12_delta_by_task", delta_by_task_table(c.gated)), (ev,),
               "Per-task Δ for every matrix cell with gate-open fractions."),

@@ -55,6 +55,7 @@ from pagestats.tables.signal import (
     auc_table,
     calibration_table,
     head_pair_table,
+    k_sweep_table,
     layer_subset_table,
     pilot_sensitivity_table,
     signal_ablation_table,
@@ -67,7 +68,7 @@ __all__ = [
     "recovery_table", "drop_by_task_table", "distractor_sweep_table", "scaling_table", "prediction_band", "preregistered_table",
     "harm_table", "delta_matrix_table", "delta_by_task_table", "budget_axis_table", "oracle_gap_table",
     "best_evictor_table", "cross_cell_table", "compression_table", "batching_table", "bootstrap_table",
-    "draw_replicates_table", "auc_table", "signal_ablation_table", "calibration_table", "head_pair_table",
+    "draw_replicates_table", "auc_table", "signal_ablation_table", "calibration_table", "head_pair_table", "k_sweep_table",
     "layer_subset_table", "pilot_sensitivity_table",
     "MULTIKEY_TASKS",
 ]  # fmt: skip
@@ -97,7 +98,13 @@ LAYOUTS: dict[str, Layout] = {
     "tab09_head_pairs": Layout("Table 9 — head-pair subsampling", {}, decimals=4,
                                notes=("Random pair subsets per fraction; ordering = draws with a positive margin.",)),
     "tab10_layers": Layout("Table 10 — layer subsampling", {}, decimals=4,
-                           notes=("margin > 0: a single threshold still separates the classes on task means.",)),
+                           notes=("margin > 0: a single threshold still separates the classes on task means.",
+                                  "tau_gate, p_open: the gate at τ = 0.07 recalibrated to the subset (App. A.3.1); "
+                                  "degenerate: it opens on none or all inputs.")),
+    "tabA31_k_sweep": Layout("App. A.3.1 — the k sweep, τ recalibrated with k", {}, decimals=4,
+                             notes=("D recomputed from the stored top-k indices; the gate at τ = 0.07 carried to each k "
+                                    "by its z-position in the held-out pilot; degenerate: it opens on none or all "
+                                    "inputs.",)),
     "tab12_delta_by_task": Layout("Table 12 — per-task Δ for every matrix cell", {}, notes=(_DELTA,)),
     "tab13_budget_axis": Layout("Table 13 — plain vs gated accuracy per budget", {},
                                 spanners={"accuracy": ["acc_full", "acc_plain", "acc_gated"]}),

@@ -28,6 +28,7 @@ from pagestats.tables._common import (
 )
 
 __all__ = [
+    "k_sweep_table",
     "auc_table",
     "signal_ablation_table",
     "calibration_table",
@@ -42,6 +43,61 @@ def _by_statistic(logs, statistic: str, profile: replay.ProfileSpec) -> pl.DataF
     """The gate frame of ``logs`` with ``drop`` holding ``statistic`` (the policy is irrelevant)."""
     spec = replay.ProfileSpec(**{**profile.__dict__, "statistic": statistic})
     return replay.gate(logs, FixedTau(), spec)
+
+
+def _gate_at(logs, spec: replay.ProfileSpec, recalibrate: str, tau: float, pilot_n: int) -> pl.DataFrame:
+    """Per (model, context): the threshold and gate-open fraction of the fixed τ carried to the
+    statistic of ``spec`` (:func:`pagestats.replay.recalibrate`, App. A.3.1), and ``degenerate``
+    (the gate opens on none or all of the cell's inputs). ``recalibration`` names what was done;
+    when a model has too few inputs for the pilot the numbers are null and it says why."""
+    sizes = logs.inputs.group_by("model").agg(pl.struct("run_id", "task", "input_id").n_unique().alias("n"))
+    cells = logs.inputs.select(*MODEL_CELL).unique()
+    small = sizes.filter(pl.col("n") <= pilot_n) if recalibrate == "z" else sizes.head(0)
+    out = []
+    if small.height < sizes.height:
+        policy = replay.recalibrate(FixedTau(tau), recalibrate, pilot_n=pilot_n)
+        fit = LogsView(logs.inputs.join(small.select("model"), on="model", how="anti"), getattr(logs, "topk", None))
+        g = replay.gate(fit, policy, spec)
+        out.append(g.group_by(list(MODEL_CELL)).agg(
+            group_tau().alias("tau_gate"), pl.col("gate_open").mean().alias("p_open"),
+        ).with_columns(((pl.col("p_open") == 0) | (pl.col("p_open") == 1)).alias("degenerate"),
+                       pl.lit(f"{recalibrate} (fixed τ = {tau})" if recalibrate != "none" else f"none (fixed τ = {tau})")
+                       .alias("recalibration")))
+    if small.height:
+        out.append(cells.join(small.select("model"), on="model").with_columns(
+            pl.lit(None, pl.Float64).alias("tau_gate"), pl.lit(None, pl.Float64).alias("p_open"),
+            pl.lit(None, pl.Boolean).alias("degenerate"),
+            pl.format("not computed: the held-out pilot of {} inputs needs more than the model's {}",
+                      pl.lit(pilot_n), pl.col("model").replace_strict(small["model"], small["n"], return_dtype=pl.Int64))
+            .alias("recalibration")))
+    return pl.concat(out, how="vertical_relaxed").select(*MODEL_CELL, "tau_gate", "p_open", "degenerate", "recalibration")
+
+
+def k_sweep_table(logs, *, ks=defaults.K_SWEEP, recalibrate: str = "z", tau: float = defaults.TAU,
+                  pilot_n: int = defaults.PILOT_N, profile: replay.ProfileSpec = replay.ProfileSpec()) -> pl.DataFrame:
+    """The k sweep of App. A.3.1: D recomputed from the stored top-k indices at each k ≤ k_max,
+    its class ordering margin, and — because "any sweep of a parameter that rescales D must
+    recalibrate τ alongside it" — the gate-open fraction at the recalibrated τ with a
+    ``degenerate`` flag ("we report gate-open fractions beside every Δ in the sweep").
+
+    Returns
+    -------
+    polars.DataFrame
+        ``k, model, context_length``, :func:`~pagestats.tables._common.ordering_margin`
+        columns (``capacity_max, dilution_min, margin, ordered``), ``tau_gate``, ``p_open``,
+        ``degenerate`` and ``recalibration`` (``recalibrate="none"`` keeps the fixed τ).
+    """
+    k_max = int(logs.topk["indices"].list.len().min())
+    parts = []
+    for k in (k for k in ks if k <= k_max):
+        spec = replay.ProfileSpec(**{**profile.__dict__, "k": int(k)})
+        margins = ordering_margin(task_means(replay.gate(logs, FixedTau(), spec), "drop"))
+        parts.append(margins.join(_gate_at(logs, spec, recalibrate, tau, pilot_n), on=list(MODEL_CELL), how="left")
+                     .with_columns(pl.lit(int(k), pl.Int64).alias("k")))
+    if not parts:
+        raise ValueError(f"k_sweep_table: no k of {list(ks)} is ≤ the logged k_max {k_max}")
+    return pl.concat(parts).select("k", *MODEL_CELL, "capacity_max", "dilution_min", "margin", "ordered", "tau_gate",
+                                   "p_open", "degenerate", "recalibration").sort(["k", *MODEL_CELL])
 
 
 def signal_names(logs) -> list[str]:
@@ -231,7 +287,8 @@ def _pairs_per_layer(logs) -> pl.DataFrame:
 
 
 def head_pair_table(logs, *, fractions: Sequence[float] = defaults.PAIR_FRACTIONS, draws: int = defaults.PAIR_DRAWS, seed: int = 0,
-                    profile: replay.ProfileSpec = replay.ProfileSpec()) -> pl.DataFrame:
+                    profile: replay.ProfileSpec = replay.ProfileSpec(), recalibrate: str = "z", tau: float = defaults.TAU,
+                    pilot_n: int = defaults.PILOT_N) -> pl.DataFrame:
     """Table 9: head-pair subsampling — margin over ``draws`` random pair subsets per fraction.
 
     Returns
@@ -241,7 +298,10 @@ def head_pair_table(logs, *, fractions: Sequence[float] = defaults.PAIR_FRACTION
         (m = max(1, round(f·P)), as :func:`pagestats.replay.pair_subsets`), ``n_draws``,
         ``margin_mean``, ``margin_min``, ``margin_max`` and ``n_ordered`` (draws whose margin
         stayed positive: Table 9's "ordering"), margin as
-        :func:`~pagestats.tables._common.ordering_margin` (capacity-bound below dilution-prone).
+        :func:`~pagestats.tables._common.ordering_margin` (capacity-bound below dilution-prone),
+        and the gate at τ recalibrated to each subsample (App. A.3.1, :func:`pagestats.replay.recalibrate`;
+        ``recalibrate="none"`` keeps the fixed τ): ``tau_gate`` (mean over draws), ``p_open``
+        (over inputs and draws), ``degenerate`` (opens on none or all) and ``recalibration``.
 
     References
     ----------
@@ -258,16 +318,19 @@ def head_pair_table(logs, *, fractions: Sequence[float] = defaults.PAIR_FRACTION
             pl.len().cast(pl.Int64).alias("n_draws"), pl.col("margin").mean().alias("margin_mean"),
             pl.col("margin").min().alias("margin_min"), pl.col("margin").max().alias("margin_max"),
             pl.col("ordered").sum().cast(pl.Int64).alias("n_ordered"),
-        ).with_columns(pl.lit(float(f)).alias("pairs_fraction")))
+        ).join(_gate_at(logs, spec, recalibrate, tau, pilot_n), on=list(MODEL_CELL), how="left")
+            .with_columns(pl.lit(float(f)).alias("pairs_fraction")))
     out = pl.concat(parts).join(pairs, on="model", how="left")
     out = out.with_columns(pl.max_horizontal(pl.lit(1), (pl.col("pairs_fraction") * pl.col("n_pairs") + 0.5).floor()
                                              .cast(pl.Int64)).alias("n_pairs_kept"))
     return out.select(*MODEL_CELL, "pairs_fraction", "n_pairs", "n_pairs_kept", "n_draws", "margin_mean",
-                      "margin_min", "margin_max", "n_ordered").sort([*MODEL_CELL, "pairs_fraction"])
+                      "margin_min", "margin_max", "n_ordered", "tau_gate", "p_open", "degenerate",
+                      "recalibration").sort([*MODEL_CELL, "pairs_fraction"])
 
 
 def layer_subset_table(logs, *, subsets: Sequence = replay.LAYER_SUBSETS,
-                       profile: replay.ProfileSpec = replay.ProfileSpec()) -> pl.DataFrame:
+                       profile: replay.ProfileSpec = replay.ProfileSpec(), recalibrate: str = "z",
+                       tau: float = defaults.TAU, pilot_n: int = defaults.PILOT_N) -> pl.DataFrame:
     """Table 10: layer subsampling — the class ordering margin of D recomputed on layer subsets.
 
     Returns
@@ -276,7 +339,9 @@ def layer_subset_table(logs, *, subsets: Sequence = replay.LAYER_SUBSETS,
         ``layers`` (subset name), ``model, context_length, n_layers`` (kept), ``margin``,
         ``ordered`` (a separating threshold still exists), ``capacity_max``,
         ``dilution_min`` and ``note`` (why a subset could not be computed for a model, e.g.
-        it keeps fewer than 2 layers; its numbers are then null).
+        it keeps fewer than 2 layers; its numbers are then null), and the gate at τ
+        recalibrated to the subset (App. A.3.1; ``recalibrate="none"`` keeps the fixed τ):
+        ``tau_gate``, ``p_open``, ``degenerate`` (opens on none or all) and ``recalibration``.
 
     References
     ----------
@@ -296,12 +361,16 @@ def layer_subset_table(logs, *, subsets: Sequence = replay.LAYER_SUBSETS,
                 sub = LogsView(inputs.filter(pl.col("model") == model), getattr(logs, "topk", None))
                 margins = ordering_margin(task_means(replay.gate(sub, FixedTau(), spec), "drop"))
                 part = margins.with_columns(pl.lit(kept, pl.Int64).alias("n_layers"), pl.lit(None, pl.String).alias("note"))
+                part = part.join(_gate_at(sub, spec, recalibrate, tau, pilot_n), on=list(MODEL_CELL), how="left")
             except ValueError as err:
                 part = cell.with_columns(pl.lit(None, pl.Int64).alias("n_layers"), pl.lit(str(err)).alias("note"),
                                          *(pl.lit(None, pl.Float64).alias(c) for c in ("capacity_max", "dilution_min", "margin")),
-                                         pl.lit(None, pl.Boolean).alias("ordered"))
+                                         pl.lit(None, pl.Boolean).alias("ordered"),
+                                         pl.lit(None, pl.Float64).alias("tau_gate"), pl.lit(None, pl.Float64).alias("p_open"),
+                                         pl.lit(None, pl.Boolean).alias("degenerate"), pl.lit(None, pl.String).alias("recalibration"))
             parts.append(part.with_columns(pl.lit(name).alias("layers")).select(
-                "layers", *MODEL_CELL, "n_layers", "margin", "ordered", "capacity_max", "dilution_min", "note"))
+                "layers", *MODEL_CELL, "n_layers", "margin", "ordered", "capacity_max", "dilution_min", "note",
+                "tau_gate", "p_open", "degenerate", "recalibration"))
     return pl.concat(parts, how="vertical_relaxed")
 
 
