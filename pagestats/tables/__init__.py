@@ -92,7 +92,9 @@ LAYOUTS: dict[str, Layout] = {
     "tab05_06_signal_ablation": Layout("Tables 5–6 — gate-signal ablation", {"AUC [95% CI]": ("auc", "low", "high")},
                                        notes=("AUC per input, capacity-bound lower orientation, DeLong interval; p from a "
                                               f"two-sided Mann–Whitney test, Benjamini–Hochberg at q = {defaults.FDR_Q}.",
-                                              "margin = min dilution-prone task mean − max capacity-bound task mean.")),
+                                              "margin = min dilution-prone task mean − max capacity-bound task mean.",
+                                              "tau_gate, p_open: the gate on the statistic at τ = 0.07 recalibrated to it "
+                                              "(App. A.3.1); degenerate: it opens on none or all inputs.")),
     "tab07_calibration": Layout("Table 7 — midpoint calibration (Eq. 5) vs fixed τ", {},
                                 spanners={"Δ": ["delta_fixed", "delta_calibrated"]}, notes=(_DELTA,)),
     "tab09_head_pairs": Layout("Table 9 — head-pair subsampling", {}, decimals=4,

@@ -177,7 +177,8 @@ def _mk_monotone(means: pl.DataFrame, by: list[str], tasks: Sequence[str]) -> pl
 def signal_ablation_table(logs, *, statistics: Sequence[str] | None = None, profile: replay.ProfileSpec = replay.ProfileSpec(),
                           exclude_from_margin: Sequence[str] = ("niah_multivalue",),
                           mk_tasks: Sequence[str] = ("niah_multikey_1", "niah_multikey_2", "niah_multikey_3"),
-                          q: float = defaults.FDR_Q) -> pl.DataFrame:
+                          q: float = defaults.FDR_Q, recalibrate: str = "z", tau: float = defaults.TAU,
+                          pilot_n: int = defaults.PILOT_N) -> pl.DataFrame:
     """Tables 5–6: gate-signal ablation over the profile statistics and the logged ``signals``.
 
     For every statistic and (model, context) cell: does a single threshold separate the
@@ -193,8 +194,10 @@ def signal_ablation_table(logs, *, statistics: Sequence[str] | None = None, prof
         dilution-prone mean: Table 6's "sep."), ``margin`` (:func:`~pagestats.tables._common.ordering_margin`,
         capacity-lower orientation), ``margin_minus`` (tasks of ``exclude_from_margin``
         left out: Table 6's "margin−"), the :func:`auc_table` columns (``auc`` … ``rejected``),
-        ``mk_monotone`` (null when an MK task is missing) and ``pearson_r`` (per-input
-        Pearson correlation with D; NaN for a constant signal).
+        ``mk_monotone`` (null when an MK task is missing), ``pearson_r`` (per-input
+        Pearson correlation with D; NaN for a constant signal), and the gate on the statistic at
+        τ recalibrated to it (App. A.3.1; ``recalibrate="none"`` keeps the fixed τ, on the
+        statistic's own scale): ``tau_gate``, ``p_open``, ``degenerate``, ``recalibration``.
 
     References
     ----------
@@ -221,6 +224,8 @@ def signal_ablation_table(logs, *, statistics: Sequence[str] | None = None, prof
         corr = pl.DataFrame(corr, schema={"model": frame.schema["model"], "context_length": frame.schema["context_length"],
                                           "pearson_r": pl.Float64, "n_inputs": pl.Int64})
         part = below.join(above, on=by).join(minus, on=by).join(mono, on=by, how="left").join(corr, on=by)
+        spec = replay.ProfileSpec(**{**profile.__dict__, "statistic": s})
+        part = part.join(_gate_at(logs, spec, recalibrate, tau, pilot_n), on=by, how="left")
         part = part.with_columns(pl.lit(s).alias("statistic"),
                                  (pl.col("ordered") | pl.col("_above")).fill_null(False).alias("separated"),
                                  pl.col("ordered").fill_null(False).alias("below"))
@@ -230,7 +235,7 @@ def signal_ablation_table(logs, *, statistics: Sequence[str] | None = None, prof
     out = out.join(order, on="statistic").sort(["_order", *by])
     return out.select("statistic", *by, "n_inputs", "separated", "below", "margin", "margin_minus", "auc", "low",
                       "high", "auc_oriented", "n_capacity", "n_dilution", "p_value", "p_adjusted", "rejected",
-                      "mk_monotone", "pearson_r")
+                      "mk_monotone", "pearson_r", "tau_gate", "p_open", "degenerate", "recalibration")
 
 
 def calibration_table(logs, *, tau: float = defaults.TAU, n: int = defaults.MIDPOINT_N,
