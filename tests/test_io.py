@@ -41,8 +41,8 @@ def build_frames(run_id="r1", seed=0):
     for task in TASKS:
         for input_id in range(N_INPUTS):
             n_tokens = int(rng.integers(100, 200))
-            agreement = rng.uniform(0.05, 0.95, L).astype(np.float32)
             pair_jaccard = rng.uniform(0, 1, L * H * (H - 1) // 2).astype(np.float32)
+            agreement = pair_jaccard.astype(np.float64).reshape(L, -1).mean(axis=1).astype(np.float32)  # a_ℓ (§3)
             full_score = float(rng.integers(0, 5)) / 4
             inputs.append(
                 {
@@ -692,6 +692,23 @@ def test_profile_values_outside_unit_interval(tmp_path):
     run = write_run(tmp_path, mutate=mutate)
     assert_problem(validate_paths([str(run)]), run / "inputs" / "part-0000.parquet", input_row(1, 1),
                    "pair_jaccard has values outside [0, 1]")
+
+
+def test_pair_jaccard_disagrees_with_agreement(tmp_path):
+    """A pair Jaccard rewritten inside [0, 1] no longer averages to its layer's a_ℓ (found by the fuzz);
+    a change below float32 rounding is accepted."""
+    def mutate(ins, ocs, tks, man):
+        row = ins[input_row(1, 2)]["pair_jaccard"]
+        row[3] = 0.5 if abs(row[3] - 0.5) > 0.1 else 0.95
+        small = ins[input_row(0, 0)]["pair_jaccard"]
+        small[0] = float(np.nextafter(np.float32(small[0]), np.float32(2.0)))
+
+    run = write_run(tmp_path, mutate=mutate)
+    problems = validate_paths([str(run)])
+    p = assert_problem(problems, run / "inputs" / "part-0000.parquet", input_row(1, 2),
+                       "agreement differs from the layer means of pair_jaccard")
+    assert "max |a_ℓ − mean pair Jaccard|" in p.message
+    assert [q for q in problems if "pair_jaccard" in q.message and q.row != input_row(1, 2)] == []
 
 
 def test_drop_disagrees_with_agreement(tmp_path):

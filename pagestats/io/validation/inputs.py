@@ -5,7 +5,8 @@ has one); ``run_id`` and ``task`` non-empty and
 without ``/`` (so that an exclusion can name them); ``n_tokens`` ≥ 1; ``model``,
 ``context_length`` and ``task`` agreeing with the run's manifest; ``agreement`` length =
 manifest ``n_layers`` (else consistent within the run) and ≥ 2; ``pair_jaccard`` length
-= L·H(H−1)/2; profile values in [0, 1]; logged ``drop`` =
+= L·H(H−1)/2; profile values in [0, 1]; ``agreement`` = the per-layer mean of
+``pair_jaccard`` within :data:`AGREEMENT_TOLERANCE`; logged ``drop`` =
 :func:`pagestats.profile.drop_from_agreement` (manifest bins) within
 :data:`DROP_TOLERANCE`.
 
@@ -115,8 +116,43 @@ def _check_inputs(inp: pl.DataFrame, files, runs) -> list[Problem]:
         bad = inp.filter(x.list.len() > 0).filter(~x.list.sum().is_finite() | (x.list.min() < 0) | (x.list.max() > 1))
         problems += emit(bad, files, f"{col} has values outside [0, 1] or NaN")
 
+    problems += _check_agreement_pairs(inp, files)
     problems += _check_drop(inp, frame, files, runs)
     return problems
+
+
+#: Largest |a_ℓ − mean of layer ℓ's pair Jaccards| accepted. The collector logs both as float32 roundings
+#: of one float64 computation (§3: a_ℓ is the mean pairwise Jaccard of the layer's heads), so they agree
+#: to float32 precision (≤ 6e-8 on the shipped logs).
+AGREEMENT_TOLERANCE = 1e-6
+_PAIR_CHUNK = 16_384  # inputs per block of the agreement check (bounds memory at ~1K pairs per input)
+
+
+def _check_agreement_pairs(inp: pl.DataFrame, files) -> list[Problem]:
+    """``agreement`` equals the per-layer mean of ``pair_jaccard`` (§3, Eq. 3), where both are logged.
+
+    Rows whose lists have lengths that do not split into L layers are reported by the length rules;
+    NaN or out-of-range values by the range rule (a NaN difference is not reported twice here).
+    """
+    frame = inp.select(
+        "_file", "_row", "agreement", "pair_jaccard",
+        pl.col("agreement").list.len().alias("_L"), pl.col("pair_jaccard").list.len().alias("_P"),
+    ).filter((pl.col("_L") >= 1) & (pl.col("_P") > 0) & (pl.col("_P") % pl.col("_L") == 0))
+    bad_parts = []
+    for (n_layers, n_pairs), group in frame.group_by("_L", "_P"):
+        per_layer = n_pairs // n_layers
+        for start in range(0, group.height, _PAIR_CHUNK):
+            block = group.slice(start, _PAIR_CHUNK)
+            a = block["agreement"].list.to_array(n_layers).to_numpy().astype(np.float64)
+            j = block["pair_jaccard"].list.to_array(n_pairs).to_numpy().astype(np.float64)
+            err = np.abs(j.reshape(len(block), n_layers, per_layer).mean(axis=-1) - a).max(axis=-1)
+            hit = err > AGREEMENT_TOLERANCE
+            if hit.any():
+                bad_parts.append(block.filter(pl.Series(hit)).select("_file", "_row").with_columns(
+                    pl.Series("_d", [f"max |a_ℓ − mean pair Jaccard| = {e:.3g}" for e in err[hit]])))
+    if not bad_parts:
+        return []
+    return emit(pl.concat(bad_parts), files, "agreement differs from the layer means of pair_jaccard", "_d")
 
 
 def _triangular(p: int) -> bool:
