@@ -61,3 +61,24 @@ def test_gate_identities_on_real_rows(logs):
     closed = replay.gated_outcomes(logs, policy=replay.FixedTau(np.inf))
     assert (closed["score_gated"] == closed["score_full"]).all()
     assert (closed["n_kept_gated"] == closed["n_tokens"]).all()
+
+
+def test_report_headline_is_table_28_on_the_same_inputs(logs):
+    """The HTML headline and Table 28 compare the evictors on the same inputs: on the shipped logs the
+    second SnapKV draw (30 inputs of one evictor only) is left out of both, so they give the same Δ,
+    interval and n for every cell (the headline once pooled it into SnapKV's cell alone)."""
+    from pagestats import defaults, report, tables
+    from pagestats.report.headline import headline
+
+    ctx = report.Context(logs)
+    head = headline(ctx)
+    t28 = tables.bootstrap_table(ctx.gated.filter(pl.col("budget") < 1.0),
+                                 rng=np.random.default_rng(defaults.BOOTSTRAP_SEED))
+    joined = head.join(t28, on=["model", "context_length", "evictor"], suffix="_t28")
+    assert joined.height == head.height == t28.height
+    assert joined["n_inputs"].to_list() == joined["n_inputs_t28"].to_list()
+    for c in ("delta", "low", "high"):
+        assert joined[c].to_list() == pytest.approx(joined[f"{c}_t28"].to_list(), abs=1e-12)
+    snap = joined.filter((pl.col("evictor") == "snapkv") & (pl.col("context_length") == 512))
+    assert snap["n_inputs"].item() == snap.join(
+        joined.filter(pl.col("evictor") == "h2o"), on=["model", "context_length"])["n_inputs_right"].item()

@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 
 from pagestats import defaults, metrics
-from pagestats.columns import MATRIX_CELL
+from pagestats.columns import MATRIX_CELL, MODEL_CELL
 from pagestats.report.context import Context
 
 #: Columns of :func:`headline`.
@@ -23,7 +23,8 @@ def headline(ctx: Context) -> pl.DataFrame:
 
     Notes
     -----
-    Over the cell's inputs and budgets b < 1: Δ = mean(gated − plain); harm = share of
+    Over the cell's inputs and budgets b < 1, the evictors of a (model, context) on the same inputs
+    as in Table 28 (:func:`pagestats.metrics.equal_inputs`): Δ = mean(gated − plain); harm = share of
     (input, b) with A(b, x) < A_full(x), per arm (Table 27, pooled over b); kept_kv = mean
     n_kept / n_tokens of the gated arm and compression = 1 / kept_kv (Table 22); p_open =
     share of the cell's inputs on which the gate opens.
@@ -31,6 +32,7 @@ def headline(ctx: Context) -> pl.DataFrame:
     rows = ctx.gated.filter(pl.col("budget") < 1.0)
     if rows.height == 0:
         return pl.DataFrame()
+    rows, _ = metrics.equal_inputs(rows, by=list(MODEL_CELL))
     by = list(MATRIX_CELL) + (["pair_draw"] if "pair_draw" in rows.columns else [])
     boot = metrics.delta_bootstrap(rows.filter(pl.col("pair_draw") == 0) if "pair_draw" in rows.columns else rows,
                                    list(MATRIX_CELL), rng=np.random.default_rng(defaults.BOOTSTRAP_SEED))
