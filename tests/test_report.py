@@ -312,3 +312,22 @@ def test_html_page_renders_in_headless_chromium(two_context, tmp_path):
     ok = re.search(r'data-ok="(\d+)/(\d+)"', dom)
     assert ok, dom[-500:]
     assert ok.group(1) == ok.group(2) and int(ok.group(2)) >= 10
+
+
+def test_decision_entries_skip_an_unknown_dtype(two_context, tmp_path):
+    """A manifest whose model dtype is unknown (found by the fuzz: a flipped byte gave 'bfloAt16') skips the
+    decision figure and table with a reason instead of a traceback; the rest of the report is written."""
+    from pagestats.report.context import needs_cache_size
+
+    logs, _ = two_context
+    ctx = report.Context(logs)
+    assert needs_cache_size(ctx) is None
+    run_id = sorted(logs.manifests)[0]
+    logs.manifests[run_id] = {**logs.manifests[run_id],
+                              "model": {**logs.manifests[run_id]["model"], "dtype": "bfloAt16"}}
+    reason = needs_cache_size(report.Context(logs))
+    assert reason and "bfloAt16" in reason and run_id in reason
+    index = json.loads((Path(report.build_report(logs, tmp_path / "r")).parent / "index.json").read_text())
+    skipped = {o["name"]: o["skipped"] for o in index["outputs"]}
+    assert "bfloAt16" in skipped["figN1_decision_frontier"] and "bfloAt16" in skipped["tabN2_decision_frontier"]
+    assert skipped["tab02_delta_matrix"] is None

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from pagestats import defaults, replay
+from pagestats import defaults, metrics, replay
 from pagestats.columns import headline_evictor, with_task_class
 from pagestats.replay import FixedTau, ProfileSpec
 
@@ -99,6 +99,20 @@ def needs_pilot_groups(ctx: Context) -> str | None:
     if small.height:
         model, ctx_len, n = small.sort("model", "context_length").row(0)
         return (f"the z-scored pilot needs ≥ 2 inputs per (model, context_length); {model} at {ctx_len} has {n}")
+    return None
+
+
+def needs_cache_size(ctx: Context) -> str | None:
+    """Every run has a manifest whose ``model`` entry gives the KV bytes per token (the GiB axis of
+    the decision figure, :func:`pagestats.metrics.kv_bytes_per_token`)."""
+    manifests = getattr(ctx.logs, "manifests", {}) or {}
+    for run_id in sorted(ctx.logs.inputs["run_id"].unique().to_list()):
+        if run_id not in manifests:
+            return f"run {run_id!r} has no manifest, so its KV cache size is unknown"
+        try:
+            metrics.kv_bytes_per_token(manifests[run_id].get("model") or {})
+        except ValueError as err:
+            return f"run {run_id!r}: {err}"
     return None
 
 

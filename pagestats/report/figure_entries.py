@@ -33,6 +33,7 @@ from pagestats.report.context import (
     Entry,
     needs_agreement,
     needs_both_classes,
+    needs_cache_size,
     needs_contexts,
     needs_dilution_headroom,
     needs_eviction_budgets,
@@ -139,7 +140,7 @@ FIGURES: tuple[Entry, ...] = (
           "Distribution of r(x) per task, pooled over cells; headline evictor."),
     Entry("fig11_recovery_fraction", "figure", "Figure 11", _fig11, (needs_eviction_budgets,),
           "Share of inputs with r(x) > 0 per task and (model, context) cell, Wilson 95% bars; headline evictor."),
-    Entry("figN1_decision_frontier", "figure", "New figure", decision_figure, (needs_eviction_budgets,),
+    Entry("figN1_decision_frontier", "figure", "New figure", decision_figure, (needs_eviction_budgets, needs_cache_size),
           "The decision figure: gated accuracy vs kept KV over every threshold τ and budget b, one colour per "
           "evictor; the line is each evictor's frontier, open circles the points at the fixed τ, the star the "
           "full cache; top axis in GiB per sequence."),

@@ -19,6 +19,7 @@ from pagestats.report.context import (
     Entry,
     needs_agreement,
     needs_both_classes,
+    needs_cache_size,
     needs_contexts,
     needs_dilution_headroom,
     needs_draws,
@@ -197,7 +198,7 @@ def _entries() -> tuple[Entry, ...]:
               lambda c: t("tabN1_pilot_sensitivity", pilot_sensitivity_table(c.logs, evictor=c.headline_evictor, profile=c.profile)),
               (ev, needs_agreement, needs_pilot_groups, _needs_pilot),
               "z-scored gate under pilot first/random/held-out × per model/per cell × sizes; call flips."),
-        Entry("tabN2_decision_frontier", "table", "New table", decision_table, (ev,),
+        Entry("tabN2_decision_frontier", "table", "New table", decision_table, (ev, needs_cache_size),
               "The accuracy–memory frontier over τ and budgets per evictor: kept KV as a fraction and in GiB "
               "per sequence."),
     )
