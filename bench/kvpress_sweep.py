@@ -31,27 +31,12 @@ from collectors.sweep import run_sweep
 from pagestats import defaults
 
 from _results import write_result
+from sweep import NoEosTokenizer, clock
 
 N_TOKENS = 1024
 MAX_NEW_TOKENS = 16
 SPEC = "kvpress:SnapKVPress:window_size=32"
 BUDGETS = tuple(b for b in defaults.BUDGETS if b < 1.0)  # 8 budgets
-
-
-class NoEosTokenizer:
-    eos_token_id = None
-
-    def __init__(self, tokenizer):
-        self._tok = tokenizer
-
-    def decode(self, ids, skip_special_tokens=False):
-        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
-
-
-def clock(fn):
-    start = time.perf_counter()
-    out = fn()
-    return time.perf_counter() - start, out
 
 
 @torch.no_grad()
