@@ -36,13 +36,10 @@ import os
 import pathlib
 import platform
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
-import time
 
-from _results import write_result
+from _results import measured, write_result
 
 HERE = pathlib.Path(__file__).resolve().parent
 N_PER_TASK = 125_000
@@ -93,32 +90,7 @@ def _query(runs: list[str], out: str) -> None:
 
 def _measured(cmd: list[str], stdout_path: pathlib.Path, timeout_s: float = TIMEOUT_S) -> dict:
     """Run ``cmd``, stdout to a file; wall time, CPU time and peak RSS of that child alone."""
-    err_path = stdout_path.with_suffix(".stderr")
-    with open(stdout_path, "wb") as out, open(err_path, "wb") as err:
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, cwd=HERE.parent)
-        timed_out = False
-        while True:
-            pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.perf_counter() - t0 > timeout_s:
-                timed_out = True
-                proc.send_signal(signal.SIGKILL)
-                pid, status, ru = os.wait4(proc.pid, 0)
-                break
-            time.sleep(0.05)
-        wall = time.perf_counter() - t0
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return {
-        "cmd": " ".join(pathlib.Path(c).name if i == 0 else c for i, c in enumerate(cmd)),
-        "returncode": proc.returncode,
-        "timed_out": timed_out,
-        "wall_s": wall,
-        "cpu_s": ru.ru_utime + ru.ru_stime,
-        "peak_rss_gib": ru.ru_maxrss / 1024.0 / 1024.0,  # Linux: KiB
-        "stderr_tail": err_path.read_text(errors="replace")[-600:],
-    }
+    return measured(cmd, stdout_path, timeout_s, cwd=HERE.parent, rss_unit="gib", stderr_chars=600)
 
 
 def _compare(csv_text: str, rows: list) -> dict:
