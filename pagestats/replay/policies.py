@@ -145,6 +145,22 @@ def _pilot_stats(frame: pl.DataFrame, mask: pl.Series, groups: list[str], col: s
     return stats
 
 
+def _with_pilot_moments(frame: pl.DataFrame, policy, columns: dict[str, str], what: str) -> tuple[pl.DataFrame, list[str]]:
+    """``frame`` with the ``pilot`` mask of ``policy`` (its ``pilot_by``, ``pilot_n``, ``pilot``
+    and ``seed``; a group smaller than the pilot is refused) and, per pilot group and
+    head-pair draw, the pilot mean, sample SD and size of each column of ``columns``
+    (``prefix → column``: ``{prefix}_mu``, ``{prefix}_sigma``, ``{prefix}_n``, App. A.3.4).
+    Also returns the names of the added moment columns."""
+    by = _check_group_cols(frame, policy.pilot_by, what)
+    mask = pilot_mask(frame, by, policy.pilot_n, policy.pilot, policy.seed, strict=True)
+    groups = [*by, *_draw_cols(frame)]
+    out, added = frame, []
+    for prefix, col in columns.items():
+        out = out.join(_pilot_stats(frame, mask, groups, col, prefix), on=groups, how="left", maintain_order="left")
+        added += [f"{prefix}_mu", f"{prefix}_sigma", f"{prefix}_n"]
+    return out.with_columns(mask), added
+
+
 def _with_tau(frame: pl.DataFrame, tau: pl.Expr | float) -> pl.DataFrame:
     tau_expr = tau if isinstance(tau, pl.Expr) else pl.lit(float(tau))
     out = frame.with_columns(tau_expr.cast(pl.Float64).alias("tau"))
@@ -215,13 +231,9 @@ class ZScored:
         return self.pilot == "held-out"
 
     def decide(self, frame: pl.DataFrame) -> pl.DataFrame:
-        by = _check_group_cols(frame, self.pilot_by, "ZScored.pilot_by")
-        mask = pilot_mask(frame, by, self.pilot_n, self.pilot, self.seed, strict=True)
-        groups = [*by, *_draw_cols(frame)]
-        stats = _pilot_stats(frame, mask, groups, "drop", "_z")
-        out = frame.join(stats, on=groups, how="left", maintain_order="left").with_columns(mask)
+        out, added = _with_pilot_moments(frame, self, {"_z": "drop"}, "ZScored.pilot_by")
         out = _with_tau(out, pl.col("_z_mu") + self.theta_z * pl.col("_z_sigma"))
-        return out.drop("_z_mu", "_z_sigma", "_z_n")
+        return out.drop(added)
 
 
 @dataclass(frozen=True)
@@ -259,16 +271,11 @@ class RecalibratedTau:
     def decide(self, frame: pl.DataFrame) -> pl.DataFrame:
         if "reference_drop" not in frame.columns:
             raise ValueError("RecalibratedTau needs the reference D (reference_drop) in the gate frame")
-        by = _check_group_cols(frame, self.pilot_by, "RecalibratedTau.pilot_by")
-        mask = pilot_mask(frame, by, self.pilot_n, self.pilot, self.seed, strict=True)
-        groups = [*by, *_draw_cols(frame)]
-        ref = _pilot_stats(frame, mask, groups, "reference_drop", "_r")
-        new = _pilot_stats(frame, mask, groups, "drop", "_c")
-        out = frame.join(ref, on=groups, how="left", maintain_order="left")
-        out = out.join(new, on=groups, how="left", maintain_order="left").with_columns(mask)
+        out, added = _with_pilot_moments(frame, self, {"_r": "reference_drop", "_c": "drop"},
+                                         "RecalibratedTau.pilot_by")
         theta = (pl.lit(float(self.tau)) - pl.col("_r_mu")) / pl.col("_r_sigma")
         out = _with_tau(out, pl.col("_c_mu") + theta * pl.col("_c_sigma"))
-        return out.drop("_r_mu", "_r_sigma", "_r_n", "_c_mu", "_c_sigma", "_c_n")
+        return out.drop(added)
 
 
 @dataclass(frozen=True)
