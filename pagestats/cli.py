@@ -274,8 +274,16 @@ def _add_duckdb(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temp-dir", default=None, help="DuckDB spill directory (default: the system temp dir)")
 
 
+def _add_mode(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--mode", choices=defaults.MODES, default=defaults.MODE,
+                   help="collection mode to analyse (manifest 'mode'; none means query-aware); runs of the other mode "
+                   "are left out, with one line on stderr, so the two modes never pool into one cell "
+                   f"(default: {defaults.MODE}, the paper's setting)")
+
+
 def _add_logs(p: argparse.ArgumentParser) -> None:
     p.add_argument("logs", nargs="*", metavar="LOGS", help="run directories, parquet/jsonl files or globs")
+    _add_mode(p)
     p.add_argument("--db", default=None, metavar="FILE",
                    help="read the logs through a database written by `pagestats index` instead of LOGS "
                    "(default: read LOGS)")
@@ -374,6 +382,7 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("band", metavar="BAND.json")
     q.add_argument("--sha256", required=True, metavar="HEX", help="the sha256 printed by prereg freeze")
     q.add_argument("logs", nargs="+", metavar="LOGS", help="run directories, parquet/jsonl files or globs")
+    _add_mode(q)
     q.add_argument("--exclude", action="append", default=[], metavar="RUN_ID[/TASK[/INPUT_ID]]",
                    help="leave out a run, a task of a run, or one input (repeatable; exclusions are reported; "
                    "default: none)")
@@ -396,6 +405,7 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("index", help="validate logs and write a DuckDB database of views over their parquet files")
     p.add_argument("logs", nargs="+", metavar="LOGS", help="run directories, parquet/jsonl files or globs")
     p.add_argument("--db", required=True, metavar="FILE", help="the DuckDB file to write")
+    _add_mode(p)
     _add_duckdb(p)
     return parser
 
@@ -405,10 +415,15 @@ def _open(args):
     if args.db is None:
         if not args.logs:
             raise ValueError("give LOGS or --db FILE")
-        return load(args.logs, exclude=args.exclude)
+        return load(args.logs, exclude=args.exclude, mode=args.mode)
     if args.logs or args.exclude:
         raise ValueError("--db replaces LOGS and --exclude: the database holds the logs it was indexed from")
-    return open_logs(args.db, memory_limit=args.memory_limit, temp_directory=args.temp_dir)
+    db = open_logs(args.db, memory_limit=args.memory_limit, temp_directory=args.temp_dir)
+    if db.mode != args.mode:
+        db.close()
+        raise ValueError(f"{args.db} holds {db.mode} runs, not {args.mode}: index those with "
+                         f"`pagestats index LOGS --mode {args.mode} --db FILE`")
+    return db
 
 
 def _bad_logs_line(err: LogError, logs: list[str]) -> str:
@@ -456,11 +471,17 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "index":
         try:
-            db = index_logs(args.logs, args.db, memory_limit=args.memory_limit, temp_directory=args.temp_dir)
+            db = index_logs(args.logs, args.db, memory_limit=args.memory_limit, temp_directory=args.temp_dir,
+                            mode=args.mode)
+        except ExclusionError as err:
+            print(one_line(f"error: {'; '.join(p.message for p in err.problems)}"), file=sys.stderr)
+            return 2
         except LogError as err:
             print(_bad_logs_line(err, args.logs), file=sys.stderr)
             return 1
-        print(one_line(f"indexed {len(db.files)} files into {args.db}"), file=sys.stderr)
+        for line in db.left_out:
+            print(one_line(f"excluded: {line}"), file=sys.stderr)
+        print(one_line(f"indexed {len(db.files)} files of {db.mode} runs into {args.db}"), file=sys.stderr)
         db.close()
         return 0
 
@@ -482,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
         from pagestats.show import parse_input_spec, show_input
 
         try:
-            logs = load(args.logs, columns="all")
+            logs = load(args.logs, columns="all", mode=None)  # one input, of whichever mode
         except LogError as err:
             print(_bad_logs_line(err, args.logs), file=sys.stderr)
             return 1

@@ -370,3 +370,83 @@ def test_layer_table_reports_the_gate_recalibrated_and_flags_the_fixed_tau(tmp_p
     assert half["p_open"] == pytest.approx(g["gate_open"].mean()) and g.height == len(keys) - 5
     small = tables.layer_subset_table(logs, subsets=("first-half",))  # 100 > 12 inputs: said, not guessed
     assert small["tau_gate"].is_null().all() and small["recalibration"][0].startswith("not computed")
+
+
+# --------------------------------------------------------------------------- collection mode
+WHATIF_KEY = ["model", "context_length", "evictor", "task", "budget", "n_inputs"]
+
+
+def _two_mode_runs(tmp_path):
+    """A query-aware run and a query-agnostic run of the same (model, context), with other draws."""
+    kw = dict(models={"m": (4, 2)}, n_inputs=8, tasks=("niah_multikey_3", "vt"), evictors=("snapkv", "h2o"),
+              budgets=(0.25, 0.5, 1.0), with_topk=False)
+    aware = synthetic_logs(seed=1, **kw).write(tmp_path / "aware")
+    agnostic = synthetic_logs(seed=2, mode="query-agnostic", **kw).write(tmp_path / "agnostic")
+    return [str(d) for d in aware], [str(d) for d in agnostic]
+
+
+def test_query_agnostic_run_never_pools_with_query_aware(tmp_path, capsys):
+    from pagestats import tables
+
+    aware, agnostic = _two_mode_runs(tmp_path)
+    alone, both = load(aware), load([*aware, *agnostic])
+    assert set(both.inputs["run_id"].unique()) == set(alone.inputs["run_id"].unique())
+    assert both.inputs.equals(alone.inputs) and both.outcomes.equals(alone.outcomes)
+    assert whatif_table(both, FixedTau()).equals(whatif_table(alone, FixedTau()))
+    gated_both, gated_alone = gated_outcomes(both, FixedTau()), gated_outcomes(alone, FixedTau())
+    assert tables.delta_matrix_table(gated_both).equals(tables.delta_matrix_table(gated_alone))
+    assert [f.path for f in both.files] == [f.path for f in alone.files]  # the other run's files are not read
+    line, = both.exclusions
+    assert "1 query-agnostic run" in line and "16 inputs" in line and "--mode query-agnostic" in line
+
+    assert main(["whatif", *aware, "--format", "csv"]) == 0
+    only = capsys.readouterr().out
+    assert main(["whatif", *aware, *agnostic, "--format", "csv"]) == 0
+    out, err = capsys.readouterr()
+    assert pl.read_csv(out.encode()).equals(pl.read_csv(only.encode()))  # no query-aware number changes
+    left = [x for x in err.splitlines() if "query-agnostic" in x]
+    assert len(left) == 1 and "--mode query-agnostic" in left[0]
+
+    # --mode query-agnostic reports the other run, and only it
+    assert main(["whatif", *aware, *agnostic, "--mode", "query-agnostic", "--format", "csv"]) == 0
+    out, err = capsys.readouterr()
+    got, expected = pl.read_csv(out.encode()), whatif_table(load(agnostic, mode="query-agnostic"), FixedTau())
+    assert got.select(WHATIF_KEY).equals(expected.select(WHATIF_KEY).cast(got.select(WHATIF_KEY).schema))
+    assert np.allclose(got["delta"].to_numpy(), expected["delta"].to_numpy(), rtol=0, atol=1e-12)
+    assert not np.allclose(pl.read_csv(out.encode())["delta"].to_numpy(), pl.read_csv(only.encode())["delta"].to_numpy())
+    assert "1 query-aware run" in err and "--mode query-aware" in err
+
+
+def test_manifest_without_mode_is_query_aware_and_a_bad_mode_is_a_problem(tmp_path, capsys):
+    import json
+
+    from pagestats.io import validate_paths
+
+    aware, agnostic = _two_mode_runs(tmp_path)
+    manifest = tmp_path / "aware" / "syn-m-4096-d0" / "manifest.json"
+    old = json.loads(manifest.read_text())
+    del old["mode"]  # written before the collector recorded the mode
+    manifest.write_text(json.dumps(old))
+    assert load(aware).inputs.height == 16
+    assert main(["whatif", *aware, "--mode", "query-agnostic"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: no query-agnostic runs in the logs") and "--mode query-aware" in err
+
+    manifest.write_text(json.dumps({**old, "mode": "query-blind"}))
+    assert any("mode 'query-blind' is not one of" in p.message for p in validate_paths(aware))
+
+
+def test_index_holds_one_mode_and_db_refuses_the_other(tmp_path, capsys):
+    aware, agnostic = _two_mode_runs(tmp_path)
+    db = str(tmp_path / "logs.duckdb")
+    assert main(["index", *aware, *agnostic, "--db", db]) == 0
+    err = capsys.readouterr().err
+    assert "1 query-agnostic run" in err and "of query-aware runs" in err
+    assert main(["whatif", *aware, "--format", "csv"]) == 0
+    direct = capsys.readouterr().out
+    assert main(["whatif", "--db", db, "--format", "csv"]) == 0
+    via_db, direct = pl.read_csv(capsys.readouterr().out.encode()), pl.read_csv(direct.encode())
+    assert via_db.select(WHATIF_KEY).equals(direct.select(WHATIF_KEY))  # the agnostic run is not in the database
+    assert np.allclose(via_db["delta"].to_numpy(), direct["delta"].to_numpy(), rtol=0, atol=1e-12)
+    assert main(["whatif", "--db", db, "--mode", "query-agnostic"]) == 2
+    assert "holds query-aware runs, not query-agnostic" in capsys.readouterr().err

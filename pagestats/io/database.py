@@ -11,6 +11,9 @@ that no file changed size or modification time since it was built (re-run ``page
 index`` when one did), so repeated what-ifs over a big release skip reading and checking
 the files again.
 
+A database holds the runs of one collection mode (``index_logs(mode=…)``, query-aware by
+default, as :func:`pagestats.io.load`): :attr:`LogDB.mode` says which.
+
 Every connection sets DuckDB's ``memory_limit`` and ``temp_directory``, so that a query
 larger than the memory limit spills to disk instead of failing.
 """
@@ -26,9 +29,9 @@ from dataclasses import dataclass, field
 import duckdb
 import polars as pl
 
-from pagestats import schema
-from pagestats.io.load import HEAVY_COLUMNS, FileRecord, Logs, _runs_apart, _same_run_id, load
-from pagestats.io.validation.problems import LogError, Problem
+from pagestats import defaults, schema
+from pagestats.io.load import HEAVY_COLUMNS, FileRecord, Logs, _other_mode, _runs_apart, _same_run_id, load
+from pagestats.io.validation.problems import ExclusionError, LogError, Problem
 
 #: DuckDB's memory limit for the queries of a :class:`LogDB` (beyond it, operators spill).
 MEMORY_LIMIT = "2GB"
@@ -99,6 +102,11 @@ class LogDB:
         The indexed files, with their sha256.
     has_topk : bool
         Whether a ``topk`` view exists.
+    mode : str
+        The collection mode of every indexed run (manifest ``mode``; none means query-aware).
+    left_out : list of str
+        The line saying which runs of another mode :func:`index_logs` left out (empty when
+        none, and on a database opened again with :func:`open_logs`).
     """
 
     path: str | None
@@ -106,6 +114,8 @@ class LogDB:
     manifests: dict[str, dict]
     files: list[FileRecord]
     has_topk: bool
+    mode: str = defaults.MODE
+    left_out: list[str] = field(default_factory=list)
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
         """A new cursor on the database (its own temporary objects, same settings)."""
@@ -129,20 +139,28 @@ class LogDB:
             con.close()
         order = [*[c.name for c in schema.INPUTS if c.name in inputs.columns], "task_class"]
         return Logs(inputs=inputs.select(order), outcomes=outcomes, topk=topk, manifests=self.manifests,
-                    files=self.files)
+                    files=self.files, exclusions=list(self.left_out), mode=self.mode)
 
     def close(self) -> None:
         self.con.close()
 
 
-def _validated(paths: list[str]) -> tuple[dict, list[FileRecord], pl.DataFrame]:
+def _validated(paths: list[str], mode: str = defaults.MODE) -> tuple[dict, list[FileRecord], pl.DataFrame, list[str]]:
     """Manifests, file records and task classes of the validated logs (:class:`LogError` otherwise).
 
     Several whole run directories are loaded and checked one at a time
     (:func:`pagestats.io.load._runs_apart`) and each dropped before the next; otherwise all
-    files are loaded at once.
+    files are loaded at once. Runs of another collection mode than ``mode`` are left out (the
+    last item: the line that says so, as :func:`pagestats.io.load`).
     """
     runs = _runs_apart(paths)
+    left_out: list[str] = []
+    if runs is not None:
+        other, line = _other_mode(runs, mode)
+        runs = [r for r in runs if r not in other]
+        left_out = [line] if line else []
+        if not runs:
+            raise ExclusionError([Problem("mode", None, f"no {mode} runs in the logs; {line}")])
     groups = [(r, [r.dir]) for r in runs] if runs is not None else [(None, list(paths))]
     problems: list[Problem] = []
     manifests: dict[str, dict] = {}
@@ -155,17 +173,20 @@ def _validated(paths: list[str]) -> tuple[dict, list[FileRecord], pl.DataFrame]:
             problems.append(dup)
             continue
         try:
-            logs = load(group, strict=True)
+            logs = load(group, strict=True, mode=mode)
+        except ExclusionError:
+            raise
         except LogError as err:
             problems += err.problems
             continue
+        left_out += [line for line in logs.exclusions if run is None]
         manifests.update(logs.manifests)
         files += logs.files
         classes.append(logs.inputs.select("run_id", "task", "task_class").unique())
         del logs
     if problems:
         raise LogError(problems)
-    return manifests, files, pl.concat(classes).unique().sort("run_id", "task")
+    return manifests, files, pl.concat(classes).unique().sort("run_id", "task"), left_out
 
 
 def index_logs(
@@ -174,6 +195,7 @@ def index_logs(
     *,
     memory_limit: str = MEMORY_LIMIT,
     temp_directory: str | None = None,
+    mode: str = defaults.MODE,
 ) -> LogDB:
     """Validate the logs at ``paths`` and write the database ``db`` of views over their files.
 
@@ -185,6 +207,8 @@ def index_logs(
         The DuckDB file to write (an existing one is replaced).
     memory_limit, temp_directory : str
         DuckDB settings of the returned connection (see the module docstring).
+    mode : {"query-aware", "query-agnostic"}
+        The collection mode to index; runs of the other mode are left out (``LogDB.left_out``).
 
     Raises
     ------
@@ -192,7 +216,7 @@ def index_logs(
         Any validation problem (nothing is written), or a jsonl file (only parquet is indexed).
     """
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else [str(p) for p in paths]
-    manifests, files, task_classes = _validated(paths)
+    manifests, files, task_classes, left_out = _validated(paths, mode)
     tmp = f"{db}.tmp"
     if os.path.exists(tmp):
         os.remove(tmp)
@@ -205,7 +229,9 @@ def index_logs(
         raise
     con.close()
     os.replace(tmp, db)
-    return open_logs(db, memory_limit=memory_limit, temp_directory=temp_directory)
+    out = open_logs(db, memory_limit=memory_limit, temp_directory=temp_directory)
+    out.left_out = left_out
+    return out
 
 
 def open_logs(db: str, *, memory_limit: str = MEMORY_LIMIT, temp_directory: str | None = None) -> LogDB:
@@ -241,6 +267,11 @@ def open_logs(db: str, *, memory_limit: str = MEMORY_LIMIT, temp_directory: str 
     if problems:
         con.close()
         raise LogError(problems)
+    modes = sorted({m.get("mode", defaults.MODE) for m in manifests.values()})
+    if len(modes) > 1:  # indexed before the mode was a choice
+        con.close()
+        raise LogError([Problem(db, None, f"the database holds runs of several collection modes ({', '.join(modes)}); "
+                                          "re-run `pagestats index` (it indexes one --mode)")])
     records = [FileRecord(p, t, h, n) for p, t, h, n, _, _ in files]
     return LogDB(path=db, con=con, manifests=manifests, files=records,
-                 has_topk=any(t == "topk" for _, t, *_ in files))
+                 has_topk=any(t == "topk" for _, t, *_ in files), mode=modes[0] if modes else defaults.MODE)

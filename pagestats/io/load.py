@@ -35,6 +35,13 @@ outcomes and topk before the row rules run (file-level rules always see every fi
 are reported by :meth:`Logs.exclusion_report`; an exclusion that is malformed or matches
 nothing raises :class:`ExclusionError` (a :class:`LogError`) in either mode.
 
+Collection mode (docs/SCHEMA.md ``mode``): the logs are read for one mode at a time,
+query-aware by default (the paper's setting; a manifest without ``mode`` is query-aware, and
+so are loose files without a manifest). Runs of another mode are left out before their
+files are read, so that a query-agnostic run of the same (model, context) never pools with
+the query-aware ones; one line in ``Logs.exclusions`` says how many runs and inputs were left
+out and how to analyse them. A mode that leaves nothing raises :class:`ExclusionError`.
+
 Schema versions: ``schema_version`` comes from the run's manifest (loose files without
 one are taken as the current version). Versions in :data:`pagestats.schema.READABLE_VERSIONS`
 are read; an older readable version is upgraded on read by :data:`UPGRADES` (one step per
@@ -105,11 +112,15 @@ class Logs:
     files : list of FileRecord
         Every file read, with its sha256 (reports cite these).
     exclusions : list of str
-        One human-readable line per explicit exclusion, with the rows it removed.
+        One human-readable line per explicit exclusion, with the rows it removed, and one
+        for the runs of another collection mode, left out (see ``mode``).
     problems : list of Problem
         Problems found (empty after a strict load).
     run_dirs : dict
         run_id → the directory of the run (runs read through a manifest).
+    mode : str or None
+        The collection mode the logs hold (:data:`pagestats.defaults.MODES`); ``None`` when
+        read with every mode (validation only).
     """
 
     inputs: pl.DataFrame
@@ -120,6 +131,7 @@ class Logs:
     exclusions: list[str] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     run_dirs: dict[str, str] = field(default_factory=dict)
+    mode: str | None = defaults.MODE
 
     def exclusion_report(self) -> list[str]:
         """One line per exclusion, e.g. ``"run r1 task niah_multikey_3: 50 inputs, 1800 outcomes"``."""
@@ -205,9 +217,30 @@ def _task_classes(inputs: pl.DataFrame, runs: dict[str, RunInfo]) -> pl.DataFram
     return inputs.join(mapping, on=["run_id", "task"], how="left", maintain_order="left", nulls_equal=True)
 
 
-def _load(paths, exclude: Sequence[str], columns: str) -> tuple[Logs, list[Problem]]:
+def _other_mode(runs, mode: str | None) -> tuple[list, str | None]:
+    """The runs (discovered, with a usable manifest) whose collection mode is not ``mode``, and
+    the one line that says how many runs and inputs they hold and how to analyse them."""
+    if mode is None:
+        return [], None
+    other = [run for run in runs if run.info is not None and run.info.mode != mode]
+    if not other:
+        return [], None
+    parts = []
+    for kind in sorted({run.info.mode for run in other}):
+        some = sorted((run for run in other if run.info.mode == kind), key=lambda r: r.info.run_id)
+        n_inputs = sum(int(e["rows"]) for run in some for rel, e in run.info.files.items()
+                       if rel.split("/")[0] == "inputs" and isinstance(e.get("rows"), int))
+        names = ", ".join(run.info.run_id for run in some[:3]) + (f" and {len(some) - 3} more" if len(some) > 3 else "")
+        how = f"pass --mode {kind} to analyse them" if kind in defaults.MODES else "its mode is not a known one"
+        parts.append(f"{len(some)} {kind} run{'s' if len(some) != 1 else ''} ({names}; {n_inputs} inputs): {how}")
+    return other, f"left out, not {mode}: " + "; ".join(parts)
+
+
+def _load(paths, exclude: Sequence[str], columns: str, mode: str | None = defaults.MODE) -> tuple[Logs, list[Problem]]:
     if columns not in ("analysis", "all"):
         raise ValueError(f"columns must be 'analysis' or 'all', got {columns!r}")
+    if mode is not None and mode not in defaults.MODES:
+        raise ValueError(f"mode must be one of {list(defaults.MODES)}, got {mode!r}")
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     if isinstance(exclude, str):
@@ -216,7 +249,11 @@ def _load(paths, exclude: Sequence[str], columns: str) -> tuple[Logs, list[Probl
     for p in paths:
         disc.add(p)
     problems = disc.problems
-    sources = list(disc.sources.values())
+    other, left_out = _other_mode(disc.runs.values(), mode)
+    skipped = {id(run) for run in other}
+    sources = [s for s in disc.sources.values() if s.run is None or id(s.run) not in skipped]
+    if left_out and not sources:
+        raise ExclusionError([Problem("mode", None, f"no {mode} runs in the logs; {left_out}")])
     for i, s in enumerate(sources):
         s.index = i
     names = [s.path for s in sources]
@@ -231,7 +268,7 @@ def _load(paths, exclude: Sequence[str], columns: str) -> tuple[Logs, list[Probl
             runs: dict[str, RunInfo] = {}
             manifests: dict[str, dict] = {}
             for run in disc.runs.values():
-                if run.info is None:
+                if run.info is None or id(run) in skipped:
                     continue
                 if run.info.run_id in runs:
                     problems.append(Problem(run.manifest_path, None, f"run_id {run.info.run_id!r} is also the run_id "
@@ -265,7 +302,7 @@ def _load(paths, exclude: Sequence[str], columns: str) -> tuple[Logs, list[Probl
         for s, digest in zip(sources, digests)
         if not s.failed and s.table is not None and digest is not None and s.rows is not None
     ]
-    manifest_problems, missing_tables = _check_against_manifests(disc, sources, digests)
+    manifest_problems, missing_tables = _check_against_manifests(disc, sources, digests, skipped)
     problems += manifest_problems
     incomplete = set(missing_tables)
     for s in sources:
@@ -295,14 +332,15 @@ def _load(paths, exclude: Sequence[str], columns: str) -> tuple[Logs, list[Probl
         topk=topk.drop("_file", "_row") if topk is not None else None,
         manifests=manifests,
         files=files,
-        exclusions=lines,
+        exclusions=[*lines, *([left_out] if left_out else [])],
         problems=problems,
         run_dirs=run_dirs,
+        mode=mode,
     )
     return logs, problems
 
 
-def _check_against_manifests(disc: _Discovery, sources: list[_Source], digests: list[str]):
+def _check_against_manifests(disc: _Discovery, sources: list[_Source], digests: list[str], skipped=frozenset()):
     """sha256 and row counts against ``files[]``; listed-but-missing and present-but-unlisted files.
 
     Returns the problems and the set of tables with a listed file missing.
@@ -325,7 +363,7 @@ def _check_against_manifests(disc: _Discovery, sources: list[_Source], digests: 
             problems.append(Problem(s.path, None, f"{s.rows} rows but the manifest says {entry.get('rows')!r} "
                                                   f"(files[{entry['index']}])"))
     for run in disc.runs.values():
-        if not run.full or run.info is None:
+        if not run.full or run.info is None or id(run) in skipped:  # skipped: a run of another mode, not read
             continue
         present = seen.get(run.dir, set())
         for rel, entry in run.info.files.items():
@@ -390,14 +428,15 @@ def validate_paths(paths: Sequence[str]) -> list[Problem]:
                 problems.append(dup)
                 continue
         try:
-            _, found = _load(group, (), "analysis")
+            _, found = _load(group, (), "analysis", mode=None)
         except LogError as err:  # pragma: no cover - only exclusions raise, and there are none
             found = err.problems
         problems += found
     return problems
 
 
-def load(paths, *, exclude: Sequence[str] = (), columns: str = "analysis", strict: bool = True) -> Logs:
+def load(paths, *, exclude: Sequence[str] = (), columns: str = "analysis", strict: bool = True,
+         mode: str = defaults.MODE) -> Logs:
     """Load and validate logs into a :class:`Logs` (docs/SCHEMA.md).
 
     Parameters
@@ -414,12 +453,17 @@ def load(paths, *, exclude: Sequence[str] = (), columns: str = "analysis", stric
     strict : bool
         ``True``: raise :class:`LogError` listing every problem. ``False``: return what
         could be read, with the problems in ``Logs.problems``.
+    mode : {"query-aware", "query-agnostic"}
+        The collection mode to read (manifest ``mode``; none means query-aware). Runs of the
+        other mode are left out, with one line in ``Logs.exclusions``; when that leaves no
+        run, :class:`ExclusionError` is raised. Query-aware and query-agnostic runs of the
+        same (model, context) are never pooled into one cell.
 
     Returns
     -------
     Logs
     """
-    logs, problems = _load(paths, exclude, columns)
+    logs, problems = _load(paths, exclude, columns, mode)
     if strict and problems:
         raise LogError(problems)
     return logs

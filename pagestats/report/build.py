@@ -193,6 +193,7 @@ def _build_into(logs, out, *, policy=None, profile=None, entries: Sequence[Entry
         "n_inputs": logs.inputs.height,
         "n_outcomes": logs.outcomes.height,
         "exclusions": list(getattr(logs, "exclusions", []) or []),
+        "mode": getattr(logs, "mode", defaults.MODE),  # the collection mode of every run (docs/SCHEMA.md)
         "policy": _describe(ctx.policy),
         "profile": _describe(ctx.profile),
         "headline_evictor": ctx.headline_evictor if logs.outcomes.height else None,

@@ -161,7 +161,8 @@ def write_index_html(index: dict, out) -> str:
     parts.append('<h2 id="appendix">Appendix: provenance</h2>')
     parts.append("<h3>Exclusions</h3><ul>" + ("".join(f"<li>{html.escape(e)}</li>" for e in index["exclusions"])
                                               or "<li>none</li>") + "</ul>")
-    parts.append(f"<h3>Policy and profile</h3><p><code>{html.escape(json.dumps(index['policy'], default=str))}</code>"
+    parts.append(f"<h3>Policy and profile</h3><p>collection mode: {html.escape(str(index.get('mode')))}<br>"
+                 f"<code>{html.escape(json.dumps(index['policy'], default=str))}</code>"
                  f"<br><code>{html.escape(json.dumps(index['profile'], default=str))}</code></p>")
     parts.append("<h3>Calibration pilots and pre-registration</h3><ul>"
                  + "".join(f"<li>{html.escape(line)}</li>" for line in calibration_lines(index)) + "</ul>")
@@ -232,7 +233,8 @@ def index_markdown(index: dict, out) -> str:
               if o["skipped"]] or ["none"]
     lines += ["", "## Appendix: provenance", "", "### Exclusions", ""]
     lines += [f"- {e}" for e in index["exclusions"]] or ["none"]
-    lines += ["", "### Policy and profile", "", f"- policy: `{json.dumps(index['policy'], default=str)}`",
+    lines += ["", "### Policy and profile", "", f"- collection mode: {index.get('mode')}",
+              f"- policy: `{json.dumps(index['policy'], default=str)}`",
               f"- profile: `{json.dumps(index['profile'], default=str)}`", "",
               "### Calibration pilots and pre-registration", ""]
     lines += [f"- {line}" for line in calibration_lines(index)]

@@ -275,6 +275,7 @@ def synthetic_logs(
     effect: PlantedEffect | None = None,
     n_references: Mapping[str, int] | None = None,
     created_at: str = DEFAULT_CREATED_AT,
+    mode: str = defaults.MODE,
 ) -> SyntheticLogs:
     """Draw seeded schema-v1 logs with a planted capacity-bound / dilution-prone partition.
 
@@ -316,6 +317,10 @@ def synthetic_logs(
         task → number of references m (default :data:`DEFAULT_N_REFERENCES`, else 1).
     created_at : str
         Manifest timestamp (fixed by default so files are byte-reproducible).
+    mode : {"query-aware", "query-agnostic"}
+        The manifest's collection ``mode`` (docs/SCHEMA.md); a query-agnostic run's run_id
+        ends in ``-agnostic``, so it can sit beside the query-aware run of the same cell.
+        Only the label differs: the draws are the same rule.
 
     Returns
     -------
@@ -334,6 +339,8 @@ def synthetic_logs(
         raise ValueError(f"n_inputs must be a positive integer, got {n_inputs!r}")
     if not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    if mode not in defaults.MODES:
+        raise ValueError(f"mode must be one of {list(defaults.MODES)}, got {mode!r}")
     k = defaults.TOP_K
     if with_topk and (not isinstance(k_max, (int, np.integer)) or k_max < k):
         raise ValueError(f"k_max must be an integer ≥ TOP_K={k}, got {k_max!r}")
@@ -354,7 +361,7 @@ def synthetic_logs(
     for spec in specs:
         for ctx in contexts:
             for draw in draws:
-                run_id = _run_id(spec.name, ctx, draw)
+                run_id = _run_id(spec.name, ctx, draw) + ("" if mode == defaults.MODE else "-agnostic")
                 if run_id in manifests:
                     raise ValueError(f"two runs map to the run_id {run_id!r}; rename the models")
                 for task in tasks:
@@ -380,10 +387,10 @@ def synthetic_logs(
                     outcomes.append(o_frame)
                     if t_frame is not None:
                         topk.append(t_frame)
-                manifests[run_id] = _manifest(
+                manifests[run_id] = {**_manifest(
                     run_id, spec, ctx, draw, classes, evictors, budgets, k_max if with_topk else 0,
                     seed, effect, nref, created_at,
-                )  # fmt: skip
+                ), "mode": mode}  # fmt: skip
     return SyntheticLogs(
         inputs=pl.concat(inputs, how="vertical"),
         outcomes=pl.concat(outcomes, how="vertical"),

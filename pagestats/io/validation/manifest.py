@@ -43,6 +43,7 @@ class RunInfo:
     context_length: int | None = None
     k_max_stored: int | None = None
     draw: int | None = None
+    mode: str = defaults.MODE  # "mode" of the manifest; a manifest without one is query-aware (the paper's setting)
     files: dict[str, dict] = field(default_factory=dict)  # normalised relative path → entry
 
 
@@ -226,6 +227,10 @@ def check_manifest(run_dir: str | os.PathLike, manifest, manifest_path: str) -> 
         tasks = None
     else:
         tasks = None  # a plain list of names: classes come from the defaults
+    mode = manifest.get("mode", defaults.MODE)
+    if mode not in defaults.MODES:
+        bad(f"manifest mode {_short(mode)} is not one of {list(defaults.MODES)}")
+        mode = str(mode)  # a run of no known mode: no --mode selects it
     files: dict[str, dict] = {}
     entries = manifest.get("files", [])
     if not isinstance(entries, list):
@@ -262,6 +267,7 @@ def check_manifest(run_dir: str | os.PathLike, manifest, manifest_path: str) -> 
         context_length=context_length,
         k_max_stored=k_max_stored,
         draw=fields["draw"],
+        mode=mode,
         files=files,
     )
     return info, problems
