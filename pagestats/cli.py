@@ -21,8 +21,18 @@ import polars as pl
 import pagestats
 from pagestats import defaults
 from pagestats.columns import MATRIX_CELL
-from pagestats.io import ExclusionError, LogError, index_logs, load, open_logs, validate_paths
-from pagestats.io.database import MEMORY_LIMIT
+from pagestats.io import (
+    ExclusionError,
+    LogError,
+    Logs,
+    index_logs,
+    load,
+    logs_in_place,
+    only_parquet,
+    open_logs,
+    validate_paths,
+)
+from pagestats.io.load import MEMORY_LIMIT
 from pagestats.io.validation.problems import one_line
 from pagestats.prereg import PreregistrationError, freeze_band, verified_band
 from pagestats.replay import (
@@ -415,6 +425,10 @@ def _open(args):
     if args.db is None:
         if not args.logs:
             raise ValueError("give LOGS or --db FILE")
+        if args.command == "whatif" and not args.exclude and only_parquet(args.logs):
+            # validated as queries over the files, then the what-if reads them in place (out of core)
+            return logs_in_place(args.logs, memory_limit=args.memory_limit, temp_directory=args.temp_dir,
+                                 mode=args.mode)
         return load(args.logs, exclude=args.exclude, mode=args.mode)
     if args.logs or args.exclude:
         raise ValueError("--db replaces LOGS and --exclude: the database holds the logs it was indexed from")
@@ -537,9 +551,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:  # bad usage
         print(one_line(f"error: {err}"), file=sys.stderr)
         return 2
-    if args.db is None:
-        for line in logs.exclusion_report():
-            print(one_line(f"excluded: {line}"), file=sys.stderr)
+    for line in logs.exclusion_report() if isinstance(logs, Logs) else logs.left_out:
+        print(one_line(f"excluded: {line}"), file=sys.stderr)
 
     if args.command == "whatif":
         from pagestats.whatif import degenerate_messages, filter_whatif, whatif_summary, whatif_table, write_whatif

@@ -2,7 +2,9 @@
 
 :func:`load` returns a :class:`Logs` (polars frames of the ``inputs``, ``outcomes`` and
 ``topk`` tables, the manifests, the files read with their sha256, the exclusions);
-:func:`validate_paths` returns every :class:`Problem` as one line each. Submodules:
+:func:`validate_paths` returns every :class:`Problem` as one line each, checking the files
+by DuckDB queries without holding their rows; :func:`logs_in_place` validates parquet logs
+the same way and views them in place as an in-memory :class:`LogDB`. Submodules:
 :mod:`~pagestats.io.guard` (what may be opened and how much is read),
 :mod:`~pagestats.io.discovery` (which runs and files ``LOGS`` names),
 :mod:`~pagestats.io.read` (inspection and DuckDB reading), :mod:`~pagestats.io.upgrades`
@@ -14,11 +16,11 @@ DuckDB database of views over their files, :class:`LogDB`, for queries out of co
 """
 
 from pagestats.io.compact import compact_run
-from pagestats.io.database import LogDB, index_logs, open_logs
-from pagestats.io.load import HEAVY_COLUMNS, FileRecord, Logs, load, validate_paths
+from pagestats.io.database import LogDB, index_logs, logs_in_place, open_logs
+from pagestats.io.load import HEAVY_COLUMNS, FileRecord, Logs, load, only_parquet, validate_paths
 from pagestats.io.validation.problems import ExclusionError, LogError, Problem
 
 __all__ = [
     "HEAVY_COLUMNS", "ExclusionError", "FileRecord", "LogDB", "LogError", "Logs", "Problem", "compact_run", "index_logs",
-    "load", "open_logs", "validate_paths",
+    "load", "logs_in_place", "only_parquet", "open_logs", "validate_paths",
 ]

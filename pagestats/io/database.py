@@ -30,11 +30,9 @@ import duckdb
 import polars as pl
 
 from pagestats import defaults, schema
-from pagestats.io.load import HEAVY_COLUMNS, FileRecord, Logs, _other_mode, _runs_apart, _same_run_id, load
-from pagestats.io.validation.problems import ExclusionError, LogError, Problem
+from pagestats.io.load import HEAVY_COLUMNS, MEMORY_LIMIT, FileRecord, Logs, checked_runs
+from pagestats.io.validation.problems import LogError, Problem
 
-#: DuckDB's memory limit for the queries of a :class:`LogDB` (beyond it, operators spill).
-MEMORY_LIMIT = "2GB"
 #: Tables that are views over the log files.
 VIEW_TABLES = ("inputs", "outcomes", "topk")
 
@@ -145,48 +143,47 @@ class LogDB:
         self.con.close()
 
 
-def _validated(paths: list[str], mode: str = defaults.MODE) -> tuple[dict, list[FileRecord], pl.DataFrame, list[str]]:
-    """Manifests, file records and task classes of the validated logs (:class:`LogError` otherwise).
+def _validated(paths: list[str], mode: str, memory_limit: str, temp_directory: str | None):
+    """Manifests, file records, task classes of the validated logs and the line saying which
+    runs of another collection mode than ``mode`` were left out (:class:`LogError` otherwise).
 
-    Several whole run directories are loaded and checked one at a time
-    (:func:`pagestats.io.load._runs_apart`) and each dropped before the next; otherwise all
-    files are loaded at once. Runs of another collection mode than ``mode`` are left out (the
-    last item: the line that says so, as :func:`pagestats.io.load`).
+    Every rule runs as DuckDB queries over the files (:func:`pagestats.io.load.checked_runs`),
+    run by run when every file lies in a named run directory, without holding the rows.
     """
-    runs = _runs_apart(paths)
-    left_out: list[str] = []
-    if runs is not None:
-        other, line = _other_mode(runs, mode)
-        runs = [r for r in runs if r not in other]
-        left_out = [line] if line else []
-        if not runs:
-            raise ExclusionError([Problem("mode", None, f"no {mode} runs in the logs; {line}")])
-    groups = [(r, [r.dir]) for r in runs] if runs is not None else [(None, list(paths))]
-    problems: list[Problem] = []
-    manifests: dict[str, dict] = {}
-    files: list[FileRecord] = []
-    classes = []
-    seen: dict[str, str] = {}
-    for run, group in groups:
-        dup = _same_run_id(run, seen) if run is not None else None
-        if dup is not None:
-            problems.append(dup)
-            continue
-        try:
-            logs = load(group, strict=True, mode=mode)
-        except ExclusionError:
-            raise
-        except LogError as err:
-            problems += err.problems
-            continue
-        left_out += [line for line in logs.exclusions if run is None]
-        manifests.update(logs.manifests)
-        files += logs.files
-        classes.append(logs.inputs.select("run_id", "task", "task_class").unique())
-        del logs
-    if problems:
-        raise LogError(problems)
-    return manifests, files, pl.concat(classes).unique().sort("run_id", "task"), left_out
+    checked = checked_runs(paths, mode=mode, memory_limit=memory_limit, temp_directory=temp_directory)
+    if checked.problems:
+        raise LogError(checked.problems)
+    return checked.manifests, checked.files, checked.task_classes, checked.left_out
+
+
+def logs_in_place(
+    paths: Sequence[str] | str, *, memory_limit: str = MEMORY_LIMIT, temp_directory: str | None = None,
+    mode: str = defaults.MODE,
+) -> LogDB:
+    """Validate the parquet logs at ``paths`` and return an in-memory :class:`LogDB` of views
+    over the files where they lie (what :func:`index_logs` writes, without the file): a
+    what-if then reads the files once, out of core. Runs of another collection mode than
+    ``mode`` are left out (``LogDB.left_out``).
+
+    Raises
+    ------
+    LogError
+        Any validation problem, or a jsonl file (only parquet files can be viewed in place).
+    """
+    paths = [paths] if isinstance(paths, (str, os.PathLike)) else [str(p) for p in paths]
+    manifests, files, task_classes, left_out = _validated(paths, mode, memory_limit, temp_directory)
+    con = duckdb.connect(config=_config(memory_limit, temp_directory))
+    try:
+        _create(con, manifests, files, task_classes)
+    except BaseException:
+        con.close()
+        raise
+    return LogDB(path=None, con=con, manifests=manifests, files=_records(files),
+                 has_topk=any(f.table == "topk" for f in files), mode=mode, left_out=left_out)
+
+
+def _records(files: list[FileRecord]) -> list[FileRecord]:
+    return sorted((FileRecord(os.path.abspath(f.path), f.table, f.sha256, f.rows) for f in files), key=lambda f: f.path)
 
 
 def index_logs(
@@ -216,7 +213,7 @@ def index_logs(
         Any validation problem (nothing is written), or a jsonl file (only parquet is indexed).
     """
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else [str(p) for p in paths]
-    manifests, files, task_classes, left_out = _validated(paths, mode)
+    manifests, files, task_classes, left_out = _validated(paths, mode, memory_limit, temp_directory)
     tmp = f"{db}.tmp"
     if os.path.exists(tmp):
         os.remove(tmp)

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -63,22 +64,28 @@ import polars as pl
 from pagestats import defaults, schema
 from pagestats.io.discovery import (
     _Discovery,
+    _one_line,
     _sha256_or_none,
     _Source,
 )
 from pagestats.io.read import (
+    _duck_column,
     _empty,
     _inspect,
+    _literal_name,
     _read_table,
     _version,
 )
 from pagestats.io.upgrades import (
     upgrade_table,
 )
-from pagestats.io.validation.frames import check_frames
 from pagestats.io.validation.manifest import RunInfo
-from pagestats.io.validation.problems import ExclusionError, LogError, Problem
+from pagestats.io.validation.problems import ExclusionError, LogError, Problem, frame, one
+from pagestats.io.validation.tables import check_tables
 
+#: DuckDB's memory limit for the validation queries and those of a :class:`~pagestats.io.LogDB`
+#: (beyond it, operators spill to disk).
+MEMORY_LIMIT = "2GB"
 #: Text columns left out by ``columns="analysis"`` (they can be huge).
 HEAVY_COLUMNS = ("prompt", "full_prediction", "prediction", "references")
 
@@ -236,108 +243,282 @@ def _other_mode(runs, mode: str | None) -> tuple[list, str | None]:
     return other, f"left out, not {mode}: " + "; ".join(parts)
 
 
-def _load(paths, exclude: Sequence[str], columns: str, mode: str | None = defaults.MODE) -> tuple[Logs, list[Problem]]:
-    if columns not in ("analysis", "all"):
-        raise ValueError(f"columns must be 'analysis' or 'all', got {columns!r}")
-    if mode is not None and mode not in defaults.MODES:
-        raise ValueError(f"mode must be one of {list(defaults.MODES)}, got {mode!r}")
+@dataclass
+class _Found:
+    """What discovery and inspection found: the sources, the runs, the file-level problems."""
+
+    disc: _Discovery
+    sources: list[_Source]
+    names: list[str]
+    runs: dict[str, RunInfo]
+    manifests: dict[str, dict]
+    problems: list[Problem]
+    wanted: dict[str, list[str]]
+    skipped: frozenset  # ids of the runs of another collection mode, not read
+    left_out: str | None  # the line that says so
+
+
+def _discover(paths) -> _Discovery:
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
-    if isinstance(exclude, str):
-        exclude = [exclude]
     disc = _Discovery()
     for p in paths:
         disc.add(p)
-    problems = disc.problems
+    return disc
+
+
+def _of_mode(disc: _Discovery, mode: str | None) -> tuple[list[_Source], frozenset, str | None]:
+    """The sources to read: those of runs of another collection mode than ``mode`` are left out
+    unread (:class:`ExclusionError` when that leaves none); the ids of those runs; the line
+    that says so."""
+    if mode is not None and mode not in defaults.MODES:
+        raise ValueError(f"mode must be one of {list(defaults.MODES)}, got {mode!r}")
     other, left_out = _other_mode(disc.runs.values(), mode)
-    skipped = {id(run) for run in other}
+    skipped = frozenset(id(run) for run in other)
     sources = [s for s in disc.sources.values() if s.run is None or id(s.run) not in skipped]
     if left_out and not sources:
         raise ExclusionError([Problem("mode", None, f"no {mode} runs in the logs; {left_out}")])
+    return sources, skipped, left_out
+
+
+def _found(disc: _Discovery, picked, con: duckdb.DuckDBPyConnection, columns: str) -> _Found:
+    """Inspect every source of ``picked`` (:func:`_of_mode`: schema, table, types) and collect
+    the runs of valid manifests."""
+    problems = disc.problems
+    sources, skipped, left_out = picked
     for i, s in enumerate(sources):
         s.index = i
-    names = [s.path for s in sources]
+    for s in sources:
+        problems += _inspect(s, con)
+    # runs: manifest checks per file, unreadable versions, duplicates of run_id
+    runs: dict[str, RunInfo] = {}
+    manifests: dict[str, dict] = {}
+    for run in disc.runs.values():
+        if run.info is None or id(run) in skipped:
+            continue
+        if run.info.run_id in runs:
+            problems.append(Problem(run.manifest_path, None, f"run_id {run.info.run_id!r} is also the run_id "
+                                                             f"of {runs[run.info.run_id].manifest_path}"))
+            continue
+        runs[run.info.run_id] = run.info
+        manifests[run.info.run_id] = run.manifest
+    for s in sources:
+        if s.run is not None and s.run.manifest is None and os.path.exists(s.run.manifest_path):
+            s.usable, s.failed = False, True  # manifest unreadable or unknown schema version: reported above
+    wanted = {
+        t: [c.name for c in cols if columns == "all" or c.name not in HEAVY_COLUMNS]
+        for t, cols in schema.TABLES.items()
+    }
+    return _Found(disc, sources, [s.path for s in sources], runs, manifests, problems, wanted, skipped, left_out)
 
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        hashes = pool.map(_sha256_or_none, names)
-        con = duckdb.connect()
-        try:
-            for s in sources:
-                problems += _inspect(s, con)
-            # runs: manifest checks per file, unreadable versions, duplicates of run_id
-            runs: dict[str, RunInfo] = {}
-            manifests: dict[str, dict] = {}
-            for run in disc.runs.values():
-                if run.info is None or id(run) in skipped:
-                    continue
-                if run.info.run_id in runs:
-                    problems.append(Problem(run.manifest_path, None, f"run_id {run.info.run_id!r} is also the run_id "
-                                                                     f"of {runs[run.info.run_id].manifest_path}"))
-                    continue
-                runs[run.info.run_id] = run.info
-                manifests[run.info.run_id] = run.manifest
-            for s in sources:
-                if s.run is not None and s.run.manifest is None and os.path.exists(s.run.manifest_path):
-                    s.usable, s.failed = False, True  # manifest unreadable or unknown schema version: reported above
-            wanted = {
-                t: [c.name for c in cols if columns == "all" or c.name not in HEAVY_COLUMNS]
-                for t, cols in schema.TABLES.items()
-            }
-            tables: dict[str, pl.DataFrame] = {}
-            for table in schema.TABLES:
-                group = [s for s in sources if s.table == table and s.usable]
-                parts = []
-                for version in sorted({_version(s) for s in group}):
-                    same = [s for s in group if _version(s) == version]
-                    frame, read_problems = _read_table(con, table, same, wanted[table])
-                    problems += read_problems
-                    parts.append(upgrade_table(table, frame, version))
-                tables[table] = pl.concat(parts, how="diagonal_relaxed") if parts else _empty(table, wanted[table])
-        finally:
-            con.close()
-        digests = list(hashes)
 
+def _file_level(found: _Found, digests: list[str]):
+    """File records, the manifest file checks, the incomplete tables, topk presence, run dirs and file runs."""
+    sources = found.sources
     files = [
         FileRecord(s.path, s.table, digest, s.rows)
         for s, digest in zip(sources, digests)
         if not s.failed and s.table is not None and digest is not None and s.rows is not None
     ]
-    manifest_problems, missing_tables = _check_against_manifests(disc, sources, digests, skipped)
-    problems += manifest_problems
+    manifest_problems, missing_tables = _check_against_manifests(found.disc, sources, digests, found.skipped)
+    found.problems += manifest_problems
     incomplete = set(missing_tables)
     for s in sources:
         if s.failed:
             incomplete |= {s.table} if s.table else set(schema.TABLES)
+    run_dirs = {run.info.run_id: os.path.dirname(run.manifest_path) for run in found.disc.runs.values()
+                if run.info is not None and found.runs.get(run.info.run_id) is run.info}
+    file_runs = {s.index: s.run.info.run_id for s in sources if s.run is not None and s.run.info is not None}
+    return files, frozenset(incomplete), run_dirs, file_runs
 
-    has_topk = any(s.table == "topk" for s in sources)
-    inputs, outcomes = tables["inputs"], tables["outcomes"]
-    if inputs.height == 0 and not problems:
-        where = ", ".join(sorted({s.run.manifest_path if s.run is not None else s.path for s in sources
+
+def _no_inputs(found: _Found, paths, n_inputs: int) -> None:
+    if n_inputs == 0 and not found.problems:
+        where = ", ".join(sorted({s.run.manifest_path if s.run is not None else s.path for s in found.sources
                                   if s.table == "inputs"})) or ", ".join(os.fspath(p) for p in paths)
-        problems.append(Problem(where, None, "the logs have no inputs (every inputs file has zero rows)"))
+        found.problems.append(Problem(where, None, "the logs have no inputs (every inputs file has zero rows)"))
+
+
+def connect(memory_limit: str = MEMORY_LIMIT, temp_directory: str | None = None) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection for the rules, with ``memory_limit`` and a
+    ``temp_directory`` to spill to.
+
+    Filter pushdown and statistics propagation are off: parquet min/max statistics leave
+    NaN out, so a pushed-down ``isnan(score)`` or ``score > 1`` skips the very row groups
+    that hold a NaN (seen with DuckDB 2.0.1), and a rule must see every row.
+    """
+    temp = temp_directory or os.path.join(tempfile.gettempdir(), "pagestats-duckdb")
+    con = duckdb.connect(config={"memory_limit": memory_limit, "temp_directory": temp})
+    con.execute("SET disabled_optimizers = 'filter_pushdown,statistics_propagation'")
+    return con
+
+
+def _load(paths, exclude: Sequence[str], columns: str, mode: str | None = defaults.MODE) -> tuple[Logs, list[Problem]]:
+    """Read the tables into polars, apply the exclusions, and run the rules over the frames."""
+    if columns not in ("analysis", "all"):
+        raise ValueError(f"columns must be 'analysis' or 'all', got {columns!r}")
+    if isinstance(exclude, str):
+        exclude = [exclude]
+    disc = _discover(paths)
+    picked = _of_mode(disc, mode)
+    names = [s.path for s in picked[0]]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        hashes = pool.map(_sha256_or_none, names)
+        con = duckdb.connect()
+        try:
+            found = _found(disc, picked, con, columns)
+            tables: dict[str, pl.DataFrame] = {}
+            for table in schema.TABLES:
+                group = [s for s in found.sources if s.table == table and s.usable]
+                parts = []
+                for version in sorted({_version(s) for s in group}):
+                    same = [s for s in group if _version(s) == version]
+                    frame, read_problems = _read_table(con, table, same, found.wanted[table])
+                    found.problems += read_problems
+                    parts.append(upgrade_table(table, frame, version))
+                tables[table] = (pl.concat(parts, how="diagonal_relaxed") if parts
+                                 else _empty(table, found.wanted[table]))
+        finally:
+            con.close()
+        digests = list(hashes)
+    files, incomplete, run_dirs, file_runs = _file_level(found, digests)
+    has_topk = any(s.table == "topk" for s in found.sources)
+    inputs, outcomes = tables["inputs"], tables["outcomes"]
+    _no_inputs(found, paths, inputs.height)
     topk = tables["topk"] if has_topk else None
-    run_dirs = {run.info.run_id: os.path.dirname(run.manifest_path) for run in disc.runs.values()
-                if run.info is not None and runs.get(run.info.run_id) is run.info}
     inputs, outcomes, topk, lines = _apply_exclusions(list(exclude), inputs, outcomes, topk, run_dirs)
 
-    file_runs = {s.index: s.run.info.run_id for s in sources if s.run is not None and s.run.info is not None}
-    problems += check_frames(
-        inputs, outcomes, topk, files=names, runs=runs, file_runs=file_runs, incomplete=frozenset(incomplete)
-    )
+    con = connect()
+    try:
+        con.register("inputs", inputs)
+        con.register("outcomes", outcomes)
+        if topk is not None:
+            con.register("topk", topk)
+        found.problems += check_tables(con, files=found.names, runs=found.runs, file_runs=file_runs,
+                                       incomplete=incomplete, has_topk=topk is not None)
+    finally:
+        con.close()
 
-    inputs = _task_classes(inputs, runs)
+    inputs = _task_classes(inputs, found.runs)
     logs = Logs(
         inputs=inputs.drop("_file", "_row"),
         outcomes=outcomes.drop("_file", "_row"),
         topk=topk.drop("_file", "_row") if topk is not None else None,
-        manifests=manifests,
+        manifests=found.manifests,
         files=files,
-        exclusions=[*lines, *([left_out] if left_out else [])],
-        problems=problems,
+        exclusions=[*lines, *([found.left_out] if found.left_out else [])],
+        problems=found.problems,
         run_dirs=run_dirs,
         mode=mode,
     )
-    return logs, problems
+    return logs, found.problems
+
+
+@dataclass
+class Checked:
+    """What streaming validation (:func:`check_paths`) returns: the problems, and for valid
+    logs what a database of views over them needs."""
+
+    problems: list[Problem]
+    manifests: dict[str, dict]
+    files: list[FileRecord]
+    task_classes: pl.DataFrame
+    left_out: list[str]  # the line saying which runs of another collection mode were left out
+
+
+def check_paths(paths, *, mode: str | None = None, memory_limit: str = MEMORY_LIMIT,
+                temp_directory: str | None = None) -> Checked:
+    """Every rule over the logs at ``paths`` without holding their rows: the tables are DuckDB
+    views over the parquet files (jsonl files, and parquet files whose names hold glob
+    characters, are read into memory), the files are hashed while the rules run, and a
+    file that turns out unreadable is reported and left out, and the rules run again. Runs
+    of another collection mode than ``mode`` are left out unread (``None``: every mode)."""
+    disc = _discover(paths)
+    picked = _of_mode(disc, mode)
+    names = [s.path for s in picked[0]]
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        hashes = pool.map(_sha256_or_none, names)
+        con = connect(memory_limit, temp_directory)
+        try:
+            found = _found(disc, picked, con, "analysis")
+            digests = list(hashes)
+            while True:
+                before = list(found.problems)
+                n_inputs = _views(con, found)
+                files, incomplete, _, file_runs = _file_level(found, digests)
+                _no_inputs(found, paths, n_inputs)
+                try:
+                    found.problems += check_tables(con, files=found.names, runs=found.runs, file_runs=file_runs,
+                                                   incomplete=incomplete,
+                                                   has_topk=any(s.table == "topk" for s in found.sources))
+                    break
+                except duckdb.Error:
+                    found.problems = before
+                    if not _unreadable(con, found):
+                        raise
+            classes = frame(con, "SELECT DISTINCT run_id, task FROM inputs ORDER BY ALL")
+        finally:
+            con.close()
+    return Checked(found.problems, found.manifests, files, _task_classes(classes, found.runs),
+                   [found.left_out] if found.left_out else [])
+
+
+def _parquet_query(sources: list[_Source], cols: list[str], table: str) -> str:
+    """SQL reading a table's literal-named parquet files in canonical types, with ``_file`` and
+    ``_row``; paths are quoted SQL literals (the DDL of a view cannot take parameters)."""
+    paths = "[" + ", ".join("'" + s.path.replace("'", "''") + "'" for s in sources) + "]"
+    index = "[" + ", ".join(str(s.index) for s in sources) + "]"
+    return (f"SELECT {', '.join(cols)}, {index}[list_position({paths}, filename)]::INTEGER AS _file, "
+            f"file_row_number::INTEGER AS _row FROM read_parquet({paths}, union_by_name = true, filename = true, "
+            "file_row_number = true)")
+
+
+def _views(con, found: _Found) -> int:
+    """Views ``inputs``, ``outcomes`` (``topk``) over the usable sources, in canonical types
+    (parquet files of the current schema version are read where they lie; the others are
+    read into memory and upgraded); returns the number of input rows."""
+    for table in schema.TABLES:
+        group = [s for s in found.sources if s.table == table and s.usable and not s.failed]
+        wanted = found.wanted[table]
+        present = set().union(*(s.arrow_schema.names for s in group)) if group else set()
+        cols = [_duck_column(c, c.name in present) for c in schema.columns(table)
+                if c.name in wanted and (c.name in present or c.required)]
+        literal = [s for s in group if s.fmt == "parquet" and _literal_name(s.path)
+                   and _version(s) == schema.SCHEMA_VERSION]
+        others = [s for s in group if s not in literal]
+        parts = [_parquet_query(literal, cols, table)] if literal else []
+        con.execute(f"DROP VIEW IF EXISTS {table}")
+        if others:  # jsonl, names with glob characters, older schema versions: read (and upgraded) in memory
+            frames = []
+            for version in sorted({_version(s) for s in others}):
+                frame_, read_problems = _read_table(con, table, [s for s in others if _version(s) == version], wanted)
+                found.problems += read_problems
+                frames.append(upgrade_table(table, frame_, version))
+            con.register(f"_memory_{table}", pl.concat(frames, how="diagonal_relaxed"))
+            parts.append(f"SELECT * FROM _memory_{table}")
+        if not parts:
+            parts.append(f"SELECT {', '.join(cols)}, NULL::INTEGER AS _file, NULL::INTEGER AS _row WHERE FALSE")
+        con.execute(f"CREATE OR REPLACE TEMP VIEW {table} AS " + " UNION ALL BY NAME ".join(parts))
+    return one(con, "SELECT count(*) FROM inputs")[0]
+
+
+def _unreadable(con, found: _Found) -> bool:
+    """Read every literal-named parquet file through once (in record batches) and mark the
+    ones that fail, as :func:`pagestats.io.read._read_table` reports them; whether any did."""
+    any_failed = False
+    for s in found.sources:
+        if s.fmt != "parquet" or not s.usable or s.failed or not _literal_name(s.path):
+            continue
+        try:
+            reader = con.sql(_parquet_query([s], [f'"{c}"' for c in found.wanted[s.table]
+                                                      if c in s.arrow_schema.names], s.table)).to_arrow_reader()
+            for _ in reader:
+                pass
+        except duckdb.Error as err:
+            s.failed, any_failed = True, True
+            found.problems.append(Problem(s.path, None, f"cannot read parquet file (corrupt or truncated?): "
+                                                        f"{_one_line(err)}"))
+    return any_failed
 
 
 def _check_against_manifests(disc: _Discovery, sources: list[_Source], digests: list[str], skipped=frozenset()):
@@ -401,6 +582,12 @@ def _runs_apart(paths) -> list | None:
     return sorted(runs, key=lambda r: r.dir) if apart else None
 
 
+def only_parquet(paths) -> bool:
+    """Whether the logs at ``paths`` are all parquet files (so that they can be viewed in place)."""
+    sources = _discover(paths).sources.values()
+    return bool(sources) and all(s.fmt == "parquet" for s in sources)
+
+
 def _same_run_id(run, seen: dict[str, str]) -> Problem | None:
     """The problem of a run whose run_id an earlier run already has (and record it otherwise)."""
     other = seen.setdefault(run.info.run_id, run.manifest_path)
@@ -412,27 +599,45 @@ def _same_run_id(run, seen: dict[str, str]) -> Problem | None:
 def validate_paths(paths: Sequence[str]) -> list[Problem]:
     """Every problem of the logs at ``paths`` (run directories, parquet/jsonl files, globs).
 
-    Runs every rule of :mod:`pagestats.io.validation` and never stops at the first problem.
+    Runs every rule of :mod:`pagestats.io.validation` as DuckDB queries over the files
+    (:func:`check_paths`), never holding their rows, and never stops at the first problem.
     Returns an empty list when the logs are valid. Several whole run directories are checked
-    one run at a time (:func:`_runs_apart`), so memory grows with the largest run, not with
-    the release; the problems are then listed run by run.
+    one run at a time (:func:`_runs_apart`); the problems are then listed run by run.
     """
+    return checked_runs(paths).problems
+
+
+def checked_runs(paths, *, mode: str | None = None, **settings) -> Checked:
+    """:func:`check_paths`, one run at a time when ``paths`` are several whole run
+    directories (:func:`_runs_apart`; run_ids are compared across them; runs of another
+    collection mode than ``mode`` are left out, :class:`ExclusionError` when none is left),
+    else at once."""
     runs = _runs_apart(paths)
-    groups = [[r.dir] for r in runs] if runs is not None else [paths]
-    problems: list[Problem] = []
+    left_out: list[str] = []
+    if runs is not None:
+        other, line = _other_mode(runs, mode)
+        runs = [r for r in runs if r not in other]
+        left_out = [line] if line else []
+        if not runs:
+            raise ExclusionError([Problem("mode", None, f"no {mode} runs in the logs; {line}")])
+    groups = [(r, [r.dir]) for r in runs] if runs is not None else [(None, paths)]
+    total = Checked([], {}, [], pl.DataFrame(schema={"run_id": pl.String, "task": pl.String,
+                                                    "task_class": pl.String}), left_out)
     seen: dict[str, str] = {}
-    for i, group in enumerate(groups):
-        if runs is not None:
-            dup = _same_run_id(runs[i], seen)
-            if dup is not None:
-                problems.append(dup)
-                continue
-        try:
-            _, found = _load(group, (), "analysis", mode=None)
-        except LogError as err:  # pragma: no cover - only exclusions raise, and there are none
-            found = err.problems
-        problems += found
-    return problems
+    classes = [total.task_classes]
+    for run, group in groups:
+        dup = _same_run_id(run, seen) if run is not None else None
+        if dup is not None:
+            total.problems.append(dup)
+            continue
+        checked = check_paths(group, mode=mode, **settings)
+        total.problems += checked.problems
+        total.manifests.update(checked.manifests)
+        total.files += checked.files
+        total.left_out += [line for line in checked.left_out if run is None]
+        classes.append(checked.task_classes)
+    total.task_classes = pl.concat(classes).unique().sort("run_id", "task")
+    return total
 
 
 def load(paths, *, exclude: Sequence[str] = (), columns: str = "analysis", strict: bool = True,

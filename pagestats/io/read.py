@@ -124,6 +124,19 @@ def _polars_type(col: schema.Column, current: pl.DataType) -> pl.DataType:
     return current
 
 
+#: DuckDB type of each column kind (the writer's types); struct columns are kept as read.
+_DUCK_TYPES = {schema.INT: "BIGINT", schema.FLOAT: "DOUBLE", schema.STRING: "VARCHAR", schema.FLOAT_LIST: "FLOAT[]",
+               schema.INT_LIST: "INTEGER[]", schema.STRING_LIST: "VARCHAR[]"}
+
+
+def _duck_column(col: schema.Column, present: bool) -> str:
+    """SQL selecting ``col`` in the writer's type (``NULL`` of that type when absent)."""
+    name = '"' + col.name + '"'
+    kind = _DUCK_TYPES.get(col.kind)
+    value = name if present else "NULL"
+    return f"{value}::{kind} AS {name}" if kind else f"{value} AS {name}"
+
+
 def _canonical(frame: pl.DataFrame, table: str, wanted: Sequence[str]) -> pl.DataFrame:
     """Cast to the writer's types and put columns in declared order (+ ``_file``, ``_row``)."""
     exprs = []

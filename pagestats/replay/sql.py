@@ -94,7 +94,8 @@ def _per_input(con, logs, profile: ProfileSpec):
         lists.append("signals")
     cols = ", ".join(f'"{c}"' for c in (*INPUT_COLUMNS, *lists))
     inputs = con.sql(f"SELECT {cols} FROM inputs ORDER BY {_KEY}").pl()
-    topk = con.sql(f"SELECT * FROM topk ORDER BY {_KEY}, layer, head").pl() if profile.k is not None else None
+    topk = (con.sql(f"SELECT * FROM topk ORDER BY {_KEY}, layer, head").pl()
+            if profile.k is not None and logs.has_topk else None)  # without topk: the replay's error
     return SimpleNamespace(inputs=inputs, outcomes=None, topk=topk, manifests=logs.manifests)
 
 

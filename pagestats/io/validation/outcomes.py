@@ -4,9 +4,13 @@
 outcomes; ``n_kept`` in [1, n_tokens]; the budget-1.0 arm equal to the full-KV outcome
 (score = full_score within :data:`SCORE_TOLERANCE`, n_kept = n_tokens); the same budget
 grid for every (input, evictor) and the same evictor set for every input of a run (the
-manifest's evictors × budgets, when it lists them), with no outcome row twice. Arms are
-compared per input by a signature (count and sum of :data:`CELL_HASH`), exactly only
-for the inputs whose signature differs.
+manifest's evictors × budgets, when it lists them), with no outcome row twice.
+
+One DuckDB aggregate does the work for valid logs: the outcome rows grouped per input
+(row count, a set signature of the arms — count and sum of :data:`CELL_HASH` —, n_kept
+extremes, the budget-1.0 arm's extremes, range counts), joined with ``inp`` and summed
+per (run, signature). Only when a rule fires are its rows fetched, and arms are compared
+exactly only for the inputs whose signature differs from the reference.
 
 References
 ----------
@@ -19,128 +23,165 @@ from __future__ import annotations
 import polars as pl
 
 from pagestats import schema
-from pagestats.io.validation.problems import Problem, _duplicates, _out_of_range, emit
+from pagestats.io.validation.problems import (
+    FIRST,
+    FIRST_ROW,
+    Problem,
+    duplicate_rules,
+    emit,
+    first_row,
+    frame,
+    null_problems,
+    one,
+    out_of_range,
+    value_text,
+)
 
 #: Tolerance of the budget-1.0 vs full-KV score check.
 SCORE_TOLERANCE = 1e-9
 
-
 #: 32-bit hash of one (evictor, budget) arm; an input's arms are summarised by their count
 #: and the sum of these (a set signature: equal sets give equal sums).
-CELL_HASH = (pl.struct("evictor", "budget").hash() & 0xFFFFFFFF).alias("_cell")
+CELL_HASH = "(hash(evictor, budget) & 4294967295)"
+
+_SCORE_BAD = out_of_range("score", 0.0, 1.0)
+_BUDGET_BAD = out_of_range("budget", 0.0, 1.0, lo_open=True)
+#: An audit-arm row that differs from the full-KV outcome (NaN differences are not > tolerance).
+_FULL_BAD = (f"(NOT isnan(score - full_score) AND abs(score - full_score) > {SCORE_TOLERANCE!r}) "
+             "OR isnan(score) != isnan(full_score) OR n_kept != n_tokens")
+_KEY = ", ".join(schema.INPUT_KEY)
+_ON = " AND ".join(f"p.{k} = i.{k}" for k in schema.INPUT_KEY)
+
+#: Per input (outcome rows grouped by the input key) joined with the inputs; the flag
+#: columns ``_has_input`` / ``_has_outcomes`` mark the two kinds of orphans. ``{nulls}``:
+#: more per-input counts (the null rules).
+JOINED = f"""
+WITH per_input AS (
+    SELECT {_KEY}, {FIRST} AS _first, count(*) AS _n, min(n_kept) AS _kmin, max(n_kept) AS _kmax,
+        sum({CELL_HASH}) AS _sig,
+        min(score) FILTER (WHERE budget = 1.0) AS _s1min, max(score) FILTER (WHERE budget = 1.0) AS _s1max,
+        bool_or(isnan(score)) FILTER (WHERE budget = 1.0) AS _s1nan,
+        min(n_kept) FILTER (WHERE budget = 1.0) AS _k1min, max(n_kept) FILTER (WHERE budget = 1.0) AS _k1max,
+        count(*) FILTER (WHERE {_SCORE_BAD}) AS _c_score, count(*) FILTER (WHERE {_BUDGET_BAD}) AS _c_budget
+        {{nulls}}
+    FROM outcomes GROUP BY {_KEY}),
+joined AS (
+    SELECT coalesce(p.run_id, i.run_id) AS run_id, coalesce(p.task, i.task) AS task,
+        coalesce(p.input_id, i.input_id) AS input_id, p.* EXCLUDE ({_KEY}), i.n_tokens, i.full_score,
+        i._file AS _ifile, i._row AS _irow, p._n IS NOT NULL AS _has_outcomes, i._in IS NOT NULL AS _has_input
+    FROM per_input p FULL JOIN (SELECT {_KEY}, n_tokens, full_score, _file, _row, TRUE AS _in FROM inp) i ON {_ON})
+"""
+#: :data:`JOINED` without more counts.
+_JOINED = JOINED.format(nulls="")
+
+_KEPT_CANDIDATE = "_has_input AND _has_outcomes AND (_kmin < 1 OR _kmax > n_tokens)"
+_FULL_CANDIDATE = (f"_has_input AND _s1min IS NOT NULL AND (_s1nan OR isnan(full_score) OR _s1max - full_score > "
+                   f"{SCORE_TOLERANCE!r} OR full_score - _s1min > {SCORE_TOLERANCE!r} OR _k1min != n_tokens "
+                   "OR _k1max != n_tokens)")
 
 
-def _cell_signature(evictors, budgets) -> tuple[int, int]:
-    cells = pl.DataFrame(
-        {"evictor": list(evictors), "budget": [float(b) for b in budgets]},
-        schema={"evictor": pl.String, "budget": pl.Float64},
-    )
-    h = cells.select(CELL_HASH)["_cell"]
-    return cells.height, int(h.sum())
-
-
-def _check_outcomes(inp: pl.DataFrame, oc: pl.DataFrame, files, runs, incomplete, key) -> list[Problem]:
+def _check_outcomes(con, files, runs, incomplete, nulls) -> list[Problem]:
+    """The rules of this module; ``nulls`` (:func:`~pagestats.io.validation.problems.null_checks`
+    of ``outcomes``) are counted in the same aggregate and reported first."""
     problems: list[Problem] = []
-    problems += _out_of_range(oc, "score", 0.0, 1.0, files, "score outside [0, 1] or NaN")
-    problems += _out_of_range(oc, "budget", 0.0, 1.0, files, "budget outside (0, 1] or NaN", lo_open=True)
-
-    ikey = list(schema.INPUT_KEY)
-    # one numeric group-by over all outcome rows; identities are attached afterwards from
-    # inputs (or, for the rare outcomes without an input, from their own first row)
-    # (lazy with an explicit projection: the eager group-by is several times slower here)
-    per_input = (
-        oc.lazy()
-        .select(*key, "_file", "_row", "n_kept", "evictor", "budget")
-        .group_by(key)
-        .agg(
-            pl.col("_file").first(), pl.col("_row").first(), pl.len().alias("_n"),
-            pl.col("n_kept").min().alias("_kmin"), pl.col("n_kept").max().alias("_kmax"),
-            CELL_HASH.cast(pl.UInt64).sum().alias("_sig"),
-        )
-        .collect()
-    )
-    if key != ikey:
-        known = per_input.join(inp.select(*key, *ikey), on=key, how="inner")
-        unknown = per_input.join(inp.select(key), on=key, how="anti")
-        if unknown.height:
-            ids = oc.join(unknown.select("_file", "_row"), on=["_file", "_row"], how="semi").select("_file", "_row", *ikey)
-            unknown = unknown.join(ids, on=["_file", "_row"], how="left")
-            per_input = pl.concat([known, unknown.select(known.columns)])
-        else:
-            per_input = known
+    null_counts = "".join(f", count(*) FILTER (WHERE {cond}) AS _null_{i}" for i, (cond, _, _) in enumerate(nulls))
+    null_sums = "".join(f", sum(_null_{i}) AS _null_{i}" for i in range(len(nulls)))
+    summary = frame(con, f"""{JOINED.format(nulls=null_counts)}
+        SELECT run_id, _n, _sig, _has_input, _has_outcomes, count(*) AS n, min(_first) AS _first,
+            any_value({{'task': task, 'input_id': input_id}}) AS _one,
+            sum(_c_score) AS _c_score, sum(_c_budget) AS _c_budget{null_sums},
+            count(*) FILTER (WHERE {_KEPT_CANDIDATE}) AS _c_kept, count(*) FILTER (WHERE {_FULL_CANDIDATE}) AS _c_full
+        FROM joined GROUP BY ALL""")
+    totals = summary.select(pl.col("_c_score", "_c_budget", "_c_kept", "_c_full", "^_null_.*$").sum()).row(0, named=True)
+    problems += null_problems(con, "outcomes", nulls, [totals[f"_null_{i}"] for i in range(len(nulls))], files)
+    if totals["_c_score"]:
+        problems += emit(con, f"SELECT _file, _row, score FROM outcomes WHERE {_SCORE_BAD}", files,
+                         "score outside [0, 1] or NaN", lambda r: f"score = {value_text(r['score'])}")
+    if totals["_c_budget"]:
+        problems += emit(con, f"SELECT _file, _row, budget FROM outcomes WHERE {_BUDGET_BAD}", files,
+                         "budget outside (0, 1] or NaN", lambda r: f"budget = {value_text(r['budget'])}")
 
     # orphans both ways
-    if "inputs" not in incomplete:
-        orphans = per_input.join(inp.select(key), on=key, how="anti")
-        orphans = orphans.with_columns(pl.format("input ({}, {}, {}) has {} outcome rows", *ikey, "_n").alias("_d"))
-        problems += emit(orphans, files, "outcomes whose input is missing from inputs", "_d")
-    if "outcomes" not in incomplete:
-        lonely = inp.join(per_input.select(key), on=key, how="anti")
-        problems += emit(lonely, files, "input with no outcomes")
+    if "inputs" not in incomplete and summary.filter(~pl.col("_has_input")).height:
+        problems += emit(con, f"{_JOINED} SELECT {FIRST_ROW}, {_KEY}, _n FROM joined WHERE NOT _has_input", files,
+                         "outcomes whose input is missing from inputs",
+                         lambda r: f"input ({value_text(r['run_id'])}, {value_text(r['task'])}, "
+                                   f"{value_text(r['input_id'])}) has {r['_n']} outcome rows")
+    if "outcomes" not in incomplete and summary.filter(~pl.col("_has_outcomes")).height:
+        problems += emit(con, f"{_JOINED} SELECT _ifile AS _file, _irow AS _row FROM joined WHERE NOT _has_outcomes",
+                         files, "input with no outcomes")
 
-    # n_kept in [1, n_tokens]: inputs whose extremes fall outside, then their rows
-    sizes = inp.select(*key, "n_tokens", "full_score")
-    cand = per_input.join(sizes, on=key, how="inner").filter(
-        (pl.col("_kmin") < 1) | (pl.col("_kmax") > pl.col("n_tokens"))
-    )
-    if cand.height:
-        rows = oc.join(cand.select(*key, "n_tokens"), on=key, how="inner")
-        bad = rows.filter((pl.col("n_kept") < 1) | (pl.col("n_kept") > pl.col("n_tokens")))
-        problems += emit(bad.with_columns(pl.format("n_kept = {}, n_tokens = {}", "n_kept", "n_tokens").alias("_d")),
-                         files, "n_kept outside [1, n_tokens]", "_d")
-
+    rows = f"SELECT o._file, o._row, o.evictor, o.score, o.n_kept, i.full_score, i.n_tokens FROM outcomes o JOIN inp i USING ({_KEY})"
+    # n_kept in [1, n_tokens]
+    if totals["_c_kept"]:
+        problems += emit(con, f"{rows} WHERE o.n_kept < 1 OR o.n_kept > i.n_tokens", files,
+                         "n_kept outside [1, n_tokens]", lambda r: f"n_kept = {r['n_kept']}, n_tokens = {r['n_tokens']}")
     # the budget-1.0 arm reproduces the full-KV outcome (§4 "Setup": full-cache audit)
-    full = (
-        oc.lazy()
-        .filter(pl.col("budget") == 1.0)
-        .select("_file", "_row", *{*key, *ikey}, "evictor", "n_kept", "score")
-        .join(sizes.lazy(), on=key, how="inner")
-        .collect()
-    )
-    bad = full.filter(((pl.col("score") - pl.col("full_score")).abs() > SCORE_TOLERANCE)
-                      | (pl.col("score").is_nan() != pl.col("full_score").is_nan())
-                      | (pl.col("n_kept") != pl.col("n_tokens")))
-    bad = bad.with_columns(pl.format("evictor {}: score {} vs full_score {}, n_kept {} vs n_tokens {}", "evictor",
-                                     "score", "full_score", "n_kept", "n_tokens").alias("_d"))
-    problems += emit(bad, files, "budget 1.0 outcome differs from the full-KV outcome", "_d")
+    if totals["_c_full"]:
+        problems += emit(con, f"{rows} WHERE o.budget = 1.0 AND ({_FULL_BAD})", files,
+                         "budget 1.0 outcome differs from the full-KV outcome",
+                         lambda r: f"evictor {r['evictor']}: score {value_text(r['score'])} vs full_score "
+                                   f"{value_text(r['full_score'])}, n_kept {r['n_kept']} vs n_tokens {r['n_tokens']}")
 
-    problems += _check_grid(oc, per_input, files, runs, key)
+    problems += _check_grid(con, summary.filter(pl.col("_has_outcomes")), files, runs)
     return problems
 
 
-def _check_grid(oc: pl.DataFrame, per_input: pl.DataFrame, files, runs, key) -> list[Problem]:
+def _signature(con, cells) -> tuple[int, int]:
+    """Count and :data:`CELL_HASH` sum of a set of (evictor, budget) arms, as DuckDB computes them."""
+    frame = pl.DataFrame({"evictor": [e for e, _ in cells], "budget": [float(b) for _, b in cells]},
+                         schema={"evictor": pl.String, "budget": pl.Float64})
+    con.register("_cells", frame)
+    try:
+        n, sig = one(con, f"SELECT count(*), coalesce(sum({CELL_HASH}), 0) FROM _cells")
+    finally:
+        con.unregister("_cells")
+    return n, int(sig)
+
+
+def _check_grid(con, per_run: pl.DataFrame, files, runs) -> list[Problem]:
     """Every (input, evictor) of a run has the same budget grid and every input the same
     evictor set (and no outcome row twice): the manifest's evictors × budgets when it
     lists them, else the run's most common set of arms."""
     problems: list[Problem] = []
-    for run_id in sorted(per_input["run_id"].unique().drop_nulls().to_list()):
-        sub = per_input.filter(pl.col("run_id") == run_id)
-        usual_n, usual_sig = sub.group_by("_n", "_sig").len().sort(["len", "_n"], descending=[True, False]).row(0)[:2]
-        one = sub.filter((pl.col("_n") == usual_n) & (pl.col("_sig") == usual_sig)).select(key).head(1)
-        usual = oc.join(one, on=key, how="semi").select("evictor", "budget").unique()
-        usual_cells = sorted(usual.iter_rows())
+    for run_id in sorted(per_run["run_id"].unique().drop_nulls().to_list()):
+        sub = per_run.filter(pl.col("run_id") == run_id)
+        usual = (sub.group_by("_n", "_sig").agg(pl.col("n").sum(), pl.col("_one").first())
+                 .sort(["n", "_n"], descending=[True, False]).row(0, named=True))
+        example = usual["_one"]
+        usual_cells = sorted(con.sql(
+            "SELECT DISTINCT evictor, budget FROM outcomes WHERE run_id = $r AND task = $t AND input_id = $i",
+            params={"r": run_id, "t": example["task"], "i": example["input_id"]}).fetchall())
         info = runs.get(run_id)
-        first = sub.sort("_file", "_row").head(1)
+        first = first_row(sub["_first"].min())
         if info is not None and info.evictors is not None and info.budgets is not None:
             manifest_cells = sorted((e, b) for e in info.evictors for b in info.budgets)
             if set(manifest_cells) != set(usual_cells):
                 # reported once for the run; inputs are then compared with the run's usual arms
-                problems += emit(first, files, f"the usual arms of run {run_id!r} differ from the manifest's evictors × "
-                                               f"budgets", lambda rec: _cells_diff(usual_cells, manifest_cells))
+                problems.append(Problem(files[first[0]], first[1],
+                                        f"the usual arms of run {run_id!r} differ from the manifest's evictors × "
+                                        f"budgets: {_cells_diff(usual_cells, manifest_cells)}"))
                 reference, source = usual_cells, "the run's usual"
             else:
                 reference, source = manifest_cells, "the manifest's"
         else:
             reference, source = usual_cells, "the run's usual"
-        ref_n, ref_sig = _cell_signature(*zip(*reference)) if reference else (0, 0)
-        odd = sub.filter((pl.col("_n") != ref_n) | (pl.col("_sig") != ref_sig))
-        if odd.height:
-            rows = oc.join(odd.select(key), on=key, how="semi")
-            p, rows = _duplicates(rows, schema.OUTCOME_KEY, files, "outcome row")
+        ref_n, ref_sig = _signature(con, reference)
+        if sub.filter((pl.col("_n") != ref_n) | (pl.col("_sig") != ref_sig)).height:
+            con.execute(f"""CREATE OR REPLACE TEMP TABLE _odd_keys AS {_JOINED}
+                SELECT {_KEY} FROM joined WHERE _has_outcomes AND run_id = $r AND (_n != $n OR _sig != $sig)""",
+                        {"r": run_id, "n": ref_n, "sig": ref_sig})
+            con.execute(f"CREATE OR REPLACE TEMP VIEW _odd_rows AS SELECT * FROM outcomes SEMI JOIN _odd_keys "
+                        f"USING ({_KEY})")
+            p, _ = duplicate_rules(con, "_odd_rows", schema.OUTCOME_KEY, files, "outcome row")
             problems += p
-            problems += _exact_grid(rows, reference, source, run_id, files)
+            problems += _exact_grid(con, reference, source, run_id, files)
+            for name in ("_odd_rows_kept", "_odd_rows"):
+                con.execute(f"DROP VIEW IF EXISTS {name}")
+            for name in ("_odd_keys", "_later__odd_rows", "_dups__odd_rows"):
+                con.execute(f"DROP TABLE IF EXISTS {name}")
         if reference and 1.0 not in {b for _, b in reference}:
-            problems += emit(first, files, f"run {run_id!r} has no budget 1.0 (full-cache audit) arm")
+            problems.append(Problem(files[first[0]], first[1], f"run {run_id!r} has no budget 1.0 (full-cache audit) arm"))
     return problems
 
 
@@ -155,16 +196,14 @@ def _cells_diff(got, reference) -> str:
     return text
 
 
-def _exact_grid(rows: pl.DataFrame, reference, source, run_id, files) -> list[Problem]:
-    """Exact evictor-set and budget-grid comparison for the (few) inputs whose signature differs."""
+def _exact_grid(con, reference, source, run_id, files) -> list[Problem]:
+    """Exact evictor-set and budget-grid comparison for the (few) inputs whose signature
+    differs (``_odd_rows`` without the later duplicates of ``_later__odd_rows``)."""
     problems: list[Problem] = []
-    ikey = list(schema.INPUT_KEY)
     ref_evictors = sorted({e for e, _ in reference})
     ref_budgets = {e: sorted(b for e2, b in reference if e2 == e) for e in ref_evictors}
-    per_input = rows.group_by(ikey).agg(
-        pl.col("_file").first(), pl.col("_row").first(), pl.col("evictor").unique().sort().alias("_evictors")
-    )
-    bad = per_input.filter(pl.col("_evictors") != pl.lit(pl.Series([ref_evictors], dtype=pl.List(pl.String))))
+    con.execute("CREATE OR REPLACE TEMP VIEW _odd_rows_kept AS SELECT * FROM _odd_rows "
+                "ANTI JOIN _later__odd_rows USING (_file, _row)")
 
     def evictor_detail(rec):
         got = list(rec["_evictors"])
@@ -172,16 +211,13 @@ def _exact_grid(rows: pl.DataFrame, reference, source, run_id, files) -> list[Pr
         return (f"input ({rec['run_id']}, {rec['task']}, {rec['input_id']}) has {got}; {source} evictor set is "
                 f"{ref_evictors}" + (f"; missing {missing}" if missing else "") + (f"; extra {extra}" if extra else ""))
 
-    problems += emit(bad, files, f"evictor set differs between inputs of run {run_id!r}", evictor_detail)
-    grids = rows.filter(pl.col("evictor").is_in(ref_evictors)).group_by(*ikey, "evictor").agg(
-        pl.col("_file").first(), pl.col("_row").first(), pl.col("budget").sort().alias("_grid")
-    )
-    grids = grids.with_columns(
-        pl.col("evictor").replace_strict(
-            ref_evictors, [ref_budgets[e] for e in ref_evictors], return_dtype=pl.List(pl.Float64)
-        ).alias("_ref")
-    )
-    bad = grids.filter(pl.col("_grid") != pl.col("_ref"))
+    problems += emit(con, f"""SELECT {FIRST_ROW}, * FROM (
+        SELECT {_KEY}, {FIRST} AS _first, list_sort(list_distinct(list(evictor))) AS _evictors
+        FROM _odd_rows_kept GROUP BY {_KEY}) WHERE _evictors != $ref""", files,
+                     f"evictor set differs between inputs of run {run_id!r}", evictor_detail, {"ref": ref_evictors})
+    grids = pl.DataFrame({"evictor": ref_evictors, "_ref": [ref_budgets[e] for e in ref_evictors]},
+                         schema={"evictor": pl.String, "_ref": pl.List(pl.Float64)})
+    con.register("_ref_grid", grids)
 
     def grid_detail(rec):
         got, ref = list(rec["_grid"]), list(rec["_ref"])
@@ -190,5 +226,13 @@ def _exact_grid(rows: pl.DataFrame, reference, source, run_id, files) -> list[Pr
                 f"{source} budget grid is {ref}" + (f"; missing {missing}" if missing else "")
                 + (f"; extra {extra}" if extra else ""))
 
-    problems += emit(bad, files, f"budget grid differs between arms of run {run_id!r}", grid_detail)
+    try:
+        problems += emit(con, f"""SELECT {FIRST_ROW}, * FROM (
+            SELECT {_KEY}, evictor, {FIRST} AS _first, list_sort(list(budget)) AS _grid
+            FROM _odd_rows_kept SEMI JOIN _ref_grid USING (evictor) GROUP BY {_KEY}, evictor)
+            JOIN _ref_grid USING (evictor) WHERE _grid != _ref""", files,
+                         f"budget grid differs between arms of run {run_id!r}", grid_detail)
+    finally:
+        con.unregister("_ref_grid")
     return problems
+

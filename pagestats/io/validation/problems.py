@@ -1,11 +1,13 @@
 """The validation problem record and the helpers that turn bad rows into problems.
 
 :class:`Problem` (one line of a validation report) and :class:`LogError` (all of them,
-raised by ``load(strict=True)``), plus the row helpers every rule of
-:mod:`pagestats.io.validation` shares: :func:`emit` (at most :data:`MAX_ROWS_PER_RULE` rows
-per rule and file, then a count of the rest), the required-column null rule, the
-duplicate-key rule, the range rule and the per-run mode used as a reference. Row
-numbers are 0-based positions within the file.
+raised by ``load(strict=True)``), plus the helpers every rule of
+:mod:`pagestats.io.validation` shares. The rules are DuckDB queries over the relations
+``inputs``, ``outcomes`` and ``topk`` of a connection (views over the files, or frames in
+memory), each row carrying ``_file`` (index into the file list) and ``_row``; a rule is
+first counted by an aggregate and only its bad rows are fetched, by :func:`emit` (at most
+:data:`MAX_ROWS_PER_RULE` rows per rule and file, then a count of the rest), so that no
+rule holds all rows in memory. Row numbers are 0-based positions within the file.
 
 References
 ----------
@@ -15,9 +17,11 @@ first problem; required columns non-null; no duplicate inputs, outcome rows or t
 
 from __future__ import annotations
 
+import math
 import unicodedata
 from dataclasses import dataclass
 
+import duckdb
 import polars as pl
 
 from pagestats import schema
@@ -71,93 +75,178 @@ class ExclusionError(LogError):
     """Raised for an ``exclude`` argument that is malformed or matches no row (a usage error)."""
 
 
-def _fmt_key(values) -> str:
-    return "(" + ", ".join(repr(v) if isinstance(v, str) else str(v) for v in values) + ")"
+def value_text(value) -> str:
+    """A value as a problem message shows it (``null``, ``NaN``, ``inf``, lists as lists)."""
+    if value is None:
+        return "null"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "NaN"
+        if value in (float("inf"), float("-inf")):
+            return "inf" if value > 0 else "-inf"
+    return str(value)
 
 
-def emit(bad: pl.DataFrame, files: list[str], rule: str, detail=None) -> list[Problem]:
-    """Problems for the rows of ``bad`` (which has ``_file`` and ``_row``), at most
-    :data:`MAX_ROWS_PER_RULE` per file, then one line counting the rest.
+def key_text(values) -> str:
+    """``(a, b, c)``: an identity as problem messages show it (strings unquoted)."""
+    return "(" + ", ".join(value_text(v) for v in values) + ")"
 
-    ``detail`` is ``None``, the name of a column of per-row text, or a callable taking the
-    row as a dict and returning text (called for the reported rows only).
+
+#: The first row of a group (smallest file index, then row) as one BIGINT: ``_file · 2³² + _row``.
+FIRST = "min(_file::BIGINT * 4294967296 + _row)"
+#: SQL columns ``_file``, ``_row`` from a :data:`FIRST` value named ``_first``.
+FIRST_ROW = "(_first // 4294967296)::INTEGER AS _file, (_first % 4294967296)::INTEGER AS _row"
+
+
+def first_row(first: int) -> tuple[int, int]:
+    """``(_file, _row)`` of a :data:`FIRST` value."""
+    return int(first) >> 32, int(first) & 0xFFFFFFFF
+
+
+def emit(con: duckdb.DuckDBPyConnection, query: str, files: list[str], rule: str, detail=None,
+         params=None) -> list[Problem]:
+    """Problems for the rows of ``query`` (columns ``_file``, ``_row`` and any the detail
+    needs), at most :data:`MAX_ROWS_PER_RULE` per file, then one line counting the rest.
+
+    ``detail`` is ``None`` or a callable taking a reported row as a dict and returning
+    text (called for the reported rows only). Only the reported rows leave DuckDB.
     """
-    if bad.height == 0:
-        return []
+    sql = (f"SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY _file ORDER BY _row) AS _k, "
+           f"count(*) OVER (PARTITION BY _file) AS _n_file FROM ({query})) WHERE _k <= {MAX_ROWS_PER_RULE} "
+           "ORDER BY _file, _row")
+    rel = con.sql(sql, params=params)
+    names = rel.columns
     out: list[Problem] = []
-    bad = bad.sort("_file", "_row")
-    for (file_idx,), group in bad.group_by("_file", maintain_order=True):
-        name = files[int(file_idx)]
-        head = group.head(MAX_ROWS_PER_RULE)
-        for rec in head.iter_rows(named=True):
-            if detail is None:
-                msg = rule
-            elif callable(detail):
-                msg = f"{rule}: {detail(rec)}"
-            else:
-                msg = f"{rule}: {rec[detail]}"
-            out.append(Problem(name, int(rec["_row"]), msg))
-        rest = group.height - head.height
-        if rest:
-            out.append(Problem(name, None, f"{rest} more rows with: {rule}"))
+    for values in rel.fetchall():
+        rec = dict(zip(names, values))
+        name = files[int(rec["_file"])]
+        msg = rule if detail is None else f"{rule}: {detail(rec)}"
+        out.append(Problem(name, int(rec["_row"]), msg))
+        if rec["_k"] == min(rec["_n_file"], MAX_ROWS_PER_RULE) and rec["_n_file"] > MAX_ROWS_PER_RULE:
+            out.append(Problem(name, None, f"{rec['_n_file'] - MAX_ROWS_PER_RULE} more rows with: {rule}"))
     return out
 
 
-def _nulls(frame: pl.DataFrame, table: str, files: list[str]) -> list[Problem]:
-    """Nulls in required columns, and null elements inside any list column (a list's
-    min/max/length rules do not see them)."""
-    out = []
+def ident(name: str) -> str:
+    """A column name quoted as a DuckDB identifier (names come from the declared schema)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def null_checks(table: str, present: list[str]) -> list[tuple]:
+    """The null rules of ``table`` as (SQL condition, rule, detail): nulls in required columns,
+    and null elements inside any list column (a list's min/max/length rules do not see them).
+    ``detail`` is ``None`` or (extra SQL columns, callable)."""
+    checks = []
     for col in schema.columns(table):
-        if col.name not in frame.columns:
+        if col.name not in present:
             continue
-        if col.required and frame[col.name].null_count():
-            out += emit(frame.filter(pl.col(col.name).is_null()), files, f"{table} column {col.name!r} is null")
-        if isinstance(frame.schema[col.name], pl.List):
-            holes = pl.col(col.name).list.eval(pl.element().is_null()).list.any().fill_null(False)
-            bad = frame.filter(holes)
-            bad = bad.with_columns(pl.format("{} of {} elements null", pl.col(col.name).list.eval(
-                pl.element().is_null()).list.sum(), pl.col(col.name).list.len()).alias("_d"))
-            out += emit(bad, files, f"{table} column {col.name!r} has null elements", "_d")
+        q = ident(col.name)
+        if col.required:
+            checks.append((f"{q} IS NULL", f"{table} column {col.name!r} is null", None))
+        if col.kind in (schema.FLOAT_LIST, schema.INT_LIST, schema.STRING_LIST):
+            checks.append((f"list_count({q}) < len({q})", f"{table} column {col.name!r} has null elements",
+                           (f"len({q}) - list_count({q}) AS _holes, len({q}) AS _len",
+                            lambda r: f"{r['_holes']} of {r['_len']} elements null")))
+    return checks
+
+
+def null_problems(con, table: str, checks: list[tuple], counts, files: list[str]) -> list[Problem]:
+    """The problems of the :func:`null_checks` whose ``counts`` are not zero (their rows fetched)."""
+    out: list[Problem] = []
+    for n, (cond, rule, detail) in zip(counts, checks):
+        if n:
+            extra = f", {detail[0]}" if detail else ""
+            out += emit(con, f"SELECT _file, _row{extra} FROM {table} WHERE {cond}", files, rule,
+                        detail[1] if detail else None)
     return out
 
 
-def _duplicates(
-    frame: pl.DataFrame, key: tuple[str, ...], files: list[str], what: str, candidates: pl.Expr | None = None
-) -> tuple[list[Problem], pl.DataFrame]:
-    """Problems for later occurrences of a repeated ``key``, and the frame without them.
+def null_rules(con, table: str, present: list[str], files: list[str]) -> list[Problem]:
+    """The :func:`null_checks` of ``table``: one counting scan, then the bad rows."""
+    checks = null_checks(table, present)
+    if not checks:
+        return []
+    counts = one(con, "SELECT " + ", ".join(f"count(*) FILTER (WHERE {c})" for c, _, _ in checks) + f" FROM {table}")
+    return null_problems(con, table, checks, counts, files)
 
-    ``candidates`` (a cheap boolean expression, e.g. a duplicated hash) narrows the exact
-    comparison of ``key`` to the rows that can be duplicates.
+
+def duplicate_rules(con, table: str, key: tuple[str, ...], files: list[str], what: str) -> tuple[list[Problem], bool]:
+    """Problems for later occurrences of a repeated ``key`` among the rows of ``table``; their ``_file``, ``_row`` are stored in the temporary table
+    ``_later_<table>`` (so that the rules after this one can leave them out). Returns the
+    problems and whether there was any duplicate.
+
+    A count of distinct hashes of the key decides, in one scan, whether there can be a
+    duplicate; the rows are compared exactly only then.
     """
-    sub = frame.filter(candidates) if candidates is not None else frame
-    if sub.height == 0:
-        return [], frame
-    later = ~pl.struct(list(key)).is_first_distinct()
-    dups = sub.filter(later)
-    if dups.height == 0:
-        return [], frame
-    first = sub.filter(~later).select(*key, pl.col("_file").alias("_f0"), pl.col("_row").alias("_r0"))
-    dups = dups.join(first, on=list(key), how="left", nulls_equal=True)
+    cols = ", ".join(ident(k) for k in key)
+    n, distinct = one(con, f"SELECT count(*), count(DISTINCT hash({cols})) FROM {table}")
+    con.execute(f"CREATE OR REPLACE TEMP TABLE _later_{table} (_file INTEGER, _row INTEGER)")
+    if n == distinct:
+        return [], False
+    same = " AND ".join(f"d.{ident(k)} IS NOT DISTINCT FROM t.{ident(k)}" for k in key)
+    con.execute(f"""
+        CREATE OR REPLACE TEMP TABLE _dups_{table} AS
+        WITH d AS (SELECT {cols} FROM {table} GROUP BY ALL HAVING count(*) > 1)
+        SELECT t._file, t._row, {", ".join(f"t.{ident(k)}" for k in key)},
+               first_value(t._file) OVER w AS _f0, first_value(t._row) OVER w AS _r0,
+               row_number() OVER w AS _i
+        FROM {table} t SEMI JOIN d ON {same}
+        WINDOW w AS (PARTITION BY {", ".join(f"t.{ident(k)}" for k in key)} ORDER BY t._file, t._row)
+    """)
+    con.execute(f"INSERT INTO _later_{table} SELECT _file, _row FROM _dups_{table} WHERE _i > 1")
 
     def detail(rec):
-        values = _fmt_key(rec[k] for k in key)
-        return f"{_fmt_key(key)} = {values}, first at {files[int(rec['_f0'])]}:row {rec['_r0']}".replace("'", "")
+        values = key_text(rec[k] for k in key)
+        return f"({', '.join(key)}) = {values}, first at {files[int(rec['_f0'])]}:row {rec['_r0']}"
 
-    kept = frame.join(dups.select("_file", "_row"), on=["_file", "_row"], how="anti", maintain_order="left")
-    return emit(dups, files, f"duplicate {what}", detail), kept
-
-
-def _out_of_range(frame, col, lo, hi, files, rule, lo_open=False):
-    x = pl.col(col)
-    low = (x <= lo) if lo_open else (x < lo)
-    bad = frame.filter(x.is_not_null() & (x.is_nan() | low | (x > hi)))
-    bad = bad.with_columns(pl.format(f"{col} = {{}}", x).alias("_detail"))
-    return emit(bad, files, rule, "_detail")
+    problems = emit(con, f"SELECT * FROM _dups_{table} WHERE _i > 1", files, f"duplicate {what}", detail)
+    return problems, True
 
 
-def _mode_per_run(frame: pl.DataFrame, value: str) -> pl.DataFrame:
-    """Most common ``value`` per run_id (ties → smallest), columns run_id, ``value``."""
-    counts = frame.group_by("run_id", value).len()
-    return counts.sort(["run_id", "len", value], descending=[False, True, False]).unique(
-        "run_id", keep="first", maintain_order=True
-    ).drop("len")
+def out_of_range(col: str, lo: float, hi: float, lo_open: bool = False) -> str:
+    """SQL condition: ``col`` not null and NaN or outside [lo, hi] (or (lo, hi])."""
+    q = ident(col)
+    low = f"{q} <= {lo!r}" if lo_open else f"{q} < {lo!r}"
+    return f"({q} IS NOT NULL AND (isnan({q}) OR {low} OR {q} > {hi!r}))"
+
+
+def mode(counts: dict) -> object:
+    """The most common value of ``{value: count}`` (ties → the smallest; ``None`` sorts first)."""
+    return min(counts.items(), key=lambda kv: (-kv[1], kv[0] is not None, kv[0] if kv[0] is not None else 0))[0]
+
+
+class Collector:
+    """Bad rows of one rule found while streaming (e.g. by NumPy over record batches): keeps
+    the first :data:`MAX_ROWS_PER_RULE` rows of each file and counts the rest, in bounded memory."""
+
+    def __init__(self):
+        self.rows: dict[int, list[tuple[int, str]]] = {}
+        self.counts: dict[int, int] = {}
+
+    def add(self, file: int, row: int, text: str | None) -> None:
+        kept = self.rows.setdefault(file, [])
+        kept.append((row, text))
+        self.counts[file] = self.counts.get(file, 0) + 1
+        if len(kept) > 10 * MAX_ROWS_PER_RULE:
+            kept.sort(key=lambda rt: rt[0])
+            del kept[MAX_ROWS_PER_RULE:]
+
+    def problems(self, files: list[str], rule: str) -> list[Problem]:
+        out: list[Problem] = []
+        for file in sorted(self.rows):
+            kept = sorted(self.rows[file], key=lambda rt: rt[0])[:MAX_ROWS_PER_RULE]
+            out += [Problem(files[file], row, rule if text is None else f"{rule}: {text}") for row, text in kept]
+            rest = self.counts[file] - len(kept)
+            if rest:
+                out.append(Problem(files[file], None, f"{rest} more rows with: {rule}"))
+        return out
+
+
+def frame(con, query: str, params=None) -> pl.DataFrame:
+    """The (small) result of ``query`` as a polars frame."""
+    return pl.from_arrow(con.sql(query, params=params).to_arrow_table())
+
+
+def one(con, query: str, params=None) -> tuple:
+    """The one row of ``query``."""
+    return con.sql(query, params=params).fetchall()[0]
