@@ -1,30 +1,32 @@
-"""Benchmark: the what-if out of core (DuckDB over the parquet files) against one hand-written
-DuckDB query, as ratios measured in the same run.
+"""Benchmark: validation and the what-if out of core (DuckDB over the parquet files) against
+one hand-written DuckDB query, as ratios measured in the same run.
 
 Data: synthetic runs of 1,000,000 inputs each (8 default tasks × 125,000; one model L=12,
 H=4; RULER 4K; evictor snapkv; the 9 default budgets; no top-k, no text), one run per chunk
 (``draws=(i,)``, seed i, so run_ids differ), written by ``--generate`` in a child process
-each, so that a release of N million inputs is generated one million at a time. The data
-directory is ``--data DIR`` (default ``bench/tmp``); it is deleted at the end unless
-``--keep``.
+each, so that a release of N million inputs is generated one million at a time; or the runs
+already in ``--logs DIR`` (used in draw order, never deleted). The data directory is
+``--data DIR`` (default ``bench/tmp``); it is deleted at the end unless ``--keep``.
 
 Measured (each command in its own subprocess, reaped with :func:`os.wait4`, so that its
-peak RSS and CPU time are its own), at 1M and at each larger size given by ``--sizes``:
+peak RSS and CPU time are its own), at each size given by ``--sizes``:
 
-- ``query``: the baseline, a Python process that imports DuckDB and runs :data:`QUERY`, the
-  what-if of the default fixed τ = 0.07 written by hand (72 rows × 14 columns at 1M);
-- ``index``: ``pagestats index RUNS --db FILE`` (validation run by run, then the views);
-- ``whatif_db``: ``pagestats whatif --db FILE --format csv`` (out of core);
-- at 1M only: ``whatif_logs`` (``pagestats whatif RUN --format csv``: validate + load in
-  memory, then the same query over the frames), ``validate`` (``pagestats validate RUN``)
-  and ``report`` (``pagestats report --db FILE``).
+- ``query`` (at the sizes of ``--query-sizes``): the baseline, a Python process that imports
+  DuckDB and runs :data:`QUERY`, the what-if of the default fixed τ = 0.07 written by hand
+  (72 rows × 14 columns at 1M);
+- ``validate``: ``pagestats validate RUNS`` (every rule, run by run, as DuckDB queries);
+- ``whatif``: ``pagestats whatif RUNS --format csv`` (validation, then the what-if over the
+  files in place); its CSV is compared with the baseline query's rows (every column, to 1e-12);
+- at 1M only: ``index`` (``pagestats index RUN --db FILE``), ``whatif_db``
+  (``pagestats whatif --db FILE --format csv``) and, after every size, ``report``
+  (``pagestats report --db FILE``, killed after ``--report-timeout`` seconds).
 
-The what-if CSV is compared with the baseline query's rows (every column, to 1e-12).
-Ratios: ``whatif_db / query`` for wall time and peak RSS at every size. Wall times on a
-shared machine are inflated by load: the load average at start and end is recorded.
+Ratios: ``whatif / query`` and ``validate / query`` for wall time and peak RSS where the query
+ran. Wall times on a shared machine are inflated by load: the load average at start, at each
+size and at the end is recorded.
 
-Run: ``.venv/bin/python bench/duckdb_replay.py [--data DIR] [--sizes 1,10] [--keep]``;
-writes ``bench/results/duckdb_replay.json``.
+Run: ``.venv/bin/python bench/duckdb_replay.py [--data DIR] [--logs DIR] [--sizes 1,10]
+[--query-sizes 1,10] [--keep]``; writes ``bench/results/duckdb_replay.json``.
 """
 
 from __future__ import annotations
@@ -125,11 +127,16 @@ def main() -> int:
         return 0
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", default=str(HERE / "tmp"))
+    ap.add_argument("--logs", default=None, help="a folder of runs already made (one per million inputs, "
+                    "named ...-d<i>); they are used in draw order and never deleted")
     ap.add_argument("--sizes", default="1,10", help="release sizes in millions of inputs (1 first)")
+    ap.add_argument("--query-sizes", default="1,10", help="sizes at which the baseline query also runs")
     ap.add_argument("--keep", action="store_true", help="keep the generated data")
     ap.add_argument("--no-report", action="store_true")
+    ap.add_argument("--report-timeout", type=float, default=REPORT_TIMEOUT_S)
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
+    query_sizes = {int(s) for s in args.query_sizes.split(",")}
     import duckdb
     import polars as pl
 
@@ -145,53 +152,71 @@ def main() -> int:
     data = pathlib.Path(args.data)
     data.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="duckdb_replay-", dir=data))
+    made: list[str] = []
+    if args.logs is not None:
+        made = sorted((str(p.parent) for p in pathlib.Path(args.logs).glob("*/manifest.json")),
+                      key=lambda r: int(r.rsplit("-d", 1)[1]))
+        result["logs"] = {"folder": args.logs, "n_runs": len(made),
+                          "copies": sum("copied_from" in json.loads((pathlib.Path(r) / "manifest.json").read_text())
+                                        for r in made)}
     runs: list[str] = []
     try:
         for size in sizes:
             while len(runs) < size:
                 draw = len(runs)
+                if made:
+                    runs.append(made[draw])
+                    continue
                 m = _measured([py, __file__, "--generate", str(tmp / "logs"), str(N_PER_TASK), str(draw)],
                               tmp / f"gen{draw}.out")
                 if m["returncode"] != 0:
                     raise RuntimeError(f"generation {draw} failed: {m['stderr_tail']}")
                 runs.append(json.loads((tmp / f"gen{draw}.out").read_text().splitlines()[-1])["run_dir"])
-            at = {"n_inputs": size * 1_000_000,
+            at = {"n_inputs": size * 1_000_000, "loadavg": list(os.getloadavg()),
                   "disk_gib": sum(f.stat().st_size for r in runs for f in pathlib.Path(r).rglob("*") if f.is_file()) / GIB}
-            q = _measured([py, __file__, "--query", str(tmp / f"query{size}.json"), *runs], tmp / f"query{size}.out")
-            at["query"] = q
-            db = tmp / f"logs{size}.duckdb"
-            at["index"] = _measured([py, "-m", "pagestats.cli", "index", *runs, "--db", str(db)], tmp / f"index{size}.out")
-            w = _measured([py, "-m", "pagestats.cli", "whatif", "--db", str(db), "--format", "csv"],
-                          tmp / f"whatif{size}.csv")
-            if w["returncode"] == 0 and q["returncode"] == 0:
+            if size in query_sizes:
+                at["query"] = _measured([py, __file__, "--query", str(tmp / f"query{size}.json"), *runs],
+                                        tmp / f"query{size}.out")
+            at["validate"] = _measured([py, "-m", "pagestats.cli", "validate", *runs], tmp / f"validate{size}.out")
+            w = _measured([py, "-m", "pagestats.cli", "whatif", *runs, "--format", "csv"], tmp / f"whatif{size}.csv")
+            at["whatif"] = w
+            q = at.get("query")
+            if q is not None and w["returncode"] == 0 and q["returncode"] == 0:
                 w["check_vs_query"] = _compare((tmp / f"whatif{size}.csv").read_text(),
                                                json.loads((tmp / f"query{size}.json").read_text()))
                 if not w["check_vs_query"]["ok"]:
-                    result["failures"].append(f"whatif_db {size}M differs from the query: {w['check_vs_query']}")
-                at["ratios"] = {"whatif_db_wall_over_query": w["wall_s"] / q["wall_s"],
-                                "whatif_db_rss_over_query": w["peak_rss_gib"] / q["peak_rss_gib"]}
-            else:
-                result["failures"].append(f"{size}M: whatif exit {w['returncode']}, query exit {q['returncode']}")
-            at["whatif_db"] = w
+                    result["failures"].append(f"whatif {size}M differs from the query: {w['check_vs_query']}")
+                at["ratios"] = {f"{name}_{x}_over_query": at[name][key] / q[key]
+                                for name in ("whatif", "validate") for x, key in (("wall", "wall_s"), ("rss", "peak_rss_gib"))
+                                if at[name]["returncode"] == 0}
             if size == 1:
-                at["whatif_logs"] = _measured([py, "-m", "pagestats.cli", "whatif", *runs, "--format", "csv"],
-                                              tmp / "whatif_logs.csv")
-                at["validate"] = _measured([py, "-m", "pagestats.cli", "validate", *runs], tmp / "validate.out")
-                if not args.no_report:
-                    at["report"] = _measured([py, "-m", "pagestats.cli", "report", "--db", str(db), "--out",
-                                              str(tmp / "report")], tmp / "report.out", timeout_s=REPORT_TIMEOUT_S)
+                db = tmp / "logs1.duckdb"
+                at["index"] = _measured([py, "-m", "pagestats.cli", "index", *runs, "--db", str(db)], tmp / "index1.out")
+                at["whatif_db"] = _measured([py, "-m", "pagestats.cli", "whatif", "--db", str(db), "--format", "csv"],
+                                            tmp / "whatif_db1.csv")
+                if q is not None and at["whatif_db"]["returncode"] == 0 and q["returncode"] == 0:
+                    at["ratios"]["whatif_db_wall_over_query"] = at["whatif_db"]["wall_s"] / q["wall_s"]
+                    at["ratios"]["whatif_db_rss_over_query"] = at["whatif_db"]["peak_rss_gib"] / q["peak_rss_gib"]
             for k, v in at.items():
                 if isinstance(v, dict) and v.get("returncode", 0) != 0:
-                    result["failures"].append(f"{size}M {k}: exit {v['returncode']}")
+                    result["failures"].append(f"{size}M {k}: exit {v['returncode']}" + (" (timed out)" if v.get("timed_out") else ""))
             result[f"{size}M"] = at
             print(size, json.dumps({k: (v if not isinstance(v, dict) else {x: v.get(x) for x in
-                                        ("wall_s", "peak_rss_gib", "returncode", "whatif_db_wall_over_query",
-                                         "whatif_db_rss_over_query")}) for k, v in at.items()}), flush=True)
+                                        ("wall_s", "peak_rss_gib", "returncode")}) for k, v in at.items()
+                                    if k != "ratios"}), json.dumps(at.get("ratios")), flush=True)
+            write_result("duckdb_replay", result, {})  # what is measured so far, in case a later size fails
+        if not args.no_report and "1M" in result:  # last: it may run until the timeout
+            at = result["1M"]
+            at["report"] = _measured([py, "-m", "pagestats.cli", "report", "--db", str(tmp / "logs1.duckdb"), "--out",
+                                      str(tmp / "report")], tmp / "report.out", timeout_s=args.report_timeout)
+            if at["report"]["returncode"] != 0:
+                result["failures"].append(f"1M report: exit {at['report']['returncode']}"
+                                          + (" (timed out)" if at["report"]["timed_out"] else ""))
     except Exception as err:  # record, don't hide
         result["failures"].append(f"{type(err).__name__}: {err}")
     finally:
         if not args.keep:
-            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(tmp, ignore_errors=True)  # a --logs folder is not under tmp
         result["loadavg_end"] = list(os.getloadavg())
         result["data_deleted"] = not tmp.exists()
         shown = {k: result.get(k) for k in ("failures", "loadavg_start", "loadavg_end")}

@@ -52,7 +52,7 @@ DROP_TOLERANCE = 1e-6
 #: to float32 precision (≤ 6e-8 on the shipped logs).
 AGREEMENT_TOLERANCE = 1e-6
 #: Inputs per record batch of the scan (bounds memory: the profile lists of one batch at a time).
-_BATCH = 65_536
+_BATCH = 32_768
 
 #: Range rules counted in the summary: (name, SQL condition on ``inp``, rule, detail column).
 _RANGE_RULES = (
