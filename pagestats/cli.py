@@ -376,6 +376,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="Table 21 checks this frozen band (pagestats prereg freeze) (default: none, Table 21 is a "
                    "post-hoc illustration)")
     p.add_argument("--prereg-sha256", default=None, metavar="HEX", help="the sha256 printed when the band was frozen (default: none; required with --prereg)")
+    p.add_argument("--no-pdf", action="store_true",
+                   help="write the figures as PNG only, without their PDF copies (about twice as fast; default: PNG "
+                   "and PDF)")
     p.add_argument("--dilution-rule", choices=["task-class", "rho"], default=defaults.DILUTION_RULE,
                    help="rows Fig. 9's scaling slope is fitted on: the dilution-prone task class or measured ρ ≥ 0.05 "
                    f"(default: {defaults.DILUTION_RULE}; Table 25 shows both)")
@@ -597,7 +600,8 @@ def main(argv: list[str] | None = None) -> int:
             except (PreregistrationError, OSError) as err:
                 print(one_line(f"error: {err}"), file=sys.stderr)
                 return 2
-        index = build_report(logs, out=args.out, prereg=prereg, dilution_rule=args.dilution_rule)
+        index = build_report(logs, out=args.out, prereg=prereg, dilution_rule=args.dilution_rule,
+                             **({"formats": ("png",)} if args.no_pdf else {}))
         print(one_line(os.path.join(os.path.dirname(index), "index.html")))  # the page to open; index.md beside it
         return 0
 

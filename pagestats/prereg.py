@@ -19,6 +19,8 @@ import re
 from datetime import datetime, timezone
 from pathlib import Path
 
+from pagestats.schema import utc_time
+
 __all__ = [
     "BAND_KIND", "PreregistrationError", "check_frozen_before", "freeze_band", "load_band", "target_runs", "verified_band",
 ]
@@ -30,11 +32,6 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 class PreregistrationError(ValueError):
     """A band that cannot count as pre-registered: wrong hash, edited, or frozen too late."""
-
-
-def _utc(text: str) -> datetime:
-    stamp = datetime.fromisoformat(str(text).replace("Z", "+00:00"))
-    return stamp if stamp.tzinfo else stamp.replace(tzinfo=timezone.utc)
 
 
 def freeze_band(band, meta: dict, path, *, now: datetime | None = None) -> str:
@@ -117,12 +114,15 @@ def check_frozen_before(meta: dict, manifests: dict, run_ids) -> None:
     PreregistrationError
         A run was created no later than the band was frozen, or has no ``created_at``.
     """
-    frozen = _utc(meta["frozen_at"])
+    try:
+        frozen = utc_time(meta["frozen_at"])
+    except ValueError as err:
+        raise PreregistrationError(f"the band's frozen_at {meta['frozen_at']!r} is not an ISO 8601 time stamp") from err
     for run_id in sorted(run_ids):
         created = (manifests.get(run_id) or {}).get("created_at")
         if created is None:
             raise PreregistrationError(f"run {run_id} has no created_at; cannot show the band was frozen before it")
-        if _utc(created) <= frozen:
+        if utc_time(created) <= frozen:
             raise PreregistrationError(f"the band was frozen at {meta['frozen_at']}, after run {run_id} "
                                        f"(created {created}) whose outcomes it would be checked on")
 

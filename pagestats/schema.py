@@ -26,6 +26,7 @@ reproduces ``drop`` bit for bit.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 import pyarrow as pa
 
@@ -126,6 +127,23 @@ MANIFEST_KEYS = (
 MANIFEST_MODEL_KEYS = ("name", "n_layers", "n_heads", "n_kv_heads", "head_dim", "dtype", "attn_impl")
 MANIFEST_GATE_KEYS = ("w", "k", "k_max_stored", "bins")
 MANIFEST_PROTECTION_KEYS = ("n_sink", "n_recent")
+#: ``model.dtype`` values a manifest may name, with the bytes per element of the KV cache held in
+#: that dtype: the torch dtype names (without ``torch.``) the collector writes (``collectors
+#: --dtype``). Any other value is refused by the reader: the decision figure's GiB axis
+#: (:func:`pagestats.metrics.kv_bytes_per_token`) would otherwise rest on a guess.
+MODEL_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+#: Largest ``model.n_layers``, ``n_heads``, ``n_kv_heads`` and ``head_dim`` a manifest may give
+#: (2¹⁶: the KV bytes per token, 2·L·H_kv·d·bytes, then stays far inside int64).
+MODEL_SIZE_MAX = 2**16
+
+
+def utc_time(text: str) -> datetime:
+    """An ISO 8601 time stamp (``created_at``; ``Z`` or an offset, naive read as UTC) as an
+    aware datetime; raises ``ValueError`` for anything else."""
+    if not isinstance(text, str):
+        raise ValueError(f"{text!r} is not an ISO 8601 time stamp")
+    stamp = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return stamp if stamp.tzinfo else stamp.replace(tzinfo=timezone.utc)
 
 
 def columns(table: str) -> tuple[Column, ...]:

@@ -88,8 +88,8 @@ def _cli(argv: list[str]) -> tuple[int | str, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
-def _tables(report_dir: Path) -> dict[str, pl.DataFrame]:
-    return {p.name: pl.read_csv(p) for p in sorted((report_dir / "tables").glob("*.csv"))}
+def _tables(report_dir: Path, infer: bool = True) -> dict[str, pl.DataFrame]:
+    return {p.name: pl.read_csv(p, infer_schema=infer) for p in sorted((report_dir / "tables").glob("*.csv"))}
 
 
 def _equal(a: pl.DataFrame, b: pl.DataFrame) -> bool:
@@ -142,12 +142,15 @@ def _rewrite(path: Path, table: pa.Table) -> None:
     pq.write_table(table, path, compression="zstd")
 
 
-BAD_VALUES = [None, True, "1024", 1024.5, -1, 0, 2**63, [], {}, "x/y", "a\nb", "$\\frac{a$", "", [1, [2, [3]]]]
+BAD_VALUES = [None, True, "1024", 1024.5, -1, 0, 2**63, [], {}, "x/y", "a\nb", "$\\frac{a$", "", [1, [2, [3]]],
+              2**63 - 1, -(2**63), 2**62, 2**16 + 1, "bfloAt16", "float64", "torch.float32", "2000-13-01",
+              "\x1b[2J", "strict", "query-agnostic"]
 MANIFEST_FIELDS = ["schema_version", "run_id", "created_at", "device", "context_length", "seed", "tasks", "evictors",
                    "budgets", "software", "files", "model", "model.name", "model.n_layers", "model.n_heads",
                    "model.n_kv_heads", "model.head_dim", "model.dtype", "gate", "gate.w", "gate.k",
                    "gate.k_max_stored", "gate.bins", "protection.n_sink", "protection.n_recent", "files.0",
-                   "files.0.path", "files.0.sha256", "files.0.rows", "tasks.vt"]
+                   "files.0.path", "files.0.sha256", "files.0.rows", "tasks.vt", "gate.convention", "mode",
+                   "model.attn_impl"]
 TEXTUAL = {"int400": str(10**400), "nan": "NaN", "inf": "Infinity", "e400": "1e400", "deep": "[" * 5000 + "]" * 5000}
 
 
@@ -171,7 +174,8 @@ _DELETE = object()
 @st.composite
 def mutations(draw):
     """One mutation: (family, description, function of the run directory)."""
-    family = draw(st.sampled_from(["bytes", "manifest", "columns", "types", "rows", "kinds", "names"]))
+    family = draw(st.sampled_from(["bytes", "manifest", "columns", "types", "rows", "kinds", "names", "labels",
+                                   "cli"]))
     table = draw(st.sampled_from(TABLES))
     part = draw(st.integers(0, 1))
     seed = draw(st.integers(0, 2**32 - 1))
@@ -315,9 +319,31 @@ def mutations(draw):
 
         return family, f"{how} {table}[{part}]", apply
 
+    if family == "labels":
+        column, old = draw(st.sampled_from(RELABEL))
+        new = draw(st.sampled_from(LABELS))
+
+        def apply(run):
+            return {"relabel": (_relabel(run, column, old, new), new), "key": (column, old)}
+
+        return family, f"relabel {column} {old!r} to {new!r}", apply
+
+    if family == "cli":
+        command = draw(st.sampled_from(["whatif"] * 4 + ["report"]))
+        pool = WHATIF_OPTIONS if command == "whatif" else REPORT_OPTIONS
+        options = draw(st.lists(st.sampled_from(sorted(pool)), min_size=1, max_size=3, unique=True))
+        chosen = [(o, draw(st.sampled_from(pool[o]))) for o in options]
+
+        def apply(run):
+            return {"argv": _cli_argv(command, run, chosen)}
+
+        return family, f"{command} {' '.join(f'{o} {v!r}' if v is not None else o for o, v in chosen)}", apply
+
     name = draw(st.sampled_from(["part-*.parquet", "part-?.parquet", "part-[0].parquet", "p a r t.parquet",
                                  "part\n1.parquet", "part\\1.parquet", "pärt-ü.parquet", "part{a,b}.parquet",
-                                 "part.PARQUET", "part.txt", ".hidden.parquet", "part.parquet.bak"]))
+                                 "part.PARQUET", "part.txt", ".hidden.parquet", "part.parquet.bak",
+                                 "part\x1b[2J.parquet", "part\r.parquet", "part\u2028.parquet", "part\t.parquet",
+                                 "-part.parquet", "part%s%n.parquet", "part\x7f.parquet"]))
 
     def apply(run):
         f = _parts(run, table)[part]
@@ -325,6 +351,90 @@ def mutations(draw):
         _refresh(run)
 
     return family, f"rename {table}[{part}] to {name!r}", apply
+
+
+#: Names relabelled consistently in every table and the manifest: (column, clean name). snapkv, the
+#: headline evictor, is not relabelled (that changes which evictor the report headlines, not a corruption).
+RELABEL = [("task", "vt"), ("task", "niah_multikey_3"), ("model", "m"), ("evictor", "h2o"), ("run_id", None)]
+#: Names with control and format characters, markup, quoting, very long, numeric-looking or path-like.
+LABELS = ["a\nb", "a\rb", "\x1b[31mred\x1b[0m", "tab\there", "a\u2028b", "a\u202eb", "nul\x00x", "del\x7f",
+          "$\\frac{a$", "<b>x</b>&amp;", "a,b", 'q"u\'ote', " lead", "trail ", "-dash", "ünï", "𝔘𝔫𝔦", "x" * 300,
+          "%s%n{0}", "a\\b", "..", ".", "*", "[0]", "?", "a/b", "", "123", "1e5", "nan", "None", "true"]
+
+
+#: Plain names of the controls of :func:`_name_dependent`: one sorts before, one after every name.
+CONTROL_LABELS = ("!plain", "\U0001f600plain")
+
+
+def _relabel(run: Path, column: str, old: str | None, new: str) -> str:
+    """Rename ``old`` (the run_id when None) to ``new`` in the manifest and every part; return ``old``."""
+    man = json.loads((run / "manifest.json").read_text())
+    if column == "run_id":
+        old = man["run_id"]
+        man["run_id"] = new
+    elif column == "task":
+        man["tasks"] = {new if t == old else t: c for t, c in man["tasks"].items()}
+    elif column == "model":
+        man["model"]["name"] = new
+    else:
+        man["evictors"] = [new if e == old else e for e in man["evictors"]]
+    (run / "manifest.json").write_text(json.dumps(man))
+    for f in _parts(run):
+        t = pq.read_table(f)
+        if column in t.column_names:
+            col = pl.from_arrow(t.column(column))
+            fixed = pl.select(pl.when(col == old).then(pl.lit(new)).otherwise(col)).to_series().to_arrow()
+            t = t.set_column(t.column_names.index(column), column, fixed.cast(t.schema.field(column).type))
+            _rewrite(f, t)
+    _refresh(run)
+    return old
+
+
+_TMP = "<tmp>"
+_RUN_ID = "<run_id>"
+_NUMBERS = ["nan", "inf", "-inf", "1e400", "1e-400", "1_0", "٣", "0x1", "-0", " 0.1", "", "--", "1", "-1", "0.5"]
+#: Option values of the CLI family: good ones, bad ones, and some at the bounds.
+WHATIF_OPTIONS = {
+    "--tau": ["0.07", "1.0000001", *_NUMBERS], "--theta": ["1000", "1000.0001", *_NUMBERS],
+    "--policy": ["fixed", "z", "midpoint", "oracle", "Z", ""], "--recalibrate": ["none", "z", "midpoint", "x"],
+    "--midpoint-tasks": ["niah_multikey_3,vt", "vt,vt", "vt", "vt,", "a\nb,vt", "niah_multikey_3,nosuch", ","],
+    "--pilot": ["1", "2", "0", "-1", "10000000", "10000001", "99999999999999999999", "3.5", "٣"],
+    "--pilot-by": ["model", "model,context_length", "task"], "--pilot-split": ["first", "random", "held-out", "x"],
+    "--layers": ["all", "first-half", "second-half", "every-2", "every-4", "early-only", "first-last", "0:3", "3:0",
+                 "0,0", "0,5", "5", "6", "-1", "99999999999999999999", "٣", "0:", "a:b", "0,,1", "10000", "10001"],
+    "--pairs-fraction": ["0", "1", "0.5", "nan", "2", "1e-9"],
+    "--draws": ["pooled", "0", "1", "99999999999999999999", "-1", "٣", ""],
+    "--pair-draws": ["1", "1000", "1001", "0"], "--seed": ["0", "4294967295", "4294967296", "-1"],
+    "--k": ["1", "16", "32", "33", "0", "1000000", "99999999999999999999", "16.5"],
+    "--bins": ["1/3", "1/4", "0.5", "0", "1/0", "nan", "2", "0.6", "x/y", "1e400", "3/0", "-1/3", "٣/4"],
+    "--strict-bins": [None], "--format": ["csv", "table", "json"],
+    "--by": ["model", "task,budget", "evictor", "model,model", "nosuch", "", "task,budget,evictor,context_length,model"],
+    "--evictor": ["snapkv", "nosuch", "snapkv,snapkv", "", "h2o,snapkv"], "--task": ["vt", "nosuch", "", "vt\n"],
+    "--context": ["512", "1024", "x", "99999999999999999999", ""],
+    "--exclude": [_RUN_ID, f"{_RUN_ID}/vt", f"{_RUN_ID}/vt/0", f"{_RUN_ID}/vt/99", "nosuch", "", "/", f"{_RUN_ID}//",
+                  f"{_RUN_ID}/vt/x", f"{_RUN_ID}/vt/0/1", f"{_RUN_ID}/niah_multikey_3"],
+    "-o": [f"{_TMP}/out.csv", f"{_TMP}/out.parquet", f"{_TMP}/out.json", f"{_TMP}/out.txt", "/dev/null/x", _TMP, "",
+           f"{_TMP}/nodir/x.csv", f"{_TMP}/run/manifest.json"],
+    "--ta": ["0.1"], "--db": [f"{_TMP}/nosuch.db", f"{_TMP}/run/manifest.json", ""],
+}
+REPORT_OPTIONS = {
+    "--out": [f"{_TMP}/rep", "", "/dev/null/x", f"{_TMP}/run/manifest.json", _TMP, f"{_TMP}/run", f"{_TMP}/run/inputs"],
+    "--prereg": [f"{_TMP}/nosuch.json", f"{_TMP}/run/manifest.json", ""],
+    "--prereg-sha256": ["0" * 64, "x", ""], "--dilution-rule": ["rho", "task-class", "x"], "--no-pdf": [None],
+    "--exclude": WHATIF_OPTIONS["--exclude"], "--db": WHATIF_OPTIONS["--db"], "--ou": [f"{_TMP}/rep"],
+}
+
+
+def _cli_argv(command: str, run: Path, chosen: list[tuple[str, str | None]]) -> list[str]:
+    run_id = json.loads((run / "manifest.json").read_text())["run_id"]
+    argv = [command, str(run)]
+    for option, value in chosen:
+        argv.append(option)
+        if value is not None:
+            argv.append(value.replace(_TMP, str(run.parent)).replace(_RUN_ID, run_id))
+    if command == "report" and "--out" not in argv:
+        argv += ["--out", str(run.parent / "rep"), "--no-pdf"]
+    return argv
 
 
 def _bad_cell(frame: pl.DataFrame, column: str, i: int, how: str) -> pl.DataFrame:
@@ -379,9 +489,11 @@ def check(clean: dict, mutation) -> tuple[str, str]:
         root = Path(tmp)
         run = root / "run"
         shutil.copytree(clean["run"], run, symlinks=True)
-        apply(run)
+        extra = apply(run) or {}
         try:
-            return _judge(clean, run, root)
+            if "argv" in extra:
+                return _judge_cli(extra["argv"], root)
+            return _judge(clean, run, root, extra.get("relabel"), extra.get("key"))
         finally:
             for d, dirs, files in os.walk(root):  # chmod'ed parts must not stop the clean-up
                 for name in dirs + files:
@@ -390,13 +502,92 @@ def check(clean: dict, mutation) -> tuple[str, str]:
                         os.chmod(p, 0o755)
 
 
-def _judge(clean: dict, run: Path, root: Path) -> tuple[str, str]:
-    root_text = one_line(str(root))
-    v_code, v_out, v_err = _cli(["validate", str(run)])
-    results = [("validate", v_code, v_out, v_err)]
+#: One report in PDF_EVERY also writes the PDF copies of its figures; the others draw every figure
+#: once, as PNG (``report --no-pdf``), which halves the time of an accepted example.
+PDF_EVERY = 8
+_reports = iter(range(10**9))
+
+
+def _judge_cli(argv: list[str], root: Path) -> tuple[str, str]:
+    """The CLI family: options of ``whatif`` / ``report`` on the clean run. Exit 0, or exit 1 / 2
+    with exactly one line on stderr; never a traceback."""
+    code, out, err = _cli(argv)
+    if isinstance(code, str) or "Traceback" in out + err:
+        return "traceback", f"{code if isinstance(code, str) else err[-300:]}"
+    if code not in (0, 1, 2):
+        return "bad_exit", f"exited {code}: {err.strip()[:300]}"
+    if code == 0:
+        return "accepted", f"exit 0 ({len(out)} bytes out)"
+    lines = err.strip().splitlines()
+    if len(lines) != 1 or "error" not in lines[0]:
+        return "bad_message", f"exit {code}: {err[:300]!r}"
+    return "refused", f"exit {code}: {lines[0][:200]}"
+
+
+def _same_relabelled(got: pl.DataFrame, reference: pl.DataFrame, relabel) -> bool:
+    """``got`` (read as text) equals ``reference`` once the relabelled name is put back in the
+    cells that hold exactly that name; columns whose reference cells embed the old name in a longer
+    text (labels, sentences) are left out, and rows are sorted (names order the rows)."""
+    old, new = relabel
+    if got.columns != reference.columns or got.height != reference.height:
+        return False
+    kept = [c for c in reference.columns if not (reference.schema[c] == pl.String and reference[c].str.contains(
+        old, literal=True).fill_null(False).__and__(reference[c] != old).fill_null(False).any())]
+    fixed = got.select(pl.when(pl.col(c) == new).then(pl.lit(old)).otherwise(pl.col(c)).alias(c) for c in kept)
+    fixed = pl.read_csv(stdio.StringIO(fixed.write_csv()))  # types inferred as when the clean table was read
+    ref = reference.select(kept)
+    return _equal(fixed.sort(kept, nulls_last=True), ref.sort(kept, nulls_last=True))
+
+
+def _name_dependent(clean: dict, key: tuple[str, str | None]) -> set[str]:
+    """Outputs whose numbers depend on the name ``key`` = (column, name) by design: the head-pair
+    draws and the held-out pilot are seeded by a hash of the input's identity, and names order the
+    rows (ties, bootstrap draws). Found once per key by two controls, the same relabelling to plain
+    names that sort first and last."""
+    cache = clean.setdefault("name_dependent", {})
+    if key not in cache:
+        cache[key] = set()
+        for plain in CONTROL_LABELS:
+            with tempfile.TemporaryDirectory(prefix="pagestats-fuzz-control-") as tmp:
+                run = Path(tmp) / "run"
+                shutil.copytree(clean["run"], run, symlinks=True)
+                relabel = (_relabel(run, key[0], key[1], plain), plain)
+                outputs = _outputs(clean, run, Path(tmp) / "report", pdf=False)
+                assert all(code == 0 for _, code, _, _ in outputs), outputs
+                cache[key] |= set(_differences(clean, outputs, Path(tmp) / "report", relabel, set()))
+    return cache[key]
+
+
+def _outputs(clean: dict, run: Path, report_dir: Path, pdf: bool) -> list:
+    results = [("validate", *_cli(["validate", str(run)]))]
     results += [(f"whatif {' '.join(a)}".strip(), *r) for a, r in zip(WHATIF_ARGS, _whatif(run))]
+    results.append(("report", *_cli(["report", str(run), "--out", str(report_dir), *([] if pdf else ["--no-pdf"])])))
+    return results
+
+
+def _differences(clean: dict, results: list, report_dir: Path, relabel, skip: set[str]):
+    """Names of the accepted outputs whose numbers differ from the clean run's."""
+    if relabel is None:
+        same = _equal
+        got = _tables(report_dir)
+    else:
+        def same(a, b):
+            return _same_relabelled(a, b, relabel)
+        got = _tables(report_dir, infer=False)
+    for (name, _, out, _), reference in zip(results[1:3], clean["whatif"]):
+        if name not in skip and not same(pl.read_csv(stdio.StringIO(out), infer_schema=relabel is None), reference):
+            yield name
+    for table, frame in got.items():
+        if table in clean["report"] and table not in skip and not same(frame, clean["report"][table]):
+            yield table
+
+
+def _judge(clean: dict, run: Path, root: Path, relabel=None, key=None) -> tuple[str, str]:
+    root_text = one_line(str(root))
     report_dir = root / "report"
-    results.append(("report", *_cli(["report", str(run), "--out", str(report_dir)])))
+    pdf = next(_reports) % PDF_EVERY == 0
+    results = _outputs(clean, run, report_dir, pdf)
+    v_code, v_out = results[0][1], results[0][2]
     for name, code, out, err in results:
         if isinstance(code, str) or "Traceback" in out + err:
             return "traceback", f"{name}: {code if isinstance(code, str) else err[-300:]}"
@@ -415,14 +606,12 @@ def _judge(clean: dict, run: Path, root: Path) -> tuple[str, str]:
                                                                                                    root_text):
                 return "bad_message", f"{name}: {err[:300]!r}"
         return "refused", lines[0][:200]
-    for (name, _, out, _), reference in zip(results[1:3], clean["whatif"]):
-        if not _equal(pl.read_csv(stdio.StringIO(out)), reference):
-            return "silently_accepted", f"{name}: the what-if table differs from the clean run's"
-    got = _tables(report_dir)
-    for table, frame in got.items():
-        if table in clean["report"] and not _equal(frame, clean["report"][table]):
-            return "silently_accepted", f"report: {table} differs from the clean run's"
-    return "accepted", f"{len(got)} report tables equal"
+    skip = _name_dependent(clean, key) if relabel is not None else set()
+    for name in _differences(clean, results, report_dir, relabel, skip):
+        return "silently_accepted", f"{name} differs from the clean run's"
+    if pdf and not list((report_dir / "figures").glob("*.pdf")):
+        return "silently_accepted", "report: no PDF figure written"
+    return "accepted", f"{len(_tables(report_dir)) - len(skip)} report tables equal"
 
 
 # --------------------------------------------------------------------------- the test

@@ -202,3 +202,38 @@ def test_a_failing_report_leaves_the_previous_one(run, tmp_path):
     report.build_report(logs, out, entries=TABLES[1:2], formats=("png",))  # replaces the previous report
     assert _index(out)["outputs"][0]["name"] == TABLES[1].name
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+DECISION_ENTRIES = ("figN1_decision_frontier", "tabN2_decision_frontier")
+
+
+def test_decision_entries_skip_runs_that_disagree_on_the_cache_layout(tmp_path):
+    """Two runs of one (model, context_length) whose manifests give different KV layouts: each is
+    valid, but the GiB axis has no single value; the entries are skipped with the reason (the
+    decision figure raised before)."""
+    runs = testing.synthetic_logs(**{**SMALL, "draws": (0, 1)}).write(tmp_path / "logs")
+    assert len(runs) == 2
+    man = json.loads((runs[1] / "manifest.json").read_text())
+    man["model"]["n_kv_heads"] = 1
+    (runs[1] / "manifest.json").write_text(json.dumps(man))
+    assert io.validate_paths([str(r) for r in runs]) == []
+    out = tmp_path / "out"
+    entries = [e for e in report.catalogue() if e.name in DECISION_ENTRIES]
+    report.build_report(io.load([str(r) for r in runs]), out, entries=entries, formats=("png",))
+    skips = _skips(out)
+    assert all("disagree on the KV-cache layout" in (skips[name] or "") for name in DECISION_ENTRIES), skips
+
+
+def test_report_no_pdf_writes_each_figure_once(run, tmp_path, capsys):
+    out = tmp_path / "r"
+    assert main(["report", str(run), "--out", str(out), "--no-pdf"]) == 0
+    figures = [f for o in _index(out)["outputs"] if o["kind"] == "figure" for f in o["files"]]
+    assert figures and all(f.endswith(".png") for f in figures)
+    assert not list(out.rglob("*.pdf"))
+
+
+def test_a_band_with_an_unreadable_frozen_at_is_a_preregistration_error():
+    from pagestats.prereg import PreregistrationError, check_frozen_before
+
+    with pytest.raises(PreregistrationError, match="frozen_at 'soon' is not an ISO 8601 time stamp"):
+        check_frozen_before({"frozen_at": "soon"}, {"r": {"created_at": "2025-01-01T00:00:00Z"}}, ["r"])

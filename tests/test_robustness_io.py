@@ -342,3 +342,109 @@ def test_one_draw_per_run(run):
     _write_manifest_text(run, json.dumps(man))
     problems = validate_paths([str(run)])
     assert sum("draw 1000 but the manifest's draw is 7" in p.message for p in problems) == N_INPUTS_ALL - 1
+
+
+# --------------------------------------------------------------------------- values the analysis interprets
+
+
+@pytest.mark.parametrize("dtype", ["bfloAt16", "bf16", "torch.float32", "float64", "q4", ""])
+def test_an_unknown_model_dtype_is_refused(run, dtype, capsys):
+    """model.dtype sets the KV bytes per token (the decision figure's GiB axis); the fourth long
+    fuzz turned 'bfloat16' into 'bfloAt16', which validate accepted and report crashed on."""
+    from pagestats.cli import main
+
+    man = _manifest(run)
+    man["model"]["dtype"] = dtype
+    _write_manifest_text(run, json.dumps(man))
+    assert_problem(validate_paths([str(run)]), run / "manifest.json", None, "manifest model.dtype",
+                   "is not one of ['float32', 'float16', 'bfloat16']")
+    assert main(["validate", str(run)]) == 1
+    out, _ = capsys.readouterr()
+    assert len(out.strip().splitlines()) == 1 and "model.dtype" in out
+
+
+def test_every_dtype_the_collector_writes_is_known():
+    from collectors.model import _DTYPES
+
+    assert set(_DTYPES) == set(schema.MODEL_DTYPE_BYTES)
+
+
+@pytest.mark.parametrize("n_kv_heads", [3, 8])
+def test_n_kv_heads_must_divide_n_heads(run, n_kv_heads):
+    man = _manifest(run)
+    man["model"]["n_kv_heads"] = n_kv_heads
+    _write_manifest_text(run, json.dumps(man))
+    assert_problem(validate_paths([str(run)]), run / "manifest.json", None,
+                   f"model.n_kv_heads {n_kv_heads} does not divide model.n_heads {H}")
+
+
+@pytest.mark.parametrize("where", ["head_dim", "n_kv_heads"])
+def test_architecture_numbers_at_the_int64_edge_are_refused(run, where):
+    """2⁶² passes the loader's int64 bound, but 2·L·H_kv·d·bytes then overflows int64 in the
+    decision figure: the architecture fields are bounded by MODEL_SIZE_MAX."""
+    man = _manifest(run)
+    man["model"][where] = 2**62
+    _write_manifest_text(run, json.dumps(man))
+    assert_problem(validate_paths([str(run)]), run / "manifest.json", None, f"manifest model.{where} ",
+                   f"is not an integer ≥ 1 and ≤ {schema.MODEL_SIZE_MAX}")
+
+
+@pytest.mark.parametrize("stamp", ["yesterday", "2000-13-01", "2025-01-01T25:00:00Z", ""])
+def test_created_at_must_be_an_iso_time_stamp(run, stamp):
+    """created_at is compared with a band's frozen_at (report --prereg)."""
+    man = _manifest(run)
+    man["created_at"] = stamp
+    _write_manifest_text(run, json.dumps(man))
+    assert_problem(validate_paths([str(run)]), run / "manifest.json", None, "manifest created_at",
+                   "is not an ISO 8601 time stamp")
+
+
+def test_mode_must_be_a_known_collection_mode(run):
+    man = _manifest(run)
+    man["mode"] = "query-agnostc"
+    _write_manifest_text(run, json.dumps(man))
+    assert_problem(validate_paths([str(run)]), run / "manifest.json", None, "manifest mode 'query-agnostc'")
+    man["mode"] = "query-agnostic"
+    _write_manifest_text(run, json.dumps(man))
+    assert validate_paths([str(run)]) == []
+
+
+def test_an_unknown_gate_convention_is_refused(run):
+    man = _manifest(run)
+    man["gate"]["convention"] = "strikt"
+    _write_manifest_text(run, json.dumps(man))
+    assert_problem(validate_paths([str(run)]), run / "manifest.json", None, "manifest gate.convention 'strikt'")
+    man["gate"]["bins"] = "deployed"
+    man["gate"]["convention"] = "strict"
+    _write_manifest_text(run, json.dumps(man))
+    assert_problem(validate_paths([str(run)]), run / "manifest.json", None, "contradicts gate.bins")
+
+
+def test_the_gate_convention_the_collector_writes_is_the_one_d_is_checked_with(tmp_path):
+    """The collector writes gate.convention beside a numeric gate.bins. With L = 10 the strict late
+    bin [6, 10) differs from the deployed [7, 10): D computed with strict thirds is accepted when the
+    manifest says strict, and refused when it says deployed (the reader used to ignore the key)."""
+    import numpy as np
+
+    from pagestats import profile, testing
+
+    run = testing.synthetic_logs(models={"m": (10, 3)}, context_lengths=(512,), tasks=("vt",), n_inputs=4,
+                                 evictors=("snapkv",), budgets=(0.5, 1.0), with_topk=False, with_text=False,
+                                 seed=0).write(tmp_path / "logs")[0]
+    gap = 0.0
+    for f in sorted((run / "inputs").glob("*.parquet")):
+        frame = pl.read_parquet(f)
+        strict = [float(profile.drop_from_agreement(np.asarray(a, dtype=np.float32), 1 / 3, "strict"))
+                  for a in frame["agreement"].to_list()]
+        gap = max(gap, *(abs(s - d) for s, d in zip(strict, frame["drop"])))
+        schema.write_parquet("inputs", frame.with_columns(pl.Series("drop", strict)), f)
+    assert gap > 1e-3
+    man = _manifest(run)
+    man["gate"]["convention"] = "strict"
+    man.pop("files")
+    schema.write_manifest(run, man)
+    assert validate_paths([str(run)]) == []
+    man = _manifest(run)
+    man["gate"]["convention"] = "deployed"
+    _write_manifest_text(run, json.dumps(man))
+    assert_problem(validate_paths([str(run)]), f, 0, "deployed")  # the last part's first row

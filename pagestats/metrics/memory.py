@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from pagestats import defaults, formulas
+from pagestats import defaults, formulas, schema
 from pagestats.columns import MATRIX_CELL
 from pagestats.metrics._frames import _arm, _outcome_rows
 
@@ -106,14 +106,10 @@ def static_batching(p_open, kept_open, batch_sizes=defaults.BATCH_SIZES) -> pl.D
     )
 
 
-#: Bytes per element of the dtypes a manifest names (the KV cache is held in the model's dtype).
-DTYPE_BYTES = {"float32": 4, "fp32": 4, "float16": 2, "fp16": 2, "bfloat16": 2, "bf16": 2, "float64": 8,
-               "float8_e4m3fn": 1, "float8_e5m2": 1, "int8": 1}
-
-
 def kv_bytes_per_token(model: dict) -> int:
     """Bytes of KV cache one prompt token occupies: 2 (keys and values) × layers × KV heads ×
-    head_dim × bytes per element of the model's dtype (docs/DEFINITIONS.md, "Memory").
+    head_dim × bytes per element of the model's dtype (docs/DEFINITIONS.md, "Memory"; the KV cache is
+    held in the model's dtype, :data:`pagestats.schema.MODEL_DTYPE_BYTES`).
 
     Parameters
     ----------
@@ -123,10 +119,10 @@ def kv_bytes_per_token(model: dict) -> int:
     missing = [k for k in ("n_layers", "n_kv_heads", "head_dim", "dtype") if model.get(k) is None]
     if missing:
         raise ValueError(f"kv_bytes_per_token: the manifest's model entry lacks {', '.join(missing)}")
-    dtype = str(model["dtype"]).replace("torch.", "")
-    if dtype not in DTYPE_BYTES:
-        raise ValueError(f"kv_bytes_per_token: unknown dtype {model['dtype']!r}; known: {', '.join(DTYPE_BYTES)}")
-    return 2 * int(model["n_layers"]) * int(model["n_kv_heads"]) * int(model["head_dim"]) * DTYPE_BYTES[dtype]
+    dtype = model["dtype"]
+    if not isinstance(dtype, str) or dtype not in schema.MODEL_DTYPE_BYTES:
+        raise ValueError(f"kv_bytes_per_token: unknown dtype {dtype!r}; known: {', '.join(schema.MODEL_DTYPE_BYTES)}")
+    return 2 * int(model["n_layers"]) * int(model["n_kv_heads"]) * int(model["head_dim"]) * schema.MODEL_DTYPE_BYTES[dtype]
 
 
 def full_cache_gib(inputs: pl.DataFrame, manifests: dict) -> pl.DataFrame:

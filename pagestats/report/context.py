@@ -103,8 +103,9 @@ def needs_pilot_groups(ctx: Context) -> str | None:
 
 
 def needs_cache_size(ctx: Context) -> str | None:
-    """Every run has a manifest whose ``model`` entry gives the KV bytes per token (the GiB axis of
-    the decision figure, :func:`pagestats.metrics.kv_bytes_per_token`)."""
+    """Every run has a manifest whose ``model`` entry gives the KV bytes per token, and the runs of
+    one (model, context_length) agree on it (the GiB axis of the decision figure,
+    :func:`pagestats.metrics.full_cache_gib`)."""
     manifests = getattr(ctx.logs, "manifests", {}) or {}
     for run_id in sorted(ctx.logs.inputs["run_id"].unique().to_list()):
         if run_id not in manifests:
@@ -113,6 +114,10 @@ def needs_cache_size(ctx: Context) -> str | None:
             metrics.kv_bytes_per_token(manifests[run_id].get("model") or {})
         except ValueError as err:
             return f"run {run_id!r}: {err}"
+    try:
+        metrics.full_cache_gib(ctx.logs.inputs, manifests)
+    except ValueError as err:
+        return str(err)
     return None
 
 

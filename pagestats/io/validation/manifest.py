@@ -66,7 +66,7 @@ def parse_bins(bins) -> tuple[float, str]:
         convention = str(bins.get("convention", convention))
     else:
         raise ValueError(f"gate.bins {bins!r} is not a fraction or a convention")
-    if convention not in ("deployed", "strict"):
+    if convention not in BIN_CONVENTIONS:
         raise ValueError(f"gate.bins convention {convention!r} is not 'deployed' or 'strict'")
     if not 0 < fraction <= 0.5:
         raise ValueError(f"gate.bins fraction {fraction} is not in (0, 1/2]")
@@ -84,8 +84,34 @@ _INT_FIELDS = (
     ("gate.w", 1), ("gate.k", 1), ("gate.k_max_stored", 0),
     ("protection.n_sink", 0), ("protection.n_recent", 0),
 )
-#: Manifest fields that must be strings.
+#: Manifest fields that must be strings (``device`` and ``model.attn_impl`` are only recorded; the
+#: values of ``created_at`` and ``model.dtype`` are interpreted and checked by :func:`_check_interpreted`).
 _STRING_FIELDS = ("run_id", "created_at", "device", "model.name", "model.dtype", "model.attn_impl")
+#: Architecture fields bounded by :data:`pagestats.schema.MODEL_SIZE_MAX`.
+_MODEL_SIZE_FIELDS = ("model.n_layers", "model.n_heads", "model.n_kv_heads", "model.head_dim")
+#: Layer-bin conventions (``gate.bins`` / ``gate.convention``; App. F deployed, Table 24 strict).
+BIN_CONVENTIONS = ("deployed", "strict")
+
+
+def _check_interpreted(manifest: Mapping, fields: dict, bad) -> None:
+    """Values that the analysis interprets, beyond their type: ``model.dtype`` (bytes per KV
+    element, :data:`pagestats.schema.MODEL_DTYPE_BYTES`), ``n_kv_heads`` (grouped-query attention:
+    it divides ``n_heads``), ``created_at`` (ISO 8601, compared with a pre-registration) and
+    ``mode`` (:data:`pagestats.defaults.MODES`, when present)."""
+    dtype = fields["model.dtype"]
+    if dtype is not None and dtype not in schema.MODEL_DTYPE_BYTES:
+        bad(f"manifest model.dtype {_short(dtype)} is not one of {list(schema.MODEL_DTYPE_BYTES)}")
+    n_heads, n_kv_heads = fields["model.n_heads"], fields["model.n_kv_heads"]
+    if n_heads is not None and n_kv_heads is not None and n_heads % n_kv_heads:
+        bad(f"manifest model.n_kv_heads {n_kv_heads} does not divide model.n_heads {n_heads}")
+    created = fields["created_at"]
+    if created is not None:
+        try:
+            schema.utc_time(created)
+        except ValueError:
+            bad(f"manifest created_at {_short(created)} is not an ISO 8601 time stamp")
+    if "mode" in manifest and manifest["mode"] not in defaults.MODES:
+        bad(f"manifest mode {_short(manifest['mode'])} is not one of {list(defaults.MODES)}")
 
 
 def _short(value, limit: int = 80) -> str:
@@ -177,10 +203,13 @@ def check_manifest(run_dir: str | os.PathLike, manifest, manifest_path: str) -> 
 
     fields = {}
     for where, minimum in _INT_FIELDS:
-        fields[where] = _typed(manifest, where, lambda v, lo=minimum: _is_int(v) and v >= lo,
-                               f"an integer ≥ {minimum}", bad)
+        maximum = schema.MODEL_SIZE_MAX if where in _MODEL_SIZE_FIELDS else None
+        fields[where] = _typed(manifest, where, lambda v, lo=minimum, hi=maximum: _is_int(v) and v >= lo
+                               and (hi is None or v <= hi),
+                               f"an integer ≥ {minimum}" + (f" and ≤ {maximum}" if maximum else ""), bad)
     for where in _STRING_FIELDS:
         fields[where] = _typed(manifest, where, lambda v: isinstance(v, str), "a string", bad)
+    _check_interpreted(manifest, fields, bad)
     if "software" in manifest and not isinstance(manifest["software"], Mapping):
         bad(f"manifest software {_short(manifest['software'])} is not an object")
     if not _plain_name(run_id):
@@ -196,6 +225,13 @@ def check_manifest(run_dir: str | os.PathLike, manifest, manifest_path: str) -> 
             fraction, convention = parse_bins(gate["bins"])
         except (ValueError, TypeError) as err:
             bad(str(err))
+    if "convention" in gate:  # the collector writes the convention beside a numeric bins
+        if gate["convention"] not in BIN_CONVENTIONS:
+            bad(f"manifest gate.convention {_short(gate['convention'])} is not one of {list(BIN_CONVENTIONS)}")
+        elif isinstance(gate.get("bins"), (str, Mapping)) and gate["convention"] != convention:
+            bad(f"manifest gate.convention {gate['convention']!r} contradicts gate.bins {_short(gate['bins'])}")
+        else:
+            convention = gate["convention"]
 
     budgets = manifest.get("budgets")
     if budgets is not None:
