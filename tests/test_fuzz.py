@@ -2,7 +2,7 @@
 
 A small synthetic run (:func:`pagestats.testing.synthetic_logs`: 2 tasks × 3 inputs, 2
 evictors × 3 budgets, L = 6, H = 3, top-k lists of k_max = 32, two parts per table) is
-copied and damaged by one mutation drawn from seven families:
+copied and damaged by one mutation drawn from nine families:
 
 * bytes — a part or the manifest truncated, a byte flipped, bytes appended, emptied
   (the manifest is *not* refreshed: its sha256 is what guards the bytes);
@@ -15,8 +15,13 @@ copied and damaged by one mutation drawn from seven families:
   element inside a list);
 * kinds — a part replaced by a FIFO, a folder, a symbolic link to ``/dev/zero`` or to a
   copy outside the run, deleted, or its table folder replaced by a file;
-* names — a part renamed with glob characters, spaces, a newline, a backslash, non-ASCII
-  letters, or another suffix.
+* names — a part renamed with glob characters, spaces, control characters, a backslash,
+  non-ASCII letters, or another suffix;
+* labels — a task, the model, an evictor or the run_id renamed consistently in every table
+  and the manifest, to a name with control or format characters, markup, quotes, 300
+  letters, a numeric or path-like look;
+* cli — one to three options of ``whatif`` or ``report`` on the clean run, good, bad or at
+  their bounds (non-finite and non-ASCII numbers, huge integers, abbreviations, odd paths).
 
 The manifest is refreshed (files[] rewritten with their sha256 and rows) after the
 column, type, row and name mutations, as a faithful but buggy writer would do, so that
@@ -29,7 +34,14 @@ tables, and every report table written in both reports, to float32 precision, 1e
 the schema accepts float32 for float columns, so a cast to it is no corruption), or exits 1
 with output that names a file — one line per problem for ``validate``, exactly one line
 for ``whatif`` and ``report`` — and validate, whatif and report agree on which. An exception
-(a traceback), another exit code, or different numbers fail the example.
+(a traceback), another exit code, or different numbers fail the example. A relabelled run is
+compared with the name put back, leaving out the outputs that depend on that name by design
+(seeded by a hash of the input identity, or ordered by name), which a control relabelling to a
+plain name finds. A cli example passes with exit 0, or exit 1 or 2 and one line on stderr.
+
+Only the first report in :data:`PDF_EVERY` writes PDF figures; the others draw each figure
+once, as PNG (``report --no-pdf``, half the time of an accepted example). The clean run's
+numbers are computed once per process (a module fixture).
 
 ``PAGESTATS_FUZZ_EXAMPLES`` sets the example budget (default :data:`CI_EXAMPLES`, drawn
 deterministically); ``PAGESTATS_FUZZ_TALLY=FILE`` records the outcome of every example in

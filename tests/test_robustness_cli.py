@@ -237,3 +237,15 @@ def test_a_band_with_an_unreadable_frozen_at_is_a_preregistration_error():
 
     with pytest.raises(PreregistrationError, match="frozen_at 'soon' is not an ISO 8601 time stamp"):
         check_frozen_before({"frozen_at": "soon"}, {"r": {"created_at": "2025-01-01T00:00:00Z"}}, ["r"])
+
+
+@pytest.mark.parametrize("command", [["whatif"], ["whatif", "--format", "csv"], ["whatif", "--policy", "midpoint"],
+                                     ["report", "--no-pdf", "--out"]])
+def test_exclusions_that_leave_no_inputs_are_bad_usage(run, command, capsys, tmp_path):
+    """Found by the fuzz's cli family: excluding every run gave an empty csv table (exit 0), an
+    unrelated error for the summary or the midpoint pilot, and an empty report."""
+    run_id = json.loads((run / "manifest.json").read_text())["run_id"]
+    tail = [str(tmp_path / "r")] if command[0] == "report" else []
+    assert main([command[0], str(run), "--exclude", run_id, *command[1:], *tail]) == 2
+    assert "the exclusions leave no inputs" in _one_error_line(capsys)
+    assert not (tmp_path / "r").exists()

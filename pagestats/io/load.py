@@ -205,6 +205,8 @@ def _apply_exclusions(exclude, inputs, outcomes, topk, run_dirs=None):
         inputs = inputs.filter(~drop_in)
         outcomes = outcomes.filter(~drop_oc)
         topk = topk.filter(~drop_tk) if topk is not None else None
+        if ids and inputs.height == 0:
+            raise ExclusionError([Problem("exclude", None, f"the exclusions leave no inputs ({'; '.join(lines)})")])
     return inputs, outcomes, topk, lines
 
 
@@ -652,7 +654,8 @@ def load(paths, *, exclude: Sequence[str] = (), columns: str = "analysis", stric
         Explicit exclusions ``RUN``, ``RUN/TASK`` or ``RUN/TASK/INPUT_ID`` (RUN a run_id or
         the name of the run's directory), applied
         to inputs, outcomes and topk and reported by :meth:`Logs.exclusion_report`. One that
-        is malformed or matches nothing raises :class:`ExclusionError`.
+        is malformed or matches nothing, or exclusions that leave no inputs, raise
+        :class:`ExclusionError`.
     columns : {"analysis", "all"}
         ``"analysis"`` leaves out :data:`HEAVY_COLUMNS`; ``"all"`` keeps them.
     strict : bool
