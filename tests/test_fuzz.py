@@ -156,7 +156,7 @@ def _rewrite(path: Path, table: pa.Table) -> None:
 
 BAD_VALUES = [None, True, "1024", 1024.5, -1, 0, 2**63, [], {}, "x/y", "a\nb", "$\\frac{a$", "", [1, [2, [3]]],
               2**63 - 1, -(2**63), 2**62, 2**16 + 1, "bfloAt16", "float64", "torch.float32", "2000-13-01",
-              "\x1b[2J", "strict", "query-agnostic"]
+              "\x1b[2J", "strict"]
 MANIFEST_FIELDS = ["schema_version", "run_id", "created_at", "device", "context_length", "seed", "tasks", "evictors",
                    "budgets", "software", "files", "model", "model.name", "model.n_layers", "model.n_heads",
                    "model.n_kv_heads", "model.head_dim", "model.dtype", "gate", "gate.w", "gate.k",
@@ -427,13 +427,14 @@ WHATIF_OPTIONS = {
                   f"{_RUN_ID}/vt/x", f"{_RUN_ID}/vt/0/1", f"{_RUN_ID}/niah_multikey_3"],
     "-o": [f"{_TMP}/out.csv", f"{_TMP}/out.parquet", f"{_TMP}/out.json", f"{_TMP}/out.txt", "/dev/null/x", _TMP, "",
            f"{_TMP}/nodir/x.csv", f"{_TMP}/run/manifest.json"],
-    "--ta": ["0.1"], "--db": [f"{_TMP}/nosuch.db", f"{_TMP}/run/manifest.json", ""],
+    "--mode": ["query-aware", "query-agnostic", "x", ""], "--ta": ["0.1"], "--db": [f"{_TMP}/nosuch.db", f"{_TMP}/run/manifest.json", ""],
 }
 REPORT_OPTIONS = {
     "--out": [f"{_TMP}/rep", "", "/dev/null/x", f"{_TMP}/run/manifest.json", _TMP, f"{_TMP}/run", f"{_TMP}/run/inputs"],
     "--prereg": [f"{_TMP}/nosuch.json", f"{_TMP}/run/manifest.json", ""],
     "--prereg-sha256": ["0" * 64, "x", ""], "--dilution-rule": ["rho", "task-class", "x"], "--no-pdf": [None],
     "--exclude": WHATIF_OPTIONS["--exclude"], "--db": WHATIF_OPTIONS["--db"], "--ou": [f"{_TMP}/rep"],
+    "--mode": WHATIF_OPTIONS["--mode"],
 }
 
 

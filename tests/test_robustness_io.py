@@ -399,16 +399,6 @@ def test_created_at_must_be_an_iso_time_stamp(run, stamp):
                    "is not an ISO 8601 time stamp")
 
 
-def test_mode_must_be_a_known_collection_mode(run):
-    man = _manifest(run)
-    man["mode"] = "query-agnostc"
-    _write_manifest_text(run, json.dumps(man))
-    assert_problem(validate_paths([str(run)]), run / "manifest.json", None, "manifest mode 'query-agnostc'")
-    man["mode"] = "query-agnostic"
-    _write_manifest_text(run, json.dumps(man))
-    assert validate_paths([str(run)]) == []
-
-
 def test_an_unknown_gate_convention_is_refused(run):
     man = _manifest(run)
     man["gate"]["convention"] = "strikt"

@@ -96,8 +96,7 @@ BIN_CONVENTIONS = ("deployed", "strict")
 def _check_interpreted(manifest: Mapping, fields: dict, bad) -> None:
     """Values that the analysis interprets, beyond their type: ``model.dtype`` (bytes per KV
     element, :data:`pagestats.schema.MODEL_DTYPE_BYTES`), ``n_kv_heads`` (grouped-query attention:
-    it divides ``n_heads``), ``created_at`` (ISO 8601, compared with a pre-registration) and
-    ``mode`` (:data:`pagestats.defaults.MODES`, when present)."""
+    it divides ``n_heads``) and ``created_at`` (ISO 8601, compared with a pre-registration)."""
     dtype = fields["model.dtype"]
     if dtype is not None and dtype not in schema.MODEL_DTYPE_BYTES:
         bad(f"manifest model.dtype {_short(dtype)} is not one of {list(schema.MODEL_DTYPE_BYTES)}")
@@ -110,8 +109,6 @@ def _check_interpreted(manifest: Mapping, fields: dict, bad) -> None:
             schema.utc_time(created)
         except ValueError:
             bad(f"manifest created_at {_short(created)} is not an ISO 8601 time stamp")
-    if "mode" in manifest and manifest["mode"] not in defaults.MODES:
-        bad(f"manifest mode {_short(manifest['mode'])} is not one of {list(defaults.MODES)}")
 
 
 def _short(value, limit: int = 80) -> str:
