@@ -8,7 +8,8 @@ notebook and check that count. Every notebook reads its logs from the
 environment variable ``PAGESTATS_LOGS`` (a run directory, a folder of runs, or a glob);
 the default is ``../data`` (the logs shipped in ``data/``, seen from ``notebooks/``). With
 ``PAGESTATS_DB`` set to a database written by ``pagestats index LOGS --db FILE``, the logs are
-read through it instead (validated when it was built, so not again). When the location holds no run, the notebook draws small synthetic logs
+read through it instead (validated when it was built, so not again). ``PAGESTATS_MODE`` picks the
+collection mode (``query-aware``, the default, or ``query-agnostic``; docs/CLI.md). When the location holds no run, the notebook draws small synthetic logs
 (:func:`pagestats.testing.synthetic_logs`) into a temporary folder and says so.
 """
 
@@ -49,7 +50,7 @@ if not paths:
     tmp = Path(tempfile.mkdtemp(prefix="pagestats-demo-"))
     syn = testing.synthetic_logs(models={"demo-12L4H": (12, 4)}, evictors=("snapkv", "h2o"),
                                  tasks=("niah_multikey_1", "niah_multikey_2", "niah_multikey_3", "vt", "fwe"),
-                                 context_lengths=(4096, 16384), n_inputs=12, budgets=(0.125, 0.25, 0.5, 1.0),
+                                 context_lengths=(4096, 16384), n_inputs=20, budgets=(0.125, 0.25, 0.5, 1.0),
                                  with_topk=True, k_max=32, with_text=False)
     paths = [str(r) for r in syn.write(tmp)]
     print(f"No runs under {LOGS!r}: using synthetic logs with a planted partition in {tmp}")
@@ -57,10 +58,21 @@ print(f"{len(paths)} run(s)")
 
 # Or a database written by `pagestats index LOGS --db FILE` (validated when it was built).
 DB = os.environ.get("PAGESTATS_DB")
+# The collection mode to analyse: PAGESTATS_MODE, query-aware (the paper's setting) or query-agnostic;
+# runs of the other mode are left out (never pooled into the same cells), and the notebook says so.
+MODE = os.environ.get("PAGESTATS_MODE", "query-aware")
 
 
 def load_logs():
-    return io.open_logs(DB).load() if DB else io.load(paths)'''
+    if DB:
+        db = io.open_logs(DB)
+        if db.mode != MODE:
+            raise ValueError(f"{DB} holds {db.mode} runs, not {MODE}: index those with pagestats index --mode {MODE}")
+        return db.load()
+    logs = io.load(paths, mode=MODE)
+    for line in logs.exclusions:
+        print(line)
+    return logs'''
 
 
 def quickstart():
@@ -167,10 +179,15 @@ def calibration_notebook():
                           "gate depend on the definition of its pilot?"),
         new_code_cell(SETUP),
         new_code_cell('logs = load_logs()\n'
-                      'policies = {"fixed 0.07": FixedTau(0.07), "z-scored": ZScored(), "midpoint": Midpoint()}\n'
+                      '# Eq. 5 takes 20 inputs of each class per (model, context): the midpoint is computed where they are\n'
+                      'mid = Midpoint()\n'
+                      'mid_logs, short = mid.applicable(logs)\n'
+                      'for r in short.iter_rows(named=True):\n'
+                      '    print(f"no midpoint τ for {r[\'model\']} at {r[\'context_length\']} tokens: {r[\'note\']}")\n'
+                      'policies = {"fixed 0.07": (FixedTau(0.07), logs), "z-scored": (ZScored(), logs), "midpoint": (mid, mid_logs)}\n'
                       'rows = []\n'
-                      'for name, policy in policies.items():\n'
-                      '    g = replay.gated_outcomes(logs, policy)\n'
+                      'for name, (policy, source) in policies.items():\n'
+                      '    g = replay.gated_outcomes(source, policy)\n'
                       '    d = metrics.delta(g, by=("model", "context_length"))\n'
                       '    po = metrics.p_open(g, by=("model", "context_length")).select("model", "context_length", "p_open")\n'
                       '    tau = g.group_by("model", "context_length").agg(pl.col("tau").mean())\n'
@@ -181,7 +198,7 @@ def calibration_notebook():
         new_markdown_cell("## Where each threshold falls\n\nFigure 2 (D per input by task) with the fixed τ and the "
                           "midpoint τ of each cell; the z-scored τ differs per model (printed in the table above)."),
         new_code_cell('from pagestats.figures import drop_by_task\n\n'
-                      'gate = replay.gate(logs, Midpoint())\n'
+                      'gate = replay.gate(mid_logs, mid)\n'
                       'fig = drop_by_task(gate, tau=float(gate["tau"].mean()))\n'
                       'fig.suptitle(f"dashed: midpoint τ = {float(gate[\'tau\'].mean()):.4f} (mean over cells); fixed τ = 0.07", fontsize=6)\n'
                       'fig'),

@@ -5,7 +5,9 @@ the test by hand (NumPy on the planted profile), never by the code under test.""
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -14,7 +16,7 @@ import pytest
 from pagestats import defaults, profile
 from pagestats.cli import main
 from pagestats.io import load
-from pagestats.replay import FixedTau, ProfileSpec, ZScored, gate, gated_outcomes, recalibrate
+from pagestats.replay import FixedTau, Midpoint, ProfileSpec, ZScored, gate, gated_outcomes, recalibrate
 from pagestats.testing import synthetic_logs
 from pagestats.whatif import whatif_table
 
@@ -30,8 +32,8 @@ def _planted(i: int, task: int) -> list[float]:
     return [0.30 + e, 0.30, 0.80 + 0.5 * e, 0.5, 0.26 - e, 0.26]
 
 
-def hand_built_logs(tmp_path):
-    s = synthetic_logs(models={"m": (6, 2)}, n_inputs=N_PER_TASK, tasks=TASKS, evictors=("snapkv",),
+def hand_built_logs(tmp_path, n=N_PER_TASK):
+    s = synthetic_logs(models={"m": (6, 2)}, n_inputs=n, tasks=TASKS, evictors=("snapkv",),
                        budgets=(0.5, 1.0), with_topk=False, seed=3)  # fmt: skip
     keys = s.inputs.select("task", "input_id").rows()
     prof = [_planted(i, TASKS.index(t)) for t, i in keys]
@@ -89,13 +91,54 @@ def test_recalibrate_z_is_the_hand_computed_tau(tmp_path, capsys):
 
 
 def test_recalibrate_midpoint_is_eq5_on_the_changed_statistic(tmp_path):
-    runs, keys, a = hand_built_logs(tmp_path)
+    runs, keys, a = hand_built_logs(tmp_path, n=21)  # a_ℓ stays in [0, 1] up to 21 inputs per task
     d_new = a[:, 0] - a[:, 2]
-    cap = [j for j, (t, _) in enumerate(keys) if t == "niah_multikey_3"]
-    dil = [j for j, (t, _) in enumerate(keys) if t == "vt"]
-    tau = (d_new[cap].mean() + d_new[dil].mean()) / 2  # n = 20 per class > 6: every input
+    first = sorted(range(len(keys)), key=lambda j: (keys[j][1], keys[j][0]))  # (input_id, task) order
+    cap = [j for j in first if keys[j][0] == "niah_multikey_3"][:20]  # Eq. 5: 20 inputs of each class
+    dil = [j for j in first if keys[j][0] == "vt"][:20]
+    tau = (d_new[cap].mean() + d_new[dil].mean()) / 2
     g = gate(load(runs), recalibrate(FixedTau(), "midpoint"), ProfileSpec(layers="first-half"))
     assert g["tau"].to_numpy() == pytest.approx(np.full(g.height, tau), abs=1e-12)
+
+
+def test_midpoint_refuses_a_class_smaller_than_its_sample(tmp_path, capsys):
+    runs, keys, a = hand_built_logs(tmp_path)  # 6 inputs per class: Eq. 5 takes 20
+    for argv in (["--policy", "midpoint"], ["--layers", "first-half", "--recalibrate", "midpoint"]):
+        assert main(["whatif", *runs, *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == ["error: the midpoint recipe (Eq. 5) takes 20 capacity-bound and 20 dilution-prone inputs; "
+                       "this cell has 6 and 6 (model=m, context_length=4096)"]
+    with pytest.raises(ValueError, match="takes 20 capacity-bound"):
+        gate(load(runs), Midpoint())
+
+
+def test_report_tables_7_and_20_name_the_cell_without_the_midpoint_sample(tmp_path):
+    from pagestats import tables
+    from pagestats.report import build_report
+    from pagestats.report.table_entries import TABLES
+
+    kw = dict(models={"m": (6, 2)}, tasks=("niah_multikey_3", "vt"), evictors=("snapkv",), budgets=(0.5, 1.0),
+              with_topk=False)
+    runs = [str(d) for d in synthetic_logs(n_inputs=20, context_lengths=(512,), seed=1, **kw).write(tmp_path / "a")]
+    runs += [str(d) for d in synthetic_logs(n_inputs=15, context_lengths=(1024,), seed=2, **kw).write(tmp_path / "b")]
+    logs = load(runs)
+    short = Midpoint().shortfall(logs.inputs)
+    assert short.select("context_length", "n_capacity", "n_dilution").rows() == [(512, 20, 20), (1024, 15, 15)]
+    t7 = tables.calibration_table(logs)
+    assert t7["context_length"].to_list() == [512, 1024]
+    ok, skipped = t7.row(0, named=True), t7.row(1, named=True)
+    assert ok["note"] is None and ok["tau_calibrated"] is not None
+    assert skipped["tau_calibrated"] is None and "this cell has 15 and 15" in skipped["note"]
+    entries = [e for e in TABLES if e.name in ("tab07_calibration", "tab20_cross_cell")]
+    index = json.loads((Path(build_report(logs, tmp_path / "out", entries=entries)).with_suffix(".json")).read_text())
+    assert all(o["skipped"] is None for o in index["outputs"])
+    t20 = pl.read_csv(tmp_path / "out" / "tables" / "tab20_cross_cell.csv")
+    assert t20.filter(pl.col("context_length") == 1024)["delta_calibrated"][0] is None
+    assert "this cell has 15 and 15" in t20.filter(pl.col("context_length") == 1024)["note"][0]
+    # no cell holds the sample: both entries are skipped with the reason
+    index = json.loads((Path(build_report(load(runs[1:]), tmp_path / "out2", entries=entries)).with_suffix(".json")).read_text())
+    assert [o["skipped"].split(";")[0] for o in index["outputs"]] == ["the midpoint recipe (Eq. 5) takes 20 capacity-bound "
+                                                                      "and 20 dilution-prone inputs"] * 2
 
 
 def _pilot_tau(logs, **kw) -> float:
@@ -450,3 +493,106 @@ def test_index_holds_one_mode_and_db_refuses_the_other(tmp_path, capsys):
     assert np.allclose(via_db["delta"].to_numpy(), direct["delta"].to_numpy(), rtol=0, atol=1e-12)
     assert main(["whatif", "--db", db, "--mode", "query-agnostic"]) == 2
     assert "holds query-aware runs, not query-agnostic" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- equal footing (Fig. 7, 8, N1; Tables 14, 20, N1, N2)
+def _hand_common(gated) -> set:
+    """The (run, task, input) that every evictor of the frame holds, by hand."""
+    sets = [set(part.select("run_id", "task", "input_id").unique().rows())
+            for _, part in gated.partition_by(["evictor"], as_dict=True).items()]
+    return set.intersection(*sets)
+
+
+def _hand_mean(gated, keys, col_a, col_b=None):
+    rows = [r for r in gated.iter_rows(named=True) if (r["run_id"], r["task"], r["input_id"]) in keys]
+    return float(np.mean([r[col_a] - (r[col_b] if col_b else 0.0) for r in rows]))
+
+
+def test_fig8_fig7_and_the_decision_frontier_compare_evictors_on_the_same_inputs(tmp_path):
+    from pagestats import figures
+    from pagestats.report.context import Context
+    from pagestats.report.decision import decision_data
+
+    logs = _unequal_logs(tmp_path)
+    gated = gated_outcomes(logs, FixedTau())
+    common = _hand_common(gated)
+    assert len(common) == 16
+    evict = gated.filter(pl.col("budget") < 1)
+    data = figures.delta_matrix_data(gated)
+    for ev in ("snapkv", "h2o"):
+        r = data.filter(pl.col("evictor") == ev).row(0, named=True)
+        sub = evict.filter(pl.col("evictor") == ev)
+        assert r["delta"] == pytest.approx(_hand_mean(sub, common, "score_gated", "score_plain"), abs=1e-12)
+        assert (r["n_inputs"], r["n_left_out"]) == (16, 10 if ev == "snapkv" else 0)
+
+    lines = figures.delta_of_f_data(gated, f=[0.5])
+    for ev in ("snapkv", "h2o"):
+        sub = evict.filter(pl.col("evictor") == ev)
+        cap = _hand_mean(sub.filter(pl.col("task_class") == defaults.CAPACITY_BOUND), common, "score_gated", "score_plain")
+        rest = _hand_mean(sub.filter(pl.col("task_class") == defaults.DILUTION_PRONE), common, "score_gated", "score_plain")
+        got = lines.filter((pl.col("line") == "cell") & (pl.col("evictor") == ev))["delta"][0]
+        assert got == pytest.approx(0.5 * cap + 0.5 * rest, abs=1e-12)
+
+    frontier = decision_data(Context(logs))
+    for ev in ("snapkv", "h2o"):  # τ = +∞: the gate never opens, so the point is the full cache on the common inputs
+        point = frontier.filter((pl.col("evictor") == ev) & (pl.col("budget") == 0.5) & (pl.col("tau") == np.inf))
+        sub = evict.filter((pl.col("evictor") == ev) & (pl.col("budget") == 0.5))
+        assert point["accuracy"][0] == pytest.approx(_hand_mean(sub, common, "score_full"), abs=1e-12)
+
+
+def _hash(seed, run, task, i) -> int:
+    import hashlib
+
+    return int.from_bytes(hashlib.blake2b(f"{seed}/{run}/{task}/{i}".encode(), digest_size=8).digest(), "big") >> 1
+
+
+def test_pilot_sensitivity_evaluates_every_definition_on_the_same_inputs(tmp_path):
+    from pagestats import metrics, tables
+
+    logs = _unequal_logs(tmp_path)  # one (model, context): 26 inputs for snapkv, the headline evictor
+    units = logs.inputs.select("run_id", "task", "input_id").rows()
+    by_hash = sorted(units, key=lambda u: _hash(0, *u))
+    reference = ZScored(pilot_n=5)  # held out
+    table = tables.pilot_sensitivity_table(logs, pilot_sizes=(3, 5), reference=reference)
+    # the held-out pilots (3 and 5 inputs of smallest hash, per model and per cell alike) are nested: the
+    # compared inputs are all but the 5 of smallest hash
+    common = set(units) - set(by_hash[:5])
+    per_task = {t: sum(1 for u in common if u[1] == t) for t in ("niah_multikey_3", "vt")}
+    assert len(table.select("pilot", "pilot_by", "pilot_n").unique()) == 12
+    assert all(per_task[r["task"]] == r["n_evaluated"] for r in table.iter_rows(named=True))
+    left = table.group_by("pilot", "pilot_by", "pilot_n").agg(pl.col("n_left_out").sum())
+    for pilot, _, n, n_left in left.rows():
+        assert n_left == (5 - n if pilot == "held-out" else 5)
+    g = gate(logs, ZScored(pilot_n=3, pilot="first"))
+    rows = table.filter((pl.col("pilot") == "first") & (pl.col("pilot_n") == 3) & (pl.col("pilot_by") == "model"))
+    for r in rows.iter_rows(named=True):
+        drops = [x["drop"] for x in g.iter_rows(named=True) if (x["run_id"], x["task"], x["input_id"]) in common
+                 and x["task"] == r["task"]]
+        assert r["p_open"] == pytest.approx(np.mean(np.asarray(drops) >= r["tau"]), abs=1e-12)
+    # the helper behind it: every frame on the same (run, task, input)
+    frames = [gated_outcomes(logs, p) for p in (reference, ZScored(pilot_n=3, pilot="first"), FixedTau())]
+    kept, _ = metrics.same_inputs(*frames)
+    assert all(set(k.select("run_id", "task", "input_id").unique().rows()) == common for k in kept)
+
+
+def test_oracle_gap_and_cross_cell_compare_policies_on_the_same_inputs(tmp_path):
+    from pagestats import tables
+    from pagestats.replay import Midpoint, TaskOracle
+
+    logs = _unequal_logs(tmp_path)
+    policy = ZScored(pilot_n=5)  # held out: its 5 pilot inputs are in no evaluated row
+    gated, oracle = gated_outcomes(logs, policy), gated_outcomes(logs, TaskOracle())
+    pilot = {u for u in logs.inputs.select("run_id", "task", "input_id").rows()} - set(
+        gated.select("run_id", "task", "input_id").unique().rows())
+    assert len(pilot) == 5
+    common = _hand_common(oracle) - pilot
+    t14 = tables.oracle_gap_table(gated, oracle)
+    for ev in ("snapkv", "h2o"):
+        r = t14.filter(pl.col("evictor") == ev).row(0, named=True)
+        sub = oracle.filter((pl.col("evictor") == ev) & (pl.col("budget") < 1))
+        assert r["delta_oracle"] == pytest.approx(_hand_mean(sub, common, "score_gated", "score_plain"), abs=1e-12)
+        assert r["n_inputs"] == len(common)
+    t20 = tables.cross_cell_table(gated, gated_outcomes(logs, Midpoint(n=3)))
+    snap = gated_outcomes(logs, Midpoint(n=3)).filter((pl.col("evictor") == "snapkv") & (pl.col("budget") < 1))
+    want = _hand_mean(snap, set(gated.select("run_id", "task", "input_id").unique().rows()), "score_gated", "score_plain")
+    assert t20["delta_calibrated"][0] == pytest.approx(want, abs=1e-12)

@@ -3,6 +3,7 @@ truth of the synthetic logs, and closed forms; plus rendering and the report reg
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import statistics
@@ -337,11 +338,25 @@ def test_pilot_sensitivity_by_hand(syn, gate):
                     & (pl.col("pilot_n") == 100)).height == 0
     ref = t.filter((pl.col("pilot") == "first") & (pl.col("pilot_by") == "model") & (pl.col("pilot_n") == 100))
     assert not ref["flips"].any()
-    held = t.filter((pl.col("pilot") == "held-out") & (pl.col("pilot_by") == "model") & (pl.col("pilot_n") == 8))
-    assert held["n_evaluated"].sum() == 2 * (200 - 8)
+    # every definition is evaluated on the inputs no held-out pilot of the table takes: per model the 100 of
+    # smallest hash, and per (model, context) the 8 of smallest hash (blake2b of "0/run/task/input", by hand)
+    def h(g):
+        return int.from_bytes(hashlib.blake2b(f"0/{g['run_id']}/{g['task']}/{g['input_id']}".encode(),
+                                              digest_size=8).digest(), "big") >> 1
+
     rows = rows_of(gate)
+    held_out = set()
+    for group in ({(g["model"],) for g in rows}, {(g["model"], g["context_length"]) for g in rows}):
+        for key in group:
+            members = sorted((g for g in rows if (g["model"], g["context_length"])[:len(key)] == key), key=h)
+            held_out |= {(g["run_id"], g["task"], g["input_id"]) for g in members[:100 if len(key) == 1 else 8]}
+    rows = [g for g in rows if (g["run_id"], g["task"], g["input_id"]) not in held_out]
+    for (pilot, by, n), part in t.group_by("pilot", "pilot_by", "pilot_n"):
+        assert part["n_evaluated"].sum() == 400 - len(held_out), (pilot, by, n)
+    held = t.filter((pl.col("pilot") == "held-out") & (pl.col("pilot_by") == "model") & (pl.col("pilot_n") == 8))
+    assert held["n_left_out"].sum() == 400 - 2 * 8 - (400 - len(held_out))
     for model in ("m6", "m8"):
-        pil = [g["drop"] for g in _pilot([g for g in rows if g["model"] == model], 8)]
+        pil = [g["drop"] for g in _pilot([g for g in rows_of(gate) if g["model"] == model], 8)]
         tau = statistics.fmean(pil) + defaults.THETA_Z * statistics.stdev(pil)
         got = t.filter((pl.col("pilot") == "first") & (pl.col("pilot_by") == "model") & (pl.col("pilot_n") == 8)
                        & (pl.col("model") == model))
@@ -604,8 +619,10 @@ def test_registry_entries_and_skips(tmp_path):
     meta = {o["name"]: o for o in json.loads((index.parent / "index.json").read_text())["outputs"]}
     skipped = {n for n, o in meta.items() if o["skipped"]}
     assert skipped == {"tab04_distractor_sweep", "tab21_preregistered", "tab30_draws", "tabN1_pilot_sensitivity",
-                       "tabA31_k_sweep"}
+                       "tabA31_k_sweep", "tab07_calibration", "tab20_cross_cell"}
     assert "holds out 100 inputs per model" in meta["tabN1_pilot_sensitivity"]["skipped"]
+    for name in ("tab07_calibration", "tab20_cross_cell"):  # 4 inputs per class; Eq. 5 takes 20
+        assert "takes 20 capacity-bound and 20 dilution-prone inputs; this cell has 4 and 8" in meta[name]["skipped"]
     assert "context length" in meta["tab21_preregistered"]["skipped"] and "draws" in meta["tab30_draws"]["skipped"]
     assert all("\n" not in meta[n]["skipped"] for n in skipped)
     for n, o in meta.items():

@@ -8,7 +8,7 @@ import polars as pl
 from matplotlib.patches import Rectangle
 
 from pagestats import defaults, metrics
-from pagestats.columns import MATRIX_CELL
+from pagestats.columns import MATRIX_CELL, MODEL_CELL
 from pagestats.figures import _style as st
 from pagestats.figures._frames import cells, present, require, where
 
@@ -28,7 +28,10 @@ def delta_matrix_data(gated: pl.DataFrame) -> pl.DataFrame:
     -------
     polars.DataFrame
         One row per cell: ``delta`` (mean over inputs and budgets b < 1 of gated − plain,
-        :func:`pagestats.metrics.delta`), ``n_inputs``.
+        :func:`pagestats.metrics.delta`), ``n_inputs``, ``n_left_out``: the evictors of a
+        (model, context) row are compared on the same inputs, as in Table 2
+        (:func:`pagestats.metrics.equal_inputs`), and this many of the cell's logged inputs
+        are not among them.
 
     References
     ----------
@@ -36,7 +39,11 @@ def delta_matrix_data(gated: pl.DataFrame) -> pl.DataFrame:
     """
     require(gated, _NEEDS, "delta_matrix_data")
     keys = present(gated, MATRIX_CELL)
-    return metrics.delta(gated, by=keys).sort(keys)
+    if "evictor" not in keys:
+        return metrics.delta(gated, by=keys).with_columns(pl.lit(0, pl.Int64).alias("n_left_out")).sort(keys)
+    rows = present(gated, MODEL_CELL)
+    gated, left = metrics.equal_inputs(gated, by=rows)
+    return metrics.delta(gated, by=keys).join(left, on=keys, how="left").sort(keys)
 
 
 def delta_matrix(gated: pl.DataFrame, *, ax=None):
@@ -86,7 +93,9 @@ def delta_matrix(gated: pl.DataFrame, *, ax=None):
         bar.set_label("Δ gated − plain (pp)")
         bar.outline.set_visible(False)
         grand = float(np.nanmean(grid))
-        axis.set_title(f"mean over budgets b < 1; grand mean {grand:+.1f} pp")
+        left = int(data["n_left_out"].sum())
+        note = f"; evictors on the same inputs ({left} left out)" if left else ""
+        axis.set_title(f"mean over budgets b < 1; grand mean {grand:+.1f} pp{note}")
     return fig
 
 
@@ -119,6 +128,8 @@ def delta_of_f_data(gated: pl.DataFrame, *, f=None) -> pl.DataFrame:
     if grid.size == 0 or np.any((grid < 0) | (grid > 1)) or not np.all(np.isfinite(grid)):
         raise ValueError("f must be a non-empty array of shares in [0, 1]")
     keys = present(gated, MATRIX_CELL)
+    if "evictor" in keys:  # the cells of a (model, context) on the same inputs, as Table 2
+        gated, _ = metrics.equal_inputs(gated, by=present(gated, MODEL_CELL))
     by_class = metrics.delta(gated, by=[*keys, "task_class"])
     wide = by_class.pivot(on="task_class", index=keys or None, values="delta")
     for name in (defaults.CAPACITY_BOUND, defaults.DILUTION_PRONE):

@@ -33,6 +33,7 @@ from pagestats.metrics.delta import (
     delta_bootstrap,
     delta_of_f,
     equal_inputs,
+    same_inputs,
     oracle_gap,
 )
 from pagestats.metrics.memory import compression, full_cache_gib, kept_kv, kv_bytes_per_token, static_batching
@@ -48,6 +49,7 @@ from pagestats.metrics.scaling import DILUTION_RULES, in_fit, predict_band, scal
 __all__ = [
     "accuracy",
     "equal_inputs",
+    "same_inputs",
     "recovery_rate",
     "harm_rate",
     "recovery_indicator",

@@ -16,6 +16,7 @@ from pagestats.schema import INPUT_KEY
 
 __all__ = [
     "equal_inputs",
+    "same_inputs",
     "accuracy",
     "delta",
     "delta_bootstrap",
@@ -58,6 +59,39 @@ def equal_inputs(frame: pl.DataFrame, by=MODEL_CELL, across: str = "evictor",
         pl.len().cast(pl.Int64).alias("n_left_out"))
     counts = names.join(left, on=[*by, across], how="left", nulls_equal=True)
     return kept, counts.with_columns(pl.col("n_left_out").fill_null(0)).sort([*by, across])
+
+
+def same_inputs(*frames: pl.DataFrame, by=MODEL_CELL) -> tuple[list[pl.DataFrame], list[pl.DataFrame]]:
+    """Put frames compared side by side (replays of the same logs under different policies or
+    pilot definitions) on the same inputs: each keeps only the inputs that every frame holds.
+
+    Replays of one set of logs differ in their inputs only where a held-out pilot
+    (:func:`pagestats.replay.pilot_mask`) leaves its inputs out of the evaluated numbers; a
+    comparison of two policies must then leave them out of both. Within an input every
+    frame keeps all of its rows (every evictor and budget); put the evictors of a cell on the
+    same inputs with :func:`equal_inputs`.
+
+    Returns
+    -------
+    (list of polars.DataFrame, list of polars.DataFrame)
+        The frames on the common inputs, in order, and for each frame per ``by`` group how
+        many of its inputs were left out: ``by``, ``n_left_out``.
+    """
+    by = [by] if isinstance(by, str) else list(by)
+    key = [*by, *[c for c in INPUT_KEY if c not in by]]
+    for frame in frames:
+        require_columns(frame, key, "same_inputs")
+    units = [frame.select(key).unique() for frame in frames]
+    common = units[0]
+    for u in units[1:]:
+        common = common.join(u, on=key, how="semi", nulls_equal=True)
+    kept = [frame.join(common, on=key, how="semi", nulls_equal=True) for frame in frames]
+    left = []
+    for u in units:
+        n = u.group_by(by).agg(pl.len().cast(pl.Int64).alias("_n")).join(
+            common.group_by(by).agg(pl.len().cast(pl.Int64).alias("_c")), on=by, how="left", nulls_equal=True)
+        left.append(n.select(*by, (pl.col("_n") - pl.col("_c").fill_null(0)).alias("n_left_out")).sort(by))
+    return kept, left
 
 
 def accuracy(frame: pl.DataFrame, by=(*MATRIX_CELL, "budget")) -> pl.DataFrame:

@@ -21,6 +21,7 @@ PAGE paper, §3 "Calibration"; App. A.3.4 (recipe, Eq. 5; z-scored variant; Tabl
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass, field
 from typing import Callable
@@ -29,6 +30,7 @@ import numpy as np
 import polars as pl
 
 from pagestats import defaults
+from pagestats.columns import with_task_class
 from pagestats.formulas import GATE_RULE
 from pagestats.schema import INPUT_KEY
 
@@ -299,7 +301,10 @@ class Midpoint:
     Notes
     -----
     Accuracy-label-free but not task-label-free (Table 8). With head-pair draws the class
-    means are computed per draw. A group without inputs of either class is an error.
+    means are computed per draw. The recipe is defined on ``n`` inputs of each class
+    ("Pick 20 inputs from a known capacity-bound task …", App. A.3.4; Table 7: N = 20), so a
+    group with fewer than ``n`` inputs of either class is refused rather than calibrated on
+    what it has (:meth:`shortfall` names such groups).
     """
 
     n: int = defaults.MIDPOINT_N
@@ -322,17 +327,58 @@ class Midpoint:
             return pl.col("task").is_in(list(tasks))
         return pl.col("task_class") == klass
 
+    def _classes(self):
+        return (("_mean_c", self.capacity_tasks, defaults.CAPACITY_BOUND),
+                ("_mean_d", self.dilution_tasks, defaults.DILUTION_PRONE))
+
+    def shortfall(self, frame: pl.DataFrame) -> pl.DataFrame:
+        """Per calibration group of ``frame`` (gate or inputs rows), the distinct inputs of each
+        class and ``note``: null where the recipe applies, else why not (fewer than ``n``
+        inputs of a class, Eq. 5).
+
+        Returns
+        -------
+        polars.DataFrame
+            ``by`` columns, ``n_capacity``, ``n_dilution``, ``note``.
+        """
+        by = _check_group_cols(frame, self.by, "Midpoint.by")
+        out = frame.select(by).unique()
+        for (label, tasks, klass), name in zip(self._classes(), ("n_capacity", "n_dilution")):
+            counts = frame.filter(self._class_expr(tasks, klass)).group_by(by).agg(
+                pl.struct(INPUT_KEY).n_unique().cast(pl.Int64).alias(name))
+            out = out.join(counts, on=by, how="left", nulls_equal=True).with_columns(pl.col(name).fill_null(0))
+        cap = "capacity-bound" + (f" ({', '.join(self.capacity_tasks)})" if self.capacity_tasks else "")
+        dil = "dilution-prone" + (f" ({', '.join(self.dilution_tasks)})" if self.dilution_tasks else "")
+        short = (pl.col("n_capacity") < self.n) | (pl.col("n_dilution") < self.n)
+        note = pl.format(f"the midpoint recipe (Eq. 5) takes {self.n} {cap} and {self.n} {dil} inputs; "
+                         "this cell has {} and {}", "n_capacity", "n_dilution")
+        return out.with_columns(pl.when(short).then(note).otherwise(pl.lit(None, pl.String)).alias("note")).sort(by)
+
+    def applicable(self, logs):
+        """``logs`` (a :class:`pagestats.io.Logs` or another dataclass with ``inputs``,
+        ``outcomes`` and ``topk``) restricted to the calibration groups where the recipe
+        applies, and the :meth:`shortfall` rows (with their ``note``) of the groups left out."""
+        short = self.shortfall(with_task_class(logs.inputs))
+        kept = logs.inputs.join(short.filter(pl.col("note").is_null()).select(self.by), on=list(self.by), how="semi",
+                                nulls_equal=True)
+        keys = kept.select(INPUT_KEY)
+        topk = getattr(logs, "topk", None)
+        sub = dataclasses.replace(logs, inputs=kept, outcomes=logs.outcomes.join(keys, on=INPUT_KEY, how="semi"),
+                                  **({} if topk is None else {"topk": topk.join(keys, on=INPUT_KEY, how="semi")}))
+        return sub, short.filter(pl.col("note").is_not_null())
+
     def decide(self, frame: pl.DataFrame) -> pl.DataFrame:
         by = _check_group_cols(frame, self.by, "Midpoint.by")
+        short = self.shortfall(frame).filter(pl.col("note").is_not_null())
+        if short.height:
+            row = short.row(0, named=True)
+            cell = ", ".join(f"{c}={row[c]}" for c in by)
+            more = f" (and {short.height - 1} more)" if short.height > 1 else ""
+            raise ValueError(f"{row['note']} ({cell}){more}")
         groups = [*by, *_draw_cols(frame)]
         means, members = [], []
-        for label, tasks, klass in (
-            ("_mean_c", self.capacity_tasks, defaults.CAPACITY_BOUND),
-            ("_mean_d", self.dilution_tasks, defaults.DILUTION_PRONE),
-        ):
+        for label, tasks, klass in self._classes():
             part = frame.filter(self._class_expr(tasks, klass))
-            if part.height == 0:
-                raise ValueError(f"Midpoint: no {klass} inputs in the logs (tasks={tasks})")
             part = part.filter(pilot_mask(part, by, self.n, self.pilot, self.seed))
             means.append(part.group_by(groups).agg(pl.col("drop").mean().alias(label)))
             members.append(part.select(INPUT_KEY).unique())
@@ -341,9 +387,6 @@ class Midpoint:
         out = out.with_columns(pl.col("pilot").fill_null(False))
         out = out.join(means[0], on=groups, how="left", maintain_order="left")
         out = out.join(means[1], on=groups, how="left", maintain_order="left")
-        bad = out.filter(pl.col("_mean_c").is_null() | pl.col("_mean_d").is_null()).select(by).unique()
-        if bad.height:
-            raise ValueError(f"Midpoint: groups lacking a capacity-bound or dilution-prone sample: {bad.rows()[:5]}")
         out = _with_tau(out, (pl.col("_mean_c") + pl.col("_mean_d")) / 2)
         return out.drop("_mean_c", "_mean_d")
 

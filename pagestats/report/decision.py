@@ -5,6 +5,7 @@ points, with the kept KV cache as a fraction and in GiB per sequence (docs/DEFIN
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 
 import numpy as np
@@ -13,6 +14,7 @@ import polars as pl
 from pagestats import defaults, metrics, replay
 from pagestats.figures import decision_frontier, decision_frontier_data
 from pagestats.report.context import Context
+from pagestats.schema import INPUT_KEY
 from pagestats.tables import LAYOUTS
 
 _CACHE: "weakref.WeakKeyDictionary[Context, pl.DataFrame]" = weakref.WeakKeyDictionary()
@@ -30,10 +32,14 @@ def decision_data(ctx: Context) -> pl.DataFrame:
     if ctx not in _CACHE:
         tau0 = ctx.fixed_tau if ctx.fixed_tau is not None else defaults.TAU
         keys = ("model", "context_length", "evictor", "budget")
-        curve = replay.tau_curve(ctx.logs, decision_taus(tau0), ctx.profile, by=keys)
+        # the evictors of a (model, context) on the same inputs, as Table 2 (metrics.equal_inputs)
+        gated, _ = metrics.equal_inputs(ctx.gated.filter(pl.col("budget") < 1.0))
+        units = gated.select(*INPUT_KEY, "evictor").unique()
+        logs = dataclasses.replace(ctx.logs, outcomes=ctx.logs.outcomes.join(units, on=[*INPUT_KEY, "evictor"], how="semi"))
+        curve = replay.tau_curve(logs, decision_taus(tau0), ctx.profile, by=keys)
         if "pair_draw" in curve.columns:
             curve = curve.group_by(*keys, "tau").agg(pl.col("delta", "kept_kv", "p_open").mean())
-        accuracy = metrics.accuracy(ctx.gated.filter(pl.col("budget") < 1.0), list(keys))
+        accuracy = metrics.accuracy(gated, list(keys))
         gib = None
         if getattr(ctx.logs, "manifests", None):
             gib = metrics.full_cache_gib(ctx.logs.inputs, ctx.logs.manifests)

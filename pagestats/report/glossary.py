@@ -73,8 +73,9 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "ordered": ("ordered", "the margin is positive"),
     "capacity_max": ("max capacity-bound mean D", "largest capacity-bound task mean of D"),
     "dilution_min": ("min dilution-prone mean D", "smallest dilution-prone task mean of D"),
-    "note": ("note", "why a value is missing: a layer subset that cannot be computed, or a bootstrap cell with "
-             "one input or no variation (p is NaN and the cell is left out of the BH family)"),
+    "note": ("note", "why a value is missing: a layer subset that cannot be computed, a bootstrap cell with "
+             "one input or no variation (p is NaN and the cell is left out of the BH family), or a cell without "
+             "the midpoint recipe's 20 inputs of each class (Eq. 5)"),
     "acc_full": ("accuracy full KV", "mean score with the full cache"),
     "acc_plain": ("accuracy plain", "mean score of plain eviction"),
     "acc_gated": ("accuracy gated", "mean score of the gated arm (Eq. 2)"),

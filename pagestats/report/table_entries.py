@@ -13,6 +13,7 @@ import numpy as np
 import polars as pl
 
 from pagestats import defaults, replay
+from pagestats.columns import with_task_class
 from pagestats.replay.policies import Midpoint, TaskOracle
 from pagestats.report.decision import decision_table
 from pagestats.report.context import (
@@ -104,6 +105,24 @@ def _needs_capacity(ctx) -> str | None:
     return None
 
 
+def _needs_midpoint_cell(ctx) -> str | None:
+    """The midpoint recipe (Eq. 5) takes n inputs of each class per (model, context): at least one
+    cell must hold them (the others are listed with the reason in Tables 7 and 20)."""
+    short = Midpoint().shortfall(with_task_class(ctx.logs.inputs))
+    if short["note"].null_count() == 0:
+        row = short.row(0, named=True)
+        return f"{row['note']} ({row['model']}, {row['context_length']} tokens)" + (
+            f", and so do the other {short.height - 1} cells" if short.height > 1 else "")
+    return None
+
+
+def _tab20(ctx):
+    mid = Midpoint()
+    logs, short = mid.applicable(ctx.logs)
+    return cross_cell_table(ctx.gated, replay.gated_outcomes(logs, mid, ctx.profile), evictor=ctx.headline_evictor,
+                            notes=short)
+
+
 def _tab21(ctx) -> pl.DataFrame:
     if ctx.prereg is None:
         return preregistered_table(ctx.gated, ctx.logs.inputs, evictor=ctx.headline_evictor)
@@ -137,7 +156,7 @@ def _entries() -> tuple[Entry, ...]:
               (needs_agreement, both, needs_signals),
               "Separation, margin, AUC (BH), MK monotonicity and r with D per signal."),
         Entry("tab07_calibration", "table", "Table 7",
-              lambda c: t("tab07_calibration", calibration_table(c.logs, profile=c.profile)), (ev, both),
+              lambda c: t("tab07_calibration", calibration_table(c.logs, profile=c.profile)), (ev, both, _needs_midpoint_cell),
               "Midpoint-calibrated τ (Eq. 5) vs the fixed τ per cell."),
         Entry("tab09_head_pairs", "table", "Table 9",
               lambda c: t("tab09_head_pairs", head_pair_table(c.logs, profile=c.profile)), (_needs_pair_jaccard, both),
@@ -160,9 +179,9 @@ def _entries() -> tuple[Entry, ...]:
               lambda c: t("tab17_best_evictor", best_evictor_table(c.gated)), (ev,),
               "Best plain vs best gated evictor per (model, context)."),
         Entry("tab20_cross_cell", "table", "Table 20",
-              lambda c: t("tab20_cross_cell", cross_cell_table(c.gated, replay.gated_outcomes(c.logs, Midpoint(), c.profile),
-                                                               evictor=c.headline_evictor)),
-              (ev, both), "Δ per (model, context) at the fixed and the midpoint-calibrated τ."),
+              lambda c: t("tab20_cross_cell", _tab20(c)),
+              (ev, both, _needs_midpoint_cell), "Δ per (model, context) at the fixed and the midpoint-calibrated τ; a cell "
+              "without the recipe's 20 + 20 inputs says why in its note."),
         Entry("tab21_preregistered", "table", "Table 21", lambda c: t("tab21_preregistered", _tab21(c)),
               (ev, needs_contexts(2), _needs_prediction_fit),
               "Ratio-band predictions vs measured ρ: the frozen band of --prereg, else a post-hoc illustration, "

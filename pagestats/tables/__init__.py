@@ -145,8 +145,9 @@ LAYOUTS: dict[str, Layout] = {
     "tab30_draws": Layout("Table 30 — input-draw replicates of Δ", {}, notes=("SD with ddof = 1.",)),
     "tabN1_pilot_sensitivity": Layout("New — z-scored gate vs the pilot definition", {},
                                       notes=("closed_call: fewer than half of the task's inputs open; flips: differs from "
-                                             "the reference pilot (100 inputs per model, held out); held-out pilots are "
-                                             "evaluated on the other inputs only (n_evaluated).",)),
+                                             "the reference pilot (100 inputs per model, held out); every definition is "
+                                             "evaluated on the same inputs, those no held-out pilot takes (n_evaluated; "
+                                             "n_left_out: the definition's other inputs).",)),
     "tabN2_decision_frontier": Layout(
         "New — the accuracy–memory frontier over τ and budgets, per evictor", {}, decimals=4,
         notes=("Each row is one (τ, b) operating point on its evictor's frontier: no other (τ, b) keeps at most as "

@@ -137,11 +137,17 @@ def oracle_gap_table(gated: pl.DataFrame, gated_oracle: pl.DataFrame) -> pl.Data
     polars.DataFrame
         :func:`pagestats.metrics.oracle_gap` columns plus ``same_decisions`` (the two
         policies take the same decision on every input of the cell, so the gap is exactly 0).
+        The two policies are compared on the same inputs (a held-out pilot's inputs are
+        left out of both, :func:`pagestats.metrics.same_inputs`), and the evictors of a
+        (model, context) on the same inputs as in Table 2 (:func:`pagestats.metrics.equal_inputs`).
 
     References
     ----------
     PAGE §4.1, App. A.4.3, Table 14.
     """
+    (gated, gated_oracle), _ = metrics.same_inputs(gated, gated_oracle)
+    gated, _ = metrics.equal_inputs(gated)
+    gated_oracle, _ = metrics.equal_inputs(gated_oracle)
     gap = metrics.oracle_gap(gated, gated_oracle, by=MATRIX_CELL)
     key = ["run_id", "task", "input_id", *MATRIX_CELL]
     a = gated.select(*key, "gate_open").unique()
@@ -180,7 +186,7 @@ def best_evictor_table(gated: pl.DataFrame) -> pl.DataFrame:
 
 
 def cross_cell_table(gated_fixed: pl.DataFrame, gated_calibrated: pl.DataFrame | None = None, *,
-                     evictor: str | None = None) -> pl.DataFrame:
+                     evictor: str | None = None, notes: pl.DataFrame | None = None) -> pl.DataFrame:
     """Table 20: Δ across (model, context) cells at the fixed τ and at the calibrated τ.
 
     Parameters
@@ -191,14 +197,25 @@ def cross_cell_table(gated_fixed: pl.DataFrame, gated_calibrated: pl.DataFrame |
         Gated outcomes under a calibrated policy (the paper: the midpoint recipe, Eq. 5).
     evictor : str, optional
         Default the headline evictor.
+    notes : polars.DataFrame, optional
+        ``model, context_length, note``: why a cell has no calibrated τ (e.g. the rows of
+        :meth:`pagestats.replay.Midpoint.shortfall`); adds a ``note`` column.
 
     Returns
     -------
     polars.DataFrame
         ``model, context_length, evictor, n_inputs, tau_fixed, delta_fixed, p_open_fixed``
-        and, with a calibrated frame, ``tau_calibrated, delta_calibrated, p_open_calibrated``.
+        and, with a calibrated frame, ``tau_calibrated, delta_calibrated, p_open_calibrated``
+        (null in a cell it does not calibrate); in a cell both frames hold, the two thresholds
+        are compared on the same inputs (:func:`pagestats.metrics.same_inputs`).
     """
     sub, ev = one_evictor(gated_fixed, evictor)
+    if gated_calibrated is not None:  # in the cells it calibrates, on the same inputs as the fixed τ
+        gated_calibrated = gated_calibrated.filter(pl.col("evictor") == ev)
+        cal_cells = gated_calibrated.select(*MODEL_CELL).unique()
+        (both, gated_calibrated), _ = metrics.same_inputs(sub.join(cal_cells, on=list(MODEL_CELL), how="semi"),
+                                                          gated_calibrated)
+        sub = pl.concat([both, sub.join(cal_cells, on=list(MODEL_CELL), how="anti")])
 
     def arm(frame, suffix):
         d = metrics.delta(frame, by=MODEL_CELL).select(*MODEL_CELL, "n_inputs", pl.col("delta").alias(f"delta_{suffix}"))
@@ -212,6 +229,9 @@ def cross_cell_table(gated_fixed: pl.DataFrame, gated_calibrated: pl.DataFrame |
         cal = arm(gated_calibrated.filter(pl.col("evictor") == ev), "calibrated").drop("n_inputs")
         out = out.join(cal, on=list(MODEL_CELL), how="left")
         cols += ["tau_calibrated", "delta_calibrated", "p_open_calibrated"]
+    if notes is not None:
+        out = out.join(notes.select(*MODEL_CELL, "note"), on=list(MODEL_CELL), how="left")
+        cols.append("note")
     return out.with_columns(pl.lit(ev).alias("evictor")).select(cols).sort(list(MODEL_CELL))
 
 

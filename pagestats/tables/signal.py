@@ -249,7 +249,10 @@ def calibration_table(logs, *, tau: float = defaults.TAU, n: int = defaults.MIDP
         ``model, context_length, evictor, mean_drop_capacity`` (D̄_C over the pilot of
         ``n`` capacity-bound inputs), ``mean_drop_dilution`` (D̄_D), ``tau_calibrated``
         (= (D̄_C + D̄_D)/2), ``tau_fixed``, ``delta_fixed``, ``delta_calibrated``,
-        ``p_open_fixed``, ``p_open_calibrated``, ``winner`` ("calibrated", "fixed" or "tie").
+        ``p_open_fixed``, ``p_open_calibrated``, ``winner`` ("calibrated", "fixed" or "tie"),
+        ``note``: a cell with fewer than ``n`` inputs of a class is not calibrated (the recipe
+        takes ``n`` of each, :meth:`pagestats.replay.Midpoint.shortfall`); its row says why and
+        its numbers are null.
 
     References
     ----------
@@ -257,10 +260,16 @@ def calibration_table(logs, *, tau: float = defaults.TAU, n: int = defaults.MIDP
     """
     mid = Midpoint(n=n, by=MODEL_CELL, capacity_tasks=None if capacity_tasks is None else tuple(capacity_tasks),
                    dilution_tasks=None if dilution_tasks is None else tuple(dilution_tasks))
+    logs, short = mid.applicable(logs)
+    cols = [*MODEL_CELL, "evictor", "mean_drop_capacity", "mean_drop_dilution", "tau_calibrated", "tau_fixed",
+            "delta_fixed", "delta_calibrated", "p_open_fixed", "p_open_calibrated", "winner", "note"]
+    skipped = short.select(*MODEL_CELL, "note")
+    if logs.inputs.height == 0:
+        raise ValueError(f"calibration_table: no cell holds the midpoint recipe's samples; {skipped['note'][0]}")
     fixed = replay.gated_outcomes(logs, FixedTau(tau), profile)
     cal = replay.gated_outcomes(logs, mid, profile)
     fixed, ev = one_evictor(fixed, evictor)
-    cal = cal.filter(pl.col("evictor") == ev)
+    (fixed, cal), _ = metrics.same_inputs(fixed, cal.filter(pl.col("evictor") == ev))  # both τ on the same inputs
     gate = replay.gate(logs, mid, profile)
     pilots = []
     for label, tasks, klass in (("mean_drop_capacity", capacity_tasks, defaults.CAPACITY_BOUND),
@@ -280,9 +289,9 @@ def calibration_table(logs, *, tau: float = defaults.TAU, n: int = defaults.MIDP
         .when(pl.col("delta_calibrated") < pl.col("delta_fixed")).then(pl.lit("fixed")).otherwise(pl.lit("tie"))
         .alias("winner"),
     )
-    return out.select(*MODEL_CELL, "evictor", "mean_drop_capacity", "mean_drop_dilution", "tau_calibrated",
-                      "tau_fixed", "delta_fixed", "delta_calibrated", "p_open_fixed", "p_open_calibrated",
-                      "winner").sort(list(MODEL_CELL))
+    out = out.with_columns(pl.lit(None, pl.String).alias("note")).select(cols)
+    skipped = skipped.with_columns(pl.lit(ev).alias("evictor"), pl.lit(float(tau)).alias("tau_fixed"))
+    return pl.concat([out, skipped], how="diagonal_relaxed").select(cols).sort(list(MODEL_CELL))
 
 
 def _pairs_per_layer(logs) -> pl.DataFrame:
@@ -409,43 +418,59 @@ def pilot_sensitivity_table(logs, *, pilots: Sequence[str] = PILOT_SPLITS,
     held-out pilot of 100 inputs per model). A definition whose pilot is larger than one of
     its groups (for ``"held-out"``: not smaller) is left out.
 
+    Every definition is evaluated on the same inputs: those that no held-out pilot of the
+    table (nor the reference's) takes (:func:`pagestats.metrics.same_inputs`), so that a
+    flipped call is never a difference of inputs; ``n_left_out`` counts, per definition, cell
+    and task, the inputs it could have evaluated but that another definition's held-out
+    pilot takes.
+
     Returns
     -------
     polars.DataFrame
         ``pilot, pilot_by, pilot_n, model, context_length, task, task_class, evictor, tau``,
-        ``n_evaluated`` (inputs of the task evaluated: a held-out pilot's are not),
-        ``p_open`` (of those inputs), ``closed_call``, ``flips`` (call differs from the
-        reference), ``n_flipping_definitions`` (over all definitions, per cell and task),
-        ``delta_task`` and ``delta_cell`` (Δ of the headline evictor, :func:`pagestats.metrics.delta`).
+        ``n_evaluated`` (inputs of the task evaluated, the same for every definition),
+        ``n_left_out``, ``p_open`` (of the evaluated inputs), ``closed_call``, ``flips`` (call
+        differs from the reference), ``n_flipping_definitions`` (over all definitions, per
+        cell and task), ``delta_task`` and ``delta_cell`` (Δ of the headline evictor,
+        :func:`pagestats.metrics.delta`).
     """
     reference = reference if reference is not None else ZScored(theta_z=theta_z)
     by_task = [*MODEL_CELL, "task", "task_class"]
 
-    def run(policy):
-        gated = replay.gated_outcomes(logs, policy, profile)
-        sub, ev = one_evictor(gated, evictor)
+    def replayed(policy):
+        return one_evictor(replay.gated_outcomes(logs, policy, profile), evictor)
+
+    def summary(sub, ev, left):
         po = metrics.p_open(sub, by=by_task).select(*by_task, "p_open", pl.col("n").alias("n_evaluated"))
         tau = sub.group_by(list(MODEL_CELL)).agg(group_tau())
         d_task = metrics.delta(sub, by=by_task).select(*by_task, pl.col("delta").alias("delta_task"))
         d_cell = metrics.delta(sub, by=MODEL_CELL).select(*MODEL_CELL, pl.col("delta").alias("delta_cell"))
         out = po.join(d_task, on=by_task).join(d_cell, on=list(MODEL_CELL)).join(tau, on=list(MODEL_CELL))
+        out = out.join(left, on=[*MODEL_CELL, "task"], how="left").with_columns(pl.col("n_left_out").fill_null(0))
         return out.with_columns((pl.col("p_open") < 0.5).alias("closed_call"), pl.lit(ev).alias("evictor"))
 
-    ref = run(reference).select(*by_task, pl.col("closed_call").alias("_ref"))
-    parts = []
+    definitions = []
     for pilot in pilots:
         for grp in pilot_by:
             for n in pilot_sizes:
                 if not _fits(logs, grp, int(n), pilot):
                     continue
-                policy = ZScored(theta_z=theta_z, pilot_n=int(n), pilot_by=tuple(grp), pilot=pilot, seed=seed)
-                parts.append(run(policy).with_columns(pl.lit(pilot).alias("pilot"), pl.lit(_pilot_label(grp)).alias("pilot_by"),
-                                                      pl.lit(int(n), pl.Int64).alias("pilot_n")))
-    if not parts:
+                definitions.append((pilot, _pilot_label(grp), int(n),
+                                    ZScored(theta_z=theta_z, pilot_n=int(n), pilot_by=tuple(grp), pilot=pilot, seed=seed)))
+    if not definitions:
         raise ValueError("pilot_sensitivity_table: no pilot definition fits the logs")
+    frames = [replayed(reference), *(replayed(policy) for *_, policy in definitions)]
+    kept, left = metrics.same_inputs(*(f for f, _ in frames), by=[*MODEL_CELL, "task"])
+    ref = summary(kept[0], frames[0][1], left[0]).select(*by_task, pl.col("closed_call").alias("_ref"))
+    parts = [
+        summary(sub, ev, lo).with_columns(pl.lit(pilot).alias("pilot"), pl.lit(label).alias("pilot_by"),
+                                           pl.lit(n, pl.Int64).alias("pilot_n"))
+        for (pilot, label, n, _), sub, (_, ev), lo in zip(definitions, kept[1:], frames[1:], left[1:])
+    ]
     out = pl.concat(parts).join(ref, on=by_task)
     out = out.with_columns((pl.col("closed_call") != pl.col("_ref")).alias("flips"))
     out = out.with_columns(pl.col("flips").sum().over(by_task).cast(pl.Int64).alias("n_flipping_definitions"))
-    return out.select("pilot", "pilot_by", "pilot_n", *by_task, "evictor", "tau", "n_evaluated", "p_open", "closed_call",
+    return out.select("pilot", "pilot_by", "pilot_n", *by_task, "evictor", "tau", "n_evaluated", "n_left_out", "p_open",
+                      "closed_call",
                       "flips", "n_flipping_definitions", "delta_task", "delta_cell").sort(
                           ["pilot", "pilot_by", "pilot_n", *by_task])
