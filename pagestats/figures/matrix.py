@@ -94,7 +94,7 @@ def delta_matrix(gated: pl.DataFrame, *, ax=None):
         bar.outline.set_visible(False)
         grand = float(np.nanmean(grid))
         left = int(data["n_left_out"].sum())
-        note = f"; evictors on the same inputs ({left} left out)" if left else ""
+        note = f"\nsame inputs per row ({left} left out)" if left else ""
         axis.set_title(f"mean over budgets b < 1; grand mean {grand:+.1f} pp{note}")
     return fig
 

@@ -422,7 +422,8 @@ def pilot_sensitivity_table(logs, *, pilots: Sequence[str] = PILOT_SPLITS,
     table (nor the reference's) takes (:func:`pagestats.metrics.same_inputs`), so that a
     flipped call is never a difference of inputs; ``n_left_out`` counts, per definition, cell
     and task, the inputs it could have evaluated but that another definition's held-out
-    pilot takes.
+    pilot takes; a task all of whose inputs some held-out pilot takes keeps its row, with
+    ``n_evaluated`` 0 and null rates.
 
     Returns
     -------
@@ -440,13 +441,17 @@ def pilot_sensitivity_table(logs, *, pilots: Sequence[str] = PILOT_SPLITS,
     def replayed(policy):
         return one_evictor(replay.gated_outcomes(logs, policy, profile), evictor)
 
-    def summary(sub, ev, left):
+    def summary(full, sub, ev, left):
+        # every (cell, task) of the definition keeps its row: one whose inputs all lie in some held-out
+        # pilot has n_evaluated 0 and null rates; τ is the definition's, set on its own pilot
         po = metrics.p_open(sub, by=by_task).select(*by_task, "p_open", pl.col("n").alias("n_evaluated"))
-        tau = sub.group_by(list(MODEL_CELL)).agg(group_tau())
+        tau = full.group_by(list(MODEL_CELL)).agg(group_tau())
         d_task = metrics.delta(sub, by=by_task).select(*by_task, pl.col("delta").alias("delta_task"))
         d_cell = metrics.delta(sub, by=MODEL_CELL).select(*MODEL_CELL, pl.col("delta").alias("delta_cell"))
-        out = po.join(d_task, on=by_task).join(d_cell, on=list(MODEL_CELL)).join(tau, on=list(MODEL_CELL))
-        out = out.join(left, on=[*MODEL_CELL, "task"], how="left").with_columns(pl.col("n_left_out").fill_null(0))
+        out = full.select(by_task).unique().join(left, on=[*MODEL_CELL, "task"], how="left")
+        out = out.join(po, on=by_task, how="left").join(d_task, on=by_task, how="left")
+        out = out.join(d_cell, on=list(MODEL_CELL), how="left").join(tau, on=list(MODEL_CELL), how="left")
+        out = out.with_columns(pl.col("n_left_out").fill_null(0), pl.col("n_evaluated").fill_null(0).cast(pl.Int64))
         return out.with_columns((pl.col("p_open") < 0.5).alias("closed_call"), pl.lit(ev).alias("evictor"))
 
     definitions = []
@@ -461,13 +466,13 @@ def pilot_sensitivity_table(logs, *, pilots: Sequence[str] = PILOT_SPLITS,
         raise ValueError("pilot_sensitivity_table: no pilot definition fits the logs")
     frames = [replayed(reference), *(replayed(policy) for *_, policy in definitions)]
     kept, left = metrics.same_inputs(*(f for f, _ in frames), by=[*MODEL_CELL, "task"])
-    ref = summary(kept[0], frames[0][1], left[0]).select(*by_task, pl.col("closed_call").alias("_ref"))
+    ref = summary(frames[0][0], kept[0], frames[0][1], left[0]).select(*by_task, pl.col("closed_call").alias("_ref"))
     parts = [
-        summary(sub, ev, lo).with_columns(pl.lit(pilot).alias("pilot"), pl.lit(label).alias("pilot_by"),
-                                           pl.lit(n, pl.Int64).alias("pilot_n"))
-        for (pilot, label, n, _), sub, (_, ev), lo in zip(definitions, kept[1:], frames[1:], left[1:])
+        summary(full, sub, ev, lo).with_columns(pl.lit(pilot).alias("pilot"), pl.lit(label).alias("pilot_by"),
+                                                 pl.lit(n, pl.Int64).alias("pilot_n"))
+        for (pilot, label, n, _), sub, (full, ev), lo in zip(definitions, kept[1:], frames[1:], left[1:])
     ]
-    out = pl.concat(parts).join(ref, on=by_task)
+    out = pl.concat(parts).join(ref, on=by_task, how="left")
     out = out.with_columns((pl.col("closed_call") != pl.col("_ref")).alias("flips"))
     out = out.with_columns(pl.col("flips").sum().over(by_task).cast(pl.Int64).alias("n_flipping_definitions"))
     return out.select("pilot", "pilot_by", "pilot_n", *by_task, "evictor", "tau", "n_evaluated", "n_left_out", "p_open",
