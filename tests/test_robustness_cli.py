@@ -253,3 +253,30 @@ def test_exclusions_that_leave_no_inputs_are_bad_usage(run, command, capsys, tmp
     assert main([command[0], str(run), "--exclude", run_id, *command[1:], *tail]) == 2
     assert "the exclusions leave no inputs" in _one_error_line(capsys)
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("name", ["part-*.parquet", "part-?.parquet", "part-[0].parquet"])
+def test_whatif_reads_a_part_with_glob_characters_literally(tmp_path, name, capsys):
+    """Found by the long fuzz on the final code: whatif on parquet logs views the files in place
+    through DuckDB, which read 'part-*.parquet' as a pattern matching both parts (duplicated
+    inputs, different numbers, exit 0). Such names now go through the reader that takes them
+    literally."""
+    run = _run(tmp_path)
+    assert main(["whatif", str(run), "--format", "csv"]) == 0
+    clean = pl.read_csv(capsys.readouterr().out.encode())
+    first = sorted((run / "inputs").iterdir())[0]
+    first.rename(first.with_name(name))
+    _refresh(run)
+    assert main(["whatif", str(run), "--format", "csv"]) == 0
+    assert pl.read_csv(capsys.readouterr().out.encode()).equals(clean)
+
+
+def test_index_refuses_a_part_with_glob_characters(tmp_path, capsys):
+    """A database views the files through read_parquet, which would read 'part-*.parquet' as a
+    pattern: the index refuses it with one line naming the file (exit 1)."""
+    run = _run(tmp_path)
+    first = sorted((run / "inputs").iterdir())[0]
+    first.rename(first.with_name("part-*.parquet"))
+    _refresh(run)
+    assert main(["index", str(run), "--db", str(tmp_path / "logs.db")]) == 1
+    assert "part-*.parquet" in _one_error_line(capsys) and not (tmp_path / "logs.db").exists()

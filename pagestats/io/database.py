@@ -31,6 +31,7 @@ import polars as pl
 
 from pagestats import defaults, schema
 from pagestats.io.load import HEAVY_COLUMNS, MEMORY_LIMIT, FileRecord, Logs, checked_runs
+from pagestats.io.read import _literal_name
 from pagestats.io.validation.problems import LogError, Problem
 
 #: Tables that are views over the log files.
@@ -55,6 +56,10 @@ def _create(con: duckdb.DuckDBPyConnection, manifests: dict, files: list[FileRec
     if jsonl:
         raise LogError([Problem(p, None, "index: only parquet files can be indexed (convert jsonl logs with "
                                          "polars.read_ndjson(...).write_parquet(...))") for p in jsonl])
+    patterns = [f.path for f in records if not _literal_name(f.path)]
+    if patterns:  # a view's read_parquet would read the name as a glob
+        raise LogError([Problem(p, None, "index: a name with glob characters cannot be viewed in a database "
+                                         "(rename the file, or analyse LOGS without --db)") for p in patterns])
     stats = [os.stat(f.path) for f in records]
     con.register("_files", pl.DataFrame(
         {

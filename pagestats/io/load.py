@@ -585,9 +585,10 @@ def _runs_apart(paths) -> list | None:
 
 
 def only_parquet(paths) -> bool:
-    """Whether the logs at ``paths`` are all parquet files (so that they can be viewed in place)."""
+    """Whether the logs at ``paths`` are all parquet files whose names DuckDB reads literally
+    (so that they can be viewed in place: a name with glob characters would be read as a pattern)."""
     sources = _discover(paths).sources.values()
-    return bool(sources) and all(s.fmt == "parquet" for s in sources)
+    return bool(sources) and all(s.fmt == "parquet" and _literal_name(s.path) for s in sources)
 
 
 def _same_run_id(run, seen: dict[str, str]) -> Problem | None:
