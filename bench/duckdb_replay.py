@@ -15,8 +15,9 @@ peak RSS and CPU time are its own), at each size given by ``--sizes``:
   DuckDB and runs :data:`QUERY`, the what-if of the default fixed τ = 0.07 written by hand
   (72 rows × 14 columns at 1M);
 - ``validate``: ``pagestats validate RUNS`` (every rule, run by run, as DuckDB queries);
-- ``whatif``: ``pagestats whatif RUNS --format csv`` (validation, then the what-if over the
-  files in place); its CSV is compared with the baseline query's rows (every column, to 1e-12);
+- ``whatif``: ``pagestats whatif RUNS --draws pooled --format csv`` (validation, then the
+  what-if over the files in place; every run is one input draw, pooled as the query pools
+  them); its CSV is compared with the baseline query's rows (every column, to 1e-12);
 - at 1M only: ``index`` (``pagestats index RUN --db FILE``), ``whatif_db``
   (``pagestats whatif --db FILE --format csv``) and, after every size, ``report``
   (``pagestats report --db FILE``, killed after ``--report-timeout`` seconds).
@@ -134,9 +135,10 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="keep the generated data")
     ap.add_argument("--no-report", action="store_true")
     ap.add_argument("--report-timeout", type=float, default=REPORT_TIMEOUT_S)
+    ap.add_argument("--out", default="duckdb_replay", help="results name: bench/results/NAME.json")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
-    query_sizes = {int(s) for s in args.query_sizes.split(",")}
+    query_sizes = {int(s) for s in args.query_sizes.split(",") if s}
     import duckdb
     import polars as pl
 
@@ -178,7 +180,8 @@ def main() -> int:
                 at["query"] = _measured([py, __file__, "--query", str(tmp / f"query{size}.json"), *runs],
                                         tmp / f"query{size}.out")
             at["validate"] = _measured([py, "-m", "pagestats.cli", "validate", *runs], tmp / f"validate{size}.out")
-            w = _measured([py, "-m", "pagestats.cli", "whatif", *runs, "--format", "csv"], tmp / f"whatif{size}.csv")
+            w = _measured([py, "-m", "pagestats.cli", "whatif", *runs, "--draws", "pooled", "--format", "csv"],
+                          tmp / f"whatif{size}.csv")
             at["whatif"] = w
             q = at.get("query")
             if q is not None and w["returncode"] == 0 and q["returncode"] == 0:
@@ -204,7 +207,7 @@ def main() -> int:
             print(size, json.dumps({k: (v if not isinstance(v, dict) else {x: v.get(x) for x in
                                         ("wall_s", "peak_rss_gib", "returncode")}) for k, v in at.items()
                                     if k != "ratios"}), json.dumps(at.get("ratios")), flush=True)
-            write_result("duckdb_replay", result, {})  # what is measured so far, in case a later size fails
+            write_result(args.out, result, {})  # what is measured so far, in case a later size fails
         if not args.no_report and "1M" in result:  # last: it may run until the timeout
             at = result["1M"]
             at["report"] = _measured([py, "-m", "pagestats.cli", "report", "--db", str(tmp / "logs1.duckdb"), "--out",
@@ -224,7 +227,7 @@ def main() -> int:
             at = result.get(f"{size}M", {})
             shown[f"{size}M"] = {k: ({x: v.get(x) for x in ("wall_s", "peak_rss_gib")} if "wall_s" in v else v)
                                  for k, v in at.items() if isinstance(v, dict)}
-        write_result("duckdb_replay", result, shown)
+        write_result(args.out, result, shown)
     return 1 if result["failures"] else 0
 
 
