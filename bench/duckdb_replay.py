@@ -86,7 +86,9 @@ def _query(runs: list[str], out: str) -> None:
     def files(table):
         return "[" + ", ".join(f"'{r}/{table}/*.parquet'" for r in runs) + "]"
 
-    con = duckdb.connect(config={"memory_limit": "2GB"})
+    # spill beside the result (the bench's temporary folder), not into ./.tmp of the working directory
+    spill = pathlib.Path(out).parent / "query-spill"
+    con = duckdb.connect(config={"memory_limit": "2GB", "temp_directory": str(spill)})
     rows = con.sql(QUERY.format(outcomes=files("outcomes"), inputs=files("inputs"))).fetchall()
     pathlib.Path(out).write_text(json.dumps(rows))
 
