@@ -539,6 +539,8 @@ def main(argv: list[str] | None = None) -> int:
         from pagestats.report.write import out_problem  # matplotlib: imported only for `report`
 
         problem = out_problem(args.out)
+        if (args.prereg is None) != (args.prereg_sha256 is None):
+            problem = "--prereg and --prereg-sha256 go together"
         if problem:
             print(one_line(f"error: {problem}"), file=sys.stderr)
             return 2
@@ -557,8 +559,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:  # bad usage
         print(one_line(f"error: {err}"), file=sys.stderr)
         return 2
-    for line in logs.exclusion_report() if isinstance(logs, Logs) else logs.left_out:
-        print(one_line(f"excluded: {line}"), file=sys.stderr)
+    excluded = [one_line(f"excluded: {line}")
+                for line in (logs.exclusion_report() if isinstance(logs, Logs) else logs.left_out)]
+    if args.command != "whatif":  # whatif says them once its options have been checked: one line on bad usage
+        print(*excluded, sep="\n", file=sys.stderr, end="\n" if excluded else "")
 
     if args.command == "whatif":
         from pagestats.whatif import degenerate_messages, filter_whatif, whatif_summary, whatif_table, write_whatif
@@ -576,7 +580,7 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, TypeError, OSError) as err:  # bad option values: one line, no traceback
             print(one_line(f"error: {err}"), file=sys.stderr)
             return 2
-        for line in [*pilot_lines(pilot), *warnings]:
+        for line in [*excluded, *pilot_lines(pilot), *warnings]:
             print(one_line(line), file=sys.stderr)
         if args.output:
             print(one_line(f"wrote {table.height} rows × {table.width} columns to {args.output}"), file=sys.stderr)
@@ -590,9 +594,6 @@ def main(argv: list[str] | None = None) -> int:
         from pagestats.report import build_report  # matplotlib and great_tables: imported only for `report`
 
         logs = logs if args.db is None else logs.load()
-        if (args.prereg is None) != (args.prereg_sha256 is None):
-            print("error: --prereg and --prereg-sha256 go together", file=sys.stderr)
-            return 2
         prereg = None
         if args.prereg is not None:
             try:

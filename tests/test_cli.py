@@ -280,3 +280,22 @@ def test_exclude_takes_the_directory_name(capsys):
     assert logs.inputs.filter((pl.col("context_length") == 1024) & (pl.col("task") == "vt")).height == 0
     rc, out, err = _run(["whatif", str(DATA), "--exclude", "smollm2-51"], capsys)
     assert rc == 2 and "the runs are" in err and "(directory smollm2-512)" in err
+
+
+@needs_data
+@pytest.mark.parametrize("bad", [["--by", "nosuch"], ["--context", "x"]])
+def test_bad_usage_after_an_exclusion_is_one_line(bad, capsys):
+    """An option refused after the logs were read gives its one error line and nothing else
+    (the fuzz found the "excluded:" line printed before the error: two lines)."""
+    rc, out, err = _run(["whatif", str(SMALL), "--exclude", "smollm2-1024-snapkv/vt", *bad], capsys)
+    assert rc == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("error: "), err
+    rc, out, err = _run(["whatif", str(SMALL), "--exclude", "smollm2-1024-snapkv/vt"], capsys)
+    assert rc == 0 and "excluded: run SmolLM2-135M-Instruct-1024" in err
+
+
+@needs_data
+def test_report_prereg_options_are_checked_before_reading(tmp_path, capsys):
+    rc, out, err = _run(["report", str(SMALL), "--exclude", "smollm2-1024-snapkv/vt", "--prereg", "band.json",
+                         "--out", str(tmp_path / "r")], capsys)
+    assert rc == 2 and err == "error: --prereg and --prereg-sha256 go together\n"

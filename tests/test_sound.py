@@ -488,6 +488,14 @@ def test_manifest_without_mode_is_query_aware_and_a_bad_mode_is_a_problem(tmp_pa
 
     manifest.write_text(json.dumps({**old, "mode": "query-blind"}))
     assert any("mode 'query-blind' is not one of" in p.message for p in validate_paths(aware))
+    # a bad mode is bad logs for every command alike (exit 1, the manifest named); the mode filter
+    # must not hide it behind a usage error (found by the fuzz: null mode, validate 1 but whatif 2)
+    for bad_mode in ("query-blind", None):
+        manifest.write_text(json.dumps({**old, "mode": bad_mode}))
+        for argv in (["validate", *aware], ["whatif", *aware], ["report", *aware, "--out", str(tmp_path / "r")]):
+            assert main(argv) == 1, (bad_mode, argv[0])
+            out, err = capsys.readouterr()  # validate lists its problems on stdout, the others on stderr
+            assert "manifest.json" in out + err and "mode" in out + err, (bad_mode, argv[0])
 
 
 def test_index_holds_one_mode_and_db_refuses_the_other(tmp_path, capsys):

@@ -231,7 +231,8 @@ def _other_mode(runs, mode: str | None) -> tuple[list, str | None]:
     the one line that says how many runs and inputs they hold and how to analyse them."""
     if mode is None:
         return [], None
-    other = [run for run in runs if run.info is not None and run.info.mode != mode]
+    # a run of no known mode stays in: its manifest problem is reported (exit 1), not hidden by the filter
+    other = [run for run in runs if run.info is not None and run.info.mode in defaults.MODES and run.info.mode != mode]
     if not other:
         return [], None
     parts = []
@@ -240,7 +241,7 @@ def _other_mode(runs, mode: str | None) -> tuple[list, str | None]:
         n_inputs = sum(int(e["rows"]) for run in some for rel, e in run.info.files.items()
                        if rel.split("/")[0] == "inputs" and isinstance(e.get("rows"), int))
         names = ", ".join(run.info.run_id for run in some[:3]) + (f" and {len(some) - 3} more" if len(some) > 3 else "")
-        how = f"pass --mode {kind} to analyse them" if kind in defaults.MODES else "its mode is not a known one"
+        how = f"pass --mode {kind} to analyse them"
         parts.append(f"{len(some)} {kind} run{'s' if len(some) != 1 else ''} ({names}; {n_inputs} inputs): {how}")
     return other, f"left out, not {mode}: " + "; ".join(parts)
 
