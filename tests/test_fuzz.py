@@ -546,7 +546,11 @@ def _same_relabelled(got: pl.DataFrame, reference: pl.DataFrame, relabel) -> boo
         return False
     kept = [c for c in reference.columns if not (reference.schema[c] == pl.String and reference[c].str.contains(
         old, literal=True).fill_null(False).__and__(reference[c] != old).fill_null(False).any())]
-    fixed = got.select(pl.when(pl.col(c) == new).then(pl.lit(old)).otherwise(pl.col(c)).alias(c) for c in kept)
+    # put the name back only in the columns that hold it: a new name such as "true" must not rewrite a
+    # boolean column's text (campaign 9 counted that as a silent acceptance)
+    named = {c for c in kept if reference.schema[c] == pl.String and (reference[c] == old).any()}
+    fixed = got.select(pl.when(pl.col(c) == new).then(pl.lit(old)).otherwise(pl.col(c)).alias(c) if c in named
+                       else pl.col(c) for c in kept)
     fixed = pl.read_csv(stdio.StringIO(fixed.write_csv()))  # types inferred as when the clean table was read
     ref = reference.select(kept)
     return _equal(fixed.sort(kept, nulls_last=True), ref.sort(kept, nulls_last=True))
@@ -655,3 +659,14 @@ def test_every_mutation_is_refused_with_a_named_line_or_changes_no_number(clean,
         os.replace(tmp, TALLY)  # readable at any time during a long campaign
         return
     assert outcome in ("accepted", "refused"), f"{description}: {outcome}: {detail}"
+
+
+@pytest.mark.parametrize("column, old", [("model", "m"), ("task", "vt")])
+def test_a_label_that_reads_as_a_boolean_is_accepted_with_equal_numbers(clean, column, old):
+    """Campaign 9: relabelling to "true" was judged a silent acceptance because the judge also
+    rewrote the text "true" of boolean columns; the relabelled run must compare equal."""
+    def apply(run):
+        return {"relabel": (_relabel(run, column, old, "true"), "true"), "key": (column, old)}
+
+    outcome, detail = check(clean, ("labels", f"relabel {column} {old!r} to 'true'", apply))
+    assert outcome == "accepted", detail
