@@ -266,18 +266,10 @@ def pilot_lines(pilot: pl.DataFrame) -> list[str]:
 
 
 def _pilot(logs, policy, profile) -> pl.DataFrame:
-    """:func:`pagestats.replay.pilot_composition` of in-memory logs or of a database's per-input frame
-    (nothing to compute, and no per-input frame read, for a fixed τ, which has no pilot)."""
+    """:func:`pagestats.replay.pilot_composition` of in-memory logs or of a database (drawn in SQL;
+    nothing to compute for a fixed τ, which has no pilot)."""
     if isinstance(policy, FixedTau):
         return pl.DataFrame()
-    if hasattr(logs, "cursor"):
-        from pagestats.replay import sql
-
-        con = sql.connect(logs)
-        try:
-            logs = sql._per_input(con, logs, profile)  # the per-input frame the replay reads
-        finally:
-            con.close()
     return pilot_composition(logs, policy, profile)
 
 

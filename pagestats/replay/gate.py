@@ -98,18 +98,29 @@ def pilot_composition(logs, policy: Policy, profile: ProfileSpec = ProfileSpec()
     """The calibration pilot of ``policy``: how many inputs per (model, context_length,
     run_id, task), whether they are held out, and the τ they set (§3 "Calibration").
 
+    ``logs`` may be a :class:`pagestats.io.LogDB`: the pilot is then drawn in SQL
+    (:func:`pagestats.replay.sql.pilot_rows`) and only its rows reach polars.
+
     Returns
     -------
     polars.DataFrame
         ``model, context_length, run_id, task, n_pilot, held_out, tau`` (τ of the group's
         pilot inputs; the mean over head-pair draws); empty for a policy without a pilot.
     """
-    decided = _decide(logs, policy, profile)
     cols = ["model", "context_length", "run_id", "task"]
-    if "pilot" not in decided.columns:
-        return pl.DataFrame(schema={**{c: decided.schema[c] for c in cols}, "n_pilot": pl.Int64,
-                                    "held_out": pl.Boolean, "tau": pl.Float64})
-    pilot = decided.filter(pl.col("pilot"))
+    if hasattr(logs, "cursor"):
+        from pagestats.replay import sql
+
+        con = sql.connect(logs)
+        try:
+            pilot = sql.pilot_rows(con, logs, policy, profile)
+        finally:
+            con.close()
+    else:
+        decided = _decide(logs, policy, profile)
+        if "pilot" not in decided.columns:
+            decided = decided.with_columns(pl.lit(False).alias("pilot"))
+        pilot = decided.filter(pl.col("pilot"))
     out = pilot.group_by(cols).agg(
         pl.struct(INPUT_KEY).n_unique().cast(pl.Int64).alias("n_pilot"), pl.col("tau").mean().alias("tau"))
     return out.with_columns(pl.lit(bool(getattr(policy, "held_out", False))).alias("held_out")).select(

@@ -13,6 +13,14 @@ The frame given to ``decide`` has the columns ``run_id, task, input_id, [pair_dr
 context_length, task_class, n_tokens, full_score, drop, agreement`` (``agreement`` is the
 stored a_ℓ list, for custom policies that read the whole profile).
 
+The policies that calibrate τ on a pilot (:class:`ZScored`, :class:`RecalibratedTau`,
+:class:`Midpoint`) are written once, as DuckDB SQL: :func:`pilot_query` draws the pilot,
+their ``calibrate`` method sets τ per group, :func:`decision_query` joins it back to every row.
+``decide(frame)`` runs that SQL on the frame registered in DuckDB, and
+:mod:`pagestats.replay.sql` runs it on the logs out of core, so the two paths share one
+definition. The pilot hash (:func:`pilot_hash`) is Python, called by DuckDB as a vectorised
+function.
+
 References
 ----------
 PAGE paper, §3 "Calibration"; App. A.3.4 (recipe, Eq. 5; z-scored variant; Table 8);
@@ -26,6 +34,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Callable
 
+import duckdb
 import numpy as np
 import polars as pl
 
@@ -48,31 +57,130 @@ def _sql_string(text: str) -> str:
     return "'" + str(text).replace("'", "''") + "'"
 
 
-def _draw_cols(frame: pl.DataFrame) -> list[str]:
-    return ["pair_draw"] if "pair_draw" in frame.columns else []
+def _sql_float(value: float) -> str:
+    """``value`` as an exact SQL DOUBLE literal (its shortest round-trip repr)."""
+    return f"CAST('{float(value)!r}' AS DOUBLE)"
 
 
-def _check_group_cols(frame: pl.DataFrame, cols, what: str) -> list[str]:
+def _cols(cols, alias: str = "") -> str:
+    return ", ".join(f'{alias}"{c}"' for c in cols)
+
+
+def _on(cols, left: str, right: str) -> str:
+    return " AND ".join(f'{left}."{c}" = {right}."{c}"' for c in cols) or "TRUE"
+
+
+def _columns(con, source: str) -> list[str]:
+    return [row[0] for row in con.sql(f"DESCRIBE SELECT * FROM {source}").fetchall()]
+
+
+def _draw_cols(columns) -> list[str]:
+    return ["pair_draw"] if "pair_draw" in columns else []
+
+
+def _check_group_cols(columns, cols, what: str) -> list[str]:
     cols = list(cols)
-    missing = [c for c in cols if c not in frame.columns]
+    missing = [c for c in cols if c not in columns]
     if missing:
-        raise ValueError(f"{what}: grouping columns {missing} are not in the gate frame {frame.columns}")
+        raise ValueError(f"{what}: grouping columns {missing} are not in the gate frame {list(columns)}")
     return cols
 
 
-def pilot_hash(units: pl.DataFrame, seed: int = 0) -> pl.Series:
-    """A seeded 64-bit hash of each input's identity (run_id, task, input_id).
+# --------------------------------------------------------------------------- the pilot, in SQL
+
+#: The name of :func:`pilot_hash` as a DuckDB function (:func:`register_functions`).
+PILOT_HASH_FUNCTION = "pagestats_pilot_hash"
+
+
+def pilot_hash(seeds, run_ids, tasks, input_ids) -> list[int]:
+    """A seeded 63-bit hash of each input's identity (run_id, task, input_id).
 
     The order of a ``"random"`` / ``"held-out"`` pilot: it depends only on the input itself
     and the seed, so it is the same whatever the file order, the row order or the other
-    runs loaded (BLAKE2b of ``"seed/run_id/task/input_id"``, first 8 bytes, big-endian).
+    runs loaded (BLAKE2b of ``"seed/run_id/task/input_id"``, first 8 bytes, big-endian,
+    shifted right by one bit). DuckDB calls it as :data:`PILOT_HASH_FUNCTION`.
     """
-    keys = zip(units["run_id"].to_list(), units["task"].to_list(), units["input_id"].to_list())
-    values = [
-        int.from_bytes(hashlib.blake2b(f"{int(seed)}/{r}/{t}/{i}".encode(), digest_size=8).digest(), "big") >> 1
-        for r, t, i in keys
+    return [
+        int.from_bytes(hashlib.blake2b(f"{int(s)}/{r}/{t}/{i}".encode(), digest_size=8).digest(), "big") >> 1
+        for s, r, t, i in zip(seeds, run_ids, tasks, input_ids)
     ]
-    return pl.Series("_hash", values, dtype=pl.Int64)
+
+
+def _pilot_hash_arrow(seeds, run_ids, tasks, input_ids):
+    import pyarrow as pa
+
+    return pa.array(pilot_hash(*(a.to_pylist() for a in (seeds, run_ids, tasks, input_ids))), type=pa.int64())
+
+
+def register_functions(con) -> None:
+    """Make :func:`pilot_hash` callable on the DuckDB connection ``con`` (a vectorised Arrow
+    UDF, ``pagestats_pilot_hash(seed, run_id, task, input_id)``)."""
+    known = con.sql(f"SELECT count(*) FROM duckdb_functions() WHERE function_name = {_sql_string(PILOT_HASH_FUNCTION)}"
+                    ).fetchall()[0][0]
+    if not known:
+        con.create_function(PILOT_HASH_FUNCTION, _pilot_hash_arrow, ["BIGINT", "VARCHAR", "VARCHAR", "BIGINT"],
+                            "BIGINT", type="arrow", side_effects=False)
+
+
+def _check_pilot(n: int, mode: str) -> None:
+    if mode not in PILOT_SPLITS:
+        raise ValueError(f"pilot split must be one of {PILOT_SPLITS}, got {mode!r}")
+    if int(n) != n or n < 1:
+        raise ValueError(f"pilot size must be a positive integer, got {n}")
+
+
+def pilot_query(source: str, by, n: int, mode: str = "first", seed: int = 0) -> str:
+    """The calibration pilot of each ``by`` group of the relation ``source``, as DuckDB SQL.
+
+    The query gives the distinct pilot inputs (``by`` columns, ``run_id, task, input_id``):
+    per group the first ``n`` inputs in (input_id, task, run_id) order (``"first"``), or the
+    ``n`` of smallest :func:`pilot_hash` under ``seed``, ties in that order (``"random"``,
+    ``"held-out"``). A group of fewer inputs gives all of them (:func:`refuse_small_groups`
+    refuses it). Needs :func:`register_functions` on the connection for a hashed pilot.
+    """
+    _check_pilot(n, mode)
+    by = list(by)
+    units = _cols([*by, *INPUT_KEY])
+    order = [f"{c} NULLS FIRST" for c in _cols(PILOT_ORDER).split(", ")]
+    if mode != "first":
+        order.insert(0, f"{PILOT_HASH_FUNCTION}({int(seed)}, run_id, task, input_id)")
+    partition = f"PARTITION BY {_cols(by)} " if by else ""
+    return (f"SELECT {units} FROM (SELECT DISTINCT {units} FROM {source}) "
+            f"QUALIFY row_number() OVER ({partition}ORDER BY {', '.join(order)}) <= {int(n)}")
+
+
+def refuse_small_groups(con, source: str, by, n: int, mode: str) -> None:
+    """Raise ``ValueError`` if a ``by`` group of ``source`` has fewer than ``n`` distinct inputs
+    (``n`` + 1 for a held-out pilot, which must leave an input to evaluate)."""
+    by = list(by)
+    need = n + 1 if mode == "held-out" else n
+    units = f"SELECT DISTINCT {_cols([*by, *INPUT_KEY])} FROM {source}"
+    if by:
+        query = (f"SELECT {_cols(by)}, count(*) AS len FROM ({units}) GROUP BY ALL HAVING count(*) < {int(need)} "
+                 f"ORDER BY ALL NULLS FIRST LIMIT 1")
+    else:
+        query = f"SELECT count(*) AS len FROM ({units}) HAVING count(*) < {int(need)}"
+    small = con.sql(query).fetchall()
+    if small:
+        row = dict(zip([*by, "len"], small[0]))
+        group = ", ".join(f"{c}={row[c]}" for c in by) or "all inputs"
+        raise ValueError(f"pilot of {n} inputs is larger than the data: {group} has {row['len']} input(s)"
+                         + (" and a held-out pilot must leave one to evaluate" if mode == "held-out" else ""))
+
+
+def _frame_query(frame: pl.DataFrame, query, *, con=None) -> pl.DataFrame:
+    """Run ``query(con, source)`` (a function returning SQL over the relation ``source``) on the
+    scalar columns of ``frame`` registered in DuckDB, with ``_row`` (the row index) added."""
+    scalar = [c for c, t in frame.schema.items() if not t.is_nested()]
+    own = con is None
+    con = duckdb.connect() if own else con
+    try:
+        register_functions(con)
+        con.register("_gate_frame", frame.select(scalar).with_row_index("_row"))
+        return con.sql(query(con, "_gate_frame")).pl()
+    finally:
+        if own:
+            con.close()
 
 
 def pilot_mask(frame: pl.DataFrame, by, n: int, mode: str = "first", seed: int = 0, *,
@@ -106,66 +214,74 @@ def pilot_mask(frame: pl.DataFrame, by, n: int, mode: str = "first", seed: int =
     Notes
     -----
     The selection is made on distinct inputs, so every head-pair draw of an input is in or
-    out of the pilot together.
+    out of the pilot together. It is :func:`pilot_query` run by DuckDB on ``frame``, the
+    query that also draws the pilot of the logs out of core (:mod:`pagestats.replay.sql`).
     """
-    if mode not in PILOT_SPLITS:
-        raise ValueError(f"pilot split must be one of {PILOT_SPLITS}, got {mode!r}")
-    if int(n) != n or n < 1:
-        raise ValueError(f"pilot size must be a positive integer, got {n}")
-    by = list(by)
-    units = frame.select([*by, *INPUT_KEY]).unique().sort([*by, *PILOT_ORDER])
-    if strict:
-        sizes = units.group_by(by).len() if by else pl.DataFrame({"len": [units.height]})
-        need = n + 1 if mode == "held-out" else n
-        small = sizes.filter(pl.col("len") < need)
-        if small.height:
-            row = small.row(0, named=True)
-            group = ", ".join(f"{c}={row[c]}" for c in by) or "all inputs"
-            raise ValueError(f"pilot of {n} inputs is larger than the data: {group} has {row['len']} input(s)"
-                             + (" and a held-out pilot must leave one to evaluate" if mode == "held-out" else ""))
-    if mode != "first":
-        units = units.with_columns(pilot_hash(units, seed)).sort([*by, "_hash", *PILOT_ORDER])
-    rank = pl.int_range(pl.len()).over(by) if by else pl.int_range(pl.len())
-    chosen = units.with_columns((rank < n).alias("_pilot")).select([*by, *INPUT_KEY, "_pilot"])
-    joined = frame.select([*by, *INPUT_KEY]).join(chosen, on=[*by, *INPUT_KEY], how="left", maintain_order="left")
-    return joined["_pilot"].fill_null(False).rename("pilot")
+    _check_pilot(n, mode)
+    by = _check_group_cols(frame.columns, by, "pilot_mask")
+    units = [*by, *INPUT_KEY]
+
+    def query(con, source):
+        if strict:
+            refuse_small_groups(con, source, by, n, mode)
+        return (f"SELECT p._in IS NOT NULL AS pilot FROM {source} s LEFT JOIN "
+                f"(SELECT *, true AS _in FROM ({pilot_query(source, by, n, mode, seed)})) p ON {_on(units, 's', 'p')} "
+                f"ORDER BY s._row")
+
+    return _frame_query(frame, query)["pilot"]
 
 
-def _pilot_stats(frame: pl.DataFrame, mask: pl.Series, groups: list[str], col: str, prefix: str) -> pl.DataFrame:
-    stats = (
-        frame.filter(mask)
-        .group_by(groups)
-        .agg(
-            pl.col(col).mean().alias(f"{prefix}_mu"),
-            pl.col(col).std(ddof=1).alias(f"{prefix}_sigma"),
-            pl.len().alias(f"{prefix}_n"),
-        )
-    )
-    small = stats.filter(pl.col(f"{prefix}_n") < 2)
-    if small.height:
-        raise ValueError(f"a pilot group has fewer than 2 inputs, σ is undefined: {small.rows()[:3]}")
-    return stats
-
-
-def _with_pilot_moments(frame: pl.DataFrame, policy, columns: dict[str, str], what: str) -> tuple[pl.DataFrame, list[str]]:
-    """``frame`` with the ``pilot`` mask of ``policy`` (its ``pilot_by``, ``pilot_n``, ``pilot``
-    and ``seed``; a group smaller than the pilot is refused) and, per pilot group and
-    head-pair draw, the pilot mean, sample SD and size of each column of ``columns``
-    (``prefix → column``: ``{prefix}_mu``, ``{prefix}_sigma``, ``{prefix}_n``, App. A.3.4).
-    Also returns the names of the added moment columns."""
-    by = _check_group_cols(frame, policy.pilot_by, what)
-    mask = pilot_mask(frame, by, policy.pilot_n, policy.pilot, policy.seed, strict=True)
-    groups = [*by, *_draw_cols(frame)]
-    out, added = frame, []
+def _pilot_moments(source: str, pilot: str, by, groups, columns: dict[str, str]) -> str:
+    """Per pilot group and head-pair draw, the pilot mean, sample SD (ddof=1) and size of each
+    column of ``columns`` (``prefix → column``: ``{prefix}_mu``, ``{prefix}_sigma``, ``_n``;
+    App. A.3.4), over the rows of ``source`` whose input is in the table ``pilot``. The values are
+    aggregated in input order, so the moments do not depend on the row order of ``source``."""
+    order = _cols(INPUT_KEY)
+    stats = []
     for prefix, col in columns.items():
-        out = out.join(_pilot_stats(frame, mask, groups, col, prefix), on=groups, how="left", maintain_order="left")
-        added += [f"{prefix}_mu", f"{prefix}_sigma", f"{prefix}_n"]
-    return out.with_columns(mask), added
+        values = f'list("{col}" ORDER BY {order})'
+        stats += [f"list_avg({values}) AS {prefix}_mu", f"list_stddev_samp({values}) AS {prefix}_sigma"]
+    return (f"SELECT {_cols(groups)}, {', '.join(stats)}, count(*) AS _n FROM {source} s "
+            f"SEMI JOIN {pilot} p ON {_on([*by, *INPUT_KEY], 's', 'p')} GROUP BY {_cols(groups)}")
 
 
-def _with_tau(frame: pl.DataFrame, tau: pl.Expr | float) -> pl.DataFrame:
-    tau_expr = tau if isinstance(tau, pl.Expr) else pl.lit(float(tau))
-    out = frame.with_columns(tau_expr.cast(pl.Float64).alias("tau"))
+def _calibrate(con, source: str, pilot: str, tau: str) -> None:
+    """Materialise the pilot inputs (``_pilot_units``) and the threshold per group
+    (``_pilot_tau``) on ``con``: small tables, joined back to every row by :func:`decision_query`."""
+    con.execute(f"CREATE OR REPLACE TEMP TABLE _pilot_units AS {pilot}")
+    con.execute(f"CREATE OR REPLACE TEMP TABLE _pilot_tau AS {tau}")
+
+
+def _refuse_one_input_pilots(con) -> None:
+    small = con.sql("SELECT * EXCLUDE (tau) FROM _pilot_tau WHERE _n < 2 ORDER BY ALL LIMIT 3").fetchall()
+    if small:
+        raise ValueError(f"a pilot group has fewer than 2 inputs, σ is undefined: {small}")
+
+
+def decision_query(source: str, groups, pilot_on) -> str:
+    """Every row of ``source`` with the threshold ``tau`` of its group (``groups`` columns of
+    ``_pilot_tau``) and ``pilot``: whether its input is a pilot input (``pilot_on`` columns of
+    ``_pilot_units``), after a policy's ``calibrate``."""
+    return (f"SELECT s.*, t.tau, p._in IS NOT NULL AS pilot FROM {source} s "
+            f"LEFT JOIN _pilot_tau t ON {_on(groups, 's', 't')} "
+            f"LEFT JOIN (SELECT DISTINCT {_cols(pilot_on)}, true AS _in FROM _pilot_units) p ON {_on(pilot_on, 's', 'p')}")
+
+
+def _decide_in_duckdb(policy, frame: pl.DataFrame) -> pl.DataFrame:
+    """``frame`` with ``pilot``, ``tau`` and ``gate_open`` (:data:`GATE_RULE`) added, row order
+    kept: ``policy.calibrate`` and :func:`decision_query` run by DuckDB on ``frame``."""
+
+    def query(con, source):
+        groups, pilot_on = policy.calibrate(con, source)
+        return f"SELECT pilot, tau FROM ({decision_query(source, groups, pilot_on)}) ORDER BY _row"
+
+    decided = _frame_query(frame, query)
+    out = frame.with_columns(decided["pilot"], decided["tau"].cast(pl.Float64))
+    return out.with_columns(pl.sql_expr(GATE_RULE).alias("gate_open"))
+
+
+def _with_tau(frame: pl.DataFrame, tau: float) -> pl.DataFrame:
+    out = frame.with_columns(pl.lit(float(tau)).cast(pl.Float64).alias("tau"))
     return out.with_columns(pl.sql_expr(GATE_RULE).alias("gate_open"))
 
 
@@ -232,10 +348,22 @@ class ZScored:
     def held_out(self) -> bool:
         return self.pilot == "held-out"
 
+    def calibrate(self, con, source: str) -> tuple[list[str], list[str]]:
+        """Draw the pilot of the relation ``source`` on the DuckDB connection ``con`` and set
+        τ = μ + θ_z σ per pilot group and head-pair draw (``_pilot_units``, ``_pilot_tau``);
+        return the columns that join τ and pilot membership back to a row (:func:`decision_query`)."""
+        columns = _columns(con, source)
+        by = _check_group_cols(columns, self.pilot_by, "ZScored.pilot_by")
+        groups = [*by, *_draw_cols(columns)]
+        refuse_small_groups(con, source, by, self.pilot_n, self.pilot)
+        moments = _pilot_moments(source, "_pilot_units", by, groups, {"_z": "drop"})
+        _calibrate(con, source, pilot_query(source, by, self.pilot_n, self.pilot, self.seed),
+                   f"SELECT *, _z_mu + {_sql_float(self.theta_z)} * _z_sigma AS tau FROM ({moments})")
+        _refuse_one_input_pilots(con)
+        return groups, [*by, *INPUT_KEY]
+
     def decide(self, frame: pl.DataFrame) -> pl.DataFrame:
-        out, added = _with_pilot_moments(frame, self, {"_z": "drop"}, "ZScored.pilot_by")
-        out = _with_tau(out, pl.col("_z_mu") + self.theta_z * pl.col("_z_sigma"))
-        return out.drop(added)
+        return _decide_in_duckdb(self, frame)
 
 
 @dataclass(frozen=True)
@@ -270,14 +398,24 @@ class RecalibratedTau:
     def held_out(self) -> bool:
         return self.pilot == "held-out"
 
-    def decide(self, frame: pl.DataFrame) -> pl.DataFrame:
-        if "reference_drop" not in frame.columns:
+    def calibrate(self, con, source: str) -> tuple[list[str], list[str]]:
+        """As :meth:`ZScored.calibrate`, with τ' = μ' + θ σ', θ = (τ − μ_ref)/σ_ref per pilot group
+        and head-pair draw (``reference_drop`` is the reference D, ``drop`` the changed one)."""
+        columns = _columns(con, source)
+        if "reference_drop" not in columns:
             raise ValueError("RecalibratedTau needs the reference D (reference_drop) in the gate frame")
-        out, added = _with_pilot_moments(frame, self, {"_r": "reference_drop", "_c": "drop"},
-                                         "RecalibratedTau.pilot_by")
-        theta = (pl.lit(float(self.tau)) - pl.col("_r_mu")) / pl.col("_r_sigma")
-        out = _with_tau(out, pl.col("_c_mu") + theta * pl.col("_c_sigma"))
-        return out.drop(added)
+        by = _check_group_cols(columns, self.pilot_by, "RecalibratedTau.pilot_by")
+        groups = [*by, *_draw_cols(columns)]
+        refuse_small_groups(con, source, by, self.pilot_n, self.pilot)
+        moments = _pilot_moments(source, "_pilot_units", by, groups, {"_r": "reference_drop", "_c": "drop"})
+        theta = f"(({_sql_float(self.tau)} - _r_mu) / _r_sigma)"
+        _calibrate(con, source, pilot_query(source, by, self.pilot_n, self.pilot, self.seed),
+                   f"SELECT *, _c_mu + {theta} * _c_sigma AS tau FROM ({moments})")
+        _refuse_one_input_pilots(con)
+        return groups, [*by, *INPUT_KEY]
+
+    def decide(self, frame: pl.DataFrame) -> pl.DataFrame:
+        return _decide_in_duckdb(self, frame)
 
 
 @dataclass(frozen=True)
@@ -322,14 +460,35 @@ class Midpoint:
     def held_out(self) -> bool:
         return self.pilot == "held-out"
 
-    def _class_expr(self, tasks, klass: str) -> pl.Expr:
+    def _class_sql(self, tasks, klass: str) -> str:
         if tasks is not None:
-            return pl.col("task").is_in(list(tasks))
-        return pl.col("task_class") == klass
+            return f"task IN ({', '.join(map(_sql_string, tasks))})" if tasks else "FALSE"
+        return f"task_class = {_sql_string(klass)}"
 
     def _classes(self):
-        return (("_mean_c", self.capacity_tasks, defaults.CAPACITY_BOUND),
-                ("_mean_d", self.dilution_tasks, defaults.DILUTION_PRONE))
+        return (("c", self.capacity_tasks, defaults.CAPACITY_BOUND),
+                ("d", self.dilution_tasks, defaults.DILUTION_PRONE))
+
+    def shortfall_query(self, source: str, by) -> str:
+        """:meth:`shortfall` as DuckDB SQL over the relation ``source``."""
+        by = list(by)
+        lead = f"{_cols(by)}, " if by else ""
+        (_, cap_tasks, cap_class), (_, dil_tasks, dil_class) = self._classes()
+        cap = "capacity-bound" + (f" ({', '.join(self.capacity_tasks)})" if self.capacity_tasks else "")
+        dil = "dilution-prone" + (f" ({', '.join(self.dilution_tasks)})" if self.dilution_tasks else "")
+        text = f"the midpoint recipe (Eq. 5) takes {self.n} {cap} and {self.n} {dil} inputs; this cell has "
+        n = int(self.n)
+        return f"""
+            SELECT {lead}n_capacity, n_dilution,
+                CASE WHEN n_capacity < {n} OR n_dilution < {n} THEN {_sql_string(text)} || CAST(n_capacity AS VARCHAR)
+                    || ' and ' || CAST(n_dilution AS VARCHAR) END AS note
+            FROM (
+                SELECT {lead}CAST(coalesce(sum(CAST(_cap AS BIGINT)), 0) AS BIGINT) AS n_capacity,
+                    CAST(coalesce(sum(CAST(_dil AS BIGINT)), 0) AS BIGINT) AS n_dilution
+                FROM (SELECT DISTINCT {_cols([*by, *INPUT_KEY])}, {self._class_sql(cap_tasks, cap_class)} AS _cap,
+                        {self._class_sql(dil_tasks, dil_class)} AS _dil FROM {source})
+                GROUP BY ALL
+            ){f" ORDER BY {', '.join(f'{c} NULLS FIRST' for c in _cols(by).split(', '))}" if by else ""}"""
 
     def shortfall(self, frame: pl.DataFrame) -> pl.DataFrame:
         """Per calibration group of ``frame`` (gate or inputs rows), the distinct inputs of each
@@ -341,18 +500,8 @@ class Midpoint:
         polars.DataFrame
             ``by`` columns, ``n_capacity``, ``n_dilution``, ``note``.
         """
-        by = _check_group_cols(frame, self.by, "Midpoint.by")
-        out = frame.select(by).unique()
-        for (label, tasks, klass), name in zip(self._classes(), ("n_capacity", "n_dilution")):
-            counts = frame.filter(self._class_expr(tasks, klass)).group_by(by).agg(
-                pl.struct(INPUT_KEY).n_unique().cast(pl.Int64).alias(name))
-            out = out.join(counts, on=by, how="left", nulls_equal=True).with_columns(pl.col(name).fill_null(0))
-        cap = "capacity-bound" + (f" ({', '.join(self.capacity_tasks)})" if self.capacity_tasks else "")
-        dil = "dilution-prone" + (f" ({', '.join(self.dilution_tasks)})" if self.dilution_tasks else "")
-        short = (pl.col("n_capacity") < self.n) | (pl.col("n_dilution") < self.n)
-        note = pl.format(f"the midpoint recipe (Eq. 5) takes {self.n} {cap} and {self.n} {dil} inputs; "
-                         "this cell has {} and {}", "n_capacity", "n_dilution")
-        return out.with_columns(pl.when(short).then(note).otherwise(pl.lit(None, pl.String)).alias("note")).sort(by)
+        by = _check_group_cols(frame.columns, self.by, "Midpoint.by")
+        return _frame_query(frame, lambda con, source: self.shortfall_query(source, by))
 
     def applicable(self, logs):
         """``logs`` (a :class:`pagestats.io.Logs` or another dataclass with ``inputs``,
@@ -367,28 +516,34 @@ class Midpoint:
                                   **({} if topk is None else {"topk": topk.join(keys, on=INPUT_KEY, how="semi")}))
         return sub, short.filter(pl.col("note").is_not_null())
 
-    def decide(self, frame: pl.DataFrame) -> pl.DataFrame:
-        by = _check_group_cols(frame, self.by, "Midpoint.by")
-        short = self.shortfall(frame).filter(pl.col("note").is_not_null())
-        if short.height:
-            row = short.row(0, named=True)
+    def calibrate(self, con, source: str) -> tuple[list[str], list[str]]:
+        """Refuse a group short of ``n`` inputs of a class (:meth:`shortfall`), draw the pilot of
+        each class of the relation ``source`` on the DuckDB connection ``con`` and set
+        τ = (D̄_C + D̄_D)/2 per group and head-pair draw (``_pilot_units``, ``_pilot_tau``);
+        return the columns that join τ and pilot membership back to a row (:func:`decision_query`)."""
+        columns = _columns(con, source)
+        by = _check_group_cols(columns, self.by, "Midpoint.by")
+        short = con.sql(f"SELECT * FROM ({self.shortfall_query(source, by)}) WHERE note IS NOT NULL").fetchall()
+        if short:
+            row = dict(zip([*by, "n_capacity", "n_dilution", "note"], short[0]))
             cell = ", ".join(f"{c}={row[c]}" for c in by)
-            more = f" (and {short.height - 1} more)" if short.height > 1 else ""
+            more = f" (and {len(short) - 1} more)" if len(short) > 1 else ""
             raise ValueError(f"{row['note']} ({cell}){more}")
-        groups = [*by, *_draw_cols(frame)]
-        means, members = [], []
+        groups = [*by, *_draw_cols(columns)]
+        pilots, means = [], []
         for label, tasks, klass in self._classes():
-            part = frame.filter(self._class_expr(tasks, klass))
-            part = part.filter(pilot_mask(part, by, self.n, self.pilot, self.seed))
-            means.append(part.group_by(groups).agg(pl.col("drop").mean().alias(label)))
-            members.append(part.select(INPUT_KEY).unique())
-        chosen = pl.concat(members).unique().with_columns(pl.lit(True).alias("pilot"))
-        out = frame.join(chosen, on=INPUT_KEY, how="left", maintain_order="left")
-        out = out.with_columns(pl.col("pilot").fill_null(False))
-        out = out.join(means[0], on=groups, how="left", maintain_order="left")
-        out = out.join(means[1], on=groups, how="left", maintain_order="left")
-        out = _with_tau(out, (pl.col("_mean_c") + pl.col("_mean_d")) / 2)
-        return out.drop("_mean_c", "_mean_d")
+            part = f"(SELECT * FROM {source} WHERE {self._class_sql(tasks, klass)})"
+            pilots.append(f"SELECT '{label}' AS _class, * FROM ({pilot_query(part, by, self.n, self.pilot, self.seed)})")
+            means.append(f'SELECT {_cols(groups)}, list_avg(list("drop" ORDER BY {_cols(INPUT_KEY)})) AS _mean_{label} '
+                         f"FROM {part} s SEMI JOIN (SELECT * FROM _pilot_units WHERE _class = '{label}') p "
+                         f"ON {_on([*by, *INPUT_KEY], 's', 'p')} GROUP BY {_cols(groups)}")
+        tau = (f"SELECT *, (_mean_c + _mean_d) / 2 AS tau FROM ({means[0]}) FULL JOIN ({means[1]}) "
+               f"USING ({_cols(groups)})")
+        _calibrate(con, source, " UNION ALL ".join(f"({p})" for p in pilots), tau)
+        return groups, list(INPUT_KEY)
+
+    def decide(self, frame: pl.DataFrame) -> pl.DataFrame:
+        return _decide_in_duckdb(self, frame)
 
 
 @dataclass(frozen=True)

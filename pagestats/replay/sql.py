@@ -12,15 +12,20 @@ gate_open``):
 used to set τ (:class:`~pagestats.replay.policies.ZScored` by default), which no evaluated
 number may include; it is empty for a policy without one.
 
-* a fixed τ or the task-label oracle under the default profile is one SQL projection of
-  ``inputs``, with the policy's own rule (:data:`~pagestats.formulas.GATE_RULE`,
-  :attr:`TaskOracle.rule <pagestats.replay.policies.TaskOracle.rule>`), reading the logged D
-  (validation checks it against :func:`pagestats.profile.drop_from_agreement`; the
-  collector's logs reproduce it bit for bit);
-* any other policy (z-scored, midpoint, custom) or profile spec (layer or head-pair
-  subsets, k, statistics) runs :func:`pagestats.replay.gate` on the per-input frame (one
-  row per input, plus the per-layer lists the spec reads), and the decisions are joined
-  back. The per-(input, evictor, budget) rows never leave DuckDB.
+* D is the logged ``drop`` under the default profile (validation checks it against
+  :func:`pagestats.profile.drop_from_agreement`; the collector's logs reproduce it bit for
+  bit); any other profile spec (layer or head-pair subsets, k, statistics) recomputes it with
+  :func:`pagestats.replay.profile_drop` on the per-input frame (only the list columns the spec
+  reads) and joins it back as the relation ``drops``;
+* a fixed τ, the task-label oracle and the policies that calibrate τ on a pilot (z-scored,
+  recalibrated τ, midpoint) decide in SQL over ``drops``, with the policy's own SQL
+  (:data:`~pagestats.formulas.GATE_RULE`, :attr:`TaskOracle.rule
+  <pagestats.replay.policies.TaskOracle.rule>`, the ``calibrate`` methods of
+  :mod:`pagestats.replay.policies`): only the pilot inputs and τ per group are materialised;
+* a :class:`~pagestats.replay.policies.CustomPolicy` (a Python callable) runs
+  :func:`pagestats.replay.gate` on the per-input frame, and the decisions are joined back.
+
+The per-(input, evictor, budget) rows never leave DuckDB.
 
 References
 ----------
@@ -37,7 +42,16 @@ import polars as pl
 from pagestats.columns import require_columns, with_task_class
 from pagestats.replay.gate import decide_all
 from pagestats.formulas import GATE_RULE
-from pagestats.replay.policies import FixedTau, Policy, TaskOracle
+from pagestats.replay.policies import (
+    FixedTau,
+    Midpoint,
+    Policy,
+    RecalibratedTau,
+    TaskOracle,
+    ZScored,
+    decision_query,
+    register_functions,
+)
 from pagestats.replay.spec import ProfileSpec, profile_drop
 from pagestats.schema import INPUT_KEY
 
@@ -51,6 +65,7 @@ DECISION_COLUMNS = (*INPUT_KEY, "pair_draw", *INPUT_COLUMNS[3:-1], "drop", "tau"
 
 _KEY = ", ".join(INPUT_KEY)
 _META = ", ".join(c for c in INPUT_COLUMNS if c != "drop")
+_INPUT_META = ", ".join(c for c in INPUT_COLUMNS if c not in (*INPUT_KEY, "drop"))
 
 
 def connect(logs) -> duckdb.DuckDBPyConnection:
@@ -122,6 +137,35 @@ def drops(con, logs, profile: ProfileSpec = ProfileSpec()) -> list[str]:
     return draws
 
 
+def _decided(con, logs, policy: Policy, profile: ProfileSpec) -> tuple[list[str], str]:
+    """Create ``_decided`` on ``con``: every row of ``drops`` with ``tau``, ``gate_open`` and
+    ``pilot``, decided in SQL; return the draw columns and the SQL condition of a held-out row."""
+    draws = drops(con, logs, profile)
+    if isinstance(policy, (FixedTau, TaskOracle)):
+        if isinstance(policy, FixedTau):
+            policy.decide(pl.DataFrame({"drop": [0.0]}))  # the policy's own check of τ
+            tau, rule = f"CAST('{float(policy.tau)!r}' AS DOUBLE)", GATE_RULE
+        else:
+            tau, rule = "CAST(NULL AS DOUBLE)", policy.rule
+            if con.sql("SELECT count(*) FROM drops WHERE task_class IS NULL").fetchall()[0][0]:
+                raise ValueError("TaskOracle: task_class is null for some inputs")
+        con.execute(f"CREATE OR REPLACE TEMP VIEW _decided AS SELECT *, {rule} AS gate_open, false AS pilot "
+                    f"FROM (SELECT *, {tau} AS tau FROM drops)")
+        return draws, "false"
+    source = "drops"
+    if isinstance(policy, RecalibratedTau):  # the reference D: the logged one
+        con.execute(f"CREATE OR REPLACE TEMP VIEW _gate_source AS SELECT d.*, CAST(i.\"drop\" AS DOUBLE) AS "
+                    f"reference_drop FROM drops d JOIN (SELECT {_KEY}, \"drop\" FROM inputs) i USING ({_KEY})")
+        source = "_gate_source"
+    register_functions(con)
+    groups, pilot_on = policy.calibrate(con, source)
+    con.execute(f"CREATE OR REPLACE TEMP VIEW _decided AS SELECT *, {GATE_RULE} AS gate_open FROM "
+                f"({decision_query(source, groups, pilot_on)})")
+    if con.sql("SELECT count(*) FROM _decided WHERE gate_open IS NULL").fetchall()[0][0]:
+        raise ValueError(f"policy {policy.name!r} left gate_open undecided for some inputs")
+    return draws, "pilot" if policy.held_out else "false"
+
+
 def decide(con, logs, policy: Policy, profile: ProfileSpec = ProfileSpec()) -> list[str]:
     """Create the relation ``decisions`` on ``con``; return its draw columns (``["pair_draw"]`` or ``[]``).
 
@@ -131,18 +175,18 @@ def decide(con, logs, policy: Policy, profile: ProfileSpec = ProfileSpec()) -> l
     """
     if not isinstance(profile, ProfileSpec):
         raise TypeError(f"profile must be a ProfileSpec, got {type(profile).__name__}")
-    if profile == ProfileSpec() and isinstance(policy, (FixedTau, TaskOracle)):
-        if isinstance(policy, FixedTau):
-            policy.decide(pl.DataFrame({"drop": [0.0]}))  # the policy's own check of τ
-            tau, rule = f"CAST('{float(policy.tau)!r}' AS DOUBLE)", GATE_RULE
-        else:
-            tau, rule = "CAST(NULL AS DOUBLE)", policy.rule
-        con.execute(
-            f"CREATE OR REPLACE TEMP VIEW decisions AS SELECT {_META}, \"drop\", tau, {rule} AS gate_open FROM "
-            f"(SELECT {_META}, \"drop\", {tau} AS tau FROM inputs)"
-        )
-        con.execute(f"CREATE OR REPLACE TEMP VIEW held_out AS SELECT {_KEY} FROM inputs WHERE false")
-        return []
+    if not isinstance(policy, (FixedTau, TaskOracle, ZScored, RecalibratedTau, Midpoint)):
+        return _decide_in_python(con, logs, policy, profile)
+    draws, held = _decided(con, logs, policy, profile)
+    cols = f"{_KEY}, {'pair_draw, ' if draws else ''}{_INPUT_META}, \"drop\", tau, gate_open"
+    con.execute(f"CREATE OR REPLACE TEMP VIEW decisions AS SELECT {cols} FROM _decided WHERE NOT ({held})")
+    con.execute(f"CREATE OR REPLACE TEMP VIEW held_out AS SELECT DISTINCT {_KEY} FROM _decided WHERE {held}")
+    return draws
+
+
+def _decide_in_python(con, logs, policy: Policy, profile: ProfileSpec) -> list[str]:
+    """:func:`decide` for a policy that is Python code (:class:`~pagestats.replay.policies.CustomPolicy`):
+    :func:`pagestats.replay.gate` on the per-input frame, joined back."""
     decided = decide_all(_per_input(con, logs, profile), policy, profile)
     held = decided.filter(pl.col("held_out")).select(INPUT_KEY).unique()
     con.register("_held_out", held)
@@ -156,3 +200,15 @@ def decide(con, logs, policy: Policy, profile: ProfileSpec = ProfileSpec()) -> l
         f'd."drop", d.tau, d.gate_open FROM _decided d JOIN inputs i USING ({_KEY})'
     )
     return draws
+
+
+def pilot_rows(con, logs, policy: Policy, profile: ProfileSpec = ProfileSpec()) -> pl.DataFrame:
+    """The rows of the calibration pilot of ``policy`` (``model, context_length, run_id, task,
+    input_id, [pair_draw], tau``) in input order, decided in SQL; empty for a policy without one."""
+    if not isinstance(policy, (ZScored, RecalibratedTau, Midpoint)):
+        return con.sql("SELECT model, context_length, run_id, task, input_id, CAST(NULL AS DOUBLE) AS tau "
+                       "FROM inputs LIMIT 0").pl()
+    draws, _ = _decided(con, logs, policy, profile)
+    order = ", ".join([*INPUT_KEY, *draws])
+    return con.sql(f"SELECT model, context_length, run_id, task, input_id{', pair_draw' if draws else ''}, tau "
+                   f"FROM _decided WHERE pilot ORDER BY {order}").pl()
