@@ -250,6 +250,7 @@ def test_out_of_core_decisions_read_no_per_input_frame(written, policy, monkeypa
     comp = pilot_composition(db, policy)
     assert comp.equals(pilot_composition(logs, policy))
     assert comp["n_pilot"].sum() == len(members)
+    assert set(comp["tau"].to_list()) == set(got["tau"].to_list())  # each group's τ itself, not a float mean of copies
 
 
 def test_head_pair_draws_out_of_core_equal_in_memory(written):

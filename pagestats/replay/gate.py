@@ -121,8 +121,11 @@ def pilot_composition(logs, policy: Policy, profile: ProfileSpec = ProfileSpec()
         if "pilot" not in decided.columns:
             decided = decided.with_columns(pl.lit(False).alias("pilot"))
         pilot = decided.filter(pl.col("pilot"))
-    out = pilot.group_by(cols).agg(
-        pl.struct(INPUT_KEY).n_unique().cast(pl.Int64).alias("n_pilot"), pl.col("tau").mean().alias("tau"))
+    draws = [c for c in ("pair_draw",) if c in pilot.columns]
+    tau = pl.col("tau")  # one τ per group and draw: its value, not a float mean of equal values
+    taus = pilot.group_by([*cols, *draws]).agg(pl.when(tau.min() == tau.max()).then(tau.first()).otherwise(tau.mean()))
+    out = pilot.group_by(cols).agg(pl.struct(INPUT_KEY).n_unique().cast(pl.Int64).alias("n_pilot")).join(
+        taus.group_by(cols).agg(tau.mean()), on=cols, how="left", nulls_equal=True)
     return out.with_columns(pl.lit(bool(getattr(policy, "held_out", False))).alias("held_out")).select(
         *cols, "n_pilot", "held_out", "tau").sort(cols)
 
