@@ -14,17 +14,22 @@ peak RSS and CPU time are its own), at each size given by ``--sizes``:
 - ``query`` (at the sizes of ``--query-sizes``): the baseline, a Python process that imports
   DuckDB and runs :data:`QUERY`, the what-if of the default fixed τ = 0.07 written by hand
   (72 rows × 14 columns at 1M);
-- ``validate``: ``pagestats validate RUNS`` (every rule, run by run, as DuckDB queries);
-- ``whatif``: ``pagestats whatif RUNS --draws pooled --format csv`` (validation, then the
-  what-if over the files in place; every run is one input draw, pooled as the query pools
-  them); its CSV is compared with the baseline query's rows (every column, to 1e-12);
-- at 1M only: ``index`` (``pagestats index RUN --db FILE``), ``whatif_db``
-  (``pagestats whatif --db FILE --format csv``) and, after every size, ``report``
+- ``validate``: ``pagestats validate RUNS`` (every rule, run by run, as DuckDB queries), cold:
+  with an empty validation cache of its own (``PAGESTATS_CACHE_DIR``, docs/CLI.md);
+- ``whatif``: ``pagestats whatif RUNS --draws pooled --format csv``, cold (the first call on
+  these files, with an empty cache of its own: every rule, then the what-if over the files in
+  place; every run is one input draw, pooled as the query pools them); its CSV is compared
+  with the baseline query's rows (every column, to 1e-12);
+- at 1M only: ``whatif_warm`` (the same command again, the validation record of the cold call
+  present: the rules are skipped, which its stderr must say; its CSV is compared too),
+  ``index`` (``pagestats index RUN --db FILE``, cold, an empty cache of its own),
+  ``whatif_db`` (``pagestats whatif --db FILE --format csv``) and, after every size, ``report``
   (``pagestats report --db FILE``, killed after ``--report-timeout`` seconds).
 
-Ratios: ``whatif / query`` and ``validate / query`` for wall time and peak RSS where the query
-ran. Wall times on a shared machine are inflated by load: the load average at start, at each
-size and at the end is recorded.
+Ratios: ``X / query`` for wall time and peak RSS of every command X measured with the query at
+that size. Wall times on a shared machine are inflated by load: the load average at start, at
+each size and at the end is recorded. An existing ``bench/results/NAME.json`` is kept, whole,
+under ``earlier_runs`` of the new one (with the runs it kept), so no measurement is lost.
 
 Run: ``.venv/bin/python bench/duckdb_replay.py [--data DIR] [--logs DIR] [--sizes 1,10]
 [--query-sizes 1,10] [--keep]``; writes ``bench/results/duckdb_replay.json``.
@@ -41,6 +46,7 @@ import platform
 import shutil
 import sys
 import tempfile
+import time
 
 from _results import measured, write_result
 
@@ -93,9 +99,20 @@ def _query(runs: list[str], out: str) -> None:
     pathlib.Path(out).write_text(json.dumps(rows))
 
 
-def _measured(cmd: list[str], stdout_path: pathlib.Path, timeout_s: float = TIMEOUT_S) -> dict:
-    """Run ``cmd``, stdout to a file; wall time, CPU time and peak RSS of that child alone."""
-    return measured(cmd, stdout_path, timeout_s, cwd=HERE.parent, rss_unit="gib", stderr_chars=600)
+def _measured(cmd: list[str], stdout_path: pathlib.Path, timeout_s: float = TIMEOUT_S,
+              cache: pathlib.Path | None = None) -> dict:
+    """Run ``cmd``, stdout to a file; wall time, CPU time and peak RSS of that child alone.
+    ``cache``: the child's validation cache (``PAGESTATS_CACHE_DIR``); a new folder is cold."""
+    saved = os.environ.get("PAGESTATS_CACHE_DIR")
+    if cache is not None:
+        os.environ["PAGESTATS_CACHE_DIR"] = str(cache)
+    try:
+        return measured(cmd, stdout_path, timeout_s, cwd=HERE.parent, rss_unit="gib", stderr_chars=600)
+    finally:
+        if saved is None:
+            os.environ.pop("PAGESTATS_CACHE_DIR", None)
+        else:
+            os.environ["PAGESTATS_CACHE_DIR"] = saved
 
 
 def _compare(csv_text: str, rows: list) -> dict:
@@ -119,6 +136,20 @@ def _compare(csv_text: str, rows: list) -> dict:
     if worst > 1e-12:
         problems.append(f"max abs difference {worst:.3g} > 1e-12")
     return {"ok": not problems, "problems": problems, "n_rows": table.height, "max_abs_diff": worst}
+
+
+def _with_earlier(name: str, result: dict) -> dict:
+    """``result`` with the runs already in ``bench/results/NAME.json`` under ``earlier_runs``
+    (newest first; the file as this run found it, read once)."""
+    if name not in _EARLIER:
+        path = HERE / "results" / f"{name}.json"
+        old = json.loads(path.read_text()) if path.exists() else None
+        _EARLIER[name] = [] if old is None else [{k: v for k, v in old.items() if k != "earlier_runs"},
+                                                 *old.get("earlier_runs", [])]
+    return {**result, "earlier_runs": _EARLIER[name]} if _EARLIER[name] else result
+
+
+_EARLIER: dict[str, list] = {}
 
 
 def main() -> int:
@@ -148,6 +179,7 @@ def main() -> int:
     result: dict = {
         "benchmark": "duckdb_replay", "python": platform.python_version(), "polars": pl.__version__,
         "duckdb": duckdb.__version__, "n_cpus": os.cpu_count(), "loadavg_start": list(os.getloadavg()),
+        "started_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "shape": {"per_run": "1,000,000 inputs = 8 tasks × 125,000; L=12, H=4; 4096; snapkv; 9 budgets",
                   "sizes_millions": sizes},
         "baseline_query": QUERY.strip(),
@@ -181,27 +213,34 @@ def main() -> int:
             if size in query_sizes:
                 at["query"] = _measured([py, __file__, "--query", str(tmp / f"query{size}.json"), *runs],
                                         tmp / f"query{size}.out")
-            at["validate"] = _measured([py, "-m", "pagestats.cli", "validate", *runs], tmp / f"validate{size}.out")
-            w = _measured([py, "-m", "pagestats.cli", "whatif", *runs, "--draws", "pooled", "--format", "csv"],
-                          tmp / f"whatif{size}.csv")
-            at["whatif"] = w
-            q = at.get("query")
-            if q is not None and w["returncode"] == 0 and q["returncode"] == 0:
-                w["check_vs_query"] = _compare((tmp / f"whatif{size}.csv").read_text(),
-                                               json.loads((tmp / f"query{size}.json").read_text()))
-                if not w["check_vs_query"]["ok"]:
-                    result["failures"].append(f"whatif {size}M differs from the query: {w['check_vs_query']}")
-                at["ratios"] = {f"{name}_{x}_over_query": at[name][key] / q[key]
-                                for name in ("whatif", "validate") for x, key in (("wall", "wall_s"), ("rss", "peak_rss_gib"))
-                                if at[name]["returncode"] == 0}
-            if size == 1:
+            at["validate"] = _measured([py, "-m", "pagestats.cli", "validate", *runs], tmp / f"validate{size}.out",
+                                       cache=tmp / f"cache-validate{size}")
+            whatif = [py, "-m", "pagestats.cli", "whatif", *runs, "--draws", "pooled", "--format", "csv"]
+            at["whatif"] = _measured(whatif, tmp / f"whatif{size}.csv", cache=tmp / f"cache-whatif{size}")
+            if size == 1:  # the same command again: the cold call's validation record is there
+                at["whatif_warm"] = w = _measured(whatif, tmp / "whatif_warm1.csv", cache=tmp / "cache-whatif1")
+                w["skipped_rules"] = "unchanged since validated at" in w["stderr_tail"]
+                if w["returncode"] == 0 and not w["skipped_rules"]:
+                    result["failures"].append("1M whatif_warm did not reuse the validation record")
                 db = tmp / "logs1.duckdb"
-                at["index"] = _measured([py, "-m", "pagestats.cli", "index", *runs, "--db", str(db)], tmp / "index1.out")
+                at["index"] = _measured([py, "-m", "pagestats.cli", "index", *runs, "--db", str(db)], tmp / "index1.out",
+                                        cache=tmp / "cache-index1")
                 at["whatif_db"] = _measured([py, "-m", "pagestats.cli", "whatif", "--db", str(db), "--format", "csv"],
                                             tmp / "whatif_db1.csv")
-                if q is not None and at["whatif_db"]["returncode"] == 0 and q["returncode"] == 0:
-                    at["ratios"]["whatif_db_wall_over_query"] = at["whatif_db"]["wall_s"] / q["wall_s"]
-                    at["ratios"]["whatif_db_rss_over_query"] = at["whatif_db"]["peak_rss_gib"] / q["peak_rss_gib"]
+            q = at.get("query")
+            if q is not None and q["returncode"] == 0:
+                for name, csv in (("whatif", f"whatif{size}.csv"), ("whatif_warm", "whatif_warm1.csv")):
+                    w = at.get(name)
+                    if w is None or w["returncode"] != 0:
+                        continue
+                    w["check_vs_query"] = _compare((tmp / csv).read_text(),
+                                                   json.loads((tmp / f"query{size}.json").read_text()))
+                    if not w["check_vs_query"]["ok"]:
+                        result["failures"].append(f"{name} {size}M differs from the query: {w['check_vs_query']}")
+                at["ratios"] = {f"{name}_{x}_over_query": at[name][key] / q[key]
+                                for name in ("whatif", "whatif_warm", "validate", "index", "whatif_db")
+                                for x, key in (("wall", "wall_s"), ("rss", "peak_rss_gib"))
+                                if name in at and at[name]["returncode"] == 0}
             for k, v in at.items():
                 if isinstance(v, dict) and v.get("returncode", 0) != 0:
                     result["failures"].append(f"{size}M {k}: exit {v['returncode']}" + (" (timed out)" if v.get("timed_out") else ""))
@@ -209,7 +248,7 @@ def main() -> int:
             print(size, json.dumps({k: (v if not isinstance(v, dict) else {x: v.get(x) for x in
                                         ("wall_s", "peak_rss_gib", "returncode")}) for k, v in at.items()
                                     if k != "ratios"}), json.dumps(at.get("ratios")), flush=True)
-            write_result(args.out, result, {})  # what is measured so far, in case a later size fails
+            write_result(args.out, _with_earlier(args.out, result), {})  # so far, in case a later size fails
         if not args.no_report and "1M" in result:  # last: it may run until the timeout
             at = result["1M"]
             at["report"] = _measured([py, "-m", "pagestats.cli", "report", "--db", str(tmp / "logs1.duckdb"), "--out",
@@ -229,7 +268,7 @@ def main() -> int:
             at = result.get(f"{size}M", {})
             shown[f"{size}M"] = {k: ({x: v.get(x) for x in ("wall_s", "peak_rss_gib")} if "wall_s" in v else v)
                                  for k, v in at.items() if isinstance(v, dict)}
-        write_result(args.out, result, shown)
+        write_result(args.out, _with_earlier(args.out, result), shown)
     return 1 if result["failures"] else 0
 
 

@@ -30,9 +30,8 @@ from pagestats.io import (
     logs_in_place,
     only_parquet,
     open_logs,
-    validate_paths,
 )
-from pagestats.io.load import MEMORY_LIMIT
+from pagestats.io.load import MEMORY_LIMIT, checked_runs
 from pagestats.io.validation.problems import one_line
 from pagestats.prereg import PreregistrationError, freeze_band, verified_band
 from pagestats.replay import (
@@ -48,7 +47,6 @@ from pagestats.replay import (
     pilot_composition,
     recalibrate,
 )
-
 
 #: Bounds of the numeric options: beyond them a value is a typo, or a run of hours.
 MAX_DRAWS = 1000
@@ -286,9 +284,17 @@ def _add_mode(p: argparse.ArgumentParser) -> None:
                    f"(default: {defaults.MODE}, the paper's setting)")
 
 
+def _add_revalidate(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--revalidate", action="store_true",
+                   help="check every rule again even on log files unchanged since they passed (default: files "
+                   "whose validation record in $PAGESTATS_CACHE_DIR, else ~/.cache/pagestats, still holds are "
+                   "not checked again, with one line on stderr)")
+
+
 def _add_logs(p: argparse.ArgumentParser) -> None:
     p.add_argument("logs", nargs="*", metavar="LOGS", help="run directories, parquet/jsonl files or globs")
     _add_mode(p)
+    _add_revalidate(p)
     p.add_argument("--db", default=None, metavar="FILE",
                    help="read the logs through a database written by `pagestats index` instead of LOGS "
                    "(default: read LOGS)")
@@ -310,6 +316,7 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("validate", help="check logs against schema v1; exit 1 with one line per problem")
     p.add_argument("logs", nargs="+", metavar="LOGS", help="run directories, parquet/jsonl files or globs")
+    _add_revalidate(p)
 
     p = sub.add_parser("whatif", help="replay the gate under a policy and print the per-cell table")
     _add_logs(p)
@@ -391,6 +398,7 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--sha256", required=True, metavar="HEX", help="the sha256 printed by prereg freeze")
     q.add_argument("logs", nargs="+", metavar="LOGS", help="run directories, parquet/jsonl files or globs")
     _add_mode(q)
+    _add_revalidate(q)
     q.add_argument("--exclude", action="append", default=[], metavar="RUN_ID[/TASK[/INPUT_ID]]",
                    help="leave out a run, a task of a run, or one input (repeatable; exclusions are reported; "
                    "default: none)")
@@ -414,6 +422,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("logs", nargs="+", metavar="LOGS", help="run directories, parquet/jsonl files or globs")
     p.add_argument("--db", required=True, metavar="FILE", help="the DuckDB file to write")
     _add_mode(p)
+    _add_revalidate(p)
     _add_duckdb(p)
     return parser
 
@@ -426,10 +435,11 @@ def _open(args):
         if args.command == "whatif" and not args.exclude and only_parquet(args.logs):
             # validated as queries over the files, then the what-if reads them in place (out of core)
             return logs_in_place(args.logs, memory_limit=args.memory_limit, temp_directory=args.temp_dir,
-                                 mode=args.mode)
-        return load(args.logs, exclude=args.exclude, mode=args.mode)
-    if args.logs or args.exclude:
-        raise ValueError("--db replaces LOGS and --exclude: the database holds the logs it was indexed from")
+                                 mode=args.mode, revalidate=args.revalidate)
+        return load(args.logs, exclude=args.exclude, mode=args.mode, revalidate=args.revalidate)
+    if args.logs or args.exclude or args.revalidate:
+        raise ValueError("--db replaces LOGS, --exclude and --revalidate: the database holds the logs it was "
+                         "validated and indexed from (re-run `pagestats index --revalidate` to check them again)")
     db = open_logs(args.db, memory_limit=args.memory_limit, temp_directory=args.temp_dir)
     if db.mode != args.mode:
         db.close()
@@ -474,9 +484,12 @@ def _summary_text(summary: pl.DataFrame, args) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "validate":
-        problems = validate_paths(args.logs)
+        checked = checked_runs(args.logs, revalidate=args.revalidate)
+        problems = checked.problems
         for problem in problems:
             print(problem)
+        for line in checked.notes:
+            print(one_line(line), file=sys.stderr)
         if not problems:
             print(one_line(f"ok: {', '.join(args.logs)}"), file=sys.stderr)
         return 1 if problems else 0
@@ -484,15 +497,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "index":
         try:
             db = index_logs(args.logs, args.db, memory_limit=args.memory_limit, temp_directory=args.temp_dir,
-                            mode=args.mode)
+                            mode=args.mode, revalidate=args.revalidate)
         except ExclusionError as err:
             print(one_line(f"error: {'; '.join(p.message for p in err.problems)}"), file=sys.stderr)
             return 2
         except LogError as err:
             print(_bad_logs_line(err, args.logs), file=sys.stderr)
             return 1
-        for line in db.left_out:
-            print(one_line(f"excluded: {line}"), file=sys.stderr)
+        for line in [*db.notes, *(f"excluded: {x}" for x in db.left_out)]:
+            print(one_line(line), file=sys.stderr)
         print(one_line(f"indexed {len(db.files)} files of {db.mode} runs into {args.db}"), file=sys.stderr)
         db.close()
         return 0
@@ -551,8 +564,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:  # bad usage
         print(one_line(f"error: {err}"), file=sys.stderr)
         return 2
-    excluded = [one_line(f"excluded: {line}")
-                for line in (logs.exclusion_report() if isinstance(logs, Logs) else logs.left_out)]
+    excluded = [*map(one_line, logs.notes), *(one_line(f"excluded: {line}")
+                for line in (logs.exclusion_report() if isinstance(logs, Logs) else logs.left_out))]
     if args.command != "whatif":  # whatif says them once its options have been checked: one line on bad usage
         print(*excluded, sep="\n", file=sys.stderr, end="\n" if excluded else "")
 

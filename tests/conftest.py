@@ -15,6 +15,10 @@ make_tiny_model
     tests that need another vocabulary size, depth or attention implementation.
 tiny_input_ids
     ``torch.LongTensor`` of shape (1, 80), seeded, ids in [3, 512).
+validation_cache
+    Autouse: ``PAGESTATS_CACHE_DIR`` is a fresh folder of each test, so validation records
+    (:mod:`pagestats.io.record`) never reach the user's cache and no test sees another's; the
+    whole session (session-scoped fixtures, before any test) uses one temporary folder.
 model_dir
     A directory holding the tiny Llama (``save_pretrained``) and a byte-level tokenizer with a chat
     template: a local model for ``pagestats-collect --model``.
@@ -24,7 +28,32 @@ Tests that do not use torch never import it: the import happens inside the fixtu
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+
 import pytest
+
+_SESSION_CACHE: list[str] = []
+
+
+def pytest_configure(config):
+    """Validation records of the whole session go to a temporary folder, never the user's cache."""
+    _SESSION_CACHE.append(tempfile.mkdtemp(prefix="pagestats-test-cache-"))
+    os.environ["PAGESTATS_CACHE_DIR"] = _SESSION_CACHE[-1]
+
+
+def pytest_unconfigure(config):
+    for folder in _SESSION_CACHE:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def validation_cache(tmp_path_factory, monkeypatch):
+    """A fresh ``PAGESTATS_CACHE_DIR`` for each test (subprocesses inherit it), outside its ``tmp_path``."""
+    folder = tmp_path_factory.mktemp("pagestats-cache")
+    monkeypatch.setenv("PAGESTATS_CACHE_DIR", str(folder))
+    return folder
 
 TINY_CONFIG = dict(
     vocab_size=512,

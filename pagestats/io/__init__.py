@@ -12,7 +12,9 @@ the same way and views them in place as an in-memory :class:`LogDB`. Submodules:
 :mod:`~pagestats.io.load` (``load``, ``validate_paths``, exclusions),
 :mod:`~pagestats.io.database` (:func:`index_logs` / :func:`open_logs`: validated logs as a
 DuckDB database of views over their files, :class:`LogDB`, for queries out of core),
-:mod:`~pagestats.io.compact` (:func:`compact_run`: a run's parts merged into few files).
+:mod:`~pagestats.io.compact` (:func:`compact_run`: a run's parts merged into few files),
+:mod:`~pagestats.io.record` (validation records: logs that passed every rule are not checked
+again while their files are unchanged).
 """
 
 from pagestats.io.compact import compact_run

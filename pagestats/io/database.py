@@ -11,6 +11,9 @@ that no file changed size or modification time since it was built (re-run ``page
 index`` when one did), so repeated what-ifs over a big release skip reading and checking
 the files again.
 
+Validation, here as everywhere, is skipped for runs whose validation record still holds
+(:mod:`pagestats.io.record`; ``revalidate=True`` checks them anyway).
+
 A database holds the runs of one collection mode (``index_logs(mode=…)``, query-aware by
 default, as :func:`pagestats.io.load`): :attr:`LogDB.mode` says which.
 
@@ -110,6 +113,9 @@ class LogDB:
     left_out : list of str
         The line saying which runs of another mode :func:`index_logs` left out (empty when
         none, and on a database opened again with :func:`open_logs`).
+    notes : list of str
+        Lines about the validation itself (:attr:`pagestats.io.load.Checked.notes`: the rules
+        skipped on files unchanged since they passed; a record not read or written).
     """
 
     path: str | None
@@ -119,6 +125,7 @@ class LogDB:
     has_topk: bool
     mode: str = defaults.MODE
     left_out: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
         """A new cursor on the database (its own temporary objects, same settings)."""
@@ -148,27 +155,29 @@ class LogDB:
         self.con.close()
 
 
-def _validated(paths: list[str], mode: str, memory_limit: str, temp_directory: str | None):
-    """Manifests, file records, task classes of the validated logs and the line saying which
-    runs of another collection mode than ``mode`` were left out (:class:`LogError` otherwise).
+def _validated(paths: list[str], mode: str, memory_limit: str, temp_directory: str | None, revalidate: bool):
+    """The :class:`~pagestats.io.load.Checked` of valid logs (:class:`LogError` otherwise).
 
     Every rule runs as DuckDB queries over the files (:func:`pagestats.io.load.checked_runs`),
-    run by run when every file lies in a named run directory, without holding the rows.
+    run by run when every file lies in a named run directory, without holding the rows; runs
+    unchanged since they passed are not checked again unless ``revalidate``.
     """
-    checked = checked_runs(paths, mode=mode, memory_limit=memory_limit, temp_directory=temp_directory)
+    checked = checked_runs(paths, mode=mode, memory_limit=memory_limit, temp_directory=temp_directory,
+                           revalidate=revalidate)
     if checked.problems:
         raise LogError(checked.problems)
-    return checked.manifests, checked.files, checked.task_classes, checked.left_out
+    return checked
 
 
 def logs_in_place(
     paths: Sequence[str] | str, *, memory_limit: str = MEMORY_LIMIT, temp_directory: str | None = None,
-    mode: str = defaults.MODE,
+    mode: str = defaults.MODE, revalidate: bool = False,
 ) -> LogDB:
     """Validate the parquet logs at ``paths`` and return an in-memory :class:`LogDB` of views
     over the files where they lie (what :func:`index_logs` writes, without the file): a
     what-if then reads the files once, out of core. Runs of another collection mode than
-    ``mode`` are left out (``LogDB.left_out``).
+    ``mode`` are left out (``LogDB.left_out``). Files unchanged since they passed every rule
+    are not checked again unless ``revalidate`` (``LogDB.notes`` says so).
 
     Raises
     ------
@@ -176,15 +185,16 @@ def logs_in_place(
         Any validation problem, or a jsonl file (only parquet files can be viewed in place).
     """
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else [str(p) for p in paths]
-    manifests, files, task_classes, left_out = _validated(paths, mode, memory_limit, temp_directory)
+    checked = _validated(paths, mode, memory_limit, temp_directory, revalidate)
     con = duckdb.connect(config=_config(memory_limit, temp_directory))
     try:
-        _create(con, manifests, files, task_classes)
+        _create(con, checked.manifests, checked.files, checked.task_classes)
     except BaseException:
         con.close()
         raise
-    return LogDB(path=None, con=con, manifests=manifests, files=_records(files),
-                 has_topk=any(f.table == "topk" for f in files), mode=mode, left_out=left_out)
+    return LogDB(path=None, con=con, manifests=checked.manifests, files=_records(checked.files),
+                 has_topk=any(f.table == "topk" for f in checked.files), mode=mode, left_out=checked.left_out,
+                 notes=checked.notes)
 
 
 def _records(files: list[FileRecord]) -> list[FileRecord]:
@@ -198,6 +208,7 @@ def index_logs(
     memory_limit: str = MEMORY_LIMIT,
     temp_directory: str | None = None,
     mode: str = defaults.MODE,
+    revalidate: bool = False,
 ) -> LogDB:
     """Validate the logs at ``paths`` and write the database ``db`` of views over their files.
 
@@ -211,6 +222,8 @@ def index_logs(
         DuckDB settings of the returned connection (see the module docstring).
     mode : {"query-aware", "query-agnostic"}
         The collection mode to index; runs of the other mode are left out (``LogDB.left_out``).
+    revalidate : bool
+        Run every rule even on files unchanged since they passed (:mod:`pagestats.io.record`).
 
     Raises
     ------
@@ -218,13 +231,13 @@ def index_logs(
         Any validation problem (nothing is written), or a jsonl file (only parquet is indexed).
     """
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else [str(p) for p in paths]
-    manifests, files, task_classes, left_out = _validated(paths, mode, memory_limit, temp_directory)
+    checked = _validated(paths, mode, memory_limit, temp_directory, revalidate)
     tmp = f"{db}.tmp"
     if os.path.exists(tmp):
         os.remove(tmp)
     con = duckdb.connect(tmp, config=_config(memory_limit, temp_directory))
     try:
-        _create(con, manifests, files, task_classes)
+        _create(con, checked.manifests, checked.files, checked.task_classes)
     except BaseException:
         con.close()
         os.remove(tmp)
@@ -232,7 +245,7 @@ def index_logs(
     con.close()
     os.replace(tmp, db)
     out = open_logs(db, memory_limit=memory_limit, temp_directory=temp_directory)
-    out.left_out = left_out
+    out.left_out, out.notes = checked.left_out, checked.notes
     return out
 
 

@@ -35,6 +35,13 @@ outcomes and topk before the row rules run (file-level rules always see every fi
 are reported by :meth:`Logs.exclusion_report`; an exclusion that is malformed or matches
 nothing raises :class:`ExclusionError` (a :class:`LogError`) in either mode.
 
+Validation records (:mod:`pagestats.io.record`): when every rule passes over a run (or the
+files named together), a record of the files' identities is written to the user cache; a later
+:func:`check_paths` / :func:`load` on the same files, unchanged, skips the hashing and the row
+rules (``revalidate=True`` runs them anyway), and ``Checked.notes`` / ``Logs.notes`` hold the one
+line that says so. ``load`` uses and writes records only without exclusions and with the
+analysis columns (the rows every rule saw).
+
 Collection mode (docs/SCHEMA.md ``mode``): the logs are read for one mode at a time,
 query-aware by default (the paper's setting; a manifest without ``mode`` is query-aware, and
 so are loose files without a manifest). Runs of another mode are left out before their
@@ -62,6 +69,7 @@ import duckdb
 import polars as pl
 
 from pagestats import defaults, schema
+from pagestats.io import record
 from pagestats.io.discovery import (
     _Discovery,
     _one_line,
@@ -128,6 +136,10 @@ class Logs:
     mode : str or None
         The collection mode the logs hold (:data:`pagestats.defaults.MODES`); ``None`` when
         read with every mode (validation only).
+    notes : list of str
+        Lines for the user about the validation itself (:mod:`pagestats.io.record`): that the
+        row rules were skipped because the files are unchanged since they passed, or that a
+        validation record could not be read or written.
     """
 
     inputs: pl.DataFrame
@@ -139,6 +151,7 @@ class Logs:
     problems: list[Problem] = field(default_factory=list)
     run_dirs: dict[str, str] = field(default_factory=dict)
     mode: str | None = defaults.MODE
+    notes: list[str] = field(default_factory=list)
 
     def exclusion_report(self) -> list[str]:
         """One line per exclusion, e.g. ``"run r1 task niah_multikey_3: 50 inputs, 1800 outcomes"``."""
@@ -284,16 +297,9 @@ def _of_mode(disc: _Discovery, mode: str | None) -> tuple[list[_Source], frozens
     return sources, skipped, left_out
 
 
-def _found(disc: _Discovery, picked, con: duckdb.DuckDBPyConnection, columns: str) -> _Found:
-    """Inspect every source of ``picked`` (:func:`_of_mode`: schema, table, types) and collect
-    the runs of valid manifests."""
-    problems = disc.problems
-    sources, skipped, left_out = picked
-    for i, s in enumerate(sources):
-        s.index = i
-    for s in sources:
-        problems += _inspect(s, con)
-    # runs: manifest checks per file, unreadable versions, duplicates of run_id
+def _runs(disc: _Discovery, skipped, problems: list[Problem]) -> tuple[dict[str, RunInfo], dict[str, dict]]:
+    """run_id → run info and run_id → manifest of the runs read (not of another mode); a run
+    whose run_id an earlier run has is a problem."""
     runs: dict[str, RunInfo] = {}
     manifests: dict[str, dict] = {}
     for run in disc.runs.values():
@@ -305,6 +311,36 @@ def _found(disc: _Discovery, picked, con: duckdb.DuckDBPyConnection, columns: st
             continue
         runs[run.info.run_id] = run.info
         manifests[run.info.run_id] = run.manifest
+    return runs, manifests
+
+
+def _record_key(disc: _Discovery, picked) -> tuple[list[str], dict] | None:
+    """What a validation record of these logs is keyed by (:mod:`pagestats.io.record`): the real
+    paths of the files read and every manifest's digest; ``None`` when discovery found a
+    problem (the rules must run to report it)."""
+    if disc.problems or not picked[0]:
+        return None
+    files = [os.path.realpath(s.path) for s in picked[0]]
+    manifests = {run.manifest_path: record.manifest_digest(run.manifest) for run in disc.runs.values()}
+    return files, manifests
+
+
+def _record_files(found: _Found, files: list[FileRecord]) -> dict | None:
+    """Real path → table, sha256, rows of every file read (``None`` when a file has no record)."""
+    out = {os.path.realpath(f.path): {"table": f.table, "sha256": f.sha256, "rows": f.rows} for f in files}
+    return out if len(out) == len(found.sources) else None
+
+
+def _found(disc: _Discovery, picked, con: duckdb.DuckDBPyConnection, columns: str) -> _Found:
+    """Inspect every source of ``picked`` (:func:`_of_mode`: schema, table, types) and collect
+    the runs of valid manifests."""
+    problems = disc.problems
+    sources, skipped, left_out = picked
+    for i, s in enumerate(sources):
+        s.index = i
+    for s in sources:
+        problems += _inspect(s, con)
+    runs, manifests = _runs(disc, skipped, problems)
     for s in sources:
         if s.run is not None and s.run.manifest is None and os.path.exists(s.run.manifest_path):
             s.usable, s.failed = False, True  # manifest unreadable or unknown schema version: reported above
@@ -356,8 +392,11 @@ def connect(memory_limit: str = MEMORY_LIMIT, temp_directory: str | None = None)
     return con
 
 
-def _load(paths, exclude: Sequence[str], columns: str, mode: str | None = defaults.MODE) -> tuple[Logs, list[Problem]]:
-    """Read the tables into polars, apply the exclusions, and run the rules over the frames."""
+def _load(paths, exclude: Sequence[str], columns: str, mode: str | None = defaults.MODE,
+          revalidate: bool = False) -> tuple[Logs, list[Problem]]:
+    """Read the tables into polars, apply the exclusions, and run the rules over the frames
+    (not when the files' validation record holds, :mod:`pagestats.io.record`; records are used
+    and written only for the analysis columns without exclusions, the rows every rule saw)."""
     if columns not in ("analysis", "all"):
         raise ValueError(f"columns must be 'analysis' or 'all', got {columns!r}")
     if isinstance(exclude, str):
@@ -365,8 +404,15 @@ def _load(paths, exclude: Sequence[str], columns: str, mode: str | None = defaul
     disc = _discover(paths)
     picked = _of_mode(disc, mode)
     names = [s.path for s in picked[0]]
+    key = _record_key(disc, picked) if columns == "analysis" and not exclude else None
+    reused, notes = None, []
+    if key is not None and not revalidate:
+        reused, note = record.lookup(*key)
+        notes += [note] if note else []
+    snap = record.snapshot(*key) if key is not None and reused is None else None
     with ThreadPoolExecutor(max_workers=2) as pool:
-        hashes = pool.map(_sha256_or_none, names)
+        hashes = (pool.map(_sha256_or_none, names) if reused is None
+                  else [reused.files[os.path.realpath(n)]["sha256"] for n in names])
         con = duckdb.connect()
         try:
             found = _found(disc, picked, con, columns)
@@ -397,10 +443,18 @@ def _load(paths, exclude: Sequence[str], columns: str, mode: str | None = defaul
         con.register("outcomes", outcomes)
         if topk is not None:
             con.register("topk", topk)
-        found.problems += check_tables(con, files=found.names, runs=found.runs, file_runs=file_runs,
-                                       incomplete=incomplete, has_topk=topk is not None)
+        if reused is None:
+            found.problems += check_tables(con, files=found.names, runs=found.runs, file_runs=file_runs,
+                                           incomplete=incomplete, has_topk=topk is not None)
     finally:
         con.close()
+    if snap is not None and not found.problems:
+        recorded = _record_files(found, files)
+        classes = _task_classes(inputs.select("run_id", "task").unique().sort("run_id", "task"), found.runs)
+        note = record.store(snap, recorded, [list(r) for r in classes.iter_rows()]) if recorded else None
+        notes += [note] if note else []
+    if reused is not None:
+        notes.append(record.unchanged_line([reused.validated_at], 1))
 
     inputs = _task_classes(inputs, found.runs)
     logs = Logs(
@@ -413,6 +467,7 @@ def _load(paths, exclude: Sequence[str], columns: str, mode: str | None = defaul
         problems=found.problems,
         run_dirs=run_dirs,
         mode=mode,
+        notes=notes,
     )
     return logs, found.problems
 
@@ -427,17 +482,32 @@ class Checked:
     files: list[FileRecord]
     task_classes: pl.DataFrame
     left_out: list[str]  # the line saying which runs of another collection mode were left out
+    reused: list[str] = field(default_factory=list)  # when the reused records' rules passed (none: checked now)
+    notes: list[str] = field(default_factory=list)  # stderr lines about the validation itself
 
 
 def check_paths(paths, *, mode: str | None = None, memory_limit: str = MEMORY_LIMIT,
-                temp_directory: str | None = None) -> Checked:
+                temp_directory: str | None = None, revalidate: bool = False) -> Checked:
     """Every rule over the logs at ``paths`` without holding their rows: the tables are DuckDB
     views over the parquet files (jsonl files, and parquet files whose names hold glob
     characters, are read into memory), the files are hashed while the rules run, and a
     file that turns out unreadable is reported and left out, and the rules run again. Runs
-    of another collection mode than ``mode`` are left out unread (``None``: every mode)."""
+    of another collection mode than ``mode`` are left out unread (``None``: every mode).
+
+    When every rule passes, a validation record is written (:mod:`pagestats.io.record`); a
+    later call on the same files, unchanged, reads it instead of hashing the files and running
+    the rules (``Checked.reused`` says when they passed), unless ``revalidate``.
+    """
     disc = _discover(paths)
     picked = _of_mode(disc, mode)
+    key = _record_key(disc, picked)
+    notes: list[str] = []
+    if key is not None and not revalidate:
+        found, note = record.lookup(*key)
+        notes += [note] if note else []
+        if found is not None:
+            return _from_record(disc, picked, found, notes)
+    snap = record.snapshot(*key) if key is not None else None
     names = [s.path for s in picked[0]]
     with ThreadPoolExecutor(max_workers=1) as pool:
         hashes = pool.map(_sha256_or_none, names)
@@ -462,8 +532,29 @@ def check_paths(paths, *, mode: str | None = None, memory_limit: str = MEMORY_LI
             classes = frame(con, "SELECT DISTINCT run_id, task FROM inputs ORDER BY ALL")
         finally:
             con.close()
-    return Checked(found.problems, found.manifests, files, _task_classes(classes, found.runs),
-                   [found.left_out] if found.left_out else [])
+    task_classes = _task_classes(classes, found.runs)
+    if snap is not None and not found.problems:
+        recorded = _record_files(found, files)
+        note = record.store(snap, recorded, [list(r) for r in task_classes.iter_rows()]) if recorded else None
+        notes += [note] if note else []
+    return Checked(found.problems, found.manifests, files, task_classes,
+                   [found.left_out] if found.left_out else [], [], notes)
+
+
+def _from_record(disc: _Discovery, picked, found: record.Record, notes: list[str]) -> Checked:
+    """:class:`Checked` of logs whose validation record holds: nothing is read but the manifests."""
+    sources, skipped, left_out = picked
+    problems: list[Problem] = []
+    _, manifests = _runs(disc, skipped, problems)
+    if problems:  # cannot be: the rules passed over these very manifests
+        raise AssertionError(f"a validation record holds for logs with problems: {problems}")
+    files = []
+    for s in sources:
+        entry = found.files[os.path.realpath(s.path)]
+        files.append(FileRecord(s.path, entry["table"], entry["sha256"], entry["rows"]))
+    classes = pl.DataFrame(found.task_classes, schema={"run_id": pl.String, "task": pl.String,
+                                                       "task_class": pl.String}, orient="row")
+    return Checked([], manifests, files, classes, [left_out] if left_out else [], [found.validated_at], notes)
 
 
 def _parquet_query(sources: list[_Source], cols: list[str], table: str) -> str:
@@ -600,22 +691,29 @@ def _same_run_id(run, seen: dict[str, str]) -> Problem | None:
     return Problem(run.manifest_path, None, f"run_id {run.info.run_id!r} is also the run_id of {other}")
 
 
-def validate_paths(paths: Sequence[str]) -> list[Problem]:
+def validate_paths(paths: Sequence[str], *, revalidate: bool = False) -> list[Problem]:
     """Every problem of the logs at ``paths`` (run directories, parquet/jsonl files, globs).
 
     Runs every rule of :mod:`pagestats.io.validation` as DuckDB queries over the files
     (:func:`check_paths`), never holding their rows, and never stops at the first problem.
     Returns an empty list when the logs are valid. Several whole run directories are checked
-    one run at a time (:func:`_runs_apart`); the problems are then listed run by run.
+    one run at a time (:func:`_runs_apart`); the problems are then listed run by run. Files
+    unchanged since they passed every rule are not checked again unless ``revalidate``
+    (:func:`checked_runs`, whose ``notes`` say so).
     """
-    return checked_runs(paths).problems
+    return checked_runs(paths, revalidate=revalidate).problems
 
 
-def checked_runs(paths, *, mode: str | None = None, **settings) -> Checked:
+def checked_runs(paths, *, mode: str | None = None, revalidate: bool = False, **settings) -> Checked:
     """:func:`check_paths`, one run at a time when ``paths`` are several whole run
     directories (:func:`_runs_apart`; run_ids are compared across them; runs of another
     collection mode than ``mode`` are left out, :class:`ExclusionError` when none is left),
-    else at once."""
+    else at once.
+
+    A run (or file set) whose validation record holds (:mod:`pagestats.io.record`) is not
+    checked again unless ``revalidate``; ``Checked.notes`` then holds one line saying so (and
+    a line per record that could not be read or written).
+    """
     runs = _runs_apart(paths)
     left_out: list[str] = []
     if runs is not None:
@@ -634,18 +732,22 @@ def checked_runs(paths, *, mode: str | None = None, **settings) -> Checked:
         if dup is not None:
             total.problems.append(dup)
             continue
-        checked = check_paths(group, mode=mode, **settings)
+        checked = check_paths(group, mode=mode, revalidate=revalidate, **settings)
         total.problems += checked.problems
         total.manifests.update(checked.manifests)
         total.files += checked.files
         total.left_out += [line for line in checked.left_out if run is None]
+        total.reused += checked.reused
+        total.notes += checked.notes
         classes.append(checked.task_classes)
     total.task_classes = pl.concat(classes).unique().sort("run_id", "task")
+    line = record.unchanged_line(total.reused, len(groups))
+    total.notes += [line] if line else []
     return total
 
 
 def load(paths, *, exclude: Sequence[str] = (), columns: str = "analysis", strict: bool = True,
-         mode: str = defaults.MODE) -> Logs:
+         mode: str = defaults.MODE, revalidate: bool = False) -> Logs:
     """Load and validate logs into a :class:`Logs` (docs/SCHEMA.md).
 
     Parameters
@@ -668,12 +770,16 @@ def load(paths, *, exclude: Sequence[str] = (), columns: str = "analysis", stric
         other mode are left out, with one line in ``Logs.exclusions``; when that leaves no
         run, :class:`ExclusionError` is raised. Query-aware and query-agnostic runs of the
         same (model, context) are never pooled into one cell.
+    revalidate : bool
+        Run every rule even when the files are unchanged since they passed
+        (:mod:`pagestats.io.record`; otherwise the row rules are skipped then, and
+        ``Logs.notes`` says so).
 
     Returns
     -------
     Logs
     """
-    logs, problems = _load(paths, exclude, columns, mode)
+    logs, problems = _load(paths, exclude, columns, mode, revalidate)
     if strict and problems:
         raise LogError(problems)
     return logs
