@@ -21,9 +21,10 @@ peak RSS and CPU time are its own), at each size given by ``--sizes``:
   place; every run is one input draw, pooled as the query pools them); its CSV is compared
   with the baseline query's rows (every column, to 1e-12);
 - at 1M only: ``whatif_warm`` (the same command again, the validation record of the cold call
-  present: the rules are skipped, which its stderr must say; its CSV is compared too),
+  present: the rules are skipped, which its stderr must say),
   ``index`` (``pagestats index RUN --db FILE``, cold, an empty cache of its own),
-  ``whatif_db`` (``pagestats whatif --db FILE --format csv``) and, after every size, ``report``
+  ``whatif_db`` (``pagestats whatif --db FILE --format csv``; the CSVs of both are compared
+  with the query's as ``whatif``'s is) and, after every size, ``report``
   (``pagestats report --db FILE``, killed after ``--report-timeout`` seconds).
 
 Ratios: ``X / query`` for wall time and peak RSS of every command X measured with the query at
@@ -229,7 +230,8 @@ def main() -> int:
                                             tmp / "whatif_db1.csv")
             q = at.get("query")
             if q is not None and q["returncode"] == 0:
-                for name, csv in (("whatif", f"whatif{size}.csv"), ("whatif_warm", "whatif_warm1.csv")):
+                for name, csv in (("whatif", f"whatif{size}.csv"), ("whatif_warm", "whatif_warm1.csv"),
+                                  ("whatif_db", "whatif_db1.csv")):
                     w = at.get(name)
                     if w is None or w["returncode"] != 0:
                         continue
