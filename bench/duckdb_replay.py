@@ -27,6 +27,11 @@ peak RSS and CPU time are its own), at each size given by ``--sizes``:
   with the query's as ``whatif``'s is) and, after every size, ``report``
   (``pagestats report --db FILE``, killed after ``--report-timeout`` seconds).
 
+``--report-1m [--logs RUN] [--key KEY] [--reference-tree DIR]`` measures the report instead:
+the baseline query, ``index`` and ``pagestats report --db FILE`` (and the same report run by
+another checkout, e.g. the code before a change, in the same run), written under ``report_1M``
+(or ``KEY``) of the results file, its other keys kept (:func:`_report_1m`).
+
 Ratios: ``X / query`` for wall time and peak RSS of every command X measured with the query at
 that size. Wall times on a shared machine are inflated by load: the load average at start, at
 each size and at the end is recorded. An existing ``bench/results/NAME.json`` is kept, whole,
@@ -153,7 +158,107 @@ def _with_earlier(name: str, result: dict) -> dict:
 _EARLIER: dict[str, list] = {}
 
 
+def _head(tree: pathlib.Path) -> str:
+    import subprocess
+
+    out = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return out.stdout.strip() or "unknown commit"
+
+
+def _progress(measured_step: dict, tmp: pathlib.Path) -> None:
+    """For a report killed at the timeout: the entries it had written (the files of its staging
+    folder), each with the seconds from the report's start to its first file."""
+    if not measured_step["timed_out"]:
+        return
+    done: dict[str, float] = {}
+    for f in sorted(tmp.glob(".report_*.partial-*/*/*")):
+        name = f.stem.split("-")[0]  # a figure or table of several parts: NAME-PART
+        done[name] = min(done.get(name, float("inf")), f.stat().st_mtime - measured_step["started"])
+    measured_step["written_before_timeout"] = {k: round(v, 1) for k, v in sorted(done.items(), key=lambda kv: kv[1])}
+
+
+def _report_1m(argv: list[str]) -> int:
+    """``--report-1m``: the report at 1M inputs, against the baseline query in the same run.
+
+    Measures (each in its own subprocess) ``pagestats index RUN --db FILE``, the baseline
+    :data:`QUERY`, ``pagestats report --db FILE`` and, with ``--also-logs``,
+    ``pagestats report RUN``; the load average before and after each. The run is
+    ``--logs RUN`` (a 1M run made by ``--generate``) or generated into the temporary folder.
+    Writes the key ``--key`` (``report_1M``) of ``bench/results/NAME.json``, keeping its other keys.
+    """
+    ap = argparse.ArgumentParser(prog="duckdb_replay.py --report-1m")
+    ap.add_argument("--data", default=str(HERE / "tmp"))
+    ap.add_argument("--logs", default=None, help="a 1M run directory made by --generate (never deleted)")
+    ap.add_argument("--timeout", type=float, default=REPORT_TIMEOUT_S, help="seconds per report")
+    ap.add_argument("--also-logs", action="store_true", help="also measure `pagestats report RUN`")
+    ap.add_argument("--out", default="duckdb_replay")
+    ap.add_argument("--key", default="report_1M", help="the key of the results file to write")
+    ap.add_argument("--reference-tree", default=None, help="another checkout (e.g. the code before a change) "
+                    "whose `pagestats report --db` is measured in the same run, as report_db_reference")
+    args = ap.parse_args(argv)
+    py = sys.executable
+    data = pathlib.Path(args.data)
+    data.mkdir(parents=True, exist_ok=True)
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="report_1m-", dir=data))
+    at: dict = {"n_cpus": os.cpu_count(), "failures": []}
+
+    def step(name: str, cmd: list[str], timeout_s: float = TIMEOUT_S, cwd: pathlib.Path = HERE.parent) -> dict:
+        before, started = list(os.getloadavg()), time.time()
+        at[name] = measured(cmd, tmp / f"{name}.out", timeout_s, cwd=cwd, rss_unit="gib", stderr_chars=600)
+        at[name]["started"] = started
+        at[name]["loadavg_before"], at[name]["loadavg_after"] = before, list(os.getloadavg())
+        if at[name]["returncode"] != 0:
+            at["failures"].append(f"{name}: exit {at[name]['returncode']}" + (" (timed out)" if at[name]["timed_out"] else ""))
+        print(name, json.dumps({k: at[name][k] for k in ("wall_s", "peak_rss_gib", "returncode")}), flush=True)
+        return at[name]
+
+    try:
+        run = args.logs
+        if run is None:
+            if step("generate", [py, __file__, "--generate", str(tmp / "logs"), str(N_PER_TASK), "0"])["returncode"]:
+                raise RuntimeError("generation failed")
+            run = json.loads((tmp / "generate.out").read_text().splitlines()[-1])["run_dir"]
+        at["run"] = run
+        import duckdb
+
+        n = duckdb.sql(f"SELECT count(*) FROM read_parquet('{run}/inputs/*.parquet')").fetchall()[0][0]
+        at["shape"] = f"{n:,} inputs = 8 tasks × {n // 8:,}; L=12, H=4; 4096; snapkv; 9 budgets"
+        step("query", [py, __file__, "--query", str(tmp / "query.json"), run])
+        db = tmp / "logs.duckdb"
+        step("index", [py, "-m", "pagestats.cli", "index", run, "--db", str(db)])
+        step("report_db", [py, "-m", "pagestats.cli", "report", "--db", str(db), "--out", str(tmp / "report_db")],
+             args.timeout)
+        _progress(at["report_db"], tmp)
+        if args.reference_tree:
+            ref = pathlib.Path(args.reference_tree).resolve()
+            at["reference_tree"] = f"{ref} at {_head(ref)}"
+            step("report_db_reference", [py, "-m", "pagestats.cli", "report", "--db", str(db), "--out",
+                                         str(tmp / "report_db_reference")], args.timeout, cwd=ref)
+            _progress(at["report_db_reference"], tmp)
+        if args.also_logs:
+            step("report_logs", [py, "-m", "pagestats.cli", "report", run, "--out", str(tmp / "report_logs")],
+                 args.timeout)
+            _progress(at["report_logs"], tmp)
+        q = at["query"]
+        at["ratios"] = {f"{name}_{x}_over_query": at[name][key] / q[key]
+                        for name in ("report_db", "report_db_reference", "report_logs")
+                        if name in at and at[name]["returncode"] == 0 and q["returncode"] == 0
+                        for x, key in (("wall", "wall_s"), ("rss", "peak_rss_gib"))}
+    except Exception as err:  # record, don't hide
+        at["failures"].append(f"{type(err).__name__}: {err}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # a --logs run is not under tmp
+        path = HERE / "results" / f"{args.out}.json"
+        result = json.loads(path.read_text()) if path.exists() else {}
+        result[args.key] = at
+        write_result(args.out, result, {k: ({x: v.get(x) for x in ("wall_s", "peak_rss_gib", "loadavg_before")}
+                                            if isinstance(v, dict) and "wall_s" in v else v) for k, v in at.items()})
+    return 1 if at["failures"] else 0
+
+
 def main() -> int:
+    if len(sys.argv) >= 2 and sys.argv[1] == "--report-1m":
+        return _report_1m(sys.argv[2:])
     if len(sys.argv) == 5 and sys.argv[1] == "--generate":
         _generate(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
         return 0

@@ -388,6 +388,25 @@ def test_oracle_and_custom(logs):
         gate(logs, CustomPolicy(lambda f: np.ones(f.height)))
 
 
+def test_only_a_custom_policy_is_given_the_profile_lists(logs, monkeypatch):
+    """A built-in policy reads D only: its frame leaves out the a_ℓ list, which head-pair draws
+    would repeat on every draw; a custom policy is given it (and decides the same where it reads D)."""
+    spec = ProfileSpec(pairs_fraction=0.5, draws=3)
+    seen = {}
+    decide = FixedTau.decide
+
+    def recording(self, frame):
+        seen["fixed"] = (frame.columns, frame.height)
+        return decide(self, frame)
+
+    monkeypatch.setattr(FixedTau, "decide", recording)
+    g = gate(logs, FixedTau(0.07), spec)
+    assert "agreement" not in seen["fixed"][0] and seen["fixed"][1] == g.height == 3 * logs.inputs.height
+    custom = gate(logs, CustomPolicy(lambda f: seen.update(custom=f.columns) or (f["drop"] >= 0.07).to_numpy()), spec)
+    assert "agreement" in seen["custom"]
+    assert custom["gate_open"].to_list() == g["gate_open"].to_list() and custom["drop"].equals(g["drop"])
+
+
 def test_policies_through_gate(logs):
     z = gate(logs, ZScored(pilot_n=5, pilot="first"))
     for m in ("m-a", "m-b"):

@@ -331,3 +331,29 @@ def test_decision_entries_skip_an_unknown_dtype(two_context, tmp_path):
     skipped = {o["name"]: o["skipped"] for o in index["outputs"]}
     assert "bfloAt16" in skipped["figN1_decision_frontier"] and "bfloAt16" in skipped["tabN2_decision_frontier"]
     assert skipped["tab02_delta_matrix"] is None
+
+
+def test_report_db_equals_report_of_the_logs(tmp_path):
+    """The report of a database (``pagestats report --db FILE``: :meth:`LogDB.load`) writes the
+    same tables and headline as the report of the logs it indexes: every cell equal, numbers to
+    1e-12 (a sum computed by DuckDB, as the τ curve of Table N2, follows the row order, which is
+    the files' order in one and the key order in the other, so it may differ in the last bit)."""
+    from polars.testing import assert_frame_equal
+
+    syn = testing.synthetic_logs(**{**SMALL, "context_lengths": (4096, 16384)})
+    runs = [str(r) for r in syn.write(tmp_path / "logs")]
+    db = io.index_logs(runs, str(tmp_path / "logs.duckdb"))
+    try:
+        outs = [Path(report.build_report(logs, tmp_path / name, entries=TABLES)).parent
+                for name, logs in (("mem", io.load(runs)), ("db", db.load()))]
+    finally:
+        db.close()
+    mem, back = outs
+    csvs = sorted(p.relative_to(mem) for p in (mem / "tables").rglob("*.csv"))
+    assert len(csvs) > 10 and csvs == sorted(p.relative_to(back) for p in (back / "tables").rglob("*.csv"))
+    for f in csvs:
+        assert_frame_equal(pl.read_csv(mem / f), pl.read_csv(back / f), abs_tol=1e-12, rel_tol=0)
+    meta = [json.loads((d / "index.json").read_text()) for d in outs]
+    assert pl.DataFrame(meta[0]["headline"]).height > 0
+    assert_frame_equal(pl.DataFrame(meta[0]["headline"]), pl.DataFrame(meta[1]["headline"]), abs_tol=1e-12, rel_tol=0)
+    assert [o["skipped"] for o in meta[0]["outputs"]] == [o["skipped"] for o in meta[1]["outputs"]]

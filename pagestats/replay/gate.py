@@ -16,7 +16,7 @@ import polars as pl
 
 from pagestats.columns import input_key, with_task_class
 from pagestats.formulas import N_KEPT_GATED, SCORE_GATED
-from pagestats.replay.policies import POLICY_TYPES, FixedTau, Policy
+from pagestats.replay.policies import POLICY_TYPES, CustomPolicy, FixedTau, Policy
 from pagestats.replay.spec import ProfileSpec, _require, profile_drop
 from pagestats.schema import INPUT_KEY
 
@@ -42,16 +42,22 @@ def _input_meta(logs) -> pl.DataFrame:
     )
 
 
-def _decision_frame(logs, profile: ProfileSpec) -> pl.DataFrame:
+def _decision_frame(logs, profile: ProfileSpec, policy: Policy) -> pl.DataFrame:
+    """The frame ``policy.decide`` reads: D per input (and head-pair draw) with the input's
+    columns; the stored a_ℓ list only for a :class:`~pagestats.replay.policies.CustomPolicy`
+    (the only policy that reads it; with head-pair draws it would be repeated on every draw)."""
     prof = profile_drop(logs, profile)
-    return prof.join(_input_meta(logs), on=INPUT_KEY, how="left", maintain_order="left")
+    meta = _input_meta(logs)
+    if not isinstance(policy, CustomPolicy):
+        meta = meta.drop("agreement")
+    return prof.join(meta, on=INPUT_KEY, how="left", maintain_order="left")
 
 
 def _decide(logs, policy: Policy, profile: ProfileSpec) -> pl.DataFrame:
     """Every input's decision, pilot inputs included (column ``pilot`` when the policy has one)."""
     if not hasattr(policy, "decide"):
         raise TypeError(f"policy must be one of {[t.__name__ for t in POLICY_TYPES]}, got {policy!r}")
-    frame = _decision_frame(logs, profile)
+    frame = _decision_frame(logs, profile, policy)
     decided = policy.decide(frame)
     if decided.height != frame.height or "gate_open" not in decided.columns or "tau" not in decided.columns:
         raise ValueError(f"policy {policy!r} must return the frame with tau and gate_open added")

@@ -10,8 +10,10 @@ returns ``frame`` with two columns added: ``tau`` (Float64, null for the oracle 
 policies, which have no threshold) and ``gate_open`` (Boolean, never null).
 
 The frame given to ``decide`` has the columns ``run_id, task, input_id, [pair_draw], model,
-context_length, task_class, n_tokens, full_score, drop, agreement`` (``agreement`` is the
-stored a_ℓ list, for custom policies that read the whole profile).
+context_length, task_class, n_tokens, full_score, drop``, and for a :class:`CustomPolicy`
+also ``agreement`` (the stored a_ℓ list, for a rule that reads the whole profile; the built-in
+policies read D only, and their frame leaves the list out, which head-pair draws would repeat
+on every draw).
 
 The policies that calibrate τ on a pilot (:class:`ZScored`, :class:`RecalibratedTau`,
 :class:`Midpoint`) are written once, as DuckDB SQL: :func:`pilot_query` draws the pilot,

@@ -15,9 +15,10 @@ import polars as pl
 from scipy import stats as _sps
 
 from pagestats import defaults, metrics, replay, stats
-from pagestats.columns import MODEL_CELL
+from pagestats.columns import MODEL_CELL, headline_evictor
 from pagestats.replay.policies import PILOT_SPLITS, FixedTau, Midpoint, ZScored, pilot_mask
 from pagestats.replay.spec import resolve_layers
+from pagestats.schema import INPUT_KEY
 from pagestats.tables._common import (
     LogsView,
     as_list,
@@ -266,10 +267,12 @@ def calibration_table(logs, *, tau: float = defaults.TAU, n: int = defaults.MIDP
     skipped = short.select(*MODEL_CELL, "note")
     if logs.inputs.height == 0:
         raise ValueError(f"calibration_table: no cell holds the midpoint recipe's samples; {skipped['note'][0]}")
-    fixed = replay.gated_outcomes(logs, FixedTau(tau), profile)
-    cal = replay.gated_outcomes(logs, mid, profile)
-    fixed, ev = one_evictor(fixed, evictor)
-    (fixed, cal), _ = metrics.same_inputs(fixed, cal.filter(pl.col("evictor") == ev))  # both τ on the same inputs
+    # the columns Δ and p_open read, so that the two replays' rows are held narrow
+    read = [*INPUT_KEY, "pair_draw", *MODEL_CELL, "evictor", "budget", "gate_open", "score_plain", "score_gated"]
+    fixed, ev = one_evictor(replay.gated_outcomes(logs, FixedTau(tau), profile), evictor)
+    fixed = fixed.select(c for c in read if c in fixed.columns)
+    cal = replay.gated_outcomes(logs, mid, profile).filter(pl.col("evictor") == ev).select(fixed.columns)
+    (fixed, cal), _ = metrics.same_inputs(fixed, cal)  # both τ on the same inputs
     gate = replay.gate(logs, mid, profile)
     pilots = []
     for label, tasks, klass in (("mean_drop_capacity", capacity_tasks, defaults.CAPACITY_BOUND),
@@ -437,9 +440,17 @@ def pilot_sensitivity_table(logs, *, pilots: Sequence[str] = PILOT_SPLITS,
     """
     reference = reference if reference is not None else ZScored(theta_z=theta_z)
     by_task = [*MODEL_CELL, "task", "task_class"]
+    unit = [*MODEL_CELL, "task", *(c for c in INPUT_KEY if c != "task")]
+    ev = evictor if evictor is not None else headline_evictor(logs.outcomes["evictor"].unique().to_list())
+    # the evictor's input keys: the units a replay of that evictor evaluates, less its held-out pilot
+    logged = logs.outcomes.filter(pl.col("evictor") == ev).select(INPUT_KEY).unique()
+
+    def evaluated(policy):
+        decided = replay.decide_all(logs, policy, profile).filter(~pl.col("held_out"))
+        return decided.select(unit).unique().join(logged, on=list(INPUT_KEY), how="semi")
 
     def replayed(policy):
-        return one_evictor(replay.gated_outcomes(logs, policy, profile), evictor)
+        return one_evictor(replay.gated_outcomes(logs, policy, profile), ev)
 
     def summary(full, sub, ev, left):
         # every (cell, task) of the definition keeps its row: one whose inputs all lie in some held-out
@@ -464,13 +475,21 @@ def pilot_sensitivity_table(logs, *, pilots: Sequence[str] = PILOT_SPLITS,
                                     ZScored(theta_z=theta_z, pilot_n=int(n), pilot_by=tuple(grp), pilot=pilot, seed=seed)))
     if not definitions:
         raise ValueError("pilot_sensitivity_table: no pilot definition fits the logs")
-    frames = [replayed(reference), *(replayed(policy) for *_, policy in definitions)]
-    kept, left = metrics.same_inputs(*(f for f, _ in frames), by=[*MODEL_CELL, "task"])
-    ref = summary(frames[0][0], kept[0], frames[0][1], left[0]).select(*by_task, pl.col("closed_call").alias("_ref"))
+    # two passes, so that one replay's gated rows are held at a time: the inputs each definition
+    # evaluates (one row per input), put on the common inputs; then each replay on those inputs
+    policies = [reference, *(policy for *_, policy in definitions)]
+    common, left = metrics.same_inputs(*(evaluated(policy) for policy in policies), by=[*MODEL_CELL, "task"])
+    common = common[0].select(INPUT_KEY)
+
+    def summarised(policy, lo):
+        full, name = replayed(policy)
+        return summary(full, full.join(common, on=list(INPUT_KEY), how="semi"), name, lo)
+
+    ref = summarised(reference, left[0]).select(*by_task, pl.col("closed_call").alias("_ref"))
     parts = [
-        summary(full, sub, ev, lo).with_columns(pl.lit(pilot).alias("pilot"), pl.lit(label).alias("pilot_by"),
-                                                 pl.lit(n, pl.Int64).alias("pilot_n"))
-        for (pilot, label, n, _), sub, (full, ev), lo in zip(definitions, kept[1:], frames[1:], left[1:])
+        summarised(policy, lo).with_columns(pl.lit(pilot).alias("pilot"), pl.lit(label).alias("pilot_by"),
+                                            pl.lit(n, pl.Int64).alias("pilot_n"))
+        for (pilot, label, n, policy), lo in zip(definitions, left[1:])
     ]
     out = pl.concat(parts).join(ref, on=by_task, how="left")
     out = out.with_columns((pl.col("closed_call") != pl.col("_ref")).alias("flips"))
