@@ -206,7 +206,7 @@ def calibration_notebook():
         new_code_cell('t7 = tables.calibration_table(logs)\ntables.to_gt(t7, tables.LAYOUTS["tab07_calibration"])'),
         new_markdown_cell("## Pilot-definition sensitivity (new)\n\nPilot = first vs random inputs, pooled per model vs "
                           "per (model, context), three pilot sizes. `flips` marks a task whose gate call (closed iff "
-                          "fewer than half its inputs open) differs from the reference pilot (first 100 per model)."),
+                          "fewer than half its inputs open) differs from the reference pilot (the default z-scored pilot: 100 held-out inputs per model)."),
         new_code_cell('sens = tables.pilot_sensitivity_table(logs, pilot_sizes=(20, 50, 100))\n'
                       'sens.group_by("pilot", "pilot_by", "pilot_n").agg(\n'
                       '    pl.col("tau").mean().alias("mean_tau"), pl.col("flips").sum().alias("flipped_calls"),\n'
