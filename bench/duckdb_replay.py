@@ -37,6 +37,10 @@ that size. Wall times on a shared machine are inflated by load: the load average
 each size and at the end is recorded. An existing ``bench/results/NAME.json`` is kept, whole,
 under ``earlier_runs`` of the new one (with the runs it kept), so no measurement is lost.
 
+At the sizes of ``--warm-sizes`` the ``whatif`` runs after ``validate`` with the validation record
+``validate`` wrote (the what-if's own cost; the cold cost is ``validate`` plus it): the 100M run is
+``--logs DIR --sizes 1,10,100 --query-sizes 1,10 --warm-sizes 10,100 --timeout 4000 --no-report``.
+
 Run: ``.venv/bin/python bench/duckdb_replay.py [--data DIR] [--logs DIR] [--sizes 1,10]
 [--query-sizes 1,10] [--keep]``; writes ``bench/results/duckdb_replay.json``.
 """
@@ -122,15 +126,19 @@ def _measured(cmd: list[str], stdout_path: pathlib.Path, timeout_s: float = TIME
 
 
 def _compare(csv_text: str, rows: list) -> dict:
-    """The what-if CSV against the baseline rows: same cells, every number to 1e-12."""
+    """The what-if CSV against the baseline rows: same cells, every number to 1e-12 (``--draws
+    pooled`` over several runs adds a ``draw`` column, null)."""
     import polars as pl
 
     from pagestats.whatif import WHATIF_COLUMNS
 
     table = pl.read_csv(io.StringIO(csv_text))
     problems = []
-    if tuple(table.columns) != WHATIF_COLUMNS:
+    pooled = tuple(table.columns) == (*WHATIF_COLUMNS, "draw")  # several runs' draws pooled: a null draw column
+    if tuple(table.columns) != WHATIF_COLUMNS and not pooled:
         problems.append(f"columns {table.columns}")
+    if pooled and table["draw"].null_count() != table.height:
+        problems.append("draw column not null although the draws are pooled")
     if table.height != len(rows):
         problems.append(f"{table.height} rows vs {len(rows)}")
     worst = 0.0
@@ -275,9 +283,13 @@ def main() -> int:
     ap.add_argument("--no-report", action="store_true")
     ap.add_argument("--report-timeout", type=float, default=REPORT_TIMEOUT_S)
     ap.add_argument("--out", default="duckdb_replay", help="results name: bench/results/NAME.json")
+    ap.add_argument("--warm-sizes", default="", help="sizes at which whatif runs after validate with the record "
+                    "validate wrote (validation skipped: the what-if's own cost), instead of cold")
+    ap.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds each command may run")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     query_sizes = {int(s) for s in args.query_sizes.split(",") if s}
+    warm_sizes = {int(s) for s in args.warm_sizes.split(",") if s}
     import duckdb
     import polars as pl
 
@@ -320,9 +332,15 @@ def main() -> int:
                 at["query"] = _measured([py, __file__, "--query", str(tmp / f"query{size}.json"), *runs],
                                         tmp / f"query{size}.out")
             at["validate"] = _measured([py, "-m", "pagestats.cli", "validate", *runs], tmp / f"validate{size}.out",
-                                       cache=tmp / f"cache-validate{size}")
+                                       cache=tmp / f"cache-validate{size}", timeout_s=args.timeout)
             whatif = [py, "-m", "pagestats.cli", "whatif", *runs, "--draws", "pooled", "--format", "csv"]
-            at["whatif"] = _measured(whatif, tmp / f"whatif{size}.csv", cache=tmp / f"cache-whatif{size}")
+            if size in warm_sizes:  # the record validate wrote: whatif skips the rules
+                at["whatif"] = w = _measured(whatif, tmp / f"whatif{size}.csv", cache=tmp / f"cache-validate{size}",
+                                             timeout_s=args.timeout)
+                w["skipped_rules"] = "unchanged since validated at" in w["stderr_tail"]
+            else:
+                at["whatif"] = _measured(whatif, tmp / f"whatif{size}.csv", cache=tmp / f"cache-whatif{size}",
+                                         timeout_s=args.timeout)
             if size == 1:  # the same command again: the cold call's validation record is there
                 at["whatif_warm"] = w = _measured(whatif, tmp / "whatif_warm1.csv", cache=tmp / "cache-whatif1")
                 w["skipped_rules"] = "unchanged since validated at" in w["stderr_tail"]
