@@ -43,7 +43,7 @@ WHATIF_COLUMNS = (
 GATE_FREE = ("n_inputs", "acc_full", "acc_plain", "harm_plain")
 
 
-def whatif_query(draws: list[str], input_draws: str | int | None = None) -> str:
+def whatif_query(draws: list[str], input_draws: str | int | None = None, *, tables: dict[str, str] | None = None) -> str:
     """The what-if as one DuckDB query over ``outcomes`` and ``decisions`` (one join).
 
     Every aggregate is a formula of :mod:`pagestats.formulas` and the gated arm is
@@ -51,17 +51,30 @@ def whatif_query(draws: list[str], input_draws: str | int | None = None) -> str:
     the same SQL text that polars evaluates in :mod:`pagestats.metrics` and
     :func:`pagestats.replay.gated_outcomes`. ``input_draws``: ``"split"`` adds the input draw
     (``inputs.draw``) to the cell keys, an integer keeps only that draw's inputs, ``None``
-    pools whatever is there.
+    pools whatever is there. ``tables`` renames the relations read (``outcomes``,
+    ``decisions``, ``inputs``; see :func:`whatif_table` for the run-by-run evaluation).
     """
-    cell = ", ".join([*WHATIF_CELL, *(["draw"] if input_draws == "split" else [])])
+    return _over_draws(_per_draw(draws, input_draws, tables), draws, input_draws)
+
+
+def _cell(input_draws) -> str:
+    return ", ".join([*WHATIF_CELL, *(["draw"] if input_draws == "split" else [])])
+
+
+def _per_draw(draws: list[str], input_draws, tables: dict[str, str] | None = None) -> str:
+    """Per cell (and head-pair draw): ``n_inputs`` and the means of :data:`WHATIF_COLUMNS`,
+    each over the cell's outcome rows (so that cells of disjoint row sets pool as means
+    weighted by ``n_inputs``)."""
+    t = {"outcomes": "outcomes", "decisions": "decisions", "inputs": "inputs", **(tables or {})}
+    cell = _cell(input_draws)
     key = ", ".join(INPUT_KEY)
     held = " AND ".join(f"h.{c} = o.{c}" for c in INPUT_KEY)
     draw = ", ".join(f"d.{c}" for c in draws)
     acc = ", ".join(f"{sql} AS {name}" for name, sql in formulas.ACCURACY.items())
     draw_col = ", x.draw" if input_draws == "split" else ""
-    draw_join = f" LEFT JOIN (SELECT {key}, draw FROM inputs) x USING ({key})" if input_draws is not None else ""
+    draw_join = f" LEFT JOIN (SELECT {key}, draw FROM {t['inputs']}) x USING ({key})" if input_draws is not None else ""
     draw_where = f" AND x.draw = {int(input_draws)}" if isinstance(input_draws, int) else ""
-    per_draw = f"""
+    return f"""
         SELECT {cell}{", " + ", ".join(draws) if draws else ""}, count(*) AS n_inputs, {acc},
             {formulas.harm_count("score_plain")} / count(*) AS harm_plain,
             {formulas.harm_count("score_gated")} / count(*) AS harm_gated,
@@ -71,10 +84,26 @@ def whatif_query(draws: list[str], input_draws: str | int | None = None) -> str:
             SELECT d.model, d.context_length, o.evictor, o.task, o.budget{", " + draw if draws else ""}{draw_col},
                 d.full_score AS score_full, o.score AS score_plain, {SCORE_GATED} AS score_gated,
                 {N_KEPT_GATED} AS n_kept_gated, n_tokens, gate_open
-            FROM outcomes o LEFT JOIN decisions d USING ({key}){draw_join}
+            FROM {t['outcomes']} o LEFT JOIN {t['decisions']} d USING ({key}){draw_join}
             WHERE NOT EXISTS (SELECT 1 FROM held_out h WHERE {held}){draw_where}  -- a held-out pilot is not evaluated
         )
         GROUP BY ALL"""
+
+
+#: The columns of the per-draw query that are means over the cell's outcome rows.
+_MEANS = tuple(c for c in WHATIF_COLUMNS[6:] if c not in ("delta", "degenerate"))
+
+
+def _pooled(source: str, draws: list[str], input_draws) -> str:
+    """The per-draw rows of disjoint parts (runs) pooled: counts summed, means weighted by
+    ``n_inputs`` (every mean of :func:`_per_draw` is over the cell's rows)."""
+    keys = ", ".join([*_cell(input_draws).split(", "), *draws])
+    means = ", ".join(f"sum({c} * n_inputs) / sum(n_inputs) AS {c}" for c in _MEANS)
+    return f"SELECT {keys}, sum(n_inputs) AS n_inputs, {means} FROM {source} GROUP BY {keys}"
+
+
+def _over_draws(per_draw: str, draws: list[str], input_draws) -> str:
+    cell = _cell(input_draws)
     if not draws:
         return f"{per_draw} ORDER BY {cell}"
     varying = [c for c in WHATIF_COLUMNS[6:] if c not in (*GATE_FREE, "delta", "degenerate")]
@@ -82,6 +111,27 @@ def whatif_query(draws: list[str], input_draws: str | int | None = None) -> str:
         SELECT {cell}, {", ".join(f"arg_min({c}, pair_draw) AS {c}" for c in GATE_FREE)},
             {", ".join(f"avg({c}) AS {c}" for c in varying)}
         FROM ({per_draw}) GROUP BY ALL ORDER BY {cell}"""
+
+
+def _run_by_run(con, draws: list[str], input_draws) -> pl.DataFrame:
+    """:func:`whatif_query` evaluated one run at a time and pooled.
+
+    The join key starts with ``run_id``, so the join of ``outcomes`` with ``decisions``
+    falls apart into one join per run: each run's rows are joined and aggregated alone
+    (DuckDB reads only that run's files, by the parquet statistics of ``run_id``), and the
+    per-run cells are pooled by :func:`_pooled`. Memory and temporary disk then grow with
+    the largest run, not with the release (one join over 100M inputs × 9 budgets exhausted
+    a 2 GB memory limit and 40 GB of spill).
+    """
+    runs = [r for (r,) in con.sql("SELECT DISTINCT run_id FROM inputs ORDER BY run_id").fetchall()]
+    parts = []
+    for run in runs:
+        literal = "'" + str(run).replace("'", "''") + "'"
+        for table in ("outcomes", "decisions", "inputs"):
+            con.execute(f"CREATE OR REPLACE TEMP VIEW _run_{table} AS SELECT * FROM {table} WHERE run_id = {literal}")
+        parts.append(con.sql(_per_draw(draws, input_draws, {t: f"_run_{t}" for t in ("outcomes", "decisions", "inputs")})).pl())
+    con.register("_per_run", pl.concat(parts, how="vertical_relaxed"))
+    return con.sql(_over_draws(_pooled("_per_run", draws, input_draws), draws, input_draws)).pl()
 
 
 #: Per (model, context_length): the gate-open fraction over the decisions (inputs × head-pair
@@ -127,7 +177,9 @@ def whatif_table(logs, policy: Policy = FixedTau(), profile: ProfileSpec = Profi
     (:func:`~pagestats.metrics.p_open`); ``kept_kv`` = mean n_kept/n_tokens of the gated arm
     (:func:`~pagestats.metrics.kept_kv`). One DuckDB query computes them all
     (:func:`whatif_query`, over the decisions of :func:`pagestats.replay.sql.decide`), so only
-    the result rows reach Python. With head-pair draws (``profile.pairs_fraction``) each
+    the result rows reach Python; over a :class:`~pagestats.io.LogDB` of several runs it is
+    evaluated run by run and pooled (:func:`_run_by_run`), so that memory grows with the
+    largest run. With head-pair draws (``profile.pairs_fraction``) each
     column is computed per draw and then averaged over the draws (equal weight);
     :data:`GATE_FREE` columns do not depend on the gate and equal the draw-free values.
 
@@ -148,7 +200,10 @@ def whatif_table(logs, policy: Policy = FixedTau(), profile: ProfileSpec = Profi
             raise ValueError(f"--draws takes pooled or one of the logged input draws {present}, got {draws!r}")
         mode = draws if draws not in (None, "pooled") else ("split" if draws is None and len(present) > 1 else None)
         pair_draws = replay_sql.decide(con, logs, policy, profile)
-        table = con.sql(whatif_query(pair_draws, mode)).pl()
+        if hasattr(logs, "cursor") and con.sql("SELECT count(DISTINCT run_id) FROM inputs").fetchall()[0][0] > 1:
+            table = _run_by_run(con, pair_draws, mode)  # out of core: one join per run
+        else:
+            table = con.sql(whatif_query(pair_draws, mode)).pl()
         cells = con.sql(DEGENERATE_QUERY).pl()
     finally:
         con.close()

@@ -141,6 +141,42 @@ def test_whatif_matches_brute_force(synth, policy, profile):
         assert row[6:-1] == pytest.approx(exp[6:], abs=1e-12)
 
 
+@pytest.mark.parametrize(
+    "policy,profile",
+    [
+        (FixedTau(0.05), ProfileSpec()),
+        (ZScored(pilot_n=6, pilot="held-out"), ProfileSpec()),
+        (FixedTau(0.03), ProfileSpec(pairs_fraction=0.5, draws=3, seed=1)),
+    ],
+)
+def test_whatif_over_several_runs_out_of_core_is_evaluated_run_by_run(tmp_path, synth, policy, profile, monkeypatch):
+    """A database of several runs joins and aggregates each run alone and pools the cells
+    (memory grows with the largest run); the pooled table equals the row-by-row reference."""
+    from pagestats import whatif as whatif_module
+    from pagestats.io import load, logs_in_place
+    from pagestats.testing import synthetic_logs
+
+    s = synthetic_logs(models={"qwen-like": (6, 4), "llama-like": (8, 3)}, n_inputs=5,
+                       tasks=("niah_multikey_3", "vt", "fwe"), evictors=("snapkv", "h2o"), budgets=(0.25, 0.5, 1.0),
+                       k_max=32, with_text=False, seed=3)  # fmt: skip
+    runs = [str(r) for r in s.write(tmp_path / "logs")]
+    assert len(runs) == 2
+    calls = []
+    real = whatif_module._run_by_run
+    monkeypatch.setattr(whatif_module, "_run_by_run", lambda *a: calls.append(a) or real(*a))
+    db = logs_in_place(runs)
+    try:
+        table = whatif_table(db, policy, profile)
+    finally:
+        db.close()
+    assert len(calls) == 1
+    ref = _brute_whatif(load(runs), policy, profile)
+    assert table.height == len(ref)
+    for row, exp in zip(table.rows(), ref):
+        assert row[:6] == tuple(exp[:5]) + (int(exp[5]),)
+        assert row[6:-1] == pytest.approx(exp[6:], abs=1e-12)
+
+
 def _args(**kw):
     base = dict(tau=None, policy=None, theta=None, pilot=None, pilot_by=None, pilot_split=None, layers=None,
                 pairs_fraction=None, pair_draws=None, seed=None, k=None, bins=None, strict_bins=False,
