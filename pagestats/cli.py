@@ -482,6 +482,25 @@ def _summary_text(summary: pl.DataFrame, args) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``pagestats``: exit 0 ok, 1 bad logs, 2 bad usage, 3 out of resources (one line each)."""
+    import duckdb
+
+    try:
+        return _main(argv)
+    except (duckdb.OutOfMemoryException, MemoryError) as err:
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        print(one_line(f"error: out of memory ({first}); raise --memory-limit (default {MEMORY_LIMIT}), "
+                       "or give --temp-dir a disk with room to spill"), file=sys.stderr)
+        return 3
+    except duckdb.IOException as err:
+        if "No space left on device" not in str(err):
+            raise
+        print(one_line(f"error: no space left to spill ({str(err).splitlines()[0]}); give --temp-dir a disk "
+                       "with room"), file=sys.stderr)
+        return 3
+
+
+def _main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "validate":
         checked = checked_runs(args.logs, revalidate=args.revalidate)

@@ -299,3 +299,17 @@ def test_report_prereg_options_are_checked_before_reading(tmp_path, capsys):
     rc, out, err = _run(["report", str(SMALL), "--exclude", "smollm2-1024-snapkv/vt", "--prereg", "band.json",
                          "--out", str(tmp_path / "r")], capsys)
     assert rc == 2 and err == "error: --prereg and --prereg-sha256 go together\n"
+
+
+def test_out_of_memory_is_one_line_exit_3(tmp_path, capsys):
+    """DuckDB running out of memory (here: a 1 MB limit) is one line naming the way out, exit 3,
+    not a traceback."""
+    from pagestats.cli import main
+    from pagestats.testing import synthetic_logs
+
+    s = synthetic_logs(models={"m": (4, 2)}, n_inputs=4, tasks=("niah_multikey_3", "vt"), evictors=("snapkv",),
+                       budgets=(0.5, 1.0), with_topk=False, with_text=False)
+    (run,) = s.write(tmp_path / "logs")
+    assert main(["whatif", str(run), "--memory-limit", "1MB", "--format", "csv"]) == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: out of memory (") and "--memory-limit" in err[0]
