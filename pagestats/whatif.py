@@ -52,7 +52,7 @@ def whatif_query(draws: list[str], input_draws: str | int | None = None, *, tabl
     :func:`pagestats.replay.gated_outcomes`. ``input_draws``: ``"split"`` adds the input draw
     (``inputs.draw``) to the cell keys, an integer keeps only that draw's inputs, ``None``
     pools whatever is there. ``tables`` renames the relations read (``outcomes``,
-    ``decisions``, ``inputs``; see :func:`whatif_table` for the run-by-run evaluation).
+    ``decisions``, ``inputs``, ``held_out``; see :func:`whatif_table` for the run-by-run evaluation).
     """
     return _over_draws(_per_draw(draws, input_draws, tables), draws, input_draws)
 
@@ -65,7 +65,7 @@ def _per_draw(draws: list[str], input_draws, tables: dict[str, str] | None = Non
     """Per cell (and head-pair draw): ``n_inputs`` and the means of :data:`WHATIF_COLUMNS`,
     each over the cell's outcome rows (so that cells of disjoint row sets pool as means
     weighted by ``n_inputs``)."""
-    t = {"outcomes": "outcomes", "decisions": "decisions", "inputs": "inputs", **(tables or {})}
+    t = {"outcomes": "outcomes", "decisions": "decisions", "inputs": "inputs", "held_out": "held_out", **(tables or {})}
     cell = _cell(input_draws)
     key = ", ".join(INPUT_KEY)
     held = " AND ".join(f"h.{c} = o.{c}" for c in INPUT_KEY)
@@ -85,7 +85,7 @@ def _per_draw(draws: list[str], input_draws, tables: dict[str, str] | None = Non
                 d.full_score AS score_full, o.score AS score_plain, {SCORE_GATED} AS score_gated,
                 {N_KEPT_GATED} AS n_kept_gated, n_tokens, gate_open
             FROM {t['outcomes']} o LEFT JOIN {t['decisions']} d USING ({key}){draw_join}
-            WHERE NOT EXISTS (SELECT 1 FROM held_out h WHERE {held}){draw_where}  -- a held-out pilot is not evaluated
+            WHERE NOT EXISTS (SELECT 1 FROM {t['held_out']} h WHERE {held}){draw_where}  -- a held-out pilot is not evaluated
         )
         GROUP BY ALL"""
 
@@ -124,12 +124,15 @@ def _run_by_run(con, draws: list[str], input_draws) -> pl.DataFrame:
     a 2 GB memory limit and 40 GB of spill).
     """
     runs = [r for (r,) in con.sql("SELECT DISTINCT run_id FROM inputs ORDER BY run_id").fetchall()]
+    # the held-out pilot's keys once (a view over every input: each run's query would scan them all again)
+    con.execute("CREATE OR REPLACE TEMP TABLE _run_held_out AS SELECT * FROM held_out")
+    tables = {t: f"_run_{t}" for t in ("outcomes", "decisions", "inputs")} | {"held_out": "_run_held_out"}
     parts = []
     for run in runs:
         literal = "'" + str(run).replace("'", "''") + "'"
         for table in ("outcomes", "decisions", "inputs"):
             con.execute(f"CREATE OR REPLACE TEMP VIEW _run_{table} AS SELECT * FROM {table} WHERE run_id = {literal}")
-        parts.append(con.sql(_per_draw(draws, input_draws, {t: f"_run_{t}" for t in ("outcomes", "decisions", "inputs")})).pl())
+        parts.append(con.sql(_per_draw(draws, input_draws, tables)).pl())
     con.register("_per_run", pl.concat(parts, how="vertical_relaxed"))
     return con.sql(_over_draws(_pooled("_per_run", draws, input_draws), draws, input_draws)).pl()
 
