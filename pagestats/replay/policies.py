@@ -303,6 +303,21 @@ class FixedTau:
         return _with_tau(frame, self.tau)
 
 
+def _standardised(policy, con, source: str, columns, moments: dict[str, str], tau_sql: str):
+    """The calibration of :class:`ZScored` and :class:`RecalibratedTau`: the pilot of ``policy``
+    (``pilot_by``, ``pilot_n``, ``pilot``, ``seed``; small groups refused), the pilot moments of
+    ``moments`` (prefix → column) per pilot group and head-pair draw, and τ = ``tau_sql`` over
+    them; returns what :meth:`ZScored.calibrate` returns."""
+    by = _check_group_cols(columns, policy.pilot_by, f"{type(policy).__name__}.pilot_by")
+    groups = [*by, *_draw_cols(columns)]
+    refuse_small_groups(con, source, by, policy.pilot_n, policy.pilot)
+    stats = _pilot_moments(source, "_pilot_units", by, groups, moments)
+    _calibrate(con, source, pilot_query(source, by, policy.pilot_n, policy.pilot, policy.seed),
+               f"SELECT *, {tau_sql} AS tau FROM ({stats})")
+    _refuse_one_input_pilots(con)
+    return groups, [*by, *INPUT_KEY]
+
+
 @dataclass(frozen=True)
 class ZScored:
     """Per-model standardised threshold τ_M = μ_M + θ_z σ_M (App. A.3.4, "Architecture-normalized
@@ -354,15 +369,8 @@ class ZScored:
         """Draw the pilot of the relation ``source`` on the DuckDB connection ``con`` and set
         τ = μ + θ_z σ per pilot group and head-pair draw (``_pilot_units``, ``_pilot_tau``);
         return the columns that join τ and pilot membership back to a row (:func:`decision_query`)."""
-        columns = _columns(con, source)
-        by = _check_group_cols(columns, self.pilot_by, "ZScored.pilot_by")
-        groups = [*by, *_draw_cols(columns)]
-        refuse_small_groups(con, source, by, self.pilot_n, self.pilot)
-        moments = _pilot_moments(source, "_pilot_units", by, groups, {"_z": "drop"})
-        _calibrate(con, source, pilot_query(source, by, self.pilot_n, self.pilot, self.seed),
-                   f"SELECT *, _z_mu + {_sql_float(self.theta_z)} * _z_sigma AS tau FROM ({moments})")
-        _refuse_one_input_pilots(con)
-        return groups, [*by, *INPUT_KEY]
+        return _standardised(self, con, source, _columns(con, source), {"_z": "drop"},
+                             f"_z_mu + {_sql_float(self.theta_z)} * _z_sigma")
 
     def decide(self, frame: pl.DataFrame) -> pl.DataFrame:
         return _decide_in_duckdb(self, frame)
@@ -406,15 +414,9 @@ class RecalibratedTau:
         columns = _columns(con, source)
         if "reference_drop" not in columns:
             raise ValueError("RecalibratedTau needs the reference D (reference_drop) in the gate frame")
-        by = _check_group_cols(columns, self.pilot_by, "RecalibratedTau.pilot_by")
-        groups = [*by, *_draw_cols(columns)]
-        refuse_small_groups(con, source, by, self.pilot_n, self.pilot)
-        moments = _pilot_moments(source, "_pilot_units", by, groups, {"_r": "reference_drop", "_c": "drop"})
         theta = f"(({_sql_float(self.tau)} - _r_mu) / _r_sigma)"
-        _calibrate(con, source, pilot_query(source, by, self.pilot_n, self.pilot, self.seed),
-                   f"SELECT *, _c_mu + {theta} * _c_sigma AS tau FROM ({moments})")
-        _refuse_one_input_pilots(con)
-        return groups, [*by, *INPUT_KEY]
+        return _standardised(self, con, source, columns, {"_r": "reference_drop", "_c": "drop"},
+                             f"_c_mu + {theta} * _c_sigma")
 
     def decide(self, frame: pl.DataFrame) -> pl.DataFrame:
         return _decide_in_duckdb(self, frame)
