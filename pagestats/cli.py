@@ -473,7 +473,8 @@ def _comma_list(text, kind=str, name="option"):
 def _summary_text(summary: pl.DataFrame, args) -> str:
     """The ``whatif`` summary as a compact text table, with one line saying what it shows."""
     body = summary.with_columns(pl.col(pl.Float64).round(3))
-    with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=160, tbl_hide_dataframe_shape=True,
+    # the full names (a kvpress evictor with its parameters is long): no truncation, no wrapping
+    with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=-1, fmt_str_lengths=1000, tbl_hide_dataframe_shape=True,
                    tbl_hide_column_data_types=True, tbl_formatting="ASCII_MARKDOWN", float_precision=3):
         text = str(body)
     scope = "every budget" if "budget" in summary.columns else "budgets b < 1"
@@ -675,7 +676,7 @@ def _prereg(args, logs) -> int:
     if args.format == "csv":
         sys.stdout.write(table.write_csv(float_precision=None))
     else:
-        with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=200):
+        with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=200, fmt_str_lengths=1000):
             print(table)
     return 0
 

@@ -138,6 +138,22 @@ def test_whatif_prints_the_summary_by_default(two_runs, capsys):
     assert rc == 0 and len([ln for ln in out.splitlines() if ln.startswith("| h2o")]) == 3
 
 
+def test_whatif_summary_prints_long_evictor_names_whole(tmp_path, capsys):
+    """A kvpress evictor with its parameters is longer than polars' default 32 characters: the
+    summary prints it whole, on one line (no "..." and no wrapped cell)."""
+    from pagestats.testing import synthetic_logs
+
+    name = "kvpress:ObservedAttentionPress:window_size=32"
+    s = synthetic_logs(models={"m": (4, 2)}, n_inputs=4, tasks=("niah_multikey_3", "vt"), evictors=("snapkv", name),
+                       budgets=(0.5, 1.0), with_topk=False, with_text=False)
+    runs = [str(p) for p in s.write(tmp_path / "logs")]
+    rc, out, _ = _run(["whatif", *runs], capsys)
+    assert rc == 0
+    rows = [ln for ln in out.splitlines() if ln.startswith("| m ")]
+    assert len(rows) == 2 and any(f"| {name} " in ln for ln in rows)
+    assert "..." not in out
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["--by", "evictor,colour"], "--by takes distinct keys"),
     (["--evictor", "snapkv,quest"], "no evictor quest in the logs; they hold h2o, snapkv"),
