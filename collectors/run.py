@@ -20,6 +20,7 @@ with a progress bar (inputs/s and ETA).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import platform
 import time
@@ -296,6 +297,22 @@ def positions_needed(cfg: CollectConfig) -> int:
     return int(cfg.context_length) + max(cfg.max_new_tokens or T.TASK_TOKENS_TO_GENERATE[t] for t in cfg.tasks)
 
 
+@contextlib.contextmanager
+def _hf_progress(enabled: bool):
+    """transformers' own progress bars (e.g. "Loading weights") follow ``--no-progress`` while
+    the model loads, and are put back as they were afterwards."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    if not enabled:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was and not enabled:
+            hf_logging.enable_progress_bar()
+
+
 def run_collection(cfg: CollectConfig, *, loaded=None, on_progress=None) -> RunSummary:
     """Collect this shard's unfinished inputs into ``cfg.out``.
 
@@ -311,8 +328,9 @@ def run_collection(cfg: CollectConfig, *, loaded=None, on_progress=None) -> RunS
 
     start = time.perf_counter()
     if loaded is None:
-        loaded = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, attn_impl=cfg.attn_impl,
-                            name=cfg.model_name, positions=positions_needed(cfg))
+        with _hf_progress(cfg.progress):
+            loaded = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, attn_impl=cfg.attn_impl,
+                                name=cfg.model_name, positions=positions_needed(cfg))
     else:
         check_positions(loaded[0].config, positions_needed(cfg))
     model, tokenizer, model_info = loaded

@@ -223,3 +223,19 @@ def test_slurm_array_script_collects_the_same_run(model_dir, reference, tmp_path
         assert proc.returncode == 0, proc.stderr[-2000:]
     for table in schema.TABLES:
         assert rows(out, table) == rows(reference, table), table
+
+
+@pytest.mark.parametrize("progress", [False, True])
+def test_no_progress_silences_transformers_bars_while_loading(model_dir, tmp_path, capfd, progress):
+    """``--no-progress`` also keeps transformers' "Loading weights" bar off stderr (a batch log
+    would otherwise hold one redraw per tensor), and leaves transformers' switch as it found it."""
+    from transformers.utils import logging as hf_logging
+
+    assert hf_logging.is_progress_bar_enabled()
+    argv = ["--model", str(model_dir), "--out", str(tmp_path / "run"), *ARGS]
+    if progress:
+        argv.remove("--no-progress")
+    assert cli.main(argv) == 0
+    err = capfd.readouterr().err
+    assert ("Loading weights" in err) == progress
+    assert hf_logging.is_progress_bar_enabled()
