@@ -53,21 +53,37 @@ def headline(ctx: Context) -> pl.DataFrame:
 
 
 def headline_sentences(frame: pl.DataFrame, headline_evictor: str | None) -> list[str]:
-    """One sentence per (model, context) cell of the headline evictor, the finding first."""
+    """One sentence per (model, context) cell of the headline evictor, the finding first.
+
+    The gate "raises" (or "lowers") accuracy only where the Benjamini–Hochberg-adjusted p of
+    the cell's Δ is below :data:`pagestats.defaults.FDR_Q` (Table 28); otherwise the sentence
+    says that the change is not significant, whatever the sign of its point estimate. The harm
+    verb follows the two harm rates (Table 27): "cuts", "raises" or "leaves".
+    """
     out = []
     if frame.height == 0:
         return ["The logs hold no eviction budget b < 1: there is no gating effect to report."]
     sub = frame.filter(pl.col("evictor") == headline_evictor) if headline_evictor else frame
     for r in sub.iter_rows(named=True):
-        sign = "raises" if r["low"] > 0 else "lowers" if r["high"] < 0 else "does not significantly change"
+        interval = f"{r['delta'] * 100:+.1f} pp [{r['low'] * 100:+.1f}, {r['high'] * 100:+.1f}]"
+        p = r["p_adjusted"]
+        if p is not None and p < defaults.FDR_Q and r["delta"] != 0:
+            effect = (f"the gate {'raises' if r['delta'] > 0 else 'lowers'} accuracy by {interval} over plain "
+                      f"eviction ({_p_text(p)})")
+        else:
+            effect = (f"the gate's change in accuracy over plain eviction, {interval}, is not significant "
+                      f"({_p_text(p)})")
+        plain, gated = r["harm_plain"], r["harm_gated"]
+        harm = (f"leaves the harm rate at {plain:.0%}" if f"{plain:.0%}" == f"{gated:.0%}" else
+                f"{'cuts' if gated < plain else 'raises'} the harm rate from {plain:.0%} to {gated:.0%}")
         out.append(
-            f"{r['model']} at {r['context_length']} tokens, {r['evictor']}: the gate {sign} accuracy by "
-            f"{r['delta'] * 100:+.1f} pp [{r['low'] * 100:+.1f}, {r['high'] * 100:+.1f}] over plain eviction "
-            f"({_p_text(r['p_adjusted'])}), cuts the harm rate from {r['harm_plain']:.0%} to {r['harm_gated']:.0%}, "
+            f"{r['model']} at {r['context_length']} tokens, {r['evictor']}: {effect}; it {harm}, "
             f"opens on {r['p_open']:.0%} of inputs and keeps {r['kept_kv']:.0%} of the KV cache "
             f"({r['compression']:.2f}× compression).")
     return out
 
 
 def _p_text(p) -> str:
+    if p is None or p != p:
+        return "no BH-adjusted p"
     return "BH-adjusted p < 0.001" if p < 0.001 else f"BH-adjusted p = {p:.3g}"

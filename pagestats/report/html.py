@@ -34,7 +34,7 @@ h1{margin-bottom:.2em} h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margi
 .meta{color:#555;font-size:.9em} .finding{font-size:1.05em;margin:.4em 0}
 table{border-collapse:collapse;font-size:.82em;margin:.5em 0}
 th,td{border-bottom:1px solid #e4e4e4;padding:.25em .45em;text-align:right;white-space:nowrap}
-th{background:#f5f5f7;position:sticky;top:0} td.text,th.text{text-align:left}
+th{background:#f5f5f7;position:sticky;top:0;white-space:normal;vertical-align:bottom} td.text,th.text{text-align:left}
 .scroll{max-height:28em;overflow:auto;border:1px solid #eee;display:inline-block;max-width:100%}
 figure{margin:1.2em 0} figure img{max-width:100%;border:1px solid #eee}
 figcaption,.caption{color:#333;font-size:.9em} .files{font-size:.8em;color:#666}
