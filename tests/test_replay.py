@@ -489,3 +489,31 @@ def test_topk_pair_jaccard_equals_python_sets(span):
             sets = [set(idx[i, layer, head, :k].tolist()) for head in range(h)]
             want = [len(a & b) / len(a | b) for x, a in enumerate(sets) for b in sets[x + 1:]]
             assert got[i, layer].tolist() == want
+
+
+@pytest.mark.parametrize("block_rows", [1, 80, 10**9])  # one draw per block, two (36 inputs), all draws at once
+@pytest.mark.parametrize("policy", [FixedTau(0.05), ZScored(pilot_n=4, pilot="held-out"),
+                                    Midpoint(n=3, by=("model",), capacity_tasks=("niah_multikey_3",),
+                                             dilution_tasks=("vt",))])
+def test_gate_by_draw_is_gate_draw_by_draw(logs, monkeypatch, block_rows, policy):
+    """Table 9 replays draw by draw: each draw's frame equals the rows of that draw in the gate
+    of all draws at once (pilot, τ per draw, held-out inputs left out), in the same order."""
+    import importlib
+
+    from pagestats.replay import gate_by_draw, profile_drop_by_draw
+
+    monkeypatch.setattr(importlib.import_module("pagestats.replay.gate"), "DRAW_BLOCK_ROWS", block_rows)
+    spec = ProfileSpec(pairs_fraction=0.4, draws=5, seed=3)
+    whole = gate(logs, policy, spec)
+    parts = list(gate_by_draw(logs, policy, spec))
+    assert len(parts) == 5
+    for d, part in enumerate(parts):
+        assert part.equals(whole.filter(pl.col("pair_draw") == d))
+    prof = profile_drop(logs, spec)
+    for d, part in enumerate(profile_drop_by_draw(logs, spec)):
+        assert part.equals(prof.filter(pl.col("pair_draw") == d))
+    # without draws: the gate itself, once
+    (only,) = gate_by_draw(logs, policy, ProfileSpec())
+    assert only.equals(gate(logs, policy, ProfileSpec()))
+    with pytest.raises(TypeError, match="CustomPolicy"):
+        next(gate_by_draw(logs, CustomPolicy(lambda f: f["drop"] >= 0.1, name="c"), spec))

@@ -4,7 +4,7 @@ policy, and substitute the full-KV outcome where the gate closes (Eq. 2).
 :mod:`~pagestats.replay.spec` — :class:`ProfileSpec` and :func:`profile_drop` (D recomputed
 from the stored profile with the collector's own definitions, so the default spec reproduces
 the logged ``drop`` bit for bit); :mod:`~pagestats.replay.policies` — how τ is chosen;
-:mod:`~pagestats.replay.gate` — :func:`gate` and :func:`gated_outcomes`;
+:mod:`~pagestats.replay.gate` — :func:`gate` (:func:`gate_by_draw`: one head-pair draw at a time) and :func:`gated_outcomes`;
 :mod:`~pagestats.replay.curve` — :func:`tau_curve`, a whole threshold sweep in one pass.
 
 References
@@ -20,6 +20,7 @@ from pagestats.replay.gate import (
     GATED_OUTCOME_COLUMNS,
     decide_all,
     gate,
+    gate_by_draw,
     gated_outcomes,
     pilot_composition,
 )
@@ -43,6 +44,7 @@ from pagestats.replay.spec import (
     ProfileSpec,
     pair_subsets,
     profile_drop,
+    profile_drop_by_draw,
 )
 
 __all__ = [
@@ -64,11 +66,13 @@ __all__ = [
     "ZScored",
     "decide_all",
     "gate",
+    "gate_by_draw",
     "gated_outcomes",
     "pair_subsets",
     "pilot_composition",
     "pilot_mask",
     "profile_drop",
+    "profile_drop_by_draw",
     "recalibrate",
     "tau_curve",
 ]

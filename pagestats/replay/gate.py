@@ -12,18 +12,22 @@ PAGE paper, §3 (Eq. 2 gate rule, Eq. 3 D).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import polars as pl
 
 from pagestats.columns import input_key, with_task_class
 from pagestats.formulas import N_KEPT_GATED, SCORE_GATED
 from pagestats.replay.policies import POLICY_TYPES, CustomPolicy, FixedTau, Policy
-from pagestats.replay.spec import ProfileSpec, _require, profile_drop
+from pagestats.replay.spec import ProfileSpec, _require, profile_drop, profile_drop_by_draw
 from pagestats.schema import INPUT_KEY
 
 GATE_COLUMNS = (
     "run_id", "task", "input_id", "pair_draw", "model", "context_length", "task_class",
     "n_tokens", "full_score", "drop", "tau", "gate_open",
 )  # fmt: skip
+#: Rows of head-pair draws decided at once by :func:`gate_by_draw` (bounds its memory).
+DRAW_BLOCK_ROWS = 2_000_000
 GATED_OUTCOME_COLUMNS = (
     "run_id", "task", "input_id", "pair_draw", "model", "context_length", "task_class",
     "evictor", "budget", "n_tokens", "drop", "tau", "gate_open", "score_full", "score_plain",
@@ -42,22 +46,25 @@ def _input_meta(logs) -> pl.DataFrame:
     )
 
 
-def _decision_frame(logs, profile: ProfileSpec, policy: Policy) -> pl.DataFrame:
-    """The frame ``policy.decide`` reads: D per input (and head-pair draw) with the input's
-    columns; the stored a_ℓ list only for a :class:`~pagestats.replay.policies.CustomPolicy`
-    (the only policy that reads it; with head-pair draws it would be repeated on every draw)."""
-    prof = profile_drop(logs, profile)
-    meta = _input_meta(logs)
+def _decision_frame(logs, profile: ProfileSpec, policy: Policy, prof: pl.DataFrame | None = None,
+                    meta: pl.DataFrame | None = None) -> pl.DataFrame:
+    """The frame ``policy.decide`` reads: D per input (and head-pair draw; ``prof``, default
+    :func:`profile_drop`) with the input's columns (``meta``, default :func:`_input_meta`); the
+    stored a_ℓ list only for a :class:`~pagestats.replay.policies.CustomPolicy` (the only policy
+    that reads it; with head-pair draws it would be repeated on every draw)."""
+    prof = profile_drop(logs, profile) if prof is None else prof
+    meta = _input_meta(logs) if meta is None else meta
     if not isinstance(policy, CustomPolicy):
         meta = meta.drop("agreement")
     return prof.join(meta, on=INPUT_KEY, how="left", maintain_order="left")
 
 
-def _decide(logs, policy: Policy, profile: ProfileSpec) -> pl.DataFrame:
+def _decide(logs, policy: Policy, profile: ProfileSpec, prof: pl.DataFrame | None = None,
+            meta: pl.DataFrame | None = None) -> pl.DataFrame:
     """Every input's decision, pilot inputs included (column ``pilot`` when the policy has one)."""
     if not hasattr(policy, "decide"):
         raise TypeError(f"policy must be one of {[t.__name__ for t in POLICY_TYPES]}, got {policy!r}")
-    frame = _decision_frame(logs, profile, policy)
+    frame = _decision_frame(logs, profile, policy, prof, meta)
     decided = policy.decide(frame)
     if decided.height != frame.height or "gate_open" not in decided.columns or "tau" not in decided.columns:
         raise ValueError(f"policy {policy!r} must return the frame with tau and gate_open added")
@@ -98,6 +105,38 @@ def gate(logs, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec()
     """
     decided = _evaluated(_decide(logs, policy, profile), policy)
     return decided.select([c for c in GATE_COLUMNS if c in decided.columns])
+
+
+def gate_by_draw(logs, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec()) -> Iterator[pl.DataFrame]:
+    """:func:`gate` one head-pair draw at a time: the frame of draw ``d`` is the rows of
+    :func:`gate` with ``pair_draw == d`` (without head-pair draws, :func:`gate` itself, once).
+
+    A policy's pilot is the same inputs in every draw and its τ is set per draw (the draw is
+    one of its calibration groups), so draws can be decided apart: they are decided in blocks
+    of about :data:`DRAW_BLOCK_ROWS` rows, and only one block's rows are held (Table 9 holds
+    20 draws of every input otherwise). A :class:`~pagestats.replay.policies.CustomPolicy`
+    may pool draws, so it is refused here.
+    """
+    if isinstance(policy, CustomPolicy) and profile.has_draws:
+        raise TypeError("gate_by_draw: a CustomPolicy may pool head-pair draws; use gate()")
+    meta = _input_meta(logs)
+    per_block = max(1, DRAW_BLOCK_ROWS // max(1, meta.height))
+    block: list[pl.DataFrame] = []
+
+    def decided(frames):
+        out = _evaluated(_decide(logs, policy, profile, pl.concat(frames), meta), policy)
+        out = out.select([c for c in GATE_COLUMNS if c in out.columns])
+        if len(frames) == 1:
+            return [out]
+        return [out.filter(pl.col("pair_draw") == d) for d in sorted(out["pair_draw"].unique().to_list())]
+
+    for prof in profile_drop_by_draw(logs, profile):
+        block.append(prof)
+        if len(block) == per_block:
+            yield from decided(block)
+            block = []
+    if block:
+        yield from decided(block)
 
 
 def pilot_composition(logs, policy: Policy, profile: ProfileSpec = ProfileSpec()) -> pl.DataFrame:

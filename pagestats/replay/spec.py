@@ -16,6 +16,7 @@ A.3.3 (profile statistics); A.3.5 (head-pair subsampling, Table 9; layer subsamp
 from __future__ import annotations
 
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -349,6 +350,45 @@ def _signal_statistic(inputs: pl.DataFrame, spec: ProfileSpec) -> pl.DataFrame:
     return out
 
 
+def _statistics(logs, profile: ProfileSpec):
+    """The checked, key-sorted inputs and, per model, its input keys and the statistic of
+    ``profile`` (shape (N,), or (draws, N) with head-pair draws)."""
+    if not isinstance(profile, ProfileSpec):
+        raise TypeError(f"profile must be a ProfileSpec, got {type(profile).__name__}")
+    inputs = logs.inputs
+    _require(inputs, [*INPUT_KEY, "model", "agreement"], "inputs")
+    inputs = inputs.sort(INPUT_KEY)
+    if profile.is_signal:
+        return inputs, None
+    parts = []
+    for model in sorted(inputs["model"].unique().to_list()):
+        sub = inputs.filter(pl.col("model") == model)
+        parts.append((sub.select(INPUT_KEY), _model_statistic(logs, sub, model, profile)))
+    return inputs, parts
+
+
+def _drop_frame(inputs: pl.DataFrame, parts, draw: int | None = None) -> pl.DataFrame:
+    """The rows of :func:`profile_drop` from :func:`_statistics`: every draw, or only ``draw``."""
+    frames = []
+    for keys, stat in parts:
+        if stat.ndim == 1:
+            frames.append(keys.with_columns(pl.Series("drop", stat, dtype=pl.Float64)))
+        elif draw is not None:
+            frames.append(keys.with_columns(pl.lit(draw, pl.Int64).alias("pair_draw"),
+                                            pl.Series("drop", stat[draw], dtype=pl.Float64)))
+        else:
+            draws = stat.shape[0]
+            rep = keys.select(pl.all().repeat_by(draws).explode())
+            frames.append(
+                rep.with_columns(
+                    pl.Series("pair_draw", np.tile(np.arange(draws), keys.height), dtype=pl.Int64),
+                    pl.Series("drop", stat.T.ravel(), dtype=pl.Float64),
+                )
+            )
+    out = pl.concat(frames) if frames else pl.DataFrame(schema={**inputs.select(INPUT_KEY).schema, "drop": pl.Float64})
+    return out.sort(input_key(out))
+
+
 def profile_drop(logs, profile: ProfileSpec = ProfileSpec()) -> pl.DataFrame:
     """Recompute the gate statistic D per input (and per head-pair draw) from stored logs.
 
@@ -372,28 +412,26 @@ def profile_drop(logs, profile: ProfileSpec = ProfileSpec()) -> pl.DataFrame:
     :func:`pagestats.profile.drop_from_agreement`, the collector's own function, and so
     reproduces the logged ``drop`` exactly.
     """
-    if not isinstance(profile, ProfileSpec):
-        raise TypeError(f"profile must be a ProfileSpec, got {type(profile).__name__}")
-    inputs = logs.inputs
-    _require(inputs, [*INPUT_KEY, "model", "agreement"], "inputs")
-    inputs = inputs.sort(INPUT_KEY)
-    if profile.is_signal:
+    inputs, parts = _statistics(logs, profile)
+    if parts is None:
         return _signal_statistic(inputs, profile)
-    parts = []
-    for model in sorted(inputs["model"].unique().to_list()):
-        sub = inputs.filter(pl.col("model") == model)
-        stat = _model_statistic(logs, sub, model, profile)
-        keys = sub.select(INPUT_KEY)
-        if stat.ndim == 1:
-            parts.append(keys.with_columns(pl.Series("drop", stat, dtype=pl.Float64)))
-        else:
-            draws = stat.shape[0]
-            rep = keys.select(pl.all().repeat_by(draws).explode())
-            parts.append(
-                rep.with_columns(
-                    pl.Series("pair_draw", np.tile(np.arange(draws), keys.height), dtype=pl.Int64),
-                    pl.Series("drop", stat.T.ravel(), dtype=pl.Float64),
-                )
-            )
-    out = pl.concat(parts) if parts else pl.DataFrame(schema={**inputs.select(INPUT_KEY).schema, "drop": pl.Float64})
-    return out.sort(input_key(out))
+    return _drop_frame(inputs, parts)
+
+
+def profile_drop_by_draw(logs, profile: ProfileSpec = ProfileSpec()) -> Iterator[pl.DataFrame]:
+    """:func:`profile_drop` one head-pair draw at a time (Table 9: 20 draws per fraction).
+
+    D is computed once for every draw (an array of draws × inputs); the frame of draw ``d``
+    is the rows of :func:`profile_drop` with ``pair_draw == d``, in the same order, so that a
+    caller aggregating draw by draw never holds the input keys of every draw. Without
+    head-pair draws it yields :func:`profile_drop` itself, once.
+    """
+    inputs, parts = _statistics(logs, profile)
+    if parts is None:
+        yield _signal_statistic(inputs, profile)
+        return
+    if not profile.has_draws:
+        yield _drop_frame(inputs, parts)
+        return
+    for draw in range(profile.draws):
+        yield _drop_frame(inputs, parts, draw)

@@ -57,10 +57,20 @@ def _gate_at(logs, spec: replay.ProfileSpec, recalibrate: str, tau: float, pilot
     out = []
     if small.height < sizes.height:
         policy = replay.recalibrate(FixedTau(tau), recalibrate, pilot_n=pilot_n)
-        fit = LogsView(logs.inputs.join(small.select("model"), on="model", how="anti"), getattr(logs, "topk", None))
-        g = replay.gate(fit, policy, spec)
-        out.append(g.group_by(list(MODEL_CELL)).agg(
-            group_tau().alias("tau_gate"), pl.col("gate_open").mean().alias("p_open"),
+        fit = logs if small.height == 0 else LogsView(logs.inputs.join(small.select("model"), on="model", how="anti"),
+                                                      getattr(logs, "topk", None))
+        # draw by draw (head-pair draws, Table 9): per cell the sums that τ's mean and p_open need
+        t = pl.col("tau")
+        sums = pl.concat([g.group_by(list(MODEL_CELL)).agg(
+            t.sum().alias("_tau_sum"), t.min().alias("_tau_min"), t.max().alias("_tau_max"),
+            pl.len().alias("_n"), pl.col("gate_open").sum().alias("_open"),
+        ) for g in replay.gate_by_draw(fit, policy, spec)]).group_by(list(MODEL_CELL)).agg(
+            pl.col("_tau_sum", "_n", "_open").sum(), pl.col("_tau_min").min(), pl.col("_tau_max").max())
+        out.append(sums.select(
+            *MODEL_CELL,  # τ of the cell: its value when constant (group_tau), else the mean over inputs and draws
+            pl.when(pl.col("_tau_min") == pl.col("_tau_max")).then(pl.col("_tau_min"))
+            .otherwise(pl.col("_tau_sum") / pl.col("_n")).alias("tau_gate"),
+            (pl.col("_open") / pl.col("_n")).alias("p_open"),
         ).with_columns(((pl.col("p_open") == 0) | (pl.col("p_open") == 1)).alias("degenerate"),
                        pl.lit(f"{recalibrate} (fixed τ = {tau})" if recalibrate != "none" else f"none (fixed τ = {tau})")
                        .alias("recalibration")))
@@ -328,9 +338,9 @@ def head_pair_table(logs, *, fractions: Sequence[float] = defaults.PAIR_FRACTION
     parts = []
     for f in fractions:
         spec = replay.ProfileSpec(**{**profile.__dict__, "pairs_fraction": float(f), "draws": int(draws), "seed": int(seed)})
-        gate = replay.gate(logs, FixedTau(), spec)
-        by = [*MODEL_CELL, "pair_draw"]
-        margins = ordering_margin(task_means(gate, "drop", by=by), by=by)
+        by = [*MODEL_CELL, "pair_draw"]  # one draw's gate rows at a time: its margin per cell
+        margins = pl.concat([ordering_margin(task_means(gate, "drop", by=by), by=by)
+                             for gate in replay.gate_by_draw(logs, FixedTau(), spec)]).sort(by)
         parts.append(margins.group_by(list(MODEL_CELL)).agg(
             pl.len().cast(pl.Int64).alias("n_draws"), pl.col("margin").mean().alias("margin_mean"),
             pl.col("margin").min().alias("margin_min"), pl.col("margin").max().alias("margin_max"),
