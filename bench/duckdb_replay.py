@@ -192,7 +192,8 @@ def _report_1m(argv: list[str]) -> int:
     :data:`QUERY`, ``pagestats report --db FILE`` and, with ``--also-logs``,
     ``pagestats report RUN``; the load average before and after each. The run is
     ``--logs RUN`` (a 1M run made by ``--generate``) or generated into the temporary folder.
-    Writes the key ``--key`` (``report_1M``) of ``bench/results/NAME.json``, keeping its other keys.
+    Writes the key ``--key`` (``report_1M``) of ``bench/results/NAME.json``, keeping its other keys;
+    the run it replaces under that key is kept under the key's ``earlier_runs``.
     """
     ap = argparse.ArgumentParser(prog="duckdb_replay.py --report-1m")
     ap.add_argument("--data", default=str(HERE / "tmp"))
@@ -208,7 +209,8 @@ def _report_1m(argv: list[str]) -> int:
     data = pathlib.Path(args.data)
     data.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="report_1m-", dir=data))
-    at: dict = {"n_cpus": os.cpu_count(), "failures": []}
+    at: dict = {"n_cpus": os.cpu_count(), "failures": [], "code": f"{HERE.parent} at {_head(HERE.parent)}",
+                "started_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
 
     def step(name: str, cmd: list[str], timeout_s: float = TIMEOUT_S, cwd: pathlib.Path = HERE.parent) -> dict:
         before, started = list(os.getloadavg()), time.time()
@@ -258,6 +260,9 @@ def _report_1m(argv: list[str]) -> int:
         shutil.rmtree(tmp, ignore_errors=True)  # a --logs run is not under tmp
         path = HERE / "results" / f"{args.out}.json"
         result = json.loads(path.read_text()) if path.exists() else {}
+        if args.key in result:  # the run this one replaces is kept, whole, under its earlier_runs
+            old = result[args.key]
+            at["earlier_runs"] = [{k: v for k, v in old.items() if k != "earlier_runs"}, *old.get("earlier_runs", [])]
         result[args.key] = at
         write_result(args.out, result, {k: ({x: v.get(x) for x in ("wall_s", "peak_rss_gib", "loadavg_before")}
                                             if isinstance(v, dict) and "wall_s" in v else v) for k, v in at.items()})

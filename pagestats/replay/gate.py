@@ -81,13 +81,25 @@ def _evaluated(decided: pl.DataFrame, policy: Policy) -> pl.DataFrame:
     return decided
 
 
-def decide_all(logs, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec()) -> pl.DataFrame:
-    """:func:`gate` for every input, a held-out pilot included, with ``held_out`` (Boolean)
-    marking the inputs that set τ and are left out of every evaluated number."""
-    decided = _decide(logs, policy, profile)
+def _with_held_out(decided: pl.DataFrame, policy: Policy) -> pl.DataFrame:
     held = pl.col("pilot") if getattr(policy, "held_out", False) and "pilot" in decided.columns else pl.lit(False)
     out = decided.with_columns(held.alias("held_out"))
     return out.select([*(c for c in GATE_COLUMNS if c in out.columns), "held_out"])
+
+
+def decide_all(logs, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec()) -> pl.DataFrame:
+    """:func:`gate` for every input, a held-out pilot included, with ``held_out`` (Boolean)
+    marking the inputs that set τ and are left out of every evaluated number."""
+    return _with_held_out(_decide(logs, policy, profile), policy)
+
+
+def decide_each(logs, policies, profile: ProfileSpec = ProfileSpec()) -> Iterator[pl.DataFrame]:
+    """:func:`decide_all` of each policy of ``policies`` in turn, D under ``profile`` and the
+    inputs' columns computed once for all of them (Table N1 compares 19 pilot definitions).
+    The frames are in the same row order (the order of :func:`profile_drop`)."""
+    prof, meta = profile_drop(logs, profile), _input_meta(logs)
+    for policy in policies:
+        yield _with_held_out(_decide(logs, policy, profile, prof, meta), policy)
 
 
 def gate(logs, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec()) -> pl.DataFrame:
@@ -175,8 +187,7 @@ def pilot_composition(logs, policy: Policy, profile: ProfileSpec = ProfileSpec()
         *cols, "n_pilot", "held_out", "tau").sort(cols)
 
 
-def _outcome_rows(logs, decisions: pl.DataFrame) -> pl.DataFrame:
-    outcomes = logs.outcomes
+def _outcome_rows(outcomes: pl.DataFrame, decisions: pl.DataFrame) -> pl.DataFrame:
     _require(outcomes, [*INPUT_KEY, "evictor", "budget", "n_kept", "score"], "outcomes")
     rows = outcomes.select(*INPUT_KEY, "evictor", "budget", "n_kept", "score").join(
         decisions, on=INPUT_KEY, how="left"
@@ -201,12 +212,17 @@ def gated_outcomes(logs, policy: Policy = FixedTau(), profile: ProfileSpec = Pro
         Columns :data:`GATED_OUTCOME_COLUMNS` (``pair_draw`` only with head-pair draws),
         sorted by input key, [pair_draw], evictor, budget.
     """
-    decided = _decide(logs, policy, profile)  # every input, so that outcome rows all have one
+    return gated_from_decisions(logs.outcomes, decide_all(logs, policy, profile))
+
+
+def gated_from_decisions(outcomes: pl.DataFrame, decided: pl.DataFrame) -> pl.DataFrame:
+    """:func:`gated_outcomes` of the outcome rows ``outcomes`` under the decisions ``decided``
+    (a :func:`decide_all` frame: every input of the outcomes, ``held_out`` marking the inputs
+    left out of the evaluated rows)."""
     decisions = decided.select([c for c in GATE_COLUMNS if c in decided.columns])
-    rows = _outcome_rows(logs, decisions)
-    kept = _evaluated(decided, policy)
-    if kept.height != decided.height:  # a held-out pilot: its inputs are not evaluated
-        rows = rows.join(kept.select(INPUT_KEY).unique(), on=INPUT_KEY, how="semi")
+    rows = _outcome_rows(outcomes, decisions)  # every input decided, so that outcome rows all have one
+    if decided["held_out"].any():  # a held-out pilot: its inputs are not evaluated
+        rows = rows.join(decided.filter(~pl.col("held_out")).select(INPUT_KEY).unique(), on=INPUT_KEY, how="semi")
     rows = rows.with_columns(
         pl.col("full_score").alias("score_full"),
         pl.col("score").alias("score_plain"),

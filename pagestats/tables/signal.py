@@ -452,15 +452,11 @@ def pilot_sensitivity_table(logs, *, pilots: Sequence[str] = PILOT_SPLITS,
     by_task = [*MODEL_CELL, "task", "task_class"]
     unit = [*MODEL_CELL, "task", *(c for c in INPUT_KEY if c != "task")]
     ev = evictor if evictor is not None else headline_evictor(logs.outcomes["evictor"].unique().to_list())
-    # the evictor's input keys: the units a replay of that evictor evaluates, less its held-out pilot
-    logged = logs.outcomes.filter(pl.col("evictor") == ev).select(INPUT_KEY).unique()
-
-    def evaluated(policy):
-        decided = replay.decide_all(logs, policy, profile).filter(~pl.col("held_out"))
-        return decided.select(unit).unique().join(logged, on=list(INPUT_KEY), how="semi")
-
-    def replayed(policy):
-        return one_evictor(replay.gated_outcomes(logs, policy, profile), ev)
+    # the evictor's input keys and outcome rows: the units a replay of that evictor evaluates, less its held-out pilot
+    ev_outcomes = logs.outcomes.filter(pl.col("evictor") == ev)
+    if ev_outcomes.height == 0:
+        raise ValueError(f"evictor {ev!r} is not in the outcomes ({sorted(logs.outcomes['evictor'].unique().to_list())})")
+    logged = ev_outcomes.select(INPUT_KEY).unique()
 
     def summary(full, sub, ev, left):
         # every (cell, task) of the definition keeps its row: one whose inputs all lie in some held-out
@@ -485,21 +481,33 @@ def pilot_sensitivity_table(logs, *, pilots: Sequence[str] = PILOT_SPLITS,
                                     ZScored(theta_z=theta_z, pilot_n=int(n), pilot_by=tuple(grp), pilot=pilot, seed=seed)))
     if not definitions:
         raise ValueError("pilot_sensitivity_table: no pilot definition fits the logs")
-    # two passes, so that one replay's gated rows are held at a time: the inputs each definition
-    # evaluates (one row per input), put on the common inputs; then each replay on those inputs
+    # two passes, so that one replay's gated rows are held at a time: every definition decided once (D computed
+    # once for all), keeping its decisions and the inputs it evaluates (one row per input); the definitions put
+    # on their common inputs; then each replay's gated rows of the evictor, on those inputs
     policies = [reference, *(policy for *_, policy in definitions)]
-    common, left = metrics.same_inputs(*(evaluated(policy) for policy in policies), by=[*MODEL_CELL, "task"])
+    decided_cols = ["tau", "gate_open", "held_out"]
+    base, decisions, units = None, [], []
+    for decided in replay.decide_each(logs, policies, profile):
+        if base is None:
+            base = decided.drop(decided_cols)
+        elif not decided.select(unit).equals(base.select(unit)):  # pragma: no cover - decide keeps the row order
+            raise AssertionError("pilot_sensitivity_table: the decisions of two definitions are not in one row order")
+        decisions.append(decided.select(decided_cols))
+        units.append(decided.filter(~pl.col("held_out")).select(unit).unique().join(logged, on=list(INPUT_KEY),
+                                                                                      how="semi"))
+    common, left = metrics.same_inputs(*units, by=[*MODEL_CELL, "task"])
     common = common[0].select(INPUT_KEY)
+    del units
 
-    def summarised(policy, lo):
-        full, name = replayed(policy)
-        return summary(full, full.join(common, on=list(INPUT_KEY), how="semi"), name, lo)
+    def summarised(i, lo):
+        full = replay.gated_from_decisions(ev_outcomes, pl.concat([base, decisions[i]], how="horizontal"))
+        return summary(full, full.join(common, on=list(INPUT_KEY), how="semi"), ev, lo)
 
-    ref = summarised(reference, left[0]).select(*by_task, pl.col("closed_call").alias("_ref"))
+    ref = summarised(0, left[0]).select(*by_task, pl.col("closed_call").alias("_ref"))
     parts = [
-        summarised(policy, lo).with_columns(pl.lit(pilot).alias("pilot"), pl.lit(label).alias("pilot_by"),
-                                            pl.lit(n, pl.Int64).alias("pilot_n"))
-        for (pilot, label, n, policy), lo in zip(definitions, left[1:])
+        summarised(i, lo).with_columns(pl.lit(pilot).alias("pilot"), pl.lit(label).alias("pilot_by"),
+                                       pl.lit(n, pl.Int64).alias("pilot_n"))
+        for i, ((pilot, label, n, _), lo) in enumerate(zip(definitions, left[1:]), start=1)
     ]
     out = pl.concat(parts).join(ref, on=by_task, how="left")
     out = out.with_columns((pl.col("closed_call") != pl.col("_ref")).alias("flips"))
