@@ -322,6 +322,66 @@ def capture_attention(model, *, window: int = defaults.WINDOW, accumulate: bool 
             model.set_attn_implementation(previous)
 
 
+#: Attention implementation of the decode steps (:func:`grouped_decode`) for an ``sdpa`` model
+#: with grouped-query attention.
+GROUPED_SDPA = "pagestats_grouped_sdpa"
+
+
+def decode_attn_impl(attn_impl: str, n_heads: int, n_kv_heads: int) -> str:
+    """The attention implementation the eviction arms decode with (recorded in the manifest's
+    ``model.decode_attn_impl``): :data:`GROUPED_SDPA` for an ``sdpa`` model whose query heads
+    share KV heads, else ``attn_impl`` itself."""
+    return GROUPED_SDPA if attn_impl == "sdpa" and n_kv_heads < n_heads else attn_impl
+
+
+def grouped_sdpa_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
+                         is_causal=None, **kwargs):
+    """SDPA of one new token per row, grouped-query, without copying K and V per query head.
+
+    transformers' ``sdpa`` kernel expands every KV head to its G query heads
+    (``repeat_kv``: a copy of the whole cache, per layer and per decode step) whenever it is
+    given a mask, which the batched arms always are (left padding). A decode step has one query
+    per row, so the G query heads of KV head j can instead be the G *rows* of one SDPA call
+    against K_j, V_j: query (B, H, 1, d) → (B, H_kv, G, d), query head j·G + g reading KV head
+    j (``repeat_kv``'s order), and the row's key mask (B, 1, 1, n) broadcast over the G rows.
+    The result is the same attention up to float rounding (the reductions run in another order;
+    ~1e-7 in float32). Calls with more than one query per row (a prefill, the question step of
+    the query-agnostic mode) and models without grouping go to the stock ``sdpa`` kernel.
+    """
+    from transformers import AttentionInterface
+
+    groups = getattr(module, "num_key_value_groups", 1)
+    if query.shape[2] != 1 or groups == 1:
+        return AttentionInterface._global_mapping["sdpa"](module, query, key, value, attention_mask, dropout=dropout,
+                                                          scaling=scaling, is_causal=is_causal, **kwargs)
+    b, h, _, d = query.shape
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query.reshape(b, h // groups, groups, d), key, value, attn_mask=attention_mask,
+        dropout_p=dropout if module.training else 0.0, scale=scaling)
+    return out.reshape(b, h, 1, d).transpose(1, 2).contiguous(), None
+
+
+@contextlib.contextmanager
+def grouped_decode(model):
+    """Context manager: an ``sdpa`` model decodes through :func:`grouped_sdpa_forward` (the
+    model's implementation is restored on exit); any other model is left as it is."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    previous = model.config._attn_implementation
+    if previous != "sdpa":
+        yield
+        return
+    if GROUPED_SDPA not in AttentionInterface._global_mapping:
+        AttentionInterface.register(GROUPED_SDPA, grouped_sdpa_forward)
+        AttentionMaskInterface.register(GROUPED_SDPA, AttentionMaskInterface._global_mapping["sdpa"])
+    model.set_attn_implementation(GROUPED_SDPA)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(previous)
+
+
 def prefill(model, input_ids, *, window: int = defaults.WINDOW, accumulate: bool = False, query_chunk: int = 256,
             snapkv_window: int | None = None, presses=()) -> Prefill:
     """One prompt forward pass with the observation window (and optionally H2O scores) captured.

@@ -337,7 +337,8 @@ def load_model(model: str | None = None, *, device: str = "cpu", dtype: str = "f
     manifest : dict
         The manifest ``model`` entry (docs/SCHEMA.md): ``name``, ``revision``, ``sha256`` (of the
         weights file where there is one), ``source``, ``n_layers``, ``n_heads``, ``n_kv_heads``,
-        ``head_dim``, ``dtype``, ``attn_impl``.
+        ``head_dim``, ``dtype``, ``attn_impl``, and ``decode_attn_impl``, the implementation the
+        eviction arms decode with (:func:`collectors.capture.decode_attn_impl`).
 
     Raises
     ------
@@ -349,6 +350,8 @@ def load_model(model: str | None = None, *, device: str = "cpu", dtype: str = "f
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from collectors.capture import decode_attn_impl
 
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {_DTYPES}, got {dtype!r}")
@@ -397,4 +400,5 @@ def load_model(model: str | None = None, *, device: str = "cpu", dtype: str = "f
         "dtype": dtype,
         "attn_impl": attn_impl,
     }
+    manifest["decode_attn_impl"] = decode_attn_impl(attn_impl, manifest["n_heads"], manifest["n_kv_heads"])
     return lm, tokenizer, manifest

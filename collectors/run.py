@@ -152,7 +152,7 @@ def task_options(cfg: CollectConfig) -> dict:
 def run_parameters(cfg: CollectConfig, model_info: dict) -> dict:
     """What the run id hashes: everything that changes the rows (not n, shard, device or output)."""
     return {
-        "model": {k: model_info.get(k) for k in ("name", "revision", "sha256", "dtype", "attn_impl")},
+        "model": {k: model_info.get(k) for k in ("name", "revision", "sha256", "dtype", "attn_impl", "decode_attn_impl")},
         "context_length": int(cfg.context_length),
         "mode": cfg.mode,
         "tasks": list(cfg.tasks),

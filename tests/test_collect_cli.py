@@ -47,6 +47,8 @@ def test_uninterrupted_run_is_schema_v1(reference):
     assert m["tasks"] == {"niah_single_1": "dilution-prone", "niah_multikey_2": "dilution-prone"}
     assert m["task_options"]["niah_multikey_2"]["haystack"] == "needle"
     assert m["model"]["n_layers"] == 4 and m["gate"]["k_max_stored"] == 16
+    # the tiny model shares KV heads (4 query, 2 KV): its arms decode grouped, and the run id says so
+    assert m["model"]["decode_attn_impl"] == m["parameters"]["model"]["decode_attn_impl"] == "pagestats_grouped_sdpa"
     for f in m["files"]:
         assert schema.sha256_file(reference / f["path"]) == f["sha256"]
         assert schema.schema_problems(f["path"].split("/")[0], pq.read_schema(reference / f["path"])) == []

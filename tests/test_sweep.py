@@ -186,3 +186,63 @@ def test_bad_arguments(tiny_llama):
 def test_arm_result_is_a_dataclass():
     r = ArmResult("snapkv", 0.5, 10, [1, 2], "x", 1.0)
     assert r.n_kept == 10 and r.token_ids == [1, 2]
+
+
+@pytest.mark.parametrize("masked", [True, False])
+def test_grouped_sdpa_equals_transformers_sdpa_on_one_query(masked):
+    """One new token per row: the grouped call (G query heads as G rows against their KV head)
+    equals transformers' stock ``sdpa`` (``repeat_kv`` + SDPA) up to float rounding, with a
+    left-padding key mask or none; more than one query per row is the stock kernel itself."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    class Attn(torch.nn.Module):
+        num_key_value_groups, is_causal = 3, True
+
+    gen = torch.Generator().manual_seed(5)
+    b, h_kv, n, d = 4, 2, 37, 16
+    q, k, v = (torch.randn(b, h, m, d, generator=gen) for h, m in ((6, 1), (h_kv, n), (h_kv, n)))
+    mask = torch.ones(b, 1, 1, n, dtype=torch.bool)
+    for row, pad in enumerate((0, 5, 11, 30)):
+        mask[row, :, :, :pad] = False
+    mask = mask if masked else None
+    module = Attn().eval()
+    stock, _ = sdpa_attention_forward(module, q, k, v, mask, scaling=0.25)
+    grouped, _ = capture.grouped_sdpa_forward(module, q, k, v, mask, scaling=0.25)
+    assert grouped.shape == stock.shape == (b, 1, 6, d)
+    assert torch.allclose(grouped, stock, atol=1e-6, rtol=0)
+    # a query-major check by hand: query head 4 reads KV head 1 (repeat_kv's order j·G + g)
+    ref = torch.softmax((q[:, 4] @ k[:, 1].transpose(-1, -2)) * 0.25 + (0 if mask is None else
+                        torch.where(mask[:, 0], 0.0, float("-inf"))), dim=-1) @ v[:, 1]
+    assert torch.allclose(grouped[:, 0, 4], ref[:, 0], atol=1e-6, rtol=0)
+    wide = torch.randn(b, 6, 3, d, generator=gen)  # three queries per row: the stock kernel, bit for bit
+    causal = None if mask is None else mask.expand(b, 1, 3, n)
+    assert torch.equal(capture.grouped_sdpa_forward(module, wide, k, v, causal, scaling=0.25)[0],
+                       sdpa_attention_forward(module, wide, k, v, causal, scaling=0.25)[0])
+
+
+def test_grouped_decode_keeps_tokens_and_restores_the_model(make_tiny_model, family, monkeypatch):
+    """Decoding padded batches of evicted arms through the grouped path gives the stock path's
+    tokens and step logits (to 1e-5); the model's implementation is put back, and a model that is
+    not ``sdpa`` is left alone."""
+    import contextlib
+
+    import collectors.sweep as sweep
+
+    model = make_tiny_model(family)
+    pf = capture.prefill(model, make_ids(140, seed=33), accumulate=True)
+    kept = [kept_positions(e, pf, b, **SMALL) for e in ("snapkv", "h2o", "streamingllm") for b in (0.0625, 0.25, 0.5)]
+    toks, logits = decode_arms(model, pf, kept, max_new_tokens=8, return_step_logits=True)
+    assert model.config._attn_implementation == "sdpa"
+    monkeypatch.setattr(sweep, "grouped_decode", lambda m: contextlib.nullcontext())
+    ref_toks, ref_logits = decode_arms(model, pf, kept, max_new_tokens=8, return_step_logits=True)
+    assert toks == ref_toks
+    for got, ref in zip(logits, ref_logits):
+        assert len(got) == len(ref) and all(torch.allclose(x, y, atol=1e-5, rtol=0) for x, y in zip(got, ref))
+    eager = make_tiny_model(family, attn_impl="eager")
+    with capture.grouped_decode(eager):
+        assert eager.config._attn_implementation == "eager"
+    with capture.grouped_decode(model):
+        assert model.config._attn_implementation == capture.GROUPED_SDPA
+    assert model.config._attn_implementation == "sdpa"
+    assert capture.decode_attn_impl("sdpa", 4, 2) == capture.GROUPED_SDPA
+    assert capture.decode_attn_impl("sdpa", 4, 4) == "sdpa" and capture.decode_attn_impl("eager", 4, 2) == "eager"
