@@ -517,3 +517,18 @@ def test_gate_by_draw_is_gate_draw_by_draw(logs, monkeypatch, block_rows, policy
     assert only.equals(gate(logs, policy, ProfileSpec()))
     with pytest.raises(TypeError, match="CustomPolicy"):
         next(gate_by_draw(logs, CustomPolicy(lambda f: f["drop"] >= 0.1, name="c"), spec))
+
+
+@pytest.mark.parametrize("policy", [FixedTau(0.05), ZScored(pilot_n=4, pilot="held-out"), TaskOracle()])
+def test_gated_outcomes_of_one_evictor_and_few_columns(logs, policy):
+    """Tables 7, 14, 20 and N1 hold narrow gated rows: the rows and values of the full frame."""
+    full = gated_outcomes(logs, policy)
+    ev = sorted(full["evictor"].unique().to_list())[-1]
+    cols = ["run_id", "task", "input_id", "evictor", "budget", "gate_open", "score_gated"]
+    got = gated_outcomes(logs, policy, evictor=ev, columns=cols)
+    assert got.columns == cols
+    assert got.equals(full.filter(pl.col("evictor") == ev).select(cols))
+    assert gated_outcomes(logs, policy, columns=["score_plain", "n_kept_gated"]).equals(
+        full.select("score_plain", "n_kept_gated"))
+    with pytest.raises(ValueError, match="unknown columns"):
+        gated_outcomes(logs, policy, columns=["score"])

@@ -54,9 +54,10 @@ def equal_inputs(frame: pl.DataFrame, by=MODEL_CELL, across: str = "evictor",
     n_ref = ref.group_by(by).agg(pl.len().alias("_cells"))
     common = (ref_units.group_by([*by, *key]).agg(pl.len().alias("_in"))
               .join(n_ref, on=by, nulls_equal=True).filter(pl.col("_in") == pl.col("_cells")).select(*by, *key))
-    kept = frame.join(common, on=[*by, *key], how="semi", nulls_equal=True)
-    left = units.join(common, on=[*by, *key], how="anti", nulls_equal=True).group_by([*by, across]).agg(
-        pl.len().cast(pl.Int64).alias("n_left_out"))
+    out = units.join(common, on=[*by, *key], how="anti", nulls_equal=True)
+    # nothing left out: the frame itself, not a copy of every row (the report's gated rows at 1M inputs)
+    kept = frame if out.height == 0 else frame.join(common, on=[*by, *key], how="semi", nulls_equal=True)
+    left = out.group_by([*by, across]).agg(pl.len().cast(pl.Int64).alias("n_left_out"))
     counts = names.join(left, on=[*by, across], how="left", nulls_equal=True)
     return kept, counts.with_columns(pl.col("n_left_out").fill_null(0)).sort([*by, across])
 
@@ -85,7 +86,9 @@ def same_inputs(*frames: pl.DataFrame, by=MODEL_CELL) -> tuple[list[pl.DataFrame
     common = units[0]
     for u in units[1:]:
         common = common.join(u, on=key, how="semi", nulls_equal=True)
-    kept = [frame.join(common, on=key, how="semi", nulls_equal=True) for frame in frames]
+    # a frame none of whose inputs is left out is kept itself, not copied (common ⊆ its units)
+    kept = [frame if u.height == common.height else frame.join(common, on=key, how="semi", nulls_equal=True)
+            for frame, u in zip(frames, units)]
     left = []
     for u in units:
         n = u.group_by(by).agg(pl.len().cast(pl.Int64).alias("_n")).join(

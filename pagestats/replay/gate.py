@@ -27,7 +27,7 @@ GATE_COLUMNS = (
     "n_tokens", "full_score", "drop", "tau", "gate_open",
 )  # fmt: skip
 #: Rows of head-pair draws decided at once by :func:`gate_by_draw` (bounds its memory).
-DRAW_BLOCK_ROWS = 2_000_000
+DRAW_BLOCK_ROWS = 4_000_000
 GATED_OUTCOME_COLUMNS = (
     "run_id", "task", "input_id", "pair_draw", "model", "context_length", "task_class",
     "evictor", "budget", "n_tokens", "drop", "tau", "gate_open", "score_full", "score_plain",
@@ -200,36 +200,56 @@ def _outcome_rows(outcomes: pl.DataFrame, decisions: pl.DataFrame) -> pl.DataFra
     return rows
 
 
-def gated_outcomes(logs, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec()) -> pl.DataFrame:
+def gated_outcomes(logs, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec(), *,
+                   evictor: str | None = None, columns=None) -> pl.DataFrame:
     """Per (input, evictor, budget): plain, full and gated outcomes under ``policy`` (Eq. 2).
 
     The gated outcome is the plain outcome where the gate opens, else the full-KV outcome
     (``full_score``) with ``n_kept_gated = n_tokens``.
 
+    Parameters
+    ----------
+    evictor : str, optional
+        Only this evictor's outcome rows (a table of one evictor need not gate the others).
+    columns : sequence of str, optional
+        Only these of :data:`GATED_OUTCOME_COLUMNS` (a table that reads a few holds narrow rows).
+
     Returns
     -------
     polars.DataFrame
-        Columns :data:`GATED_OUTCOME_COLUMNS` (``pair_draw`` only with head-pair draws),
-        sorted by input key, [pair_draw], evictor, budget.
+        Columns :data:`GATED_OUTCOME_COLUMNS` (``pair_draw`` only with head-pair draws; only
+        ``columns`` when given), sorted by input key, [pair_draw], evictor, budget.
     """
-    return gated_from_decisions(logs.outcomes, decide_all(logs, policy, profile))
+    outcomes = logs.outcomes if evictor is None else logs.outcomes.filter(pl.col("evictor") == evictor)
+    return gated_from_decisions(outcomes, decide_all(logs, policy, profile), columns)
 
 
-def gated_from_decisions(outcomes: pl.DataFrame, decided: pl.DataFrame) -> pl.DataFrame:
+#: The columns of the decisions that the gated arm (Eq. 2) and the orphan check read.
+_GATED_READS = ("model", "full_score", "n_tokens", "gate_open")
+
+
+def gated_from_decisions(outcomes: pl.DataFrame, decided: pl.DataFrame, columns=None) -> pl.DataFrame:
     """:func:`gated_outcomes` of the outcome rows ``outcomes`` under the decisions ``decided``
     (a :func:`decide_all` frame: every input of the outcomes, ``held_out`` marking the inputs
-    left out of the evaluated rows)."""
-    decisions = decided.select([c for c in GATE_COLUMNS if c in decided.columns])
+    left out of the evaluated rows); only ``columns`` of :data:`GATED_OUTCOME_COLUMNS` when given."""
+    if columns is not None:
+        unknown = sorted(set(columns) - set(GATED_OUTCOME_COLUMNS))
+        if unknown:
+            raise ValueError(f"gated_outcomes: unknown columns {unknown}; expected some of {GATED_OUTCOME_COLUMNS}")
+    wanted = GATED_OUTCOME_COLUMNS if columns is None else tuple(columns)
+    keep = {*INPUT_KEY, "pair_draw", *_GATED_READS, *wanted}
+    decisions = decided.select([c for c in GATE_COLUMNS if c in decided.columns and c in keep])
     rows = _outcome_rows(outcomes, decisions)  # every input decided, so that outcome rows all have one
     if decided["held_out"].any():  # a held-out pilot: its inputs are not evaluated
         rows = rows.join(decided.filter(~pl.col("held_out")).select(INPUT_KEY).unique(), on=INPUT_KEY, how="semi")
-    rows = rows.with_columns(
-        pl.col("full_score").alias("score_full"),
-        pl.col("score").alias("score_plain"),
-        pl.sql_expr(SCORE_GATED).alias("score_gated"),
-        pl.col("n_kept").alias("n_kept_plain"),
-        pl.sql_expr(N_KEPT_GATED).alias("n_kept_gated"),
-    )
-    cols = [c for c in GATED_OUTCOME_COLUMNS if c in rows.columns]
+    derived = {
+        "score_full": pl.col("full_score"),
+        "score_plain": pl.col("score"),
+        "score_gated": pl.sql_expr(SCORE_GATED),
+        "n_kept_plain": pl.col("n_kept"),
+        "n_kept_gated": pl.sql_expr(N_KEPT_GATED),
+    }
+    rows = rows.with_columns(expr.alias(name) for name, expr in derived.items() if name in wanted)
+    cols = [c for c in GATED_OUTCOME_COLUMNS if c in rows.columns and c in wanted]
     order = [*input_key(rows), "evictor", "budget"]
-    return rows.select(cols).sort(order)
+    return rows.select(list(dict.fromkeys([*cols, *order]))).sort(order).select(cols)

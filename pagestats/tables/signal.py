@@ -15,7 +15,7 @@ import polars as pl
 from scipy import stats as _sps
 
 from pagestats import defaults, metrics, replay, stats
-from pagestats.columns import MODEL_CELL, headline_evictor
+from pagestats.columns import MODEL_CELL
 from pagestats.replay.policies import PILOT_SPLITS, FixedTau, Midpoint, ZScored, pilot_mask
 from pagestats.replay.spec import resolve_layers
 from pagestats.schema import INPUT_KEY
@@ -279,9 +279,9 @@ def calibration_table(logs, *, tau: float = defaults.TAU, n: int = defaults.MIDP
         raise ValueError(f"calibration_table: no cell holds the midpoint recipe's samples; {skipped['note'][0]}")
     # the columns Δ and p_open read, so that the two replays' rows are held narrow
     read = [*INPUT_KEY, "pair_draw", *MODEL_CELL, "evictor", "budget", "gate_open", "score_plain", "score_gated"]
-    fixed, ev = one_evictor(replay.gated_outcomes(logs, FixedTau(tau), profile), evictor)
-    fixed = fixed.select(c for c in read if c in fixed.columns)
-    cal = replay.gated_outcomes(logs, mid, profile).filter(pl.col("evictor") == ev).select(fixed.columns)
+    _, ev = one_evictor(logs.outcomes.select("evictor").unique(), evictor)  # raises if it is not logged
+    fixed = replay.gated_outcomes(logs, FixedTau(tau), profile, evictor=ev, columns=read)
+    cal = replay.gated_outcomes(logs, mid, profile, evictor=ev, columns=read).select(fixed.columns)
     (fixed, cal), _ = metrics.same_inputs(fixed, cal)  # both τ on the same inputs
     gate = replay.gate(logs, mid, profile)
     pilots = []
@@ -451,11 +451,9 @@ def pilot_sensitivity_table(logs, *, pilots: Sequence[str] = PILOT_SPLITS,
     reference = reference if reference is not None else ZScored(theta_z=theta_z)
     by_task = [*MODEL_CELL, "task", "task_class"]
     unit = [*MODEL_CELL, "task", *(c for c in INPUT_KEY if c != "task")]
-    ev = evictor if evictor is not None else headline_evictor(logs.outcomes["evictor"].unique().to_list())
+    _, ev = one_evictor(logs.outcomes.select("evictor").unique(), evictor)  # raises if it is not logged
     # the evictor's input keys and outcome rows: the units a replay of that evictor evaluates, less its held-out pilot
     ev_outcomes = logs.outcomes.filter(pl.col("evictor") == ev)
-    if ev_outcomes.height == 0:
-        raise ValueError(f"evictor {ev!r} is not in the outcomes ({sorted(logs.outcomes['evictor'].unique().to_list())})")
     logged = ev_outcomes.select(INPUT_KEY).unique()
 
     def summary(full, sub, ev, left):
@@ -499,8 +497,10 @@ def pilot_sensitivity_table(logs, *, pilots: Sequence[str] = PILOT_SPLITS,
     common = common[0].select(INPUT_KEY)
     del units
 
+    read = [*INPUT_KEY, "pair_draw", *by_task, "evictor", "budget", "tau", "gate_open", "score_plain", "score_gated"]
+
     def summarised(i, lo):
-        full = replay.gated_from_decisions(ev_outcomes, pl.concat([base, decisions[i]], how="horizontal"))
+        full = replay.gated_from_decisions(ev_outcomes, pl.concat([base, decisions[i]], how="horizontal"), read)
         return summary(full, full.join(common, on=list(INPUT_KEY), how="semi"), ev, lo)
 
     ref = summarised(0, left[0]).select(*by_task, pl.col("closed_call").alias("_ref"))
