@@ -215,12 +215,13 @@ def calibration_notebook():
                       '    "model", "context_length", "task", "n_flipping_definitions").unique().sort("model", "context_length", "task")'),
         new_code_cell('from matplotlib.figure import Figure\n\n'
                       'per = sens.group_by("pilot", "pilot_by", "pilot_n").agg(pl.col("tau").mean()).sort("pilot_n")\n'
-                      'fig = Figure(figsize=(4, 2.4), layout="constrained")\n'
+                      'fig = Figure(figsize=(5.6, 2.4), layout="constrained")\n'
                       'ax = fig.subplots()\n'
                       'for (pilot, pilot_by), g in per.group_by("pilot", "pilot_by", maintain_order=True):\n'
                       '    ax.plot(g["pilot_n"], g["tau"], marker="o", label=f"{pilot} inputs, per {pilot_by}")\n'
                       'ax.axhline(0.07, color="0.5", linestyle=":", label="fixed τ = 0.07")\n'
-                      'ax.set_xlabel("pilot size"); ax.set_ylabel("mean z-scored τ"); ax.legend(fontsize=6)\n'
+                      'ax.set_xlabel("pilot size"); ax.set_ylabel("mean z-scored τ")\n'
+                      'ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False)  # beside the lines\n'
                       'fig'),
     ]
 
