@@ -6,6 +6,7 @@ Everything is computed with pagestats from the logs alone.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from pagestats.replay.policies import FixedTau, ZScored
 
 runs = sys.argv[1:] or sorted(str(m.parent) for m in Path(__file__).parent.glob("*/manifest.json"))
 logs = io.load(runs)
-pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=160, tbl_formatting="MARKDOWN",
+pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=-1, fmt_str_lengths=100, tbl_formatting="MARKDOWN",
           tbl_hide_column_data_types=True, tbl_hide_dataframe_shape=True, float_precision=3)
 
 inp = logs.inputs
@@ -55,3 +56,23 @@ for arm in ("plain", "gated"):
 
 print("## ρ (Eq. 1) per (context, task), SnapKV, Wilson 95 %\n")
 print(metrics.recovery_rate(g.filter(pl.col("evictor") == "snapkv"), by=("context_length", "task")), "\n")
+
+# The query-agnostic runs (--mode query-agnostic: the context is prefilled and evicted before the
+# question is appended) are read apart: they never pool with the query-aware cells above.
+agnostic = [r for r in runs if json.loads((Path(r) / "manifest.json").read_text()).get("mode") == "query-agnostic"]
+if agnostic:
+    qa = io.load(agnostic, mode="query-agnostic")
+    print(f"## Query-agnostic runs: {', '.join(Path(r).name for r in agnostic)}; {qa.inputs.height} inputs\n")
+    gate = replay.gate(qa, FixedTau(0.07))
+    print(gate.group_by("context_length", "task").agg(
+        pl.len().alias("n"), pl.col("full_score").mean().alias("acc_full"), pl.col("drop").mean().alias("mean_D"),
+        pl.col("gate_open").mean().alias("p_open_tau0.07")).sort("context_length", "mean_D"), "\n")
+    g = replay.gated_outcomes(qa, FixedTau(0.07))
+    print("### Δ (gated − plain, budgets b < 1) per evictor, fixed τ = 0.07: cluster bootstrap, BH\n")
+    d = metrics.delta_bootstrap(g, by=("model", "context_length", "evictor"), rng=np.random.default_rng(0))
+    cell = ["context_length", "evictor"]
+    # harm per budget (Table 27), averaged over the budgets b < 1 (each holds the same inputs)
+    harm = [metrics.harm_rate(g.filter(pl.col("budget") < 1), by=cell, arm=arm)
+            .group_by(cell).agg(pl.col("harm").mean().alias(f"harm_{arm}")) for arm in ("plain", "gated")]
+    print(d.select([c for c in d.columns if c != "model"]).join(harm[0], on=cell).join(harm[1], on=cell)
+          .sort("delta", descending=True), "\n")
