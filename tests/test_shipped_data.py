@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -23,9 +24,14 @@ def test_shipped_run_validates(run):
     assert io.validate_paths([run]) == []
 
 
-@pytest.fixture(scope="module")
-def logs():
-    return io.load(RUNS)
+#: The collection modes the shipped runs hold (manifest ``mode``; none means query-aware): each is
+#: read apart, as the CLI reads it (``--mode``).
+MODES = sorted({json.loads((Path(r) / "manifest.json").read_text()).get("mode", "query-aware") for r in RUNS})
+
+
+@pytest.fixture(scope="module", params=MODES)
+def logs(request):
+    return io.load(RUNS, mode=request.param)
 
 
 def test_logged_drop_is_the_replayed_drop(logs):
