@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import functools
 import platform
 import time
 from dataclasses import asdict, dataclass, field
+from unittest import mock
 
 from pagestats import defaults
 
@@ -299,18 +301,20 @@ def positions_needed(cfg: CollectConfig) -> int:
 
 @contextlib.contextmanager
 def _hf_progress(enabled: bool):
-    """transformers' own progress bars (e.g. "Loading weights") follow ``--no-progress`` while
-    the model loads, and are put back as they were afterwards."""
+    """transformers' own progress bars follow ``--no-progress`` while the model loads, and are put
+    back as they were afterwards: its logging switch ("Loading weights") and the plain tqdm bar of
+    its GGUF reader ("Converting and de-quantizing GGUF tensors")."""
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
     from transformers.utils import logging as hf_logging
 
     was = hf_logging.is_progress_bar_enabled()
-    if not enabled:
-        hf_logging.disable_progress_bar()
-    try:
+    with contextlib.ExitStack() as stack:
+        if not enabled:
+            hf_logging.disable_progress_bar()
+            stack.callback(hf_logging.enable_progress_bar if was else lambda: None)
+            if hasattr(gguf_utils, "tqdm"):  # the module's own bar (not behind the logging switch)
+                stack.enter_context(mock.patch.object(gguf_utils, "tqdm", functools.partial(gguf_utils.tqdm, disable=True)))
         yield
-    finally:
-        if was and not enabled:
-            hf_logging.enable_progress_bar()
 
 
 def run_collection(cfg: CollectConfig, *, loaded=None, on_progress=None) -> RunSummary:

@@ -241,3 +241,18 @@ def test_no_progress_silences_transformers_bars_while_loading(model_dir, tmp_pat
     err = capfd.readouterr().err
     assert ("Loading weights" in err) == progress
     assert hf_logging.is_progress_bar_enabled()
+
+
+@pytest.mark.parametrize("progress", [False, True])
+def test_no_progress_silences_the_gguf_readers_own_bar(capfd, progress):
+    """The GGUF reader's "Converting and de-quantizing" bar is a plain tqdm outside transformers'
+    logging switch: ``--no-progress`` silences it too while the model loads, and puts it back."""
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    from collectors.run import _hf_progress
+
+    original = gguf_utils.tqdm
+    with _hf_progress(progress):
+        list(gguf_utils.tqdm(range(3), desc="de-quantizing probe"))
+    assert ("de-quantizing probe" in capfd.readouterr().err) == progress
+    assert gguf_utils.tqdm is original

@@ -16,6 +16,7 @@ Fig. 6); A.3.5 (head-pair subsampling, Table 9; layer subsampling, Table 10).
 
 from pagestats.replay.curve import TAU_CURVE_COLUMNS, tau_curve
 from pagestats.replay.gate import (
+    DELTA_COLUMNS,
     GATE_COLUMNS,
     GATED_OUTCOME_COLUMNS,
     decide_all,
@@ -50,6 +51,7 @@ from pagestats.replay.spec import (
 )
 
 __all__ = [
+    "DELTA_COLUMNS",
     "GATED_OUTCOME_COLUMNS",
     "GATE_COLUMNS",
     "LAYER_SUBSETS",

@@ -33,7 +33,12 @@ GATED_OUTCOME_COLUMNS = (
     "evictor", "budget", "n_tokens", "drop", "tau", "gate_open", "score_full", "score_plain",
     "score_gated", "n_kept_plain", "n_kept_gated",
 )  # fmt: skip
-
+#: The gated columns that Δ, p_open and their paired bootstrap read (:mod:`pagestats.metrics`): what a
+#: table asks :func:`gated_outcomes` for (``columns=``) when it needs no more, to bound its memory.
+DELTA_COLUMNS = (
+    "run_id", "task", "input_id", "pair_draw", "model", "context_length", "task_class",
+    "evictor", "budget", "tau", "gate_open", "score_plain", "score_gated",
+)  # fmt: skip
 
 
 def _input_meta(logs) -> pl.DataFrame:

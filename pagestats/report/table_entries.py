@@ -117,15 +117,11 @@ def _needs_midpoint_cell(ctx) -> str | None:
 
 
 #: The gated columns that Δ, p_open and τ of a second replay read (Tables 14 and 20): its rows are held narrow.
-_DELTA_READS = ("run_id", "task", "input_id", "pair_draw", "model", "context_length", "evictor", "budget", "tau",
-                "gate_open", "score_plain", "score_gated")
-
-
 def _tab20(ctx):
     mid = Midpoint()
     logs, short = mid.applicable(ctx.logs)
     ev = ctx.headline_evictor
-    calibrated = replay.gated_outcomes(logs, mid, ctx.profile, evictor=ev, columns=_DELTA_READS)
+    calibrated = replay.gated_outcomes(logs, mid, ctx.profile, evictor=ev, columns=replay.DELTA_COLUMNS)
     return cross_cell_table(ctx.gated, calibrated, evictor=ev, notes=short)
 
 
@@ -180,7 +176,7 @@ def _entries() -> tuple[Entry, ...]:
               lambda c: t("tab13_budget_axis", budget_axis_table(c.gated)), (ev,), "Plain vs gated accuracy per budget."),
         Entry("tab14_oracle_gap", "table", "Table 14",
               lambda c: t("tab14_oracle_gap", oracle_gap_table(c.gated, replay.gated_outcomes(c.logs, TaskOracle(), c.profile,
-                                                                                     columns=_DELTA_READS))),
+                                                                                     columns=replay.DELTA_COLUMNS))),
               (ev,), "Δ of the gate vs the task-label oracle."),
         Entry("tab17_best_evictor", "table", "Table 17",
               lambda c: t("tab17_best_evictor", best_evictor_table(c.gated)), (ev,),

@@ -44,6 +44,11 @@ def one_evictor(frame: pl.DataFrame, evictor: str | None) -> tuple[pl.DataFrame,
     return sub, ev
 
 
+def logged_evictor(logs, evictor: str | None) -> str:
+    """The evictor a table of ``logs`` reads (default :func:`headline_evictor`); raises if it is not logged."""
+    return one_evictor(logs.outcomes.select("evictor").unique(), evictor)[1]
+
+
 def input_rows(frame: pl.DataFrame) -> pl.DataFrame:
     """One row per input (and head-pair draw) of a gate or gated-outcome frame."""
     return frame.unique(subset=input_key(frame), keep="first", maintain_order=True)

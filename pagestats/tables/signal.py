@@ -23,7 +23,7 @@ from pagestats.tables._common import (
     LogsView,
     as_list,
     group_tau,
-    one_evictor,
+    logged_evictor,
     ordering_margin,
     task_means,
 )
@@ -278,10 +278,9 @@ def calibration_table(logs, *, tau: float = defaults.TAU, n: int = defaults.MIDP
     if logs.inputs.height == 0:
         raise ValueError(f"calibration_table: no cell holds the midpoint recipe's samples; {skipped['note'][0]}")
     # the columns Δ and p_open read, so that the two replays' rows are held narrow
-    read = [*INPUT_KEY, "pair_draw", *MODEL_CELL, "evictor", "budget", "gate_open", "score_plain", "score_gated"]
-    _, ev = one_evictor(logs.outcomes.select("evictor").unique(), evictor)  # raises if it is not logged
-    fixed = replay.gated_outcomes(logs, FixedTau(tau), profile, evictor=ev, columns=read)
-    cal = replay.gated_outcomes(logs, mid, profile, evictor=ev, columns=read).select(fixed.columns)
+    ev = logged_evictor(logs, evictor)
+    fixed = replay.gated_outcomes(logs, FixedTau(tau), profile, evictor=ev, columns=replay.DELTA_COLUMNS)
+    cal = replay.gated_outcomes(logs, mid, profile, evictor=ev, columns=replay.DELTA_COLUMNS)
     (fixed, cal), _ = metrics.same_inputs(fixed, cal)  # both τ on the same inputs
     gate = replay.gate(logs, mid, profile)
     pilots = []
@@ -451,7 +450,7 @@ def pilot_sensitivity_table(logs, *, pilots: Sequence[str] = PILOT_SPLITS,
     reference = reference if reference is not None else ZScored(theta_z=theta_z)
     by_task = [*MODEL_CELL, "task", "task_class"]
     unit = [*MODEL_CELL, "task", *(c for c in INPUT_KEY if c != "task")]
-    _, ev = one_evictor(logs.outcomes.select("evictor").unique(), evictor)  # raises if it is not logged
+    ev = logged_evictor(logs, evictor)
     # the evictor's input keys and outcome rows: the units a replay of that evictor evaluates, less its held-out pilot
     ev_outcomes = logs.outcomes.filter(pl.col("evictor") == ev)
     logged = ev_outcomes.select(INPUT_KEY).unique()
@@ -497,10 +496,9 @@ def pilot_sensitivity_table(logs, *, pilots: Sequence[str] = PILOT_SPLITS,
     common = common[0].select(INPUT_KEY)
     del units
 
-    read = [*INPUT_KEY, "pair_draw", *by_task, "evictor", "budget", "tau", "gate_open", "score_plain", "score_gated"]
-
     def summarised(i, lo):
-        full = replay.gated_from_decisions(ev_outcomes, pl.concat([base, decisions[i]], how="horizontal"), read)
+        full = replay.gated_from_decisions(ev_outcomes, pl.concat([base, decisions[i]], how="horizontal"),
+                                            replay.DELTA_COLUMNS)
         return summary(full, full.join(common, on=list(INPUT_KEY), how="semi"), ev, lo)
 
     ref = summarised(0, left[0]).select(*by_task, pl.col("closed_call").alias("_ref"))
