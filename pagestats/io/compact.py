@@ -18,7 +18,6 @@ import shutil
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from pagestats import schema
 from pagestats.io.load import validate_paths
@@ -73,6 +72,8 @@ def compact_run(run, out, *, rows_per_file: int | None = None) -> str:
     if manifest.get("schema_version") != schema.SCHEMA_VERSION:
         raise ValueError(f"{run}: compact writes schema v{schema.SCHEMA_VERSION}; this run is "
                          f"v{manifest.get('schema_version')} (read it with `pagestats validate` first)")
+    import pyarrow.parquet as pq  # imported where used: the what-if's start-up does not pay for it
+
     entries = manifest.get("files") or []
     loose = [e["path"] for e in entries if not str(e["path"]).endswith(".parquet")]
     if loose:

@@ -17,7 +17,6 @@ from collections.abc import Sequence
 import duckdb
 import polars as pl
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from pagestats import schema
 from pagestats.io.discovery import _one_line, _Source
@@ -68,6 +67,8 @@ def _kind(table: str, name: str) -> str | None:
 
 def _inspect(src: _Source, con: duckdb.DuckDBPyConnection) -> list[Problem]:
     """Read the schema (parquet footer, or the whole jsonl file), decide the table, check types."""
+    import pyarrow.parquet as pq  # imported where used: the what-if's start-up does not pay for it
+
     try:
         if src.fmt == "parquet":
             meta = pq.ParquetFile(src.path)
@@ -169,6 +170,8 @@ def _literal_name(path: str) -> bool:
 def _read_parquet(con, table: str, sources: list[_Source], wanted: list[str]) -> pl.DataFrame:
     """One DuckDB query over the parquet files whose names DuckDB takes literally; the others
     (names with glob characters) are read one by one with pyarrow, so that no name is a pattern."""
+    import pyarrow.parquet as pq  # imported where used: the what-if's start-up does not pay for it
+
     present = set().union(*(s.arrow_schema.names for s in sources))
     cols = [c for c in wanted if c in present]
     literal = [s for s in sources if _literal_name(s.path)]

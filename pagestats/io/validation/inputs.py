@@ -29,7 +29,6 @@ import math
 import numpy as np
 import polars as pl
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from pagestats import defaults, profile
 from pagestats.io.validation.manifest import _run_frame
@@ -234,6 +233,8 @@ def _triangular(p: int) -> bool:
 def _rows(lists: pa.ListArray, idx: np.ndarray, width: int) -> np.ndarray:
     """Lists ``idx`` (all of length ``width``) as a matrix of their float32 values (a null
     element is NaN); reductions over it accumulate in float64."""
+    import pyarrow.compute as pc  # imported where used: the what-if's start-up does not pay for it
+
     if len(idx) < len(lists):
         lists = lists.take(pa.array(idx))
     return pc.list_flatten(lists).to_numpy(zero_copy_only=False).reshape(len(idx), width)
