@@ -27,6 +27,10 @@ peak RSS and CPU time are its own), at each size given by ``--sizes``:
   with the query's as ``whatif``'s is) and, after every size, ``report``
   (``pagestats report --db FILE``, killed after ``--report-timeout`` seconds).
 
+``--repeats N`` (default 5): at 1M the query, ``whatif_warm`` and ``whatif_db`` then run again
+in N interleaved rounds (:func:`_rounds`); each round's ratios, their median and maximum are
+recorded under ``rounds``, the figure to quote on a shared machine.
+
 ``--report-1m [--logs RUN] [--key KEY] [--reference-tree DIR]`` measures the report instead:
 the baseline query, ``index`` and ``pagestats report --db FILE`` (and the same report run by
 another checkout, e.g. the code before a change, in the same run), written under ``report_1M``
@@ -123,6 +127,31 @@ def _measured(cmd: list[str], stdout_path: pathlib.Path, timeout_s: float = TIME
             os.environ.pop("PAGESTATS_CACHE_DIR", None)
         else:
             os.environ["PAGESTATS_CACHE_DIR"] = saved
+
+
+def _rounds(py: str, runs: list[str], tmp: pathlib.Path, n: int) -> dict:
+    """At 1M: the baseline query, the warm what-if (the validation record of the cold call) and the
+    what-if over the database, run one after the other ``n`` times, so that each round's ratios
+    compare commands that met the same load; one measurement of each is noise on a shared machine."""
+    import statistics
+
+    whatif = [py, "-m", "pagestats.cli", "whatif", *runs, "--draws", "pooled", "--format", "csv"]
+    db = [py, "-m", "pagestats.cli", "whatif", "--db", str(tmp / "logs1.duckdb"), "--format", "csv"]
+    rounds = []
+    for i in range(n):
+        one = {"query": _measured([py, __file__, "--query", str(tmp / "query_round.json"), *runs], tmp / "query_round.out"),
+               "whatif_warm": _measured(whatif, tmp / "whatif_round.csv", cache=tmp / "cache-whatif1"),
+               "whatif_db": _measured(db, tmp / "whatif_db_round.csv")}
+        if any(m["returncode"] != 0 for m in one.values()):
+            raise RuntimeError(f"round {i}: {({k: m['returncode'] for k, m in one.items()})}")
+        rounds.append({**{f"{k}_wall_s": m["wall_s"] for k, m in one.items()},
+                       **{f"{k}_rss_gib": m["peak_rss_gib"] for k, m in one.items()},
+                       "loadavg": list(os.getloadavg())})
+    ratios = {f"{name}_{x}_over_query": [r[f"{name}_{x}"] / r[f"query_{x}"] for r in rounds]
+              for name in ("whatif_warm", "whatif_db") for x in ("wall_s", "rss_gib")}
+    return {"n": n, "rounds": rounds, "ratios": ratios,
+            "median_ratios": {k: statistics.median(v) for k, v in ratios.items()},
+            "max_ratios": {k: max(v) for k, v in ratios.items()}}
 
 
 def _compare(csv_text: str, rows: list) -> dict:
@@ -291,6 +320,8 @@ def main() -> int:
     ap.add_argument("--warm-sizes", default="", help="sizes at which whatif runs after validate with the record "
                     "validate wrote (validation skipped: the what-if's own cost), instead of cold")
     ap.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds each command may run")
+    ap.add_argument("--repeats", type=int, default=5, help="at 1M: the query, whatif_warm and whatif_db again, "
+                    "interleaved, this many times; the ratios of each round and their median are recorded")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     query_sizes = {int(s) for s in args.query_sizes.split(",") if s}
@@ -356,6 +387,8 @@ def main() -> int:
                                         cache=tmp / "cache-index1")
                 at["whatif_db"] = _measured([py, "-m", "pagestats.cli", "whatif", "--db", str(db), "--format", "csv"],
                                             tmp / "whatif_db1.csv")
+            if size == 1 and "query" in at and args.repeats > 0:
+                at["rounds"] = _rounds(py, runs, tmp, args.repeats)
             q = at.get("query")
             if q is not None and q["returncode"] == 0:
                 for name, csv in (("whatif", f"whatif{size}.csv"), ("whatif_warm", "whatif_warm1.csv"),
