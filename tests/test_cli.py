@@ -195,7 +195,8 @@ def test_whatif_filters_and_output_files(two_runs, capsys, tmp_path):
 
 # --------------------------------------------------------------------------- show, compact, --exclude
 DATA = ROOT / "data"
-SMALL = DATA / "smollm2-1024-snapkv"  # 60 inputs written as 15 parts per table
+SMALL = DATA / "smollm2-512-draw1-snapkv"  # 30 inputs (niah_multikey_3, vt × 15) written as 8 parts per table
+SMALL_RUN = "SmolLM2-135M-Instruct-512-6008265466671415"  # its run_id
 needs_data = pytest.mark.skipif(not (SMALL / "manifest.json").is_file(), reason="shipped logs not present")
 
 
@@ -222,8 +223,8 @@ def test_show_one_input(capsys):
 
 @needs_data
 @pytest.mark.parametrize("spec, needle", [
-    ("nope/vt/3", "no run 'nope'; the runs are"), ("smollm2-1024-snapkv/qa_1/0", "has no task 'qa_1'"),
-    ("smollm2-1024-snapkv/vt/99", "no input 99"), ("smollm2-1024-snapkv/vt", "RUN/TASK/ID"),
+    ("nope/vt/3", "no run 'nope'; the runs are"), ("smollm2-512-draw1-snapkv/qa_1/0", "has no task 'qa_1'"),
+    ("smollm2-512-draw1-snapkv/vt/99", "no input 99"), ("smollm2-512-draw1-snapkv/vt", "RUN/TASK/ID"),
 ])
 def test_show_bad_input_exit_2(capsys, spec, needle):
     rc, out, err = _run(["show", str(SMALL), "--input", spec], capsys)
@@ -270,7 +271,7 @@ def test_compact_keeps_every_row_and_the_whatif(tmp_path, capsys):
     # parts of a chosen size; an existing target is refused; bad logs are exit 1
     rc, _, _ = _run(["compact", str(SMALL), "--out", str(tmp_path / "parts"), "--rows", "25"], capsys)
     parts = json.loads((tmp_path / "parts" / "manifest.json").read_text())["files"]
-    assert rc == 0 and [f["rows"] for f in parts if f["path"].startswith("inputs/")] == [25, 25, 10]
+    assert rc == 0 and [f["rows"] for f in parts if f["path"].startswith("inputs/")] == [25, 5]
     rc, _, err = _run(["compact", str(SMALL), "--out", str(out)], capsys)
     assert rc == 2 and "exists" in err
 
@@ -291,9 +292,10 @@ def test_compact_refuses_bad_logs(two_runs, tmp_path, capsys):
 
 @needs_data
 def test_exclude_takes_the_directory_name(capsys):
-    logs = load([str(DATA)], exclude=["smollm2-1024-snapkv/vt"])
-    assert "run SmolLM2-135M-Instruct-1024" in logs.exclusions[0]
-    assert logs.inputs.filter((pl.col("context_length") == 1024) & (pl.col("task") == "vt")).height == 0
+    logs = load([str(DATA)], exclude=["smollm2-512-draw1-snapkv/vt"])
+    assert f"run {SMALL_RUN}" in logs.exclusions[0]
+    assert logs.inputs.filter((pl.col("run_id") == SMALL_RUN) & (pl.col("task") == "vt")).height == 0
+    assert logs.inputs.filter((pl.col("run_id") == SMALL_RUN) & (pl.col("task") == "niah_multikey_3")).height == 15
     rc, out, err = _run(["whatif", str(DATA), "--exclude", "smollm2-51"], capsys)
     assert rc == 2 and "the runs are" in err and "(directory smollm2-512)" in err
 
@@ -303,16 +305,16 @@ def test_exclude_takes_the_directory_name(capsys):
 def test_bad_usage_after_an_exclusion_is_one_line(bad, capsys):
     """An option refused after the logs were read gives its one error line and nothing else
     (the fuzz found the "excluded:" line printed before the error: two lines)."""
-    rc, out, err = _run(["whatif", str(SMALL), "--exclude", "smollm2-1024-snapkv/vt", *bad], capsys)
+    rc, out, err = _run(["whatif", str(SMALL), "--exclude", "smollm2-512-draw1-snapkv/vt", *bad], capsys)
     assert rc == 2 and out == ""
     assert err.count("\n") == 1 and err.startswith("error: "), err
-    rc, out, err = _run(["whatif", str(SMALL), "--exclude", "smollm2-1024-snapkv/vt"], capsys)
-    assert rc == 0 and "excluded: run SmolLM2-135M-Instruct-1024" in err
+    rc, out, err = _run(["whatif", str(SMALL), "--exclude", "smollm2-512-draw1-snapkv/vt"], capsys)
+    assert rc == 0 and f"excluded: run {SMALL_RUN}" in err
 
 
 @needs_data
 def test_report_prereg_options_are_checked_before_reading(tmp_path, capsys):
-    rc, out, err = _run(["report", str(SMALL), "--exclude", "smollm2-1024-snapkv/vt", "--prereg", "band.json",
+    rc, out, err = _run(["report", str(SMALL), "--exclude", "smollm2-512-draw1-snapkv/vt", "--prereg", "band.json",
                          "--out", str(tmp_path / "r")], capsys)
     assert rc == 2 and err == "error: --prereg and --prereg-sha256 go together\n"
 
