@@ -314,7 +314,7 @@ def test_html_page_renders_in_headless_chromium(two_context, tmp_path):
     assert ok.group(1) == ok.group(2) and int(ok.group(2)) >= 10
 
 
-def test_decision_entries_skip_an_unknown_dtype(two_context, tmp_path):
+def test_decision_entries_skip_an_unknown_dtype(two_context, tmp_path, monkeypatch):
     """A manifest whose model dtype is unknown (found by the fuzz: a flipped byte gave 'bfloAt16') skips the
     decision figure and table with a reason instead of a traceback; the rest of the report is written."""
     from pagestats.report.context import needs_cache_size
@@ -323,8 +323,9 @@ def test_decision_entries_skip_an_unknown_dtype(two_context, tmp_path):
     ctx = report.Context(logs)
     assert needs_cache_size(ctx) is None
     run_id = sorted(logs.manifests)[0]
-    logs.manifests[run_id] = {**logs.manifests[run_id],
-                              "model": {**logs.manifests[run_id]["model"], "dtype": "bfloAt16"}}
+    # monkeypatch puts the manifest back: the logs are the module's fixture, shared with later tests
+    monkeypatch.setitem(logs.manifests, run_id, {**logs.manifests[run_id],
+                                                 "model": {**logs.manifests[run_id]["model"], "dtype": "bfloAt16"}})
     reason = needs_cache_size(report.Context(logs))
     assert reason and "bfloAt16" in reason and run_id in reason
     index = json.loads((Path(report.build_report(logs, tmp_path / "r")).parent / "index.json").read_text())
@@ -387,3 +388,24 @@ def test_headline_sentence_claims_an_effect_only_where_bh_rejects(over, says, ne
     (sentence,) = headline_sentences(frame, "snapkv")
     assert says in sentence and never not in sentence
     assert sentence.startswith("m at 512 tokens, snapkv: ")
+
+
+def test_decision_figure_names_an_evictor_logged_in_one_cell_only(two_context):
+    """The shipped 1,024-token run has kvpress's SnapKVPress, the 512-token run has not: the
+    legend drew its entries from the first panel and left that evictor's colour unnamed."""
+    from pagestats.figures import decision_frontier
+    from pagestats.report.decision import decision_data
+
+    logs, _ = two_context
+    data = decision_data(report.Context(logs))
+    second = data.select("model", "context_length").unique().sort("model", "context_length").row(1, named=True)
+    only_there = data.filter((pl.col("model") == second["model"]) & (pl.col("context_length") == second["context_length"])
+                             & (pl.col("evictor") == "snapkv")).with_columns(pl.lit("late-evictor").alias("evictor"))
+    fig = decision_frontier(pl.concat([data, only_there]), tau=defaults.TAU)
+    labels = [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+    assert {*data["evictor"].unique().to_list(), "late-evictor"} <= set(labels)
+    colours = {line.get_label(): line.get_color() for axis in fig.axes for line in axis.get_lines()
+               if line.get_label() == "late-evictor"}
+    handle = next(h for legend in fig.legends for h, t in zip(legend.legend_handles, legend.get_texts())
+                  if t.get_text() == "late-evictor")
+    assert colours["late-evictor"] == handle.get_color()  # the entry has the colour the panel drew it in

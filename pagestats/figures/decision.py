@@ -142,7 +142,9 @@ def decision_frontier(data: pl.DataFrame, *, tau: float | None = defaults.TAU, a
             axis.set_title(title, fontsize=6, pad=14 if "kv_gib" in sub.columns else 4)
         from matplotlib.lines import Line2D
 
-        handles, labels = axes[0].get_legend_handles_labels()
+        # one entry per evictor of any panel (an evictor logged in one cell only is still named)
+        handles = [Line2D([], [], color=colors[ev], linewidth=1.1) for ev in evictors]
+        labels = [st.plain_text(ev) if ev is not None else "frontier" for ev in evictors]
         handles.append(Line2D([], [], marker="*", color="0.2", linestyle="none", markersize=6))
         labels.append("full KV")
         if tau is not None:
