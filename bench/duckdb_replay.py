@@ -129,14 +129,13 @@ def _measured(cmd: list[str], stdout_path: pathlib.Path, timeout_s: float = TIME
             os.environ["PAGESTATS_CACHE_DIR"] = saved
 
 
-def _rounds(py: str, runs: list[str], tmp: pathlib.Path, n: int) -> dict:
+def _rounds(py: str, runs: list[str], tmp: pathlib.Path, n: int, whatif: list[str], db: list[str]) -> dict:
     """At 1M: the baseline query, the warm what-if (the validation record of the cold call) and the
-    what-if over the database, run one after the other ``n`` times, so that each round's ratios
-    compare commands that met the same load; one measurement of each is noise on a shared machine."""
+    what-if over the database (the commands ``whatif`` and ``db`` that :func:`main` measured once), run
+    one after the other ``n`` times, so that each round's ratios compare commands that met the same
+    load; one measurement of each is noise on a shared machine."""
     import statistics
 
-    whatif = [py, "-m", "pagestats.cli", "whatif", *runs, "--draws", "pooled", "--format", "csv"]
-    db = [py, "-m", "pagestats.cli", "whatif", "--db", str(tmp / "logs1.duckdb"), "--format", "csv"]
     rounds = []
     for i in range(n):
         one = {"query": _measured([py, __file__, "--query", str(tmp / "query_round.json"), *runs], tmp / "query_round.out"),
@@ -385,10 +384,10 @@ def main() -> int:
                 db = tmp / "logs1.duckdb"
                 at["index"] = _measured([py, "-m", "pagestats.cli", "index", *runs, "--db", str(db)], tmp / "index1.out",
                                         cache=tmp / "cache-index1")
-                at["whatif_db"] = _measured([py, "-m", "pagestats.cli", "whatif", "--db", str(db), "--format", "csv"],
-                                            tmp / "whatif_db1.csv")
-            if size == 1 and "query" in at and args.repeats > 0:
-                at["rounds"] = _rounds(py, runs, tmp, args.repeats)
+                whatif_db = [py, "-m", "pagestats.cli", "whatif", "--db", str(db), "--format", "csv"]
+                at["whatif_db"] = _measured(whatif_db, tmp / "whatif_db1.csv")
+                if "query" in at and args.repeats > 0:
+                    at["rounds"] = _rounds(py, runs, tmp, args.repeats, whatif, whatif_db)
             q = at.get("query")
             if q is not None and q["returncode"] == 0:
                 for name, csv in (("whatif", f"whatif{size}.csv"), ("whatif_warm", "whatif_warm1.csv"),

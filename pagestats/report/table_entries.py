@@ -116,7 +116,6 @@ def _needs_midpoint_cell(ctx) -> str | None:
     return None
 
 
-#: The gated columns that Δ, p_open and τ of a second replay read (Tables 14 and 20): its rows are held narrow.
 def _tab20(ctx):
     mid = Midpoint()
     logs, short = mid.applicable(ctx.logs)
