@@ -506,3 +506,31 @@ def test_tau_sensitivity_says_when_there_is_no_plateau():
     fig = F.tau_sensitivity(ok, tau0=0.07)
     assert "plateau" not in fig.axes[0].get_title()
     assert any(p.get_width() > 0 for p in fig.axes[0].patches)  # the shaded band
+
+
+@pytest.mark.parametrize("case", ["hand_gated", "shipped_clash"])
+def test_rho_vs_headroom_labels_do_not_overlap(case):
+    from pagestats.figures import _style as st
+    from pagestats.figures.scaling import _label_points
+
+    if case == "hand_gated":  # 2 models × 2 contexts × 8 tasks: 32 labelled points, many close together
+        g = hand_gated(seed=5, contexts=(4096, 16384), evictors=("snapkv",), n=8)
+        fig = F.rho_vs_headroom(g)
+        n_points = F.scaling_data(g).height
+    else:  # the points of the shipped Fig. 9 whose labels were drawn over each other (vt at 512 and 1K)
+        data = pl.DataFrame({"task": ["niah_single_1", "niah_single_1", "vt", "vt", "niah_multikey_3", "niah_multikey_3"],
+                             "context_length": [512, 1024, 1024, 512, 512, 1024],
+                             "headroom": [0.0, 0.003, 0.930, 0.945, 0.99, 1.0],
+                             "rho": [0.0, 0.0, 0.121, 0.108, 0.0, 0.0]})
+        with st.style():
+            fig, (axis,) = st.panels(1, None, row_height=2.0)
+            axis.scatter(data["headroom"].to_numpy(), data["rho"].to_numpy())
+            axis.set_xlim(0, 1.05)
+            axis.set_ylim(-0.01, 0.5)
+            _label_points(axis, data)
+        n_points = data.height
+    fig.canvas.draw()
+    boxes = [t.get_window_extent() for t in fig.axes[0].texts]
+    assert len(boxes) == n_points
+    clashes = [(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:] if a.overlaps(b)]
+    assert not clashes

@@ -82,7 +82,6 @@ def rho_vs_headroom(gated: pl.DataFrame, *, evictor=None, ax=None, rule: str = d
             axis.scatter(x, y, marker=st.CLASS_MARKER[cls], s=14,
                          facecolors=color if cls == defaults.DILUTION_PRONE else "white",
                          edgecolors=color, linewidths=0.8, label=cls, zorder=3)
-        _label_points(axis, data)
         slope = float(data["fit_slope"][0])
         xmax = max(float(data["headroom"].max()), 0.05) * 1.05
         if np.isfinite(slope):
@@ -94,27 +93,34 @@ def rho_vs_headroom(gated: pl.DataFrame, *, evictor=None, ax=None, rule: str = d
         axis.set_xlabel(r"headroom $1 - A_\mathrm{full}$")
         axis.set_ylabel(r"recovery rate $\rho$ (plain)")
         axis.legend(loc="upper left")
+        _label_points(axis, data)
     return fig
 
 
+#: Vertical offsets (points) tried in turn for a label: just above its point, then higher, then below.
+_LABEL_OFFSETS = (2, 8, 14, 20, 26, -8, -14)
+
+
 def _label_points(axis, data: pl.DataFrame) -> None:
-    """Label each point by its task (and model and context, where the figure holds several),
-    stacking the labels of nearby points; the key to the abbreviations goes under
-    the figure."""
+    """Label each point by its task (and model and context, where the figure holds several).
+
+    Each label takes the first offset of :data:`_LABEL_OFFSETS` whose rendered box overlaps no
+    label placed before it (the boxes are measured by the figure's renderer after the layout
+    is settled, so the limits and legend must be set first); the key to the abbreviations
+    goes under the figure first."""
     several = [k for k in ("model", "context_length") if k in data.columns and data[k].n_unique() > 1]
-    xspan = max(float(data["headroom"].max()), 0.05)
-    yspan = max(float(data["high"].max()) if "high" in data.columns else float(data["rho"].max()), 0.05)
-    placed: list[tuple[float, float, int]] = []  # (x, y, level) of the labels so far
+    st.add_task_key(axis.figure, task_key(data.sort("task")["task"].unique(maintain_order=True).to_list()))
+    axis.figure.draw_without_rendering()  # settle the layout: the boxes measured below are final
+    placed = []  # the window extents of the labels so far
     for row in data.sort("headroom", "rho").iter_rows(named=True):
         label = short_task(row["task"])
         if several:
             label += f" {st.cell_label({k: row[k] for k in several})}"
-        x, y = row["headroom"], row["rho"]
-        # the lowest level whose label would not overlap one already placed nearby
-        level = 0
-        while any(abs(x - px) < 0.16 * xspan and abs(y - py) < 0.06 * yspan and lv == level for px, py, lv in placed):
-            level += 1
-        placed.append((x, y, level))
-        axis.annotate(label, (x, y), xytext=(3, 2 + 6 * level), textcoords="offset points",
-                      fontsize=4.5, color="0.25", zorder=4)
-    st.add_task_key(axis.figure, task_key(data.sort("task")["task"].unique(maintain_order=True).to_list()))
+        for dy in _LABEL_OFFSETS:
+            text = axis.annotate(label, (row["headroom"], row["rho"]), xytext=(3, dy), textcoords="offset points",
+                                 fontsize=4.5, color="0.25", zorder=4)
+            box = text.get_window_extent()
+            if dy == _LABEL_OFFSETS[-1] or not any(box.overlaps(other) for other in placed):
+                break
+            text.remove()
+        placed.append(box)
