@@ -234,90 +234,83 @@ def decode_arms(
     ``model.decode_attn_impl``): the same attention without transformers' per-step copy of the
     cache for every query head, which was most of the decode time at 1,024 tokens on a CPU.
     """
-    with grouped_decode(model):
-        return _decode_arms(model, prefill, kept, max_new_tokens=max_new_tokens, eos_ids=eos_ids, tokenizer=tokenizer,
-                            stop_strings=stop_strings, return_step_logits=return_step_logits,
-                            question_ids=question_ids)
-
-
-def _decode_arms(model, prefill, kept, *, max_new_tokens, eos_ids, tokenizer, stop_strings, return_step_logits,
-                 question_ids):
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
     if stop_strings and tokenizer is None:
         raise ValueError("stop_strings need a tokenizer")
-    n_arms = len(kept)
-    if n_arms == 0:
-        return ([], []) if return_step_logits else []
-    n_tokens = int(prefill.input_ids.shape[-1])
-    layers = _full_layers(prefill.past_key_values)
-    device = layers[0][0].device
+    with grouped_decode(model):
+        n_arms = len(kept)
+        if n_arms == 0:
+            return ([], []) if return_step_logits else []
+        n_tokens = int(prefill.input_ids.shape[-1])
+        layers = _full_layers(prefill.past_key_values)
+        device = layers[0][0].device
 
-    step_logits: list[list[torch.Tensor]] = [[] for _ in range(n_arms)]
-    if question_ids is None:
-        first = int(torch.argmax(prefill.last_logits))
-        tokens = [[first] for _ in range(n_arms)]
-        done = first in eos_ids or max_new_tokens == 1 or _check_stop([first], tokenizer, stop_strings)
-        if done:
-            return (tokens, step_logits) if return_step_logits else tokens
-        pending = None
-    else:
-        question_ids = torch.as_tensor(question_ids, dtype=torch.long).reshape(1, -1).to(device)
-        if question_ids.shape[1] < 1:
-            raise ValueError("question_ids must hold at least one token")
-        tokens = [[] for _ in range(n_arms)]
-        pending = question_ids
-
-    cache, key_mask, uniform = _batched_cache(layers, kept, n_tokens)
-    if n_arms == 1 or uniform:
-        key_mask = None  # no padding: let the kernel use its plain (unmasked) path
-    cache_name = cache_keyword(model)
-    rows = list(range(n_arms))  # arm index of each active batch row
-    position = n_tokens  # position of the next token fed
-    while rows:
-        batch = len(rows)
-        if pending is not None:  # the question, read by every arm's own cache
-            input_ids = pending.expand(batch, -1)
+        step_logits: list[list[torch.Tensor]] = [[] for _ in range(n_arms)]
+        if question_ids is None:
+            first = int(torch.argmax(prefill.last_logits))
+            tokens = [[first] for _ in range(n_arms)]
+            done = first in eos_ids or max_new_tokens == 1 or _check_stop([first], tokenizer, stop_strings)
+            if done:
+                return (tokens, step_logits) if return_step_logits else tokens
             pending = None
         else:
-            input_ids = torch.tensor([[tokens[a][-1]] for a in rows], dtype=torch.long, device=device)
-        width = input_ids.shape[1]
-        position_ids = torch.arange(position, position + width, device=device).expand(batch, -1)
-        attention_mask = None
-        if key_mask is not None:
-            key_mask = torch.cat([key_mask, key_mask.new_ones((batch, width))], dim=1)
-            attention_mask = key_mask
-        out = model(
-            input_ids=input_ids,
-            position_ids=position_ids,
-            attention_mask=attention_mask,
-            **{cache_name: cache},
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        cache = getattr(out, cache_name)
-        position += width
-        logits = out.logits[:, -1, :].float()
-        next_ids = torch.argmax(logits, dim=-1).tolist()
-        keep_rows = []
-        for r, a in enumerate(rows):
-            if return_step_logits:
-                step_logits[a].append(logits[r].detach().cpu())
-            tokens[a].append(int(next_ids[r]))
-            finished = (
-                next_ids[r] in eos_ids
-                or len(tokens[a]) >= max_new_tokens
-                or _check_stop(tokens[a], tokenizer, stop_strings)
-            )
-            if not finished:
-                keep_rows.append(r)
-        if len(keep_rows) < batch and keep_rows:
-            sel = torch.tensor(keep_rows, dtype=torch.long, device=device)
-            cache.batch_select_indices(sel)
+            question_ids = torch.as_tensor(question_ids, dtype=torch.long).reshape(1, -1).to(device)
+            if question_ids.shape[1] < 1:
+                raise ValueError("question_ids must hold at least one token")
+            tokens = [[] for _ in range(n_arms)]
+            pending = question_ids
+
+        cache, key_mask, uniform = _batched_cache(layers, kept, n_tokens)
+        if n_arms == 1 or uniform:
+            key_mask = None  # no padding: let the kernel use its plain (unmasked) path
+        cache_name = cache_keyword(model)
+        rows = list(range(n_arms))  # arm index of each active batch row
+        position = n_tokens  # position of the next token fed
+        while rows:
+            batch = len(rows)
+            if pending is not None:  # the question, read by every arm's own cache
+                input_ids = pending.expand(batch, -1)
+                pending = None
+            else:
+                input_ids = torch.tensor([[tokens[a][-1]] for a in rows], dtype=torch.long, device=device)
+            width = input_ids.shape[1]
+            position_ids = torch.arange(position, position + width, device=device).expand(batch, -1)
+            attention_mask = None
             if key_mask is not None:
-                key_mask = key_mask[sel]
-        rows = [rows[r] for r in keep_rows]
-    return (tokens, step_logits) if return_step_logits else tokens
+                key_mask = torch.cat([key_mask, key_mask.new_ones((batch, width))], dim=1)
+                attention_mask = key_mask
+            out = model(
+                input_ids=input_ids,
+                position_ids=position_ids,
+                attention_mask=attention_mask,
+                **{cache_name: cache},
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            cache = getattr(out, cache_name)
+            position += width
+            logits = out.logits[:, -1, :].float()
+            next_ids = torch.argmax(logits, dim=-1).tolist()
+            keep_rows = []
+            for r, a in enumerate(rows):
+                if return_step_logits:
+                    step_logits[a].append(logits[r].detach().cpu())
+                tokens[a].append(int(next_ids[r]))
+                finished = (
+                    next_ids[r] in eos_ids
+                    or len(tokens[a]) >= max_new_tokens
+                    or _check_stop(tokens[a], tokenizer, stop_strings)
+                )
+                if not finished:
+                    keep_rows.append(r)
+            if len(keep_rows) < batch and keep_rows:
+                sel = torch.tensor(keep_rows, dtype=torch.long, device=device)
+                cache.batch_select_indices(sel)
+                if key_mask is not None:
+                    key_mask = key_mask[sel]
+            rows = [rows[r] for r in keep_rows]
+        return (tokens, step_logits) if return_step_logits else tokens
 
 
 def _check_sweep_args(evictors, budgets, max_batch):
