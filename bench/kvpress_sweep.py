@@ -13,12 +13,15 @@ same run (single runs on a shared CPU: read the ratio, not the seconds):
   ``run_sweep`` over the full arm and the same budgets, decoded in batches.
 
 Both paths see the same token ids; the JSON also records how many arms decoded the same tokens.
-Writes ``bench/results/kvpress_sweep.json``.
+Writes ``bench/results/kvpress_sweep.json`` (with the load average before and after; an earlier result
+is kept, whole, under ``earlier_runs``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import platform
 import time
 
@@ -30,10 +33,10 @@ from collectors.model import load_model
 from collectors.sweep import run_sweep
 from pagestats import defaults
 
-from _results import write_result
+from _results import RESULTS, write_result
 from sweep import NoEosTokenizer, clock
 
-N_TOKENS = 1024
+N_TOKENS = 2048
 MAX_NEW_TOKENS = 16
 SPEC = "kvpress:SnapKVPress:window_size=32"
 BUDGETS = tuple(b for b in defaults.BUDGETS if b < 1.0)  # 8 budgets
@@ -43,6 +46,8 @@ BUDGETS = tuple(b for b in defaults.BUDGETS if b < 1.0)  # 8 budgets
 def main(n_tokens: int = N_TOKENS) -> dict:
     from transformers import pipeline
 
+    started_at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    load_before = list(os.getloadavg())
     model, tokenizer, manifest = load_model()
     model.generation_config.eos_token_id = None
     task_input = T.make_input("niah_single_1", tokenizer=tokenizer, context_length=n_tokens, input_id=0, draw=0)
@@ -73,6 +78,9 @@ def main(n_tokens: int = N_TOKENS) -> dict:
     same = sum(ours[b] == kvpress_texts[b] for b in ours)
     t_kvpress = sum(kvpress_seconds.values())
     result = {
+        "started_at": started_at,
+        "loadavg_before": load_before,
+        "loadavg_after": list(os.getloadavg()),
         "model": manifest["name"],
         "device": "cpu",
         "torch_threads": torch.get_num_threads(),
@@ -92,6 +100,10 @@ def main(n_tokens: int = N_TOKENS) -> dict:
         "speedup_one_prefill_vs_kvpress_per_ratio": t_kvpress / t_sweep,
         "arms_with_same_text_as_kvpress": f"{same}/{len(ours)}",
     }
+    earlier = RESULTS / "kvpress_sweep.json"
+    if earlier.exists():  # keep every earlier measurement, whole
+        old = json.loads(earlier.read_text())
+        result["earlier_runs"] = [*old.pop("earlier_runs", []), old]
     write_result("kvpress_sweep", result)
     return result
 
