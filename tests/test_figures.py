@@ -518,7 +518,8 @@ def test_rho_vs_headroom_labels_do_not_overlap(case):
         fig = F.rho_vs_headroom(g)
         n_points = F.scaling_data(g).height
     else:  # the points of the shipped Fig. 9 whose labels were drawn over each other (vt at 512 and 1K)
-        data = pl.DataFrame({"task": ["niah_single_1", "niah_single_1", "vt", "vt", "niah_multikey_3", "niah_multikey_3"],
+        data = pl.DataFrame({"task": ["niah_single_1", "niah_single_1", "vt", "vt", "niah_multikey_3",
+                                      "niah_multikey_3"],
                              "context_length": [512, 1024, 1024, 512, 512, 1024],
                              "headroom": [0.0, 0.003, 0.930, 0.945, 0.99, 1.0],
                              "rho": [0.0, 0.0, 0.121, 0.108, 0.0, 0.0]})
@@ -534,3 +535,5 @@ def test_rho_vs_headroom_labels_do_not_overlap(case):
     assert len(boxes) == n_points
     clashes = [(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:] if a.overlaps(b)]
     assert not clashes
+    frame = fig.axes[0].get_window_extent()  # no label crosses the axes' bottom (the x axis) or top
+    assert all(frame.y0 <= b.y0 and b.y1 <= frame.y1 for b in boxes)

@@ -97,20 +97,22 @@ def rho_vs_headroom(gated: pl.DataFrame, *, evictor=None, ax=None, rule: str = d
     return fig
 
 
-#: Vertical offsets (points) tried in turn for a label: just above its point, then higher, then below.
-_LABEL_OFFSETS = (2, 8, 14, 20, 26, -8, -14)
+#: Vertical offsets (points) tried in turn for a label: just above its point, then below and above
+#: it in turn, farther each time.
+_LABEL_OFFSETS = (2, -8, 8, -14, 14, 20, 26)
 
 
 def _label_points(axis, data: pl.DataFrame) -> None:
     """Label each point by its task (and model and context, where the figure holds several).
 
-    Each label takes the first offset of :data:`_LABEL_OFFSETS` whose rendered box overlaps no
-    label placed before it (the boxes are measured by the figure's renderer after the layout
-    is settled, so the limits and legend must be set first); the key to the abbreviations
-    goes under the figure first."""
+    Each label takes the first offset of :data:`_LABEL_OFFSETS` whose rendered box stays within
+    the axes' height and overlaps no label placed before it (the boxes are measured by the
+    figure's renderer after the layout is settled, so the limits and legend must be set first);
+    the key to the abbreviations goes under the figure first."""
     several = [k for k in ("model", "context_length") if k in data.columns and data[k].n_unique() > 1]
     st.add_task_key(axis.figure, task_key(data.sort("task")["task"].unique(maintain_order=True).to_list()))
     axis.figure.draw_without_rendering()  # settle the layout: the boxes measured below are final
+    frame = axis.get_window_extent()  # a label must not cross the axes' top or bottom
     placed = []  # the window extents of the labels so far
     for row in data.sort("headroom", "rho").iter_rows(named=True):
         label = short_task(row["task"])
@@ -120,7 +122,8 @@ def _label_points(axis, data: pl.DataFrame) -> None:
             text = axis.annotate(label, (row["headroom"], row["rho"]), xytext=(3, dy), textcoords="offset points",
                                  fontsize=4.5, color="0.25", zorder=4)
             box = text.get_window_extent()
-            if dy == _LABEL_OFFSETS[-1] or not any(box.overlaps(other) for other in placed):
+            inside = frame.y0 <= box.y0 and box.y1 <= frame.y1
+            if dy == _LABEL_OFFSETS[-1] or (inside and not any(box.overlaps(other) for other in placed)):
                 break
             text.remove()
         placed.append(box)
