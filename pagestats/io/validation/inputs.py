@@ -232,12 +232,12 @@ def _triangular(p: int) -> bool:
 
 def _rows(lists: pa.ListArray, idx: np.ndarray, width: int) -> np.ndarray:
     """Lists ``idx`` (all of length ``width``) as a matrix of their float32 values (a null
-    element is NaN); reductions over it accumulate in float64."""
-    import pyarrow.compute as pc  # imported where used: the what-if's start-up does not pay for it
-
-    if len(idx) < len(lists):
-        lists = lists.take(pa.array(idx))
-    return pc.list_flatten(lists).to_numpy(zero_copy_only=False).reshape(len(idx), width)
+    element is NaN); reductions over it accumulate in float64. Converted through polars:
+    pyarrow's own ``to_numpy`` imports pandas (0.3–0.45 s of a cold validation at 1M inputs)."""
+    rows = pl.Series(lists)
+    if len(idx) < len(rows):
+        rows = rows.gather(idx)
+    return rows.explode().to_numpy().reshape(len(idx), width)
 
 
 def _pairs(a: np.ndarray, b: np.ndarray) -> list[tuple[int, int]]:
