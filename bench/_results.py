@@ -16,6 +16,12 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+def earlier_runs(old: dict) -> list[dict]:
+    """The runs a new result keeps of the result ``old`` it replaces, newest first: ``old``
+    itself (without its own ``earlier_runs``), then the runs ``old`` kept."""
+    return [{k: v for k, v in old.items() if k != "earlier_runs"}, *old.get("earlier_runs", [])]
+
+
 def write_result(name: str, result: dict, shown=None) -> Path:
     """Write ``result`` as ``bench/results/<name>.json`` and print ``shown`` (default: all of it)."""
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -62,7 +62,7 @@ import sys
 import tempfile
 import time
 
-from _results import measured, write_result
+from _results import earlier_runs, measured, write_result
 
 HERE = pathlib.Path(__file__).resolve().parent
 N_PER_TASK = 125_000
@@ -186,8 +186,7 @@ def _with_earlier(name: str, result: dict) -> dict:
     if name not in _EARLIER:
         path = HERE / "results" / f"{name}.json"
         old = json.loads(path.read_text()) if path.exists() else None
-        _EARLIER[name] = [] if old is None else [{k: v for k, v in old.items() if k != "earlier_runs"},
-                                                 *old.get("earlier_runs", [])]
+        _EARLIER[name] = [] if old is None else earlier_runs(old)
     return {**result, "earlier_runs": _EARLIER[name]} if _EARLIER[name] else result
 
 
@@ -290,7 +289,7 @@ def _report_1m(argv: list[str]) -> int:
         result = json.loads(path.read_text()) if path.exists() else {}
         if args.key in result:  # the run this one replaces is kept, whole, under its earlier_runs
             old = result[args.key]
-            at["earlier_runs"] = [{k: v for k, v in old.items() if k != "earlier_runs"}, *old.get("earlier_runs", [])]
+            at["earlier_runs"] = earlier_runs(old)
         result[args.key] = at
         write_result(args.out, result, {k: ({x: v.get(x) for x in ("wall_s", "peak_rss_gib", "loadavg_before")}
                                             if isinstance(v, dict) and "wall_s" in v else v) for k, v in at.items()})

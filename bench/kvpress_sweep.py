@@ -14,7 +14,7 @@ same run (single runs on a shared CPU: read the ratio, not the seconds):
 
 Both paths see the same token ids; the JSON also records how many arms decoded the same tokens.
 Writes ``bench/results/kvpress_sweep.json`` (with the load average before and after; an earlier result
-is kept, whole, under ``earlier_runs``).
+is kept, whole, under ``earlier_runs``, newest first).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from collectors.model import load_model
 from collectors.sweep import run_sweep
 from pagestats import defaults
 
-from _results import RESULTS, write_result
+from _results import RESULTS, earlier_runs, write_result
 from sweep import NoEosTokenizer, clock
 
 N_TOKENS = 2048
@@ -102,8 +102,7 @@ def main(n_tokens: int = N_TOKENS) -> dict:
     }
     earlier = RESULTS / "kvpress_sweep.json"
     if earlier.exists():  # keep every earlier measurement, whole
-        old = json.loads(earlier.read_text())
-        result["earlier_runs"] = [*old.pop("earlier_runs", []), old]
+        result["earlier_runs"] = earlier_runs(json.loads(earlier.read_text()))
     write_result("kvpress_sweep", result)
     return result
 
