@@ -38,6 +38,28 @@ def _classes(text: str) -> dict:
     return out
 
 
+def _max_new_tokens(text: str):
+    """``N`` (every task) or ``TASK=N,...`` (those tasks; the others keep their default)."""
+    if "=" not in text:
+        try:
+            return int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--max-new-tokens takes N or TASK=N,..., got {text!r}") from None
+    out = {}
+    for item in _list()(text):
+        task, sep, n = item.partition("=")
+        task = task.strip()
+        if not sep or not task:
+            raise argparse.ArgumentTypeError(f"--max-new-tokens entries look like TASK=N, got {item!r}")
+        if task in out:
+            raise argparse.ArgumentTypeError(f"--max-new-tokens names {task} twice")
+        try:
+            out[task] = int(n)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--max-new-tokens {task}= takes an integer, got {n.strip()!r}") from None
+    return out
+
+
 def _shard(text: str):
     from collectors.writer import parse_shard
 
@@ -112,8 +134,10 @@ def parser() -> argparse.ArgumentParser:
                    f"(default {defaults.MODE})")
     p.add_argument("--snapkv-pool", type=int, default=defaults.SNAPKV_POOL_KERNEL, help="odd average-pooling width of "
                    f"SnapKV-family scores, 1 = none (default {defaults.SNAPKV_POOL_KERNEL})")
-    p.add_argument("--max-new-tokens", type=int, default=None, help="tokens to generate for every task, overriding "
-                   f"RULER's per-task numbers (default: RULER's, {tokens})")
+    p.add_argument("--max-new-tokens", type=_max_new_tokens, default=None, metavar="N|TASK=N,...",
+                   help="decode limit: N for every task, or TASK=N,... for some (the others keep theirs). Each "
+                   "limit must hold the input's whole answer plus a preamble margin, checked per input "
+                   f"(default per task: {tokens})")
     p.add_argument("--essay-file", default=None, help="plain-text essay used as the haystack of the tasks whose "
                    "RULER haystack is an essay (niah_multikey_1, niah_multivalue, niah_multiquery); without it they "
                    "use RULER's noise haystack (the default). The manifest records which (task_options)")

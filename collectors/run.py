@@ -66,7 +66,7 @@ class CollectConfig:
     snapkv_window: int = defaults.SNAPKV_WINDOW
     pool_kernel: int = defaults.SNAPKV_POOL_KERNEL
     mode: str = defaults.MODE
-    max_new_tokens: int | None = None
+    max_new_tokens: int | dict[str, int] | None = None  # every task, or per task (others: their default)
     essay_file: str | None = None
     qa_files: tuple[str, ...] = ()
     task_classes: dict | None = None
@@ -98,8 +98,15 @@ class CollectConfig:
             raise ValueError("context_length must be ≥ 1 and n ≥ 0")
         if self.k_max and self.k > self.k_max:
             raise ValueError(f"k ({self.k}) must be ≤ k_max ({self.k_max})")
-        if self.max_new_tokens is not None and self.max_new_tokens < 1:
-            raise ValueError("max_new_tokens must be ≥ 1")
+        if isinstance(self.max_new_tokens, dict):
+            unknown = sorted(set(self.max_new_tokens) - set(self.tasks))
+            if unknown:
+                raise ValueError(f"max_new_tokens names task(s) {unknown} that the run does not collect")
+            self.max_new_tokens = {t: int(n) for t, n in self.max_new_tokens.items()}
+        limits = (self.max_new_tokens.values() if isinstance(self.max_new_tokens, dict)
+                  else [] if self.max_new_tokens is None else [self.max_new_tokens])
+        if any(isinstance(n, bool) or int(n) < 1 for n in limits):
+            raise ValueError(f"max_new_tokens must be ≥ 1, got {self.max_new_tokens}")
         if self.snapkv_window < 1:
             raise ValueError(f"snapkv_window must be ≥ 1, got {self.snapkv_window}")
         if self.mode not in defaults.MODES:
@@ -112,6 +119,13 @@ class CollectConfig:
         bad = {t: c for t, c in (self.task_classes or {}).items() if c not in classes}
         if bad:
             raise ValueError(f"task classes must be one of {sorted(classes)}, got {bad}")
+
+
+    def tokens_to_generate(self, task: str) -> int:
+        """The decode limit of ``task``: ``max_new_tokens`` (for every task or for this one), else the
+        task's default (:data:`collectors.tasks.TASK_TOKENS_TO_GENERATE`)."""
+        given = self.max_new_tokens.get(task) if isinstance(self.max_new_tokens, dict) else self.max_new_tokens
+        return int(given) if given is not None else T.TASK_TOKENS_TO_GENERATE[task]
 
 
 def qa_file_for(task: str, qa_files) -> str | None:
@@ -138,7 +152,7 @@ def task_options(cfg: CollectConfig) -> dict:
         ruler = NIAH_CONFIGS.get(task, {}).get("haystack")
         if task == "vt":
             ruler = "noise"
-        entry = {"max_new_tokens": cfg.max_new_tokens or T.TASK_TOKENS_TO_GENERATE[task], "metric": T.metric_name(task)}
+        entry = {"max_new_tokens": cfg.tokens_to_generate(task), "metric": T.metric_name(task)}
         if ruler:
             entry["ruler_haystack"] = ruler
             entry["haystack"] = "essay" if (ruler == "essay" and cfg.essay_file) else ("needle" if ruler == "needle" else "noise")
@@ -259,7 +273,8 @@ def collect_input(model, tokenizer, task_input: T.TaskInput, *, cfg: CollectConf
             raise AuditError(f"{task_input.task}/{task_input.input_id}: {arm.evictor} at budget 1.0 gave "
                              f"{arm.text!r}, the full-KV arm {full.text!r}")
         outcomes.append({**key, "evictor": arm.evictor, "budget": float(arm.budget), "n_kept": int(arm.n_kept),
-                         "prediction": arm.text, "score": float(arm_score), "decode_ms": float(arm.decode_ms)})
+                         "prediction": arm.text, "score": float(arm_score), "decode_ms": float(arm.decode_ms),
+                         "n_generated": arm.n_generated, "stop_reason": arm.stop_reason})
     inputs_row = {
         "run_id": run_id, "model": model_name, "context_length": int(cfg.context_length), "task": task_input.task,
         "input_id": int(task_input.input_id), "draw": int(task_input.draw), "n_tokens": int(task_input.n_tokens),
@@ -267,7 +282,8 @@ def collect_input(model, tokenizer, task_input: T.TaskInput, *, cfg: CollectConf
         "pair_jaccard": [float(x) for x in gate.pair_jaccard],
         "signals": {k: float(v) for k, v in gate.signals.items()},
         "prompt": task_input.prompt, "references": list(refs), "full_prediction": full.text,
-        "full_score": float(full_score), "prefill_ms": float(pre.prefill_ms), "gate_ms": float(gate.gate_ms),
+        "full_score": float(full_score), "full_n_generated": full.n_generated, "full_stop_reason": full.stop_reason,
+        "prefill_ms": float(pre.prefill_ms), "gate_ms": float(gate.gate_ms),
     }
     topk = []
     if cfg.k_max:
@@ -296,7 +312,7 @@ class RunSummary:
 def positions_needed(cfg: CollectConfig) -> int:
     """Most positions an input of the run feeds the model: the context length plus the most tokens
     any of its tasks generates."""
-    return int(cfg.context_length) + max(cfg.max_new_tokens or T.TASK_TOKENS_TO_GENERATE[t] for t in cfg.tasks)
+    return int(cfg.context_length) + max(cfg.tokens_to_generate(t) for t in cfg.tasks)
 
 
 @contextlib.contextmanager
@@ -355,7 +371,7 @@ def run_collection(cfg: CollectConfig, *, loaded=None, on_progress=None) -> RunS
             task_input = T.make_input(
                 item.task, tokenizer=tokenizer, context_length=cfg.context_length, input_id=item.input_id,
                 draw=cfg.draw, haystack="essay" if cfg.essay_file else "noise",
-                max_new_tokens=cfg.max_new_tokens, essay_file=cfg.essay_file, qa_file=files[item.task],
+                max_new_tokens=cfg.tokens_to_generate(item.task), essay_file=cfg.essay_file, qa_file=files[item.task],
             )
             with torch.no_grad():
                 rows = collect_input(model, tokenizer, task_input, cfg=cfg, run_id=manifest["run_id"],

@@ -68,6 +68,8 @@ from pagestats import defaults
 __all__ = [
     "ArmResult",
     "AuditWarning",
+    "STOP_REASONS",
+    "stop_reason",
     "eos_token_ids",
     "slice_cache",
     "decode_arms",
@@ -79,9 +81,15 @@ class AuditWarning(UserWarning):
     """A budget-1.0 arm decoded through the eviction path differs from the full-KV arm."""
 
 
+#: Why a decode stopped (schema ``stop_reason``): the model's EOS, a stop string of the task, or the
+#: task's ``max_new_tokens``. When two hold at the last token, the first in this order is recorded.
+STOP_REASONS = ("eos", "stop", "length")
+
+
 @dataclass
 class ArmResult:
-    """Outcome of one arm: its evictor and nominal budget, positions kept, greedy tokens and text."""
+    """Outcome of one arm: its evictor and nominal budget, positions kept, greedy tokens and text,
+    and why its decode stopped (:data:`STOP_REASONS`)."""
 
     evictor: str
     budget: float
@@ -89,6 +97,12 @@ class ArmResult:
     token_ids: list[int]
     text: str
     decode_ms: float
+    stop_reason: str
+
+    @property
+    def n_generated(self) -> int:
+        """Tokens the arm generated (its EOS included, as ``generate`` counts them)."""
+        return len(self.token_ids)
 
 
 def eos_token_ids(model, tokenizer) -> frozenset[int]:
@@ -179,11 +193,23 @@ def _batched_cache(layers, kept: Sequence[torch.Tensor | None], n_tokens: int):
     return DynamicCache(ddp_cache_data=data), key_mask.to(device), all(n == n_max for n in lengths)
 
 
-def _check_stop(token_ids: list[int], tokenizer, stop_strings) -> bool:
-    if not stop_strings:
-        return False
-    text = tokenizer.decode(token_ids, skip_special_tokens=True)
-    return any(s in text for s in stop_strings)
+def stop_reason(token_ids: Sequence[int], *, max_new_tokens: int, eos_ids=frozenset(), tokenizer=None,
+                stop_strings: Sequence[str] | None = None) -> str | None:
+    """Why a decode that produced ``token_ids`` stops now, or None while it goes on.
+
+    The one rule :func:`decode_arms` stops a row by, in :data:`STOP_REASONS` order: ``"eos"`` when the
+    last token is an EOS id, ``"stop"`` when the decoded text contains a stop string, ``"length"``
+    when ``max_new_tokens`` tokens are out.
+    """
+    if token_ids and token_ids[-1] in eos_ids:
+        return "eos"
+    if stop_strings:
+        text = tokenizer.decode(list(token_ids), skip_special_tokens=True)
+        if any(s in text for s in stop_strings):
+            return "stop"
+    if len(token_ids) >= max_new_tokens:
+        return "length"
+    return None
 
 
 @torch.no_grad()
@@ -226,6 +252,7 @@ def decode_arms(
     Returns
     -------
     list[list[int]] or (list[list[int]], list[list[torch.Tensor]])
+        Each arm's tokens; a row stops by :func:`stop_reason`, which also tells afterwards why.
 
     Notes
     -----
@@ -250,8 +277,8 @@ def decode_arms(
         if question_ids is None:
             first = int(torch.argmax(prefill.last_logits))
             tokens = [[first] for _ in range(n_arms)]
-            done = first in eos_ids or max_new_tokens == 1 or _check_stop([first], tokenizer, stop_strings)
-            if done:
+            if stop_reason([first], max_new_tokens=max_new_tokens, eos_ids=eos_ids, tokenizer=tokenizer,
+                           stop_strings=stop_strings):
                 return (tokens, step_logits) if return_step_logits else tokens
             pending = None
         else:
@@ -297,12 +324,8 @@ def decode_arms(
                 if return_step_logits:
                     step_logits[a].append(logits[r].detach().cpu())
                 tokens[a].append(int(next_ids[r]))
-                finished = (
-                    next_ids[r] in eos_ids
-                    or len(tokens[a]) >= max_new_tokens
-                    or _check_stop(tokens[a], tokenizer, stop_strings)
-                )
-                if not finished:
+                if not stop_reason(tokens[a], max_new_tokens=max_new_tokens, eos_ids=eos_ids, tokenizer=tokenizer,
+                                   stop_strings=stop_strings):
                     keep_rows.append(r)
             if len(keep_rows) < batch and keep_rows:
                 sel = torch.tensor(keep_rows, dtype=torch.long, device=device)
@@ -435,7 +458,9 @@ def run_sweep(
     def result(evictor, budget, count, i):
         if i not in texts:
             texts[i] = tokenizer.decode(plan_tokens[i], skip_special_tokens=True)
-        return ArmResult(evictor, budget, count + n_question, list(plan_tokens[i]), texts[i], plan_ms[i])
+        reason = stop_reason(plan_tokens[i], max_new_tokens=max_new_tokens, eos_ids=eos_ids, tokenizer=tokenizer,
+                             stop_strings=stop_strings)
+        return ArmResult(evictor, budget, count + n_question, list(plan_tokens[i]), texts[i], plan_ms[i], reason)
 
     full = result("full", 1.0, n_tokens, 0)
     if audit and "audit" in key_index and plan_tokens[key_index["audit"]] != full.token_ids:

@@ -1,4 +1,4 @@
-"""Log schema v1: the contract between ``collectors`` (writer) and ``pagestats`` (reader).
+"""Log schema v2: the contract between ``collectors`` (writer) and ``pagestats`` (reader).
 
 Declared once here, exactly as docs/SCHEMA.md, and imported by both halves. A *run* is a
 directory::
@@ -30,9 +30,15 @@ from datetime import datetime, timezone
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
-#: Versions this reader can load (older ones are upgraded on read, see ``pagestats.io``).
-READABLE_VERSIONS = (1,)
+SCHEMA_VERSION = 2
+#: Versions this reader can load (older ones are upgraded on read, see ``pagestats.io.upgrades``).
+READABLE_VERSIONS = (1, 2)
+
+#: Why a decode stopped (``full_stop_reason``, ``stop_reason``): the model's EOS, a stop string the
+#: task defines, or the task's decode limit; ``unknown`` only in logs upgraded from v1, which did
+#: not record it.
+STOP_REASONS = ("eos", "stop", "length")
+STOP_UNKNOWN = "unknown"
 
 INPUT_KEY = ("run_id", "task", "input_id")
 OUTCOME_KEY = (*INPUT_KEY, "evictor", "budget")
@@ -79,6 +85,8 @@ INPUTS: tuple[Column, ...] = (
     _c("references", STRING_LIST, pa.list_(pa.string()), "reference answers"),
     _c("full_prediction", STRING, pa.string(), "full-KV generation"),
     _c("full_score", FLOAT, pa.float64(), "full-KV score in [0, 1]"),
+    _c("full_n_generated", INT, pa.int64(), "tokens the full-KV decode generated (v2; null in upgraded v1 logs)"),
+    _c("full_stop_reason", STRING, pa.string(), "why the full-KV decode stopped: eos, stop or length (v2)"),
     _c("prefill_ms", FLOAT, pa.float64(), "prefill wall time"),
     _c("gate_ms", FLOAT, pa.float64(), "time to compute D from the window"),
 )
@@ -93,6 +101,8 @@ OUTCOMES: tuple[Column, ...] = (
     _c("prediction", STRING, pa.string(), "plain-eviction generation"),
     _c("score", FLOAT, pa.float64(), "A(b, x) in [0, 1]"),
     _c("decode_ms", FLOAT, pa.float64(), "decode wall time of this arm"),
+    _c("n_generated", INT, pa.int64(), "tokens this arm generated (v2; null in upgraded v1 logs)"),
+    _c("stop_reason", STRING, pa.string(), "why this arm's decode stopped: eos, stop or length (v2)"),
 )
 
 TOPK: tuple[Column, ...] = (
@@ -256,7 +266,7 @@ def to_arrow(table: str, data) -> pa.Table:
 
 
 def write_parquet(table: str, data, path) -> int:
-    """Write ``data`` as a schema-v1 ``table`` parquet file atomically (temp file + rename).
+    """Write ``data`` as a current-schema ``table`` parquet file atomically (temp file + rename).
 
     Returns the number of rows written. A crash leaves either the old file or none, never a
     truncated one.

@@ -184,8 +184,8 @@ def test_bad_arguments(tiny_llama):
 
 
 def test_arm_result_is_a_dataclass():
-    r = ArmResult("snapkv", 0.5, 10, [1, 2], "x", 1.0)
-    assert r.n_kept == 10 and r.token_ids == [1, 2]
+    r = ArmResult("snapkv", 0.5, 10, [1, 2], "x", 1.0, "length")
+    assert r.n_kept == 10 and r.token_ids == [1, 2] and r.n_generated == 2 and r.stop_reason == "length"
 
 
 @pytest.mark.parametrize("masked", [True, False])

@@ -40,10 +40,48 @@ TASK_TOKENS_TO_GENERATE: dict[str, int] = {
     "qa_2": _tp.QA_TOKENS,
 }
 HAYSTACKS = ("noise", "essay")
+#: Tokens an instruct model may write before (and between) the reference values — "The special magic
+#: number is:", a list marker, a newline — that the decode limit must leave room for
+#: (:func:`check_decode_budget`).
+PREAMBLE_MARGIN = 16
+
+
+def answer_tokens(task: str, references, tokenizer) -> int:
+    """Tokens of the shortest complete answer to an input, in the model's own tokenizer.
+
+    ``string_match_all`` tasks (every reference must appear) need every reference, written as
+    ``", "``-joined values; ``string_match_part`` tasks (QA: one reference suffices) need the
+    longest single reference.
+    """
+    refs = [str(r) for r in references]
+    if not refs:
+        return 0
+    texts = [", ".join(refs)] if metric_name(task) == "string_match_all" else refs
+    return max(len(tokenizer(" " + t, add_special_tokens=False)["input_ids"]) for t in texts)
+
+
+def check_decode_budget(task: str, references, tokenizer, max_new_tokens: int) -> None:
+    """Refuse a decode limit that could cut the answer itself.
+
+    The limit must hold :func:`answer_tokens` plus :data:`PREAMBLE_MARGIN`: a greedy decode that
+    writes the complete answer after a short preamble must end before the limit does, so that a
+    ``stop_reason = "length"`` (docs/SCHEMA.md) never stands for an answer the limit cut.
+
+    Raises
+    ------
+    ValueError
+        One line naming the task, the tokens needed and the limit, and the option that raises it.
+    """
+    need = answer_tokens(task, references, tokenizer) + PREAMBLE_MARGIN
+    if int(max_new_tokens) < need:
+        raise ValueError(
+            f"{task}: max_new_tokens {max_new_tokens} cannot hold the answer ({need - PREAMBLE_MARGIN} tokens for the "
+            f"references, {PREAMBLE_MARGIN} for a preamble); raise it with --max-new-tokens {task}={need}"
+        )
 
 __all__ = [
     "TaskInput", "make_input", "split_prompt", "score", "postprocess", "string_match_all", "string_match_part", "metric_name",
-    "TASK_NAMES", "TASK_TOKENS_TO_GENERATE", "render_prompt", "tokenize_prompt", "input_seed", "TOLERANCE",
+    "TASK_NAMES", "TASK_TOKENS_TO_GENERATE", "PREAMBLE_MARGIN", "answer_tokens", "check_decode_budget", "render_prompt", "tokenize_prompt", "input_seed", "TOLERANCE",
 ]
 
 
@@ -172,14 +210,16 @@ def make_input(
         Haystack of the tasks whose RULER haystack is an essay (niah_multikey_1, niah_multivalue,
         niah_multiquery): "essay" reads ``essay_file``; other tasks use RULER's own haystack.
     max_new_tokens : int, optional
-        Overrides RULER's tokens to generate (:data:`TASK_TOKENS_TO_GENERATE`).
+        Overrides the task's tokens to generate (:data:`TASK_TOKENS_TO_GENERATE`); either must hold
+        the answer (:func:`check_decode_budget`).
     essay_file, qa_file : path, optional
         User-supplied essay text / SQuAD (qa_1) or HotpotQA (qa_2) json.
 
     Raises
     ------
     ValueError
-        Unknown task or haystack, missing file, or a context too short for the task.
+        Unknown task or haystack, missing file, a context too short for the task, or a decode
+        limit that cannot hold the answer.
     """
     if task not in TASK_NAMES:
         raise ValueError(f"unknown task {task!r}; expected one of {', '.join(TASK_NAMES)}")
@@ -220,6 +260,8 @@ def make_input(
         )
     if haystack_used == "essay":
         metadata["essay_sha256"] = file_sha256(essay_file)
+    limit = int(max_new_tokens) if max_new_tokens is not None else TASK_TOKENS_TO_GENERATE[task]
+    check_decode_budget(task, fit.body.references, tokenizer, limit)
     body_start = fit.prompt.rfind(fit.body.text)
     if body_start < 0:
         raise ValueError(f"{task}/{input_id}: the chat template changed the user message; cannot locate the question")
@@ -230,7 +272,7 @@ def make_input(
         draw=int(draw),
         prompt=fit.prompt,
         references=list(fit.body.references),
-        max_new_tokens=int(max_new_tokens) if max_new_tokens is not None else TASK_TOKENS_TO_GENERATE[task],
+        max_new_tokens=limit,
         n_tokens=fit.n_tokens,
         metadata=metadata,
     )

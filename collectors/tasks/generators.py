@@ -209,7 +209,7 @@ def fwe_counts(n: int, vocab_size: int, alpha: float) -> np.ndarray:
     return np.floor(n * k**-alpha / zeta(alpha)).astype(np.int64)
 
 
-def fwe(seed: int, *, context_length: int, tokens_to_generate: int = tp.FWE_TOKENS) -> Generator:
+def fwe(seed: int, *, context_length: int, tokens_to_generate: int = tp.RULER_FWE_TOKENS) -> Generator:
     """Frequent words extraction (RULER ``freq_words_extraction.py``): coded words with Zipf
     (α = 2) counts, the most frequent one replaced by ``...`` (noise); the answer is ranks 2–4.
     Vocabulary size ``(context_length − tokens_to_generate) // 50`` as RULER, at least 10. The

@@ -15,8 +15,13 @@ a chat template is applied the prefix starts the assistant turn and its leading 
 
 from __future__ import annotations
 
-#: Tokens to generate per RULER task family (RULER ``constants.py``; docs/COLLECTION.md).
-NIAH_TOKENS, VT_TOKENS, CWE_TOKENS, FWE_TOKENS, QA_TOKENS = 128, 30, 120, 50, 32
+#: Tokens to generate per RULER task family (RULER ``constants.py``; docs/COLLECTION.md), except vt:
+#: RULER's 30 does not hold the five variable names and a short preamble in every tokenizer
+#: (SmolLM2: 5 × 3–5 tokens joined, 19–29, plus :data:`collectors.tasks.PREAMBLE_MARGIN`), so vt
+#: gets 64. :func:`collectors.tasks.check_decode_budget` checks each input against its limit.
+NIAH_TOKENS, VT_TOKENS, CWE_TOKENS, FWE_TOKENS, QA_TOKENS = 128, 64, 120, 50, 32
+#: The fwe generator sizes its vocabulary with RULER's own 50 tokens to generate (unchanged inputs).
+RULER_FWE_TOKENS = 50
 
 NIAH_TEMPLATE = (
     "Some special magic {type_v} are hidden within the following text. Make sure to memorize it. "

@@ -39,8 +39,31 @@ class Upgrade:
     table: Callable[[str, pl.DataFrame], pl.DataFrame] = _same_table
 
 
-#: from_version → Upgrade. Empty while version 1 is the only one.
-UPGRADES: dict[int, Upgrade] = {}
+#: Columns v2 added, per table: (name, arrow type, the value an upgraded v1 row gets).
+_V2_COLUMNS = {
+    "inputs": (("full_n_generated", pa.int64(), None), ("full_stop_reason", pa.string(), schema.STOP_UNKNOWN)),
+    "outcomes": (("n_generated", pa.int64(), None), ("stop_reason", pa.string(), schema.STOP_UNKNOWN)),
+}
+_POLARS = {pa.int64(): pl.Int64, pa.string(): pl.String}
+
+
+def _v2_schema(table: str, arrow_schema: pa.Schema) -> pa.Schema:
+    for name, arrow_type, _ in _V2_COLUMNS.get(table, ()):
+        if name not in arrow_schema.names:
+            arrow_schema = arrow_schema.append(pa.field(name, arrow_type))
+    return arrow_schema
+
+
+def _v2_table(table: str, frame: pl.DataFrame) -> pl.DataFrame:
+    """v1 → v2: a v1 log did not record why a decode stopped, so the reason is ``unknown`` and the
+    count null; readers then fall back to the text-based check (:mod:`pagestats.io.truncation`)."""
+    add = [pl.lit(value, dtype=_POLARS[arrow_type]).alias(name)
+           for name, arrow_type, value in _V2_COLUMNS.get(table, ()) if name not in frame.columns]
+    return frame.with_columns(add) if add else frame
+
+
+#: from_version → Upgrade (v1 → v2: the stop reason and token count of every decode, unknown in v1).
+UPGRADES: dict[int, Upgrade] = {1: Upgrade(schema=_v2_schema, table=_v2_table)}
 
 
 def upgrade_manifest(manifest: dict) -> dict:

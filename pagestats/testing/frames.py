@@ -18,6 +18,9 @@ import polars as pl
 from pagestats import schema
 from pagestats.testing.params import SIGNAL_NAMES
 
+#: Tokens every synthetic decode generates (it stops at EOS).
+SYNTHETIC_N_GENERATED = 8
+
 
 def _list_column(name: str, values: np.ndarray, dtype) -> pl.Series:
     """A 2-D array as a polars List column (one row per array row)."""
@@ -83,6 +86,11 @@ def _cell_frames(cell, ids, evictors, budgets, with_text):
             _empty_lists("references"), pl.lit("").alias("prompt"), pl.lit("").alias("full_prediction")
         )
         outcomes = outcomes.with_columns(pl.lit("").alias("prediction"))
+    # Synthetic decodes end at EOS well inside their limit: the draw models scores, not decode lengths.
+    inputs = inputs.with_columns(pl.lit(SYNTHETIC_N_GENERATED, pl.Int64).alias("full_n_generated"),
+                                 pl.lit("eos").alias("full_stop_reason"))
+    outcomes = outcomes.with_columns(pl.lit(SYNTHETIC_N_GENERATED, pl.Int64).alias("n_generated"),
+                                     pl.lit("eos").alias("stop_reason"))
     inputs = inputs.select([c.name for c in schema.INPUTS])
     outcomes = outcomes.select([c.name for c in schema.OUTCOMES])
 
