@@ -138,6 +138,9 @@ def parser() -> argparse.ArgumentParser:
                    help="decode limit: N for every task, or TASK=N,... for some (the others keep theirs). Each "
                    "limit must hold the input's whole answer plus a preamble margin, checked per input "
                    f"(default per task: {tokens})")
+    p.add_argument("--allow-cut-answers", action="store_true", help="collect even where --max-new-tokens cannot hold "
+                   "an input's answer (smoke tests): those decodes stop by 'length' and `pagestats validate` flags "
+                   "them (default: refuse such an input with one line)")
     p.add_argument("--essay-file", default=None, help="plain-text essay used as the haystack of the tasks whose "
                    "RULER haystack is an essay (niah_multikey_1, niah_multivalue, niah_multiquery); without it they "
                    "use RULER's noise haystack (the default). The manifest records which (task_options)")
@@ -163,7 +166,7 @@ def config_from_args(args):
         device=args.device, dtype=args.dtype, attn_impl=args.attn_impl, window=args.window, k=args.k,
         k_max=args.k_max, snapkv_window=args.snapkv_window, pool_kernel=args.snapkv_pool,
         mode=args.mode,
-        max_new_tokens=args.max_new_tokens, essay_file=args.essay_file,
+        max_new_tokens=args.max_new_tokens, allow_cut_answers=args.allow_cut_answers, essay_file=args.essay_file,
         qa_files=args.qa_file, task_classes=args.task_classes, part_size=args.part_size,
         batch_arms=not args.no_batch_arms, max_batch=args.max_batch, progress=not args.no_progress,
     )

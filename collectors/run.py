@@ -67,6 +67,7 @@ class CollectConfig:
     pool_kernel: int = defaults.SNAPKV_POOL_KERNEL
     mode: str = defaults.MODE
     max_new_tokens: int | dict[str, int] | None = None  # every task, or per task (others: their default)
+    allow_cut_answers: bool = False  # a limit below an input's answer is refused unless this is set
     essay_file: str | None = None
     qa_files: tuple[str, ...] = ()
     task_classes: dict | None = None
@@ -372,6 +373,7 @@ def run_collection(cfg: CollectConfig, *, loaded=None, on_progress=None) -> RunS
                 item.task, tokenizer=tokenizer, context_length=cfg.context_length, input_id=item.input_id,
                 draw=cfg.draw, haystack="essay" if cfg.essay_file else "noise",
                 max_new_tokens=cfg.tokens_to_generate(item.task), essay_file=cfg.essay_file, qa_file=files[item.task],
+                allow_cut_answers=cfg.allow_cut_answers,
             )
             with torch.no_grad():
                 rows = collect_input(model, tokenizer, task_input, cfg=cfg, run_id=manifest["run_id"],

@@ -291,10 +291,54 @@ def _add_revalidate(p: argparse.ArgumentParser) -> None:
                    "not checked again, with one line on stderr)")
 
 
+def _add_strict(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--strict", action="store_true",
+                   help="treat answers the decode limit may have cut as bad logs: a (run, task) whose full-KV "
+                   "answers stop at the limit without looping on more than 5 %% of inputs, or end inside a "
+                   "reference at all, exits 1 (default: one warning line each)")
+
+
+def _decode_warnings(files, manifests) -> list[str]:
+    """The warning lines of :func:`pagestats.io.decoding.limit_warnings` for the full-KV answers."""
+    from pagestats.io.decoding import decode_profile, limit_warnings
+
+    return limit_warnings(decode_profile(files, arms=False), decode_limits(manifests))
+
+
+def decode_limits(manifests: dict) -> dict[tuple[str, str], int]:
+    """(run_id, task) → the manifest's ``task_options.{task}.max_new_tokens``, where recorded."""
+    out = {}
+    for run_id, manifest in manifests.items():
+        for task, options in (manifest.get("task_options") or {}).items():
+            if isinstance(options, dict) and isinstance(options.get("max_new_tokens"), int):
+                out[(run_id, task)] = options["max_new_tokens"]
+    return out
+
+
+def _decode_table(profile: pl.DataFrame) -> str:
+    """The per (run, task, arm) decode profile of ``validate`` as a text table of shares."""
+    n = pl.col("n")
+    body = profile.select(
+        "run", "task", "arm", "n",
+        (pl.col("n_length") / n).round(3).alias("length"),
+        (pl.col("n_looping") / n).round(3).alias("looping"),
+        (pl.col("n_cut") / n).round(3).alias("cut_in_reference"),
+        (pl.col("n_unknown") / n).round(3).alias("reason_unknown"),
+        "max_generated",
+    )
+    with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=-1, fmt_str_lengths=1000, tbl_hide_dataframe_shape=True,
+                   tbl_hide_column_data_types=True, tbl_formatting="ASCII_MARKDOWN"):
+        text = str(body)
+    return (f"{text}\nwhy decodes stopped, per (run, task, arm): shares of decodes that stopped at the decode limit, "
+            "of those that loop (repeating text), of texts that end inside a reference they do not contain, and of "
+            "reasons a v1 log did not record; arm 'full' is the full-KV answer, the evictors' rows are budgets b < 1")
+
+
 def _add_logs(p: argparse.ArgumentParser) -> None:
     p.add_argument("logs", nargs="*", metavar="LOGS", help="run directories, parquet/jsonl files or globs")
     _add_mode(p)
     _add_revalidate(p)
+    _add_strict(p)
     p.add_argument("--db", default=None, metavar="FILE",
                    help="read the logs through a database written by `pagestats index` instead of LOGS "
                    "(default: read LOGS)")
@@ -314,9 +358,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"pagestats {pagestats.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("validate", help="check logs against schema v1; exit 1 with one line per problem")
+    p = sub.add_parser("validate", help="check logs against the schema; exit 1 with one line per problem; "
+                       "then say on stderr why the decodes stopped")
     p.add_argument("logs", nargs="+", metavar="LOGS", help="run directories, parquet/jsonl files or globs")
     _add_revalidate(p)
+    _add_strict(p)
 
     p = sub.add_parser("whatif", help="replay the gate under a policy and print the per-cell table")
     _add_logs(p)
@@ -510,9 +556,19 @@ def _main(argv: list[str] | None = None) -> int:
             print(problem)
         for line in checked.notes:
             print(one_line(line), file=sys.stderr)
-        if not problems:
-            print(one_line(f"ok: {', '.join(args.logs)}"), file=sys.stderr)
-        return 1 if problems else 0
+        if problems:
+            return 1
+        from pagestats.io.decoding import decode_profile, limit_warnings
+
+        profile = decode_profile(checked.files)
+        print(_decode_table(profile), file=sys.stderr)
+        warnings = limit_warnings(profile, decode_limits(checked.manifests))
+        for line in warnings:
+            print(one_line(line), file=sys.stdout if args.strict else sys.stderr)
+        if args.strict and warnings:
+            return 1
+        print(one_line(f"ok: {', '.join(args.logs)}"), file=sys.stderr)
+        return 0
 
     if args.command == "index":
         try:
@@ -605,8 +661,13 @@ def _main(argv: list[str] | None = None) -> int:
         except (ValueError, TypeError, OSError) as err:  # bad option values: one line, no traceback
             print(one_line(f"error: {err}"), file=sys.stderr)
             return 2
-        for line in [*excluded, *pilot_lines(pilot), *warnings]:
+        limit_lines = _decode_warnings(logs.files, logs.manifests)
+        for line in [*excluded, *pilot_lines(pilot), *warnings, *limit_lines]:
             print(one_line(line), file=sys.stderr)
+        if args.strict and limit_lines:
+            print(one_line(f"error: --strict: {len(limit_lines)} (run, task) cells with answers the decode limit may "
+                           "have cut (the warnings above)"), file=sys.stderr)
+            return 1
         if args.output:
             print(one_line(f"wrote {table.height} rows × {table.width} columns to {args.output}"), file=sys.stderr)
         if args.format == "csv":
@@ -618,6 +679,13 @@ def _main(argv: list[str] | None = None) -> int:
     if args.command == "report":
         from pagestats.report import build_report  # matplotlib and great_tables: imported only for `report`
 
+        limit_lines = _decode_warnings(logs.files, logs.manifests)
+        for line in limit_lines:
+            print(one_line(line), file=sys.stderr)
+        if args.strict and limit_lines:
+            print(one_line(f"error: --strict: {len(limit_lines)} (run, task) cells with answers the decode limit may "
+                           "have cut (the warnings above)"), file=sys.stderr)
+            return 1
         logs = logs if args.db is None else logs.load()
         prereg = None
         if args.prereg is not None:

@@ -85,8 +85,8 @@ INPUTS: tuple[Column, ...] = (
     _c("references", STRING_LIST, pa.list_(pa.string()), "reference answers"),
     _c("full_prediction", STRING, pa.string(), "full-KV generation"),
     _c("full_score", FLOAT, pa.float64(), "full-KV score in [0, 1]"),
-    _c("full_n_generated", INT, pa.int64(), "tokens the full-KV decode generated (v2; null in upgraded v1 logs)"),
-    _c("full_stop_reason", STRING, pa.string(), "why the full-KV decode stopped: eos, stop or length (v2)"),
+    _c("full_n_generated", INT, pa.int64(), "tokens the full-KV decode generated (v2; null in upgraded v1 logs)", required=False),
+    _c("full_stop_reason", STRING, pa.string(), "why the full-KV decode stopped: eos, stop or length (v2)", required=False),
     _c("prefill_ms", FLOAT, pa.float64(), "prefill wall time"),
     _c("gate_ms", FLOAT, pa.float64(), "time to compute D from the window"),
 )
@@ -101,8 +101,8 @@ OUTCOMES: tuple[Column, ...] = (
     _c("prediction", STRING, pa.string(), "plain-eviction generation"),
     _c("score", FLOAT, pa.float64(), "A(b, x) in [0, 1]"),
     _c("decode_ms", FLOAT, pa.float64(), "decode wall time of this arm"),
-    _c("n_generated", INT, pa.int64(), "tokens this arm generated (v2; null in upgraded v1 logs)"),
-    _c("stop_reason", STRING, pa.string(), "why this arm's decode stopped: eos, stop or length (v2)"),
+    _c("n_generated", INT, pa.int64(), "tokens this arm generated (v2; null in upgraded v1 logs)", required=False),
+    _c("stop_reason", STRING, pa.string(), "why this arm's decode stopped: eos, stop or length (v2)", required=False),
 )
 
 TOPK: tuple[Column, ...] = (

@@ -9,7 +9,7 @@ from collectors import cli
 from pagestats.cli import main as pagestats_main
 
 ARGS = ["--tasks", "niah_single_1", "--context-length", "640", "--n", "1", "--budgets", "0.25,1.0",
-        "--max-new-tokens", "4", "--part-size", "1", "--no-progress", "--k", "8", "--k-max", "16"]
+        "--max-new-tokens", "4", "--allow-cut-answers", "--part-size", "1", "--no-progress", "--k", "8", "--k-max", "16"]
 
 
 def _rows(out, table):

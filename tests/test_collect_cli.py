@@ -19,7 +19,7 @@ from pagestats import schema
 
 TIMINGS = {"prefill_ms", "gate_ms", "decode_ms"}
 ARGS = ["--tasks", "niah_single_1,niah_multikey_2", "--context-length", "640", "--n", "1",
-        "--evictors", "snapkv,streamingllm", "--budgets", "0.25,0.5,1.0", "--max-new-tokens", "4",
+        "--evictors", "snapkv,streamingllm", "--budgets", "0.25,0.5,1.0", "--max-new-tokens", "4", "--allow-cut-answers",
         "--part-size", "1", "--no-progress", "--k", "8", "--k-max", "16"]
 
 

@@ -63,6 +63,8 @@ def build_frames(run_id="r1", seed=0):
                     "full_score": full_score,
                     "prefill_ms": 1.0,
                     "gate_ms": 0.1,
+                    "full_n_generated": 3,
+                    "full_stop_reason": "eos",
                 }
             )
             for evictor in EVICTORS:
@@ -79,6 +81,8 @@ def build_frames(run_id="r1", seed=0):
                             "prediction": "p",
                             "score": full_score if full else float(rng.integers(0, 5)) / 4,
                             "decode_ms": 2.0,
+                            "n_generated": 2,
+                            "stop_reason": "eos",
                         }
                     )
             for layer in range(L):
@@ -625,12 +629,13 @@ def test_older_schema_version_is_upgraded_on_read(run, monkeypatch):
     def table_v0(table, frame):
         return frame.with_columns(pl.lit(float("nan")).alias("gate_ms")) if table == "inputs" else frame
 
-    monkeypatch.setattr(schema, "READABLE_VERSIONS", (0, 1))
+    monkeypatch.setattr(schema, "READABLE_VERSIONS", (0, *schema.READABLE_VERSIONS))
     monkeypatch.setitem(upgrades.UPGRADES, 0, upgrades.Upgrade(manifest=manifest_v0, schema=schema_v0, table=table_v0))
     assert validate_paths([str(run)]) == []
     logs = load([str(run)])
     assert logs.inputs["gate_ms"].is_nan().all()
-    assert logs.manifests["r1"]["schema_version"] == 1 and logs.manifests["r1"]["protection"]["n_sink"] == 4
+    assert logs.manifests["r1"]["schema_version"] == schema.SCHEMA_VERSION
+    assert logs.manifests["r1"]["protection"]["n_sink"] == 4
 
 
 def test_corrupt_manifest_json(run):

@@ -130,7 +130,7 @@ def test_collect_records_press_parameters_and_version(model_dir, tmp_path):
     out = tmp_path / "run"
     evictors = "kvpress:SnapKVPress:window_size=16:kernel_size=1,kvpress:KnormPress,snapkv"
     args = ["--model", str(model_dir), "--out", str(out), "--tasks", "niah_single_1", "--context-length", "640",
-            "--n", "1", "--budgets", "0.25,1.0", "--max-new-tokens", "4", "--no-progress", "--k", "8",
+            "--n", "1", "--budgets", "0.25,1.0", "--max-new-tokens", "4", "--allow-cut-answers", "--no-progress", "--k", "8",
             "--k-max", "16", "--evictors", evictors]
     assert cli.main(args) == 0
     manifest = json.loads((out / "manifest.json").read_text())

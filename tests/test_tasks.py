@@ -46,9 +46,10 @@ def test_synthetic_tasks_fit_length_and_contain_answers(tok, task, L):
     assert x.metadata["haystack"] in ("noise", "needle", "word list", "coded words")
 
 
-def test_tokens_to_generate_are_rulers():
+def test_tokens_to_generate_are_rulers_but_vt():
+    """RULER's tokens to generate, except vt: RULER's 30 cannot hold five variable names and a preamble."""
     assert {t: TASK_TOKENS_TO_GENERATE[t] for t in ("niah_single_1", "vt", "cwe", "fwe", "qa_1")} == {
-        "niah_single_1": 128, "vt": 30, "cwe": 120, "fwe": 50, "qa_1": 32}
+        "niah_single_1": 128, "vt": 64, "cwe": 120, "fwe": 50, "qa_1": 32}
 
 
 def test_deterministic_in_task_draw_input_id(tok):
@@ -57,8 +58,23 @@ def test_deterministic_in_task_draw_input_id(tok):
     assert (a.prompt, a.references) == (b.prompt, b.references)
     assert make_input("niah_multikey_2", tokenizer=tok, context_length=600, input_id=4, draw=7).prompt != a.prompt
     assert make_input("niah_multikey_2", tokenizer=tok, context_length=600, input_id=3, draw=8).prompt != a.prompt
-    c = make_input("niah_single_1", tokenizer=tok, context_length=600, input_id=3, draw=7, max_new_tokens=5)
-    assert c.max_new_tokens == 5 and c.draw == 7 and c.input_id == 3
+    c = make_input("niah_single_1", tokenizer=tok, context_length=600, input_id=3, draw=7, max_new_tokens=40)
+    assert c.max_new_tokens == 40 and c.draw == 7 and c.input_id == 3
+
+
+def test_a_decode_limit_that_cannot_hold_the_answer_is_refused(tok):
+    """The limit must hold the references (joined, in the model's tokens) plus the preamble margin."""
+    from collectors.tasks import PREAMBLE_MARGIN, answer_tokens
+
+    x = make_input("niah_multivalue", tokenizer=tok, context_length=600, input_id=0, draw=0)
+    need = len(tok(" " + ", ".join(x.references), add_special_tokens=False)["input_ids"])
+    assert answer_tokens("niah_multivalue", x.references, tok) == need > 4 * 7  # four 7-digit numbers, joined
+    kw = dict(tokenizer=tok, context_length=600, input_id=0, draw=0)
+    with pytest.raises(ValueError, match=rf"niah_multivalue: max_new_tokens {need + PREAMBLE_MARGIN - 1} cannot hold"):
+        make_input("niah_multivalue", max_new_tokens=need + PREAMBLE_MARGIN - 1, **kw)
+    assert make_input("niah_multivalue", max_new_tokens=need + PREAMBLE_MARGIN, **kw).max_new_tokens == need + 16
+    short = make_input("niah_multivalue", max_new_tokens=4, allow_cut_answers=True, **kw)
+    assert short.max_new_tokens == 4 and short.prompt == x.prompt
 
 
 NEEDLE_RE = re.compile(r"One of the special magic (?:numbers|uuids) for (\S+) is: (\S+)\.")

@@ -47,9 +47,11 @@ def fake_rows(run_id, task, input_id, L=2, H=3):
     inputs = {**key, "model": "fake", "context_length": 128, "draw": 0, "n_tokens": 100, "drop": x / 10,
               "agreement": [x / 10] * L, "pair_jaccard": [0.5] * (L * H * (H - 1) // 2),
               "signals": {"entropy": x, "sink_mass": 0.25}, "prompt": f"prompt {task} {input_id}",
-              "references": ["a", "b"], "full_prediction": "a b", "full_score": 1.0, "prefill_ms": 1.0, "gate_ms": 0.1}
+              "references": ["a", "b"], "full_prediction": "a b", "full_score": 1.0, "prefill_ms": 1.0, "gate_ms": 0.1,
+              "full_n_generated": 3, "full_stop_reason": "eos"}
     outcomes = [{**key, "evictor": "snapkv", "budget": b, "n_kept": int(100 * b), "prediction": "a",
-                 "score": 0.5 if b < 1 else 1.0, "decode_ms": 2.0} for b in (0.5, 1.0)]
+                 "score": 0.5 if b < 1 else 1.0, "decode_ms": 2.0,
+                 "n_generated": 3, "stop_reason": "eos"} for b in (0.5, 1.0)]
     topk = [{**key, "layer": l, "head": h, "indices": [3, 1, 2, 0]} for l in range(L) for h in range(H)]
     return {"inputs": [inputs], "outcomes": outcomes, "topk": topk}
 

@@ -1,0 +1,179 @@
+"""Why the logged decodes stopped, and which answers the decode limit may have cut (docs/SCHEMA.md).
+
+A decode stops at the model's EOS, at a stop string of the task, or at the task's decode limit
+(``stop_reason`` = ``eos`` / ``stop`` / ``length``; schema v2). A ``length`` stop is harmless when the
+answer was complete before the limit, and it falsifies the outcome when the limit cut the answer:
+the score then measures the limit, not eviction (PAGE §4 "Setup" decodes up to 128 new tokens for this
+reason). Two label-based and one label-free reading of the logged text tell the cases apart:
+
+* **cut inside a reference**: the text ends with a proper prefix of two or more characters of a reference that it
+  does not contain whole, the prefix starting a word (case-insensitive, as RULER's matching). Such an
+  answer was certainly cut. It needs no stop reason, so it also reads v1 logs.
+* **looping**: the last three quarters of the text (at most :data:`LOOP_TAIL` characters) repeat one unit
+  at least twice, e.g. ``hdeack hdeack hde`` or a haystack sentence copied over and over. A greedy
+  decode in such a loop was past its answer when the limit came (docs/decisions.md, "Decode limits").
+* every other ``length`` stop: the answer may have gone on.
+
+:func:`decode_profile` gives, per (run, task, arm), the shares of these; :func:`limit_warnings` the
+one-line warnings for a (run, task) whose full-KV answers stop at the limit without looping on more
+than :data:`LENGTH_WARN_SHARE` of inputs, or are cut inside a reference at all. Both read only the
+columns they need from the validated files, in DuckDB.
+"""
+
+from __future__ import annotations
+
+import duckdb
+import polars as pl
+
+from pagestats import schema
+
+__all__ = ["LENGTH_WARN_SHARE", "LOOP_TAIL", "decode_profile", "flagged_tasks", "limit_warnings", "text_flags"]
+
+#: Share of a (run, task)'s full-KV answers that may stop at the limit (not looping) before it is flagged.
+LENGTH_WARN_SHARE = 0.05
+#: Most trailing characters the loop check reads.
+LOOP_TAIL = 240
+
+# The text ends with a proper prefix r[1:k] of a reference r it does not contain, the prefix starting a word.
+_CUT = """coalesce(list_bool_or(list_transform("references", lambda r:
+    NOT contains(lower(pred), lower(r)) AND coalesce(list_bool_or(list_transform(range(2, length(r)), lambda k:
+        ends_with(lower(pred), lower(substr(r, 1, k)))
+        AND (length(pred) = k OR NOT regexp_matches(substr(pred, length(pred) - k, 1), '[[:alnum:]]')))), false))),
+    false)"""
+# The tail t (last 3/4 of the text, at most LOOP_TAIL characters) has a period p with at least two periods in t.
+# The run's directory name (a file <run>/inputs/<part>), else its run_id (loose files).
+_RUN_DIR = "coalesce(nullif(regexp_extract(filename, '([^/]+)/inputs/[^/]+$', 1), ''), run_id)"
+_TAIL = f"right(pred, least({LOOP_TAIL}, (3 * length(pred)) // 4))"
+_LOOP = f"""(length({_TAIL}) >= 2 AND coalesce(list_bool_or(list_transform(range(1, length({_TAIL}) // 2 + 1),
+    lambda p: substr({_TAIL}, p + 1) = substr({_TAIL}, 1, length({_TAIL}) - p))), false))"""
+
+
+def _relation(con: duckdb.DuckDBPyConnection, files, table: str, columns: dict[str, str]) -> str:
+    """SQL of ``table``'s rows from ``files`` (FileRecord-like: ``path``, ``table``), one expression per
+    output column; a v2 column a file lacks (a v1 log) reads as its upgrade value."""
+    paths = [f.path for f in files if f.table == table]
+    parquet = [p for p in paths if p.endswith(".parquet")]
+    parts = []
+    if parquet:
+        listed = ", ".join("'" + p.replace("'", "''") + "'" for p in parquet)
+        con.execute(f"CREATE OR REPLACE TEMP VIEW _dec_{table}_pq AS SELECT * FROM read_parquet([{listed}], "
+                    "union_by_name = true, filename = true)")
+        parts.append(f"_dec_{table}_pq")
+    others = [p for p in paths if not p.endswith(".parquet")]
+    if others:
+        frame = pl.concat([pl.read_ndjson(p).with_columns(pl.lit(p).alias("filename")) for p in others],
+                          how="diagonal_relaxed")
+        con.register(f"_dec_{table}_js", frame)
+        parts.append(f"_dec_{table}_js")
+    if not parts:
+        return None
+    selects = []
+    for part in parts:
+        have = {r[0] for r in con.execute(f"DESCRIBE {part}").fetchall()}
+        exprs = []
+        for name, expr in columns.items():
+            if expr in have or expr not in (c.name for c in schema.columns(table)):
+                exprs.append(f"{expr} AS {name}")
+            else:  # a column v2 added: an upgraded v1 row
+                exprs.append(f"{'NULL' if 'n_generated' in expr else repr(schema.STOP_UNKNOWN)} AS {name}")
+        selects.append(f"SELECT {', '.join(exprs)} FROM {part}")
+    return " UNION ALL BY NAME ".join(selects)
+
+
+def _rows(con, files, *, arms: bool) -> str:
+    """SQL of one row per decode: run_id, task, input_id, arm ('full' or the evictor), budget, stop_reason,
+    pred, references (references come from the input)."""
+    inputs = _relation(con, files, "inputs", {
+        "run": _RUN_DIR, "run_id": "run_id", "task": "task", "input_id": "input_id", "pred": "full_prediction",
+        "stop_reason": "full_stop_reason", "n_generated": "full_n_generated", "\"references\"": "\"references\""})
+    full = f"SELECT run, run_id, task, input_id, 'full' AS arm, 1.0 AS budget, stop_reason, n_generated, pred, \"references\" FROM ({inputs})"
+    if not arms:
+        return full
+    outcomes = _relation(con, files, "outcomes", {
+        "run_id": "run_id", "task": "task", "input_id": "input_id", "arm": "evictor", "budget": "budget",
+        "pred": "prediction", "stop_reason": "stop_reason", "n_generated": "n_generated"})
+    evicted = (f"SELECT i.run, o.run_id, o.task, o.input_id, o.arm, o.budget, o.stop_reason, o.n_generated, o.pred, "
+               f"i.\"references\" FROM ({outcomes}) o JOIN ({inputs}) i USING (run_id, task, input_id) "
+               f"WHERE o.budget < 1")
+    return f"{full} UNION ALL {evicted}"
+
+
+def decode_profile(files, *, arms: bool = True) -> pl.DataFrame:
+    """Per (run_id, task, arm): how the decodes stopped.
+
+    Parameters
+    ----------
+    files : sequence of FileRecord
+        Validated log files (``Logs.files``, ``LogDB.files``, ``Checked.files``).
+    arms : bool
+        Also the evicted arms (every evictor at budgets b < 1; budget-1.0 rows repeat the full arm);
+        otherwise the full-KV answers only (the inputs table).
+
+    Returns
+    -------
+    polars.DataFrame
+        ``run, run_id, task, arm, n, n_length, n_looping, n_cut, n_unknown, max_generated`` — decodes, those
+        that stopped at the limit, those of them that loop, those whose text ends inside a reference
+        (any reason), those whose reason a v1 log did not record, and the most tokens any generated
+        (null in v1 logs); ``run`` is the run's directory name (its run_id for loose files). Sorted by
+        run, task, arm ('full' first).
+    """
+    con = duckdb.connect(config={"threads": 1})
+    try:
+        rows = _rows(con, files, arms=arms)
+        if rows is None:
+            raise ValueError("no inputs files to profile")
+        out = con.sql(f"""
+            SELECT any_value(run) AS run, run_id, task, arm, count(*)::BIGINT AS n,
+                   count_if(stop_reason = 'length')::BIGINT AS n_length,
+                   count_if(stop_reason IN ('length', '{schema.STOP_UNKNOWN}') AND {_LOOP})::BIGINT AS n_looping,
+                   count_if({_CUT})::BIGINT AS n_cut,
+                   count_if(stop_reason = '{schema.STOP_UNKNOWN}')::BIGINT AS n_unknown,
+                   max(n_generated)::BIGINT AS max_generated
+            FROM (SELECT *, coalesce(pred, '') AS pred FROM ({rows}))
+            GROUP BY run_id, task, arm ORDER BY run_id, task, (arm <> 'full'), arm""").pl()
+    finally:
+        con.close()
+    return out
+
+
+def text_flags(predictions, references) -> pl.DataFrame:
+    """Per text, the two readings :func:`decode_profile` counts: ``cut`` (ends inside a reference it
+    does not contain) and ``looping`` (its tail repeats one unit at least twice). For one-off checks
+    and tests; ``references`` is one list of strings per prediction."""
+    frame = pl.DataFrame({"pred": list(predictions), "references": [list(r) for r in references]},
+                         schema={"pred": pl.String, "references": pl.List(pl.String)})
+    con = duckdb.connect(config={"threads": 1})
+    try:
+        con.register("_texts", frame)
+        return con.sql(f"SELECT {_CUT} AS cut, {_LOOP} AS looping FROM (SELECT coalesce(pred, '') AS pred, "
+                       f"\"references\" FROM _texts)").pl()
+    finally:
+        con.close()
+
+
+def flagged_tasks(profile: pl.DataFrame) -> pl.DataFrame:
+    """(run_id, task) rows of the full-KV ``profile`` whose answers the decode limit may have cut:
+    more than :data:`LENGTH_WARN_SHARE` of them stopped at the limit without looping, or any one ends
+    inside a reference. Columns: ``run_id, task, n, n_length, n_looping, n_cut, n_unknown``."""
+    full = profile.filter(pl.col("arm") == "full")
+    open_ended = (pl.col("n_length") - pl.col("n_looping")).clip(lower_bound=0)
+    return full.filter((open_ended > LENGTH_WARN_SHARE * pl.col("n")) | (pl.col("n_cut") > 0)).select(
+        "run", "run_id", "task", "n", "n_length", "n_looping", "n_cut", "n_unknown")
+
+
+def limit_warnings(profile: pl.DataFrame, limits: dict[tuple[str, str], int | None] | None = None) -> list[str]:
+    """One line per flagged (run, task) (:func:`flagged_tasks`), naming the counts and the limit."""
+    lines = []
+    for r in flagged_tasks(profile).iter_rows(named=True):
+        limit = (limits or {}).get((r["run_id"], r["task"]))
+        at = f"the {limit}-token decode limit" if limit else "the decode limit"
+        if r["n_unknown"] == r["n"]:
+            what = (f"{r['n_cut']} of {r['n']} full-KV answers end inside a reference (the v1 log did not record "
+                    f"why decodes stopped; the limit may have cut more)")
+        else:
+            what = (f"{r['n_length']} of {r['n']} full-KV answers stopped at {at} ({r['n_looping']} of them looping), "
+                    f"{r['n_cut']} end inside a reference")
+        lines.append(f"warning: {r['run']}/{r['task']}: {what}; its outcomes may measure the decode limit, not "
+                     f"eviction (re-collect with a longer --max-new-tokens {r['task']}=N)")
+    return lines
