@@ -45,6 +45,7 @@ from pagestats.report.table_entries import TABLES
 from pagestats.report.write import (
     FIGURE_FORMATS,
     _EmptyOutput,
+    _table_parts,
     _write_figure,
     _write_table,
     out_problem,
@@ -76,6 +77,8 @@ class Outcome:
     caption: str
     files: list[str]
     skipped: str | None = None
+    #: "model/context/task" cells among the table's rows whose full-KV answers the decode limit may have cut
+    decode_limited: list[str] = dataclasses.field(default_factory=list)
 
 
 def _skip_reason(entry: Entry, ctx: Context) -> str | None:
@@ -99,6 +102,9 @@ def _run_entry(entry: Entry, ctx: Context, out: Path, formats: Sequence[str] = F
         outcome.skipped = "no cell has the data this item needs"
         return outcome
     write = _write_figure if entry.kind == "figure" else _write_table
+    if entry.kind == "table":
+        marks = {m for _, item in parts for m in ctx.decode_limited_in(_table_parts(item)[0])}
+        outcome.decode_limited = sorted(marks)
     for part, item in parts:
         stem = folder / (f"{entry.name}-{_safe(part)}" if part else entry.name)
         outcome.files.extend(_relative(p, out) for p in write(item, stem, formats))
@@ -183,6 +189,16 @@ def _build_into(logs, out, *, policy=None, profile=None, entries: Sequence[Entry
             except _EmptyOutput as err:
                 outcomes.append(Outcome(entry.name, entry.kind, entry.source, entry.caption, [], str(err)))
     lead = headline(ctx) if logs.outcomes.height else pl.DataFrame()
+    marks = ctx.decode_limited.group_by("model", "context_length").agg(
+        pl.col("task").unique().sort().str.join(", ").alias("decode_limited"))
+    if lead.height:
+        lead = lead.join(marks, on=["model", "context_length"], how="left").with_columns(
+            pl.col("decode_limited").fill_null(""))
+    sentences = headline_sentences(lead, ctx.headline_evictor if logs.outcomes.height else None)
+    sentences += [f"† At {r['context_length']} tokens ({r['model']}), the full-KV answers of {r['decode_limited']} "
+                  "stopped at the decode limit without looping, or ended inside a reference: those tasks' numbers "
+                  "measure the decode limit as well as eviction (`pagestats validate` lists them)."
+                  for r in marks.sort("model", "context_length").iter_rows(named=True)]
     index = {
         "pagestats_version": pagestats.__version__,
         "schema_version": _schema_versions(logs),
@@ -201,9 +217,10 @@ def _build_into(logs, out, *, policy=None, profile=None, entries: Sequence[Entry
         "pilots": _pilots(ctx),
         "dilution_rule": ctx.dilution_rule,
         "defaults": {k: list(v) if isinstance(v, tuple) else v for k, v in defaults.as_dict().items()},
+        "decode_limited": ctx.decode_limited.to_dicts(),
         "outputs": [dataclasses.asdict(o) for o in outcomes],
         "headline": lead.to_dicts(),
-        "headline_sentences": headline_sentences(lead, ctx.headline_evictor if logs.outcomes.height else None),
+        "headline_sentences": sentences,
     }
     (out / "index.json").write_text(json.dumps(index, indent=2, default=str) + "\n")
     path = out / "index.md"

@@ -60,6 +60,41 @@ class Context:
         return getattr(self.policy, "tau", None) if type(self.policy).__name__ == "FixedTau" else None
 
     @functools.cached_property
+    def decode_limited(self) -> pl.DataFrame:
+        """(model, context_length, task, run) of every (run, task) whose full-KV answers the decode limit
+        may have cut (:func:`pagestats.io.decoding.flagged_tasks`), read from the logs' files; empty
+        when the logs hold no files (built in memory: nothing to read the text from)."""
+        from pagestats.io.decoding import decode_profile, flagged_tasks
+
+        empty = pl.DataFrame(schema={"model": pl.String, "context_length": pl.Int64, "task": pl.String,
+                                     "run": pl.String})
+        files = [f for f in getattr(self.logs, "files", []) if f.table == "inputs"]
+        if not files:
+            return empty
+        flagged = flagged_tasks(decode_profile(files, arms=False))
+        cells = self.logs.inputs.select("run_id", "model", "context_length").unique()
+        return (flagged.join(cells, on="run_id").select("model", "context_length", "task", "run")
+                .unique().sort("model", "context_length", "task", "run")) if flagged.height else empty
+
+    def decode_limited_in(self, frame: pl.DataFrame) -> list[str]:
+        """The flagged (model, context, task) of :attr:`decode_limited` that ``frame``'s rows draw on, as
+        ``"model/context/task"``: matched on whichever of model, context_length and task the frame has
+        (a frame with none of them pools every input, so every flagged cell)."""
+        marks = self.decode_limited
+        if marks.height == 0:
+            return []
+        keys = [c for c in ("model", "context_length", "task") if c in frame.columns]
+        if keys:
+            try:
+                present = frame.select(keys).unique().cast({k: marks.schema[k] for k in keys})
+            except pl.exceptions.InvalidOperationError:  # a column of that name holding other values
+                present = None
+            if present is not None:
+                marks = marks.join(present, on=keys, how="semi")
+        return [f"{r['model']}/{r['context_length']}/{r['task']}" for r in marks.unique(
+            ["model", "context_length", "task"]).sort("model", "context_length", "task").iter_rows(named=True)]
+
+    @functools.cached_property
     def context_lengths(self) -> list[int]:
         return sorted(self.logs.inputs["context_length"].unique().to_list())
 

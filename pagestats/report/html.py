@@ -62,12 +62,19 @@ def _p(value) -> str:
     return "< 0.001" if value is not None and value < 0.001 else _number(value)
 
 
+def decode_limited_note(cells) -> str:
+    """The mark of a table whose rows draw on (model/context/task) cells the decode limit may have cut."""
+    return ("Its rows draw on " + ", ".join(cells) + ", whose full-KV answers stopped at the decode limit without "
+            "looping or ended inside a reference: there the numbers measure the decode limit as well as eviction.")
+
+
 def headline_rows(frame: pl.DataFrame) -> list[dict]:
     """The headline table as display strings (percentages, intervals), one dict per row."""
     rows = []
     for r in frame.iter_rows(named=True):
         rows.append({
-            "model": r["model"], "context_length": str(r["context_length"]), "evictor": r["evictor"],
+            "model": r["model"], "evictor": r["evictor"],
+            "context_length": str(r["context_length"]) + (" †" if r.get("decode_limited") else ""),
             "n_inputs": str(r["n_inputs"]),
             "delta_ci": f"{r['delta'] * 100:+.1f} pp [{r['low'] * 100:+.1f}, {r['high'] * 100:+.1f}]",
             "p_adjusted": _p(r["p_adjusted"]),
@@ -148,6 +155,8 @@ def write_index_html(index: dict, out) -> str:
     for o in tables:
         parts.append(f'<section id="{o["name"]}"><h3>{html.escape(o["source"])} ({html.escape(o["name"])})</h3>'
                      f'<p class="caption">{html.escape(o["caption"])} <span class="files">{_links(o["files"])}</span></p>')
+        if o.get("decode_limited"):
+            parts.append(f'<p class="caption decode-limited">† {html.escape(decode_limited_note(o["decode_limited"]))}</p>')
         columns: list[str] = []
         for f in (f for f in o["files"] if f.endswith(".csv")):
             frame = _read_table(out, f)
@@ -220,8 +229,9 @@ def index_markdown(index: dict, out) -> str:
         lines += ["", "Files: " + ", ".join(f"[{Path(f).name}]({f})" for f in o["files"]), ""]
     lines += ["## Tables", ""]
     for o in (o for o in index["outputs"] if o["kind"] == "table" and not o["skipped"]):
-        lines += [f"### {o['source']} ({o['name']})", "", o["caption"], "",
-                  "Files: " + ", ".join(f"[{Path(f).name}]({f})" for f in o["files"]), ""]
+        lines += [f"### {o['source']} ({o['name']})", "", o["caption"], ""]
+        lines += [f"† {decode_limited_note(o['decode_limited'])}", ""] if o.get("decode_limited") else []
+        lines += ["Files: " + ", ".join(f"[{Path(f).name}]({f})" for f in o["files"]), ""]
         columns = []
         for f in (f for f in o["files"] if f.endswith(".csv")):
             with open(Path(out) / f, encoding="utf-8") as fh:
