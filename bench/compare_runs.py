@@ -79,6 +79,11 @@ def limit_comparison(old: str, new: str) -> dict:
     within = rows.filter((pl.col("n_generated_new") < pl.col("old_limit")) & (pl.col("stop_reason_new") == "eos"))
     past = rows.filter(pl.col("n_generated_new") >= pl.col("old_limit"))
     not_prefix = past.filter(~pl.col("prediction_new").str.starts_with(pl.col("prediction")))
+    # the loop reading of pagestats validate on the old (cut) text: did going on change the score?
+    from pagestats.io.decoding import text_flags
+
+    past = past.with_columns(text_flags(past["prediction"], [[]] * past.height)["looping"].alias("old_looping"))
+    loops = past.filter(pl.col("old_looping"))
     full_rows = rows.filter(pl.col("evictor") == "full")
     per_task = (rows.group_by("task", pl.col("evictor") == "full").agg(
         pl.len().alias("n"), pl.col("score").mean().alias("score_old"), pl.col("score_new").mean().alias("score_new"),
@@ -107,6 +112,12 @@ def limit_comparison(old: str, new: str) -> dict:
                                                  == within["prediction_new"].str.replace_all(r"\s", "")).sum()),
         "ran_past_old_limit": past.height,
         "of_them_old_is_prefix_of_new": past.height - not_prefix.height,
+        "ran_past_old_limit_looping_at_it": loops.height,
+        "of_them_score_changed": int((loops["score"] != loops["score_new"]).sum()),
+        "of_them_score_up": int((loops["score_new"] > loops["score"]).sum()),
+        "ran_past_old_limit_not_looping": past.height - loops.height,
+        "of_them_score_changed_not_looping": int((past.filter(~pl.col("old_looping"))["score"]
+                                                  != past.filter(~pl.col("old_looping"))["score_new"]).sum()),
         "not_prefix_examples": not_prefix.select(*KEY, "evictor", "budget", "prediction", "prediction_new")
         .head(5).to_dicts(),
         "full_kv_accuracy_old": float(full_rows["score"].mean()),

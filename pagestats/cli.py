@@ -463,6 +463,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, metavar="RUN2", help="the new run directory (must not exist)")
     p.add_argument("--rows", type=number(1, 10**12, integer=True, name="--rows"), default=None,
                    help="rows per output file (default: one file per table)")
+    p.add_argument("--tasks", default=None, metavar="TASK,...",
+                   help="keep only these tasks of the run, e.g. to replace the others by a re-collection "
+                   "(default: every task)")
 
     p = sub.add_parser("index", help="validate logs and write a DuckDB database of views over their parquet files")
     p.add_argument("logs", nargs="+", metavar="LOGS", help="run directories, parquet/jsonl files or globs")
@@ -590,7 +593,7 @@ def _main(argv: list[str] | None = None) -> int:
         from pagestats.io import compact_run
 
         try:
-            compact_run(args.run, args.out, rows_per_file=args.rows)
+            compact_run(args.run, args.out, rows_per_file=args.rows, tasks=_comma_list(args.tasks, name="--tasks"))
         except LogError as err:
             print(_bad_logs_line(err, [args.run]), file=sys.stderr)
             return 1

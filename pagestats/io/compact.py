@@ -18,25 +18,31 @@ import shutil
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401  (pa.compute)
 
 from pagestats import schema
 from pagestats.io.load import validate_paths
 from pagestats.io.validation.problems import LogError
 
 
-def compact_run(run, out, *, rows_per_file: int | None = None) -> str:
+def compact_run(run, out, *, rows_per_file: int | None = None, tasks=None) -> str:
     """Rewrite the run directory ``run`` as the new run directory ``out``.
 
     Parameters
     ----------
     run : str or path
-        A valid run directory (with ``manifest.json``) of the current schema version whose
-        files are parquet.
+        A valid run directory (with ``manifest.json``) whose files are parquet; a run of an older
+        readable schema version is upgraded (:mod:`pagestats.io.upgrades`) and written in the
+        current one.
     out : str or path
         The new run directory; it must not exist.
     rows_per_file : int, optional
         Rows per output file (default: one file per table).
-
+    tasks : sequence of str, optional
+        Keep only these tasks of the run (default: all): their rows, and their entries of the
+        manifest's ``tasks`` and ``task_options``; ``parameters`` and the run id stay those of the
+        collection, and the manifest gains ``tasks_kept``. Used to replace some tasks of a run by a
+        re-collection (data/README.md).
     Returns
     -------
     str
@@ -47,7 +53,8 @@ def compact_run(run, out, *, rows_per_file: int | None = None) -> str:
     LogError
         ``run`` is not valid (its problems), or, which would be a bug, the result is not.
     ValueError
-        ``run`` is not a run directory, ``out`` exists, or ``rows_per_file`` < 1.
+        ``run`` is not a run directory, ``out`` exists, ``rows_per_file`` < 1, or ``tasks`` names a task
+        the run does not hold.
 
     Notes
     -----
@@ -63,16 +70,24 @@ def compact_run(run, out, *, rows_per_file: int | None = None) -> str:
     if out.exists() or out.is_symlink():
         raise ValueError(f"--out {out} exists; compact writes a new run directory")
     if rows_per_file is not None and rows_per_file < 1:
-        raise ValueError(f"--rows must be at least 1, got {rows_per_file}")
+        raise ValueError(f"rows_per_file must be at least 1, got {rows_per_file}")
     problems = validate_paths([str(run)])
     if problems:
         raise LogError(problems)
     raw = manifest_path.read_bytes()
     manifest = json.loads(raw)
-    if manifest.get("schema_version") != schema.SCHEMA_VERSION:
-        raise ValueError(f"{run}: compact writes schema v{schema.SCHEMA_VERSION}; this run is "
-                         f"v{manifest.get('schema_version')} (read it with `pagestats validate` first)")
-    import pyarrow.parquet as pq  # imported where used: the what-if's start-up does not pay for it
+    version = manifest.get("schema_version")
+    if tasks is not None:
+        tasks = list(dict.fromkeys(tasks))
+        unknown = [t for t in tasks if t not in (manifest.get("tasks") or {})]
+        if unknown or not tasks:
+            raise ValueError(f"{run}: tasks {unknown or tasks} are not among the run's tasks "
+                             f"{sorted(manifest.get('tasks') or {})}")
+    import polars as pl
+    import pyarrow.parquet as pq
+
+    from pagestats.io.upgrades import upgrade_manifest, upgrade_table
+  # imported where used: the what-if's start-up does not pay for it
 
     entries = manifest.get("files") or []
     loose = [e["path"] for e in entries if not str(e["path"]).endswith(".parquet")]
@@ -86,10 +101,19 @@ def compact_run(run, out, *, rows_per_file: int | None = None) -> str:
             if not parts:
                 continue
             data = pa.concat_tables([pq.read_table(run / e["path"]) for e in parts], promote_options="default")
+            if tasks is not None:
+                data = data.filter(pa.compute.is_in(data.column("task"), pa.array(tasks)))
+            if version != schema.SCHEMA_VERSION:
+                data = upgrade_table(table, pl.from_arrow(data), version).to_arrow()
             step = rows_per_file or max(data.num_rows, 1)
             for i, start in enumerate(range(0, max(data.num_rows, 1), step)):
                 schema.write_parquet(table, data.slice(start, step), staging / table / f"part-{i:06d}.parquet")
-        kept = {k: v for k, v in manifest.items() if k not in ("files", "schema_version", "compacted_from")}
+        kept = {k: v for k, v in upgrade_manifest(manifest).items() if k not in ("files", "schema_version", "compacted_from")}
+        if tasks is not None:
+            kept["tasks"] = {t: c for t, c in manifest["tasks"].items() if t in tasks}
+            if isinstance(kept.get("task_options"), dict):
+                kept["task_options"] = {t: o for t, o in kept["task_options"].items() if t in tasks}
+            kept["tasks_kept"] = tasks
         kept["compacted_from"] = {"manifest_sha256": hashlib.sha256(raw).hexdigest(), "files": len(entries)}
         schema.write_manifest(staging, kept)
         problems = validate_paths([str(staging)])
