@@ -70,7 +70,7 @@ test: $(VENV)/.full $(KVPRESS_VENV)/.done
 
 recollect: $(VENV)/.full
 	$(VENV)/bin/pagestats-collect --tasks niah_single_1,niah_multikey_3 --context-length 512 \
-	    --n 2 --evictors snapkv,streamingllm --max-new-tokens 32 --k-max 64 --out out/recollect
+	    --n 2 --evictors snapkv,streamingllm --k-max 64 --out out/recollect
 	$(VENV)/bin/pagestats validate out/recollect
 
 bench: $(VENV)/.full
