@@ -28,6 +28,9 @@ PILOT_N = 100
 PILOT_SPLIT = "held-out"
 #: Inputs per class for the 40-input midpoint recipe (App. A.3.4, Eq. 5).
 MIDPOINT_N = 20
+#: Tasks of the paper's midpoint pilot (App. A.3.4: "20 inputs from a known capacity-bound task
+#: (NIAH-MK3)" and 20 from VT; Table 7): capacity-bound, then dilution-prone.
+MIDPOINT_TASKS = ("niah_multikey_3", "vt")
 #: Pre-registered dilution-prone threshold on ρ (§3, Eq. 1).
 RHO_THRESHOLD = 0.05
 #: Rows the scaling slope is fitted on (§5, Fig. 9: the dilution-prone task class; "rho": ρ ≥ 0.05).

@@ -621,8 +621,9 @@ def test_registry_entries_and_skips(tmp_path):
     assert skipped == {"tab04_distractor_sweep", "tab21_preregistered", "tab30_draws", "tabN1_pilot_sensitivity",
                        "tabA31_k_sweep", "tab07_calibration", "tab20_cross_cell"}
     assert "holds out 100 inputs per model" in meta["tabN1_pilot_sensitivity"]["skipped"]
-    for name in ("tab07_calibration", "tab20_cross_cell"):  # 4 inputs per class; Eq. 5 takes 20
-        assert "takes 20 capacity-bound and 20 dilution-prone inputs; this cell has 4 and 8" in meta[name]["skipped"]
+    for name in ("tab07_calibration", "tab20_cross_cell"):  # 4 MK3 and 4 VT inputs; the paper's Eq. 5 takes 20 of each
+        assert ("takes 20 capacity-bound (niah_multikey_3) and 20 dilution-prone (vt) inputs; this cell has 4 and 4"
+                in meta[name]["skipped"])
     assert "context length" in meta["tab21_preregistered"]["skipped"] and "draws" in meta["tab30_draws"]["skipped"]
     assert all("\n" not in meta[n]["skipped"] for n in skipped)
     for n, o in meta.items():

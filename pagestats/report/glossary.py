@@ -87,7 +87,7 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "compression": ("compression", "1 / kept KV"),
     "delta_policy": ("Δ gate", "Δ of the gate's policy"),
     "delta_oracle": ("Δ oracle", "Δ of the task-label oracle (Table 14)"),
-    "gap": ("gap", "Δ oracle − Δ gate"),
+    "gap": ("gap", "Δ gate − Δ oracle"),
     "same_decisions": ("same decisions", "the gate and the oracle decide alike on every input"),
     "best_plain": ("best plain evictor", "evictor with the highest plain accuracy"),
     "acc_best_plain": ("its accuracy", "plain accuracy of the best plain evictor"),
@@ -134,7 +134,7 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "harm_plain": ("harm plain", "share of inputs plain eviction scores below the full cache"),
     "plain_low": ("plain 95% low", "lower end of the plain harm interval"),
     "plain_high": ("plain 95% high", "upper end of the plain harm interval"),
-    "reduction": ("harm reduction", "harm plain − harm gated"),
+    "harm_ratio": ("harm ratio ×", "harm plain / harm gated (null when harm gated is 0)"),
     "n_budgets": ("n budgets", "budgets b < 1 per input"),
     "n_boot": ("bootstrap replicates", "cluster-bootstrap replicates"),
     "excludes_zero": ("excludes 0", "the 95% interval excludes 0"),
@@ -154,7 +154,7 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "tau_from": ("τ from", "smallest threshold giving this point"),
     "tau_to": ("τ to", "largest threshold giving this point"),
     "accuracy": ("accuracy", "mean score of the gated arm at this (τ, b)"),
-    "harm_reduction": ("harm reduction", "harm plain − harm gated"),
+    "harm_reduction": ("harm cut, pp", "harm plain − harm gated, in percentage points"),
 }
 
 #: table name → {tidy name: (header, meaning)} where a name means something else there.

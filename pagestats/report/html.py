@@ -24,7 +24,7 @@ from pagestats.report.glossary import glossary, header
 #: Headline columns shown, as (tidy name, header).
 HEADLINE_SHOWN = (("model", "model"), ("context_length", "context"), ("evictor", "evictor"),
                   ("n_inputs", "n inputs"), ("delta_ci", "Δ gated − plain [95% CI]"), ("p_adjusted", "p (BH)"),
-                  ("harm_plain", "harm plain"), ("harm_gated", "harm gated"), ("harm_reduction", "harm reduction"),
+                  ("harm_plain", "harm plain"), ("harm_gated", "harm gated"), ("harm_reduction", "harm cut (pp)"),
                   ("p_open", "p_open"), ("kept_kv", "kept KV"), ("compression", "compression"))
 
 CSS = """

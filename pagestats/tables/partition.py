@@ -288,7 +288,7 @@ def harm_table(gated: pl.DataFrame, *, evictor: str | None = None, by=("task", "
     polars.DataFrame
         ``by``, ``budget``, ``evictor``, ``n``, ``harm_gated`` (+ ``gated_low``, ``gated_high``),
         ``harm_plain`` (+ ``plain_low``, ``plain_high``), Wilson intervals, and
-        ``reduction`` = harm_plain / harm_gated (null when harm_gated is 0), budgets b < 1.
+        ``harm_ratio`` = harm_plain / harm_gated (null when harm_gated is 0), budgets b < 1.
 
     References
     ----------
@@ -306,7 +306,7 @@ def harm_table(gated: pl.DataFrame, *, evictor: str | None = None, by=("task", "
         p.select(*keys, "harm_plain", "plain_low", "plain_high"), on=keys)
     out = out.with_columns(
         pl.lit(ev).alias("evictor"),
-        pl.when(pl.col("harm_gated") > 0).then(pl.col("harm_plain") / pl.col("harm_gated")).otherwise(None).alias("reduction"),
+        pl.when(pl.col("harm_gated") > 0).then(pl.col("harm_plain") / pl.col("harm_gated")).otherwise(None).alias("harm_ratio"),
     )
     return out.select(*keys, "evictor", "n", "harm_gated", "gated_low", "gated_high", "harm_plain", "plain_low",
-                      "plain_high", "reduction").sort(keys)
+                      "plain_high", "harm_ratio").sort(keys)
