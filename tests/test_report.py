@@ -409,3 +409,31 @@ def test_decision_figure_names_an_evictor_logged_in_one_cell_only(two_context):
     handle = next(h for legend in fig.legends for h, t in zip(legend.legend_handles, legend.get_texts())
                   if t.get_text() == "late-evictor")
     assert colours["late-evictor"] == handle.get_color()  # the entry has the colour the panel drew it in
+
+
+def test_one_input_set_per_cell_and_every_draw_in_table30(tmp_path):
+    """Two input draws of one cell: every entry but Table 30 reads the first draw only, so the n of a
+    cell is the headline's in every table with an n column; Table 30 compares both draws."""
+    logs = _load(tmp_path, context_lengths=(4096,), draws=(0, 1), n_inputs=6)
+    assert set(logs.inputs["draw"]) == {0, 1}
+    ctx = report.context.Context(logs)
+    assert set(ctx.logs.inputs["draw"]) == {0} and ctx.all_logs is logs
+    kept = set(ctx.logs.inputs.select("run_id", "task", "input_id").iter_rows())
+    assert set(ctx.logs.outcomes.select("run_id", "task", "input_id").iter_rows()) == kept
+    index = Path(report.build_report(logs, tmp_path / "out", formats=("png",)))
+    meta = json.loads((index.parent / "index.json").read_text())
+    n_cell = {r["evictor"]: r["n_inputs"] for r in meta["headline"]}
+    assert set(n_cell.values()) == {6 * 3}  # 6 inputs × 3 tasks of draw 0
+    checked = 0
+    for o in meta["outputs"]:
+        if o["kind"] != "table" or o["skipped"] or o["name"] == "tab30_draws":
+            continue
+        for f in (f for f in o["files"] if f.endswith(".csv")):
+            frame = pl.read_csv(index.parent / f, infer_schema_length=None)
+            if {"n_inputs", "evictor"} <= set(frame.columns) and "task" not in frame.columns:
+                rows = frame.filter(pl.col("evictor").is_in(list(n_cell)))
+                assert rows.height and set(rows["n_inputs"].to_list()) <= {6 * 3}, (o["name"], rows["n_inputs"])
+                checked += 1
+    assert checked >= 3
+    draws = pl.read_csv(index.parent / "tables" / "tab30_draws.csv", infer_schema_length=None)
+    assert set(draws["draw"].drop_nulls().to_list()) == {0, 1}

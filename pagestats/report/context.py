@@ -10,6 +10,8 @@ report); it imports neither :mod:`pagestats.tables` nor :mod:`pagestats.figures`
 
 from __future__ import annotations
 
+import dataclasses
+
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,7 +34,11 @@ class Context:
     replays computed once (lazily) from them."""
 
     def __init__(self, logs, *, policy=None, profile=None, prereg=None, dilution_rule=None):
-        self.logs = logs
+        #: every input draw of the logs: Table 30 (seed replicates) reads these
+        self.all_logs = logs
+        #: the first input draw of each (model, context): every other entry reads these, so that a
+        #: cell has one input set across the report (docs/decisions.md, "One input set per cell")
+        self.logs = first_draw(logs)
         self.policy = policy if policy is not None else FixedTau()
         self.profile = profile if profile is not None else ProfileSpec()
         #: ``(meta, band)`` of a verified frozen band (:func:`pagestats.prereg.verified_band`), or None
@@ -101,6 +107,23 @@ class Context:
     @functools.cached_property
     def task_classes(self) -> list[str]:
         return sorted(with_task_class(self.logs.inputs)["task_class"].unique().drop_nulls().to_list())
+
+
+def first_draw(logs):
+    """``logs`` restricted to the lowest input ``draw`` of each (model, context_length): the other
+    draws' inputs, their outcomes and top-k rows are left out (the same object when there are none)."""
+    inputs = logs.inputs
+    if "draw" not in inputs.columns or inputs.height == 0:
+        return logs
+    first = pl.col("draw") == pl.col("draw").min().over("model", "context_length")
+    if inputs.filter(~first).height == 0:
+        return logs
+    kept = inputs.filter(first)
+    key = ["run_id", "task", "input_id"]
+    keys = kept.select(key)
+    return dataclasses.replace(
+        logs, inputs=kept, outcomes=logs.outcomes.join(keys, on=key, how="semi"),
+        topk=None if logs.topk is None else logs.topk.join(keys, on=key, how="semi"))
 
 
 # --------------------------------------------------------------------------- requirements
@@ -198,7 +221,7 @@ def needs_topk(ctx: Context) -> str | None:
 
 def needs_draws(n: int) -> Requirement:
     def check(ctx: Context) -> str | None:
-        got = ctx.logs.inputs["draw"].n_unique() if "draw" in ctx.logs.inputs.columns else 0
+        got = ctx.all_logs.inputs["draw"].n_unique() if "draw" in ctx.all_logs.inputs.columns else 0
         if got < n:
             return f"needs ≥{n} input draws (seed replicates); the logs have {got}"
         return None

@@ -219,7 +219,9 @@ def _entries() -> tuple[Entry, ...]:
                   rng=rng())), (ev, _needs_capacity),
               "Δ on the capacity-bound tasks per cell with cluster-bootstrap intervals and BH-adjusted p."),
         Entry("tab30_draws", "table", "Table 30",
-              lambda c: t("tab30_draws", draw_replicates_table(c.gated, c.logs.inputs.select("run_id", "draw").unique(),
+              lambda c: t("tab30_draws", draw_replicates_table(
+                  replay.gated_outcomes(c.all_logs, c.policy, c.profile, evictor=c.headline_evictor),
+                  c.all_logs.inputs.select("run_id", "draw").unique(),
                                                                evictor=c.headline_evictor)), (ev, needs_draws(2)),
               "Δ per input-draw replicate with mean, SD and range."),
         Entry("tabN1_pilot_sensitivity", "table", "New table",
