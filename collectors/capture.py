@@ -27,9 +27,13 @@ Outside a capture context the function is a pure pass-through, so a model left w
 implementation behaves like the stock one. :func:`capture_attention` switches the model's
 implementation and restores the previous one on exit, so nothing leaks between calls or models.
 
-Limitations: batch size 1 (one prompt per prefill, no padding); the probabilities use the mask the
-stock kernel receives (causal when it receives none), logit soft-capping when the model passes
-``softcap``; attention-sink logits (``s_aux``) are not modelled.
+The probabilities are those of the model's own attention: they use the mask the stock kernel
+receives (causal when it receives none, which transformers passes only where no key is masked,
+e.g. a sliding window that covers the prompt), logit soft-capping when the model passes ``softcap``
+(Gemma-2), an additive ``position_bias`` when it passes one, and attention sinks when it passes
+``s_aux`` (gpt-oss): one learned logit per head that joins every row's softmax and is dropped
+after it, so the key probabilities of a row sum to less than one, as in the model's own eager
+attention. Limitation: batch size 1 (one prompt per prefill, no padding).
 """
 
 from __future__ import annotations
@@ -60,7 +64,8 @@ class Prefill:
     ----------
     input_ids : torch.LongTensor, shape (1, T)
     past_key_values : transformers.Cache
-        Full-prompt KV cache (``DynamicCache``), positions 0..T−1.
+        Full-prompt KV cache (``DynamicCache`` of full layers, sliding-window layers included:
+        their windows cover the run), positions 0..T−1.
     last_logits : torch.Tensor, shape (vocab,)
         float32 logits at position T−1 (those of the first generated token).
     window_attention : torch.Tensor, shape (L, H, T)
@@ -156,11 +161,12 @@ class Recorder:
 # --------------------------------------------------------------------------- probabilities
 
 
-def _scores(module, query, key, attention_mask, scaling, softcap, rows: slice) -> torch.Tensor:
+def _scores(module, query, key, attention_mask, scaling, softcap, rows: slice, position_bias=None) -> torch.Tensor:
     """Masked, scaled logits of query rows ``rows`` against all keys, shape (H, r, T_k), float32.
 
     GQA: query head h uses KV head h // g (the order of ``repeat_kv``); computed by grouping the
-    query heads instead of materialising the repeated keys.
+    query heads instead of materialising the repeated keys. ``position_bias`` (B, 1 or H, q, T_k),
+    when given, is added to the logits before the mask, as the stock kernels add it.
     """
     _, n_heads, q_len, head_dim = query.shape
     n_kv = key.shape[1]
@@ -173,6 +179,8 @@ def _scores(module, query, key, attention_mask, scaling, softcap, rows: slice) -
     s = s.reshape(n_heads, r, t_k) * scaling
     if softcap is not None:
         s = torch.tanh(s / softcap) * softcap
+    if position_bias is not None:
+        s = s + position_bias[0, :, rows, :t_k].float()
     if attention_mask is None:
         # Causal, bottom-right aligned: query row i sits at absolute position t_k − q_len + i.
         offset = t_k - q_len
@@ -188,21 +196,33 @@ def _scores(module, query, key, attention_mask, scaling, softcap, rows: slice) -
     return s
 
 
-def window_probabilities(module, query, key, attention_mask, scaling, window, softcap=None):
+def _softmax(s: torch.Tensor, sinks) -> torch.Tensor:
+    """Row softmax of logits (H, r, T_k); with ``sinks`` (H,), each head's sink logit joins every
+    row's normalisation and its probability is dropped (gpt-oss's ``s_aux``)."""
+    if sinks is None:
+        return torch.softmax(s, dim=-1)
+    sink = sinks.reshape(-1, 1, 1).to(s.dtype).expand(s.shape[0], s.shape[1], 1)
+    return torch.softmax(torch.cat([s, sink], dim=-1), dim=-1)[..., :-1]
+
+
+def window_probabilities(module, query, key, attention_mask, scaling, window, softcap=None, sinks=None,
+                         position_bias=None):
     """ā for one layer: mean over the last ``window`` query rows of the softmax, shape (H, T_k).
 
     Notes
     -----
     §3: ā_{ℓ,h} = (1/w) Σ_{i ∈ last w rows} softmax(q_i Kᵀ · scaling + causal mask). Only the
     w × T_k block is formed. When the call has fewer than w query rows, all rows are used.
+    ``softcap``, ``sinks`` and ``position_bias`` are the model's own (module docstring).
     """
     q_len = query.shape[2]
     w = min(int(window), q_len)
-    s = _scores(module, query, key, attention_mask, scaling, softcap, slice(q_len - w, q_len))
-    return torch.softmax(s, dim=-1).mean(dim=1)
+    s = _scores(module, query, key, attention_mask, scaling, softcap, slice(q_len - w, q_len), position_bias)
+    return _softmax(s, sinks).mean(dim=1)
 
 
-def accumulated_probabilities(module, query, key, attention_mask, scaling, query_chunk, softcap=None):
+def accumulated_probabilities(module, query, key, attention_mask, scaling, query_chunk, softcap=None, sinks=None,
+                              position_bias=None):
     """H2O score for one layer: Σ over all query rows of the causal softmax, shape (H, T_k).
 
     Built chunk by chunk (``query_chunk`` rows × T_k per head), never the full T × T matrix.
@@ -211,8 +231,8 @@ def accumulated_probabilities(module, query, key, attention_mask, scaling, query
     total = None
     for start in range(0, q_len, int(query_chunk)):
         stop = min(start + int(query_chunk), q_len)
-        s = _scores(module, query, key, attention_mask, scaling, softcap, slice(start, stop))
-        part = torch.softmax(s, dim=-1).sum(dim=1)
+        s = _scores(module, query, key, attention_mask, scaling, softcap, slice(start, stop), position_bias)
+        part = _softmax(s, sinks).sum(dim=1)
         total = part if total is None else total + part
     return total
 
@@ -250,23 +270,25 @@ def _make_capture_function(base: str):
         scaling = kwargs.get("scaling")
         if scaling is None:
             scaling = getattr(module, "scaling", None) or query.shape[-1] ** -0.5
-        softcap = kwargs.get("softcap")
+        extra = {"softcap": kwargs.get("softcap"), "sinks": kwargs.get("s_aux"),
+                 "position_bias": kwargs.get("position_bias")}
         mask = attention_mask if isinstance(attention_mask, torch.Tensor) else None
         with torch.no_grad():
             recorder.window_attention[layer] = window_probabilities(
-                module, query, key, mask, scaling, recorder.window, softcap
+                module, query, key, mask, scaling, recorder.window, **extra
             )
             if recorder.snapkv_window is not None:
                 recorder.snapkv_attention[layer] = window_probabilities(
-                    module, query, key, mask, scaling, recorder.snapkv_window, softcap
+                    module, query, key, mask, scaling, recorder.snapkv_window, **extra
                 )
             if recorder.accumulate:
                 recorder.accumulated_attention[layer] = accumulated_probabilities(
-                    module, query, key, mask, scaling, recorder.query_chunk, softcap
+                    module, query, key, mask, scaling, recorder.query_chunk, **extra
                 )
             if recorder.full_attention:
                 rows = slice(0, query.shape[2])
-                probs = torch.softmax(_scores(module, query, key, mask, scaling, softcap, rows), dim=-1)
+                probs = _softmax(_scores(module, query, key, mask, scaling, extra["softcap"], rows,
+                                         extra["position_bias"]), extra["sinks"])
                 recorder.attention_matrix[layer] = probs.to(query.dtype)[None]
         return output
 
@@ -334,6 +356,11 @@ def decode_attn_impl(attn_impl: str, n_heads: int, n_kv_heads: int) -> str:
     return GROUPED_SDPA if attn_impl == "sdpa" and n_kv_heads < n_heads else attn_impl
 
 
+#: Attention keywords that change the attention itself (logit soft-capping, attention sinks, additive
+#: position bias): a grouped decode step that carries one goes to the stock kernel.
+STOCK_ATTENTION_KEYWORDS = ("softcap", "s_aux", "position_bias")
+
+
 def grouped_sdpa_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
                          is_causal=None, **kwargs):
     """SDPA of one new token per row, grouped-query, without copying K and V per query head.
@@ -346,12 +373,15 @@ def grouped_sdpa_forward(module, query, key, value, attention_mask, dropout: flo
     j (``repeat_kv``'s order), and the row's key mask (B, 1, 1, n) broadcast over the G rows.
     The result is the same attention up to float rounding (the reductions run in another order;
     ~1e-7 in float32). Calls with more than one query per row (a prefill, the question step of
-    the query-agnostic mode) and models without grouping go to the stock ``sdpa`` kernel.
+    the query-agnostic mode), models without grouping, and calls that carry an attention keyword
+    the stock kernel would act on (:data:`STOCK_ATTENTION_KEYWORDS`: ``softcap``, ``s_aux``,
+    ``position_bias``) go to the stock ``sdpa`` kernel, which uses or refuses them as it would
+    without the collector.
     """
     from transformers import AttentionInterface
 
     groups = getattr(module, "num_key_value_groups", 1)
-    if query.shape[2] != 1 or groups == 1:
+    if query.shape[2] != 1 or groups == 1 or any(kwargs.get(k) is not None for k in STOCK_ATTENTION_KEYWORDS):
         return AttentionInterface._global_mapping["sdpa"](module, query, key, value, attention_mask, dropout=dropout,
                                                           scaling=scaling, is_causal=is_causal, **kwargs)
     b, h, _, d = query.shape
@@ -415,9 +445,18 @@ def prefill(model, input_ids, *, window: int = defaults.WINDOW, accumulate: bool
         input_ids = input_ids[None]
     if input_ids.ndim != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] < 1:
         raise ValueError(f"input_ids must have shape (1, T) with T ≥ 1, got {tuple(input_ids.shape)}")
+    from collectors.model import layer_windows
+
+    windows = [w for w in layer_windows(model.config) if w is not None]
+    if windows and input_ids.shape[1] > min(windows):
+        raise ValueError(f"the prompt has {input_ids.shape[1]} tokens but a sliding window or attention chunk of the "
+                         f"model is {min(windows)}; only windows that cover the whole run are supported "
+                         "(collectors.model.check_windows)")
     device = next(model.parameters()).device
     input_ids = input_ids.to(device=device, dtype=torch.long)
-    cache = DynamicCache(config=model.config)
+    # Full (unbounded) cache layers for every layer: a sliding layer whose window covers the run
+    # attends to every key, and its layer mask still applies the window (collectors.model.check_windows).
+    cache = DynamicCache()
     with contextlib.ExitStack() as stack:
         stack.enter_context(torch.no_grad())
         rec = stack.enter_context(capture_attention(model, window=window, accumulate=accumulate,

@@ -10,8 +10,13 @@ PAGE's gate reads softmax attention in every layer, so models with attention-fre
 layers (Mamba, RWKV, linear attention, hybrids) are refused (paper §6 "Architectural scope").
 
 Everything that can be checked before the weights are read is checked first, each with a one-line
-:class:`ModelLoadError`: the model path, the torch device, the attention kernel, the model type, the
-tokenizer files and the positions a run needs (:func:`check_positions`).
+:class:`ModelLoadError` (or :class:`UnsupportedModelError`): the model path, the torch device, the
+attention kernel, the model type, the architecture (:func:`check_architecture`: the scope, read from
+the config's layer types and the model's module tree built on the meta device; transformers' own
+flag for attention-interface support), the tokenizer files, the positions a run needs
+(:func:`check_positions`) and every sliding window or attention chunk (:func:`check_windows`).
+After loading, the cache the model really keeps is measured (:func:`cache_geometry`) for the
+manifest.
 """
 
 from __future__ import annotations
@@ -33,12 +38,18 @@ DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 ATTENTION_LAYER_TYPES = frozenset(
     {"full_attention", "sliding_attention", "chunked_attention", "attention", "global", "local", "sliding_window"}
 )
-#: Module class names that denote attention-free / state-space / linear-attention mixers.
-_NON_SOFTMAX_MODULE = re.compile(
-    r"(mamba|mixer|rwkv|ssm|s4|lineara?ttention|lightning|deltanet|gateddelta|shortconv|retention|"
-    r"xlstm|mlstm|slstm|recurrentblock|rglru|hyena)",
-    re.IGNORECASE,
-)
+#: Of those, the layer types whose attention is limited to a window (sliding) or a chunk of positions.
+WINDOWED_LAYER_TYPES = frozenset({"sliding_attention", "local", "sliding_window"})
+CHUNKED_LAYER_TYPES = frozenset({"chunked_attention"})
+#: Words of module class names (CamelCase words, lower-cased, joined) that denote attention-free,
+#: state-space or linear-attention sequence mixers. Matched against whole runs of words, so that
+#: "SeedOssMLP" (Seed·Oss·MLP) is not read as "ssm".
+_NON_SOFTMAX_WORDS = frozenset({
+    "mamba", "mamba2", "mixer", "rwkv", "ssm", "s4", "s5", "linearattention", "lightningattention", "lightning",
+    "deltanet", "gateddeltanet", "shortconv", "retention", "xlstm", "mlstm", "slstm", "recurrentblock", "rglru",
+    "hyena",
+})
+_CAMEL_WORD = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
 
 #: Weight dtypes: those a manifest may name (the KV cache is held in the weights' dtype).
 _DTYPES = tuple(schema.MODEL_DTYPE_BYTES)
@@ -116,13 +127,30 @@ def _text_config(config):
     return getter() if getter is not None else config
 
 
+def _non_softmax_name(name: str) -> bool:
+    """Whether a module class name holds a run of CamelCase words naming a non-softmax sequence mixer."""
+    words = [w.lower() for w in _CAMEL_WORD.findall(name)]
+    return any("".join(words[i:j]) in _NON_SOFTMAX_WORDS for i in range(len(words)) for j in range(i + 1, len(words) + 1))
+
+
+def _scope_error(cls_name: str, config, problems: list[str]) -> UnsupportedModelError:
+    return UnsupportedModelError(
+        f"{cls_name} ({getattr(config, 'model_type', '?')}) is outside PAGE's scope: " + "; ".join(problems)
+        + ". The gate needs softmax attention in every layer; attention-free, state-space and hybrid "
+        "models are not supported (paper §6, 'Architectural scope')."
+    )
+
+
 def check_supported(model) -> None:
     """Refuse models with attention-free or state-space layers (paper §6 "Architectural scope").
 
-    Checks, in order: module classes whose names denote non-softmax sequence mixers (Mamba, RWKV,
-    linear attention, gated delta nets, short convolutions, ...); ``config.layer_types`` entries
-    that are not softmax attention; and that every decoder layer has an attention module with a
-    ``layer_idx`` (the capture attributes window attention by it).
+    ``model`` may be a loaded model or its module tree on the meta device (:func:`check_model_class`
+    builds one before any weights are read). Checks, in order: ``config.layer_types`` entries that are
+    not softmax attention (linear attention, convolutions, state-space or hybrid layers); module
+    classes whose CamelCase words name a non-softmax sequence mixer (Mamba, RWKV, linear attention,
+    gated delta nets, short convolutions, ...; dense layers such as ``SeedOssMLP`` do not match);
+    and that every decoder layer has an attention module with a ``layer_idx`` (the capture
+    attributes window attention by it).
 
     Raises
     ------
@@ -131,13 +159,13 @@ def check_supported(model) -> None:
     """
     config = _text_config(model.config)
     problems = []
-    mixers = sorted({type(m).__name__ for m in model.modules() if _NON_SOFTMAX_MODULE.search(type(m).__name__)})
-    if mixers:
-        problems.append(f"non-attention layer modules {mixers}")
     layer_types = getattr(config, "layer_types", None) or []
     bad_types = sorted({str(t) for t in layer_types if str(t) not in ATTENTION_LAYER_TYPES})
     if bad_types:
         problems.append(f"config.layer_types {bad_types}")
+    mixers = sorted({type(m).__name__ for m in model.modules() if _non_softmax_name(type(m).__name__)})
+    if mixers:
+        problems.append(f"non-attention layer modules {mixers}")
     n_layers = getattr(config, "num_hidden_layers", None)
     attention_layers = {
         m.layer_idx
@@ -149,11 +177,109 @@ def check_supported(model) -> None:
             f"only {len(attention_layers)} of {n_layers} layers have an attention module with a layer_idx"
         )
     if problems:
-        raise UnsupportedModelError(
-            f"{type(model).__name__} ({getattr(config, 'model_type', '?')}) is outside PAGE's scope: "
-            + "; ".join(problems)
-            + ". The gate needs softmax attention in every layer; attention-free, state-space and hybrid "
-            "models are not supported (paper §6, 'Architectural scope')."
+        raise _scope_error(type(model).__name__, config, problems)
+
+
+def causal_lm_class(config):
+    """The transformers causal-LM class of ``config`` (``AutoModelForCausalLM``'s choice)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    return MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+
+
+def check_model_class(config) -> None:
+    """Everything about the architecture that is decided before the weights are read.
+
+    1. The scope (:func:`check_supported`), on the model's module tree built on the meta device
+       (no weights allocated or read).
+    2. transformers' own class flag ``_supports_attention_backend``: a model without it (Falcon,
+       MPT, Bloom, StableLM in transformers 5.x) computes attention itself instead of calling
+       ``transformers.AttentionInterface``, so the capture would never see it.
+
+    Raises
+    ------
+    UnsupportedModelError
+        Attention-free, state-space or hybrid layers.
+    ModelLoadError
+        No attention-interface support.
+    """
+    import copy
+
+    import torch
+
+    cls = causal_lm_class(config)
+    with torch.device("meta"):  # the module tree only: no weights are allocated or read
+        skeleton = cls(copy.deepcopy(config))
+    check_supported(skeleton)
+    if not getattr(cls, "_supports_attention_backend", False):
+        import transformers
+
+        raise ModelLoadError(
+            f"{cls.__name__} ({config.model_type}) computes attention inside its own modules instead of calling "
+            f"transformers' AttentionInterface ({cls.__name__}._supports_attention_backend is False in transformers "
+            f"{transformers.__version__}), so the capture cannot read its attention; use a model family that supports "
+            "it (docs/COLLECTION.md, 'Model families')"
+        )
+
+
+def layer_windows(config) -> list[int | None]:
+    """Per decoder layer, the positions its attention may reach: ``None`` for full attention, else the
+    sliding window (``sliding_window``) or chunk (``attention_chunk_size``) of that layer.
+
+    ``config.layer_types`` decides which layers are sliding or chunked where the config has it
+    (Gemma-2/3, Cohere2, gpt-oss, Qwen2 with ``use_sliding_window``, Llama-4); without it a set
+    ``sliding_window`` makes every layer sliding (Mistral, Phi-3, Starcoder2), and a set
+    ``attention_chunk_size`` every layer chunked, as transformers' caches and masks read them.
+    """
+    config = _text_config(config)
+    n_layers = int(config.num_hidden_layers)
+    window = getattr(config, "sliding_window", None)
+    chunk = getattr(config, "attention_chunk_size", None)
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is None:
+        kind = "sliding_attention" if window is not None else "chunked_attention" if chunk is not None else "full"
+        layer_types = [kind] * n_layers
+    out = []
+    for i, kind in enumerate(layer_types):
+        if kind in WINDOWED_LAYER_TYPES:
+            size = window
+        elif kind in CHUNKED_LAYER_TYPES:
+            size = chunk if chunk is not None else window
+        else:
+            out.append(None)
+            continue
+        if size is None:
+            raise ModelLoadError(f"layer {i} is {kind} but the config sets no window size")
+        out.append(int(size))
+    return out
+
+
+def check_windows(config, positions: int) -> None:
+    """Refuse a run whose positions exceed a sliding window or attention chunk of some layer.
+
+    A sliding layer whose window W holds every position of the run (prompt plus decode,
+    ``positions ≤ W``) attends to exactly what a full layer attends to, so the collector runs it as
+    one: the prefill keeps every key, and eviction and decode treat it like any other layer
+    (docs/COLLECTION.md, "Model families"). A shorter window would make the model itself drop keys
+    during the decode, which the eviction arms do not model; such a run is refused here, before
+    the weights are read.
+
+    Raises
+    ------
+    ModelLoadError
+    """
+    windows = [(i, w) for i, w in enumerate(layer_windows(config)) if w is not None]
+    if not windows:
+        return
+    smallest = min(w for _, w in windows)
+    if int(positions) > smallest:
+        layers = [i for i, w in windows if w == smallest]
+        kind = "attention chunk" if getattr(_text_config(config), "attention_chunk_size", None) == smallest else \
+            "sliding window"
+        raise ModelLoadError(
+            f"the run needs {positions} positions (context length + tokens to generate) but layer(s) {layers} "
+            f"have a {kind} of {smallest}; sliding-window layers run only where the window covers the whole run, "
+            f"so lower --context-length (or --max-new-tokens) to at most {smallest} positions in all"
         )
 
 
@@ -308,6 +434,60 @@ def check_positions(config, positions: int) -> None:
                              f"model has max_position_embeddings = {limit}; lower --context-length")
 
 
+def cache_geometry(model) -> list[dict]:
+    """The KV cache the model really keeps, per layer, measured from a one-token forward pass.
+
+    Most models cache ``num_key_value_heads`` heads of ``head_dim`` for K and for V; some do not:
+    DeepSeek-V3's multi-head latent attention (MLA) caches, in transformers 5.24, one latent
+    "head" whose K is ``kv_lora_rank`` wide and whose V is ``qk_rope_head_dim`` wide (and, in
+    5.2, every query head's expanded keys and values, of different widths). Reading the cache of
+    a real forward pass records what the model keeps in the installed transformers, not what its
+    config suggests.
+
+    Returns
+    -------
+    list of dict
+        Per layer: ``k_heads``, ``k_dim``, ``v_heads``, ``v_dim`` (the cache's K and V shapes per
+        token) and ``window`` (:func:`layer_windows`; ``None`` for full attention).
+    """
+    import torch
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=device), **{cache_keyword(model): cache},
+              use_cache=True, logits_to_keep=1)
+    windows = layer_windows(model.config)
+    if len(cache.layers) != len(windows):
+        raise RuntimeError(f"the cache has {len(cache.layers)} layers but the config {len(windows)}")
+    return [{"k_heads": int(layer.keys.shape[1]), "k_dim": int(layer.keys.shape[-1]),
+             "v_heads": int(layer.values.shape[1]), "v_dim": int(layer.values.shape[-1]), "window": window}
+            for layer, window in zip(cache.layers, windows)]
+
+
+def kv_bytes_per_token(geometry: list[dict], dtype: str) -> int:
+    """Bytes the cache holds per prompt token: Σ over layers of (K heads × K width + V heads × V width)
+    elements, times the bytes of ``dtype`` (the cache is held in the weights' dtype)."""
+    elements = sum(g["k_heads"] * g["k_dim"] + g["v_heads"] * g["v_dim"] for g in geometry)
+    return int(elements * schema.MODEL_DTYPE_BYTES[dtype])
+
+
+def check_architecture(config, positions: int | None = None) -> None:
+    """All architecture checks made before any weights are read: scope and attention-interface
+    support (:func:`check_model_class`), then, with ``positions``, the positions and every
+    layer's window (:func:`check_positions`, :func:`check_windows`).
+
+    Raises
+    ------
+    ModelLoadError, UnsupportedModelError
+    """
+    check_model_class(config)
+    if positions is not None:
+        check_positions(config, positions)
+        check_windows(config, positions)
+
+
 def load_model(model: str | None = None, *, device: str = "cpu", dtype: str = "float32", attn_impl: str = "sdpa",
                name: str | None = None, positions: int | None = None):
     """Load a causal LM and its tokenizer, check it is in scope, describe it for the manifest.
@@ -327,7 +507,8 @@ def load_model(model: str | None = None, *, device: str = "cpu", dtype: str = "f
         Label recorded as the manifest's ``name`` and each row's ``model``. Default: the hub id,
         the local directory's or GGUF file's name, or SmolLM2-135M-Instruct for the embedded model.
     positions : int, optional
-        Positions the run needs (:func:`check_positions`), checked before the weights are read.
+        Positions the run needs (:func:`check_positions`, :func:`check_windows`), checked before the
+        weights are read.
 
     Returns
     -------
@@ -337,16 +518,19 @@ def load_model(model: str | None = None, *, device: str = "cpu", dtype: str = "f
     manifest : dict
         The manifest ``model`` entry (docs/SCHEMA.md): ``name``, ``revision``, ``sha256`` (of the
         weights file where there is one), ``source``, ``n_layers``, ``n_heads``, ``n_kv_heads``,
-        ``head_dim``, ``dtype``, ``attn_impl``, and ``decode_attn_impl``, the implementation the
-        eviction arms decode with (:func:`collectors.capture.decode_attn_impl`).
+        ``head_dim`` (the cache's, :func:`describe_architecture`), ``kv_layers`` (per layer its K and
+        V shapes and window), ``kv_bytes_per_token``, ``dtype``, ``attn_impl``, and
+        ``decode_attn_impl``, the implementation the eviction arms decode with
+        (:func:`collectors.capture.decode_attn_impl`).
 
     Raises
     ------
     ModelLoadError
         Missing path or tokenizer files, unusable device or kernel, unknown or non-causal model
-        type, too few positions: all before the weights are read.
+        type, no attention-interface support, too few positions or a sliding window or attention
+        chunk shorter than the run: all before the weights are read.
     UnsupportedModelError
-        For attention-free, state-space or hybrid models.
+        For attention-free, state-space or hybrid models, before the weights are read.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -361,8 +545,7 @@ def load_model(model: str | None = None, *, device: str = "cpu", dtype: str = "f
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
     config = _load_config(source, kind, kwargs)
     _check_kernel_support(config, attn_impl)
-    if positions is not None:
-        check_positions(config, positions)
+    check_architecture(config, positions)
     if kind == "dir":
         _check_tokenizer_files(source)
     tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
@@ -371,6 +554,7 @@ def load_model(model: str | None = None, *, device: str = "cpu", dtype: str = "f
     )
     check_supported(lm)
     lm = lm.to(device).eval()
+    geometry = cache_geometry(lm)
 
     if gguf_file:
         sha256 = sha256_file(pathlib.Path(source) / gguf_file)
@@ -388,17 +572,50 @@ def load_model(model: str | None = None, *, device: str = "cpu", dtype: str = "f
         label, described = source, source
     config = _text_config(lm.config)
     n_heads = int(config.num_attention_heads)
+    manifest = describe_architecture(lm.config, geometry, dtype)
     manifest = {
         "name": str(name or label),
         "revision": getattr(lm.config, "_commit_hash", None),
         "sha256": sha256,
         "source": described,
-        "n_layers": int(config.num_hidden_layers),
-        "n_heads": n_heads,
-        "n_kv_heads": int(getattr(config, "num_key_value_heads", None) or n_heads),
-        "head_dim": int(getattr(config, "head_dim", None) or config.hidden_size // n_heads),
+        **manifest,
         "dtype": dtype,
         "attn_impl": attn_impl,
     }
-    manifest["decode_attn_impl"] = decode_attn_impl(attn_impl, manifest["n_heads"], manifest["n_kv_heads"])
+    n_attention_kv = int(getattr(config, "num_key_value_heads", None) or n_heads)
+    manifest["decode_attn_impl"] = decode_attn_impl(attn_impl, n_heads, n_attention_kv)
     return lm, tokenizer, manifest
+
+
+def describe_architecture(config, geometry: list[dict], dtype: str) -> dict:
+    """The manifest's shape fields from the measured cache (:func:`cache_geometry`).
+
+    ``n_kv_heads`` is the number of heads the cache keeps (1 for MLA's latent in transformers 5.24)
+    and ``head_dim`` the mean of its K and V widths, so that ``2 × n_layers × n_kv_heads × head_dim``
+    elements per token (the formula of ``pagestats.metrics.kv_bytes_per_token``) is what the cache
+    holds; it is the model's head_dim wherever K and V are equally wide. ``kv_layers`` keeps every
+    layer's K and V shapes and window, ``kv_bytes_per_token`` their sum in bytes.
+
+    Raises
+    ------
+    ModelLoadError
+        When the layers' cache shapes differ, or K and V widths add up to an odd number, so that no
+        (n_kv_heads, head_dim) pair describes the cache.
+    """
+    config = _text_config(config)
+    shapes = {(g["k_heads"], g["k_dim"], g["v_heads"], g["v_dim"]) for g in geometry}
+    if len(shapes) != 1:
+        raise ModelLoadError(f"{config.model_type}: the cache shapes differ between layers ({sorted(shapes)}), "
+                             "which the manifest's n_kv_heads × head_dim cannot describe")
+    k_heads, k_dim, v_heads, v_dim = shapes.pop()
+    if k_heads != v_heads or (k_dim + v_dim) % 2:
+        raise ModelLoadError(f"{config.model_type}: the cache keeps K as {k_heads} × {k_dim} and V as {v_heads} × "
+                             f"{v_dim} per token, which the manifest's n_kv_heads × head_dim cannot describe")
+    return {
+        "n_layers": int(config.num_hidden_layers),
+        "n_heads": int(config.num_attention_heads),
+        "n_kv_heads": k_heads,
+        "head_dim": (k_dim + v_dim) // 2,
+        "kv_layers": [dict(g) for g in geometry],
+        "kv_bytes_per_token": kv_bytes_per_token(geometry, dtype),
+    }

@@ -345,22 +345,24 @@ def run_collection(cfg: CollectConfig, *, loaded=None, on_progress=None) -> RunS
     import torch
     from tqdm.auto import tqdm
 
-    from collectors.model import check_positions, load_model
+    from collectors.model import check_positions, check_windows, load_model
 
     start = time.perf_counter()
+    # Input files first: a missing --qa-file stops the run before any weights are read.
+    files = {t: qa_file_for(t, cfg.qa_files) for t in cfg.tasks}
     if loaded is None:
         with _hf_progress(cfg.progress):
             loaded = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, attn_impl=cfg.attn_impl,
                                 name=cfg.model_name, positions=positions_needed(cfg))
     else:
         check_positions(loaded[0].config, positions_needed(cfg))
+        check_windows(loaded[0].config, positions_needed(cfg))
     model, tokenizer, model_info = loaded
     manifest = build_manifest(cfg, model_info)
     writer = RunWriter(cfg.out, manifest, shard=cfg.shard, part_size=cfg.part_size, topk=cfg.k_max > 0)
     done = writer.open()
     mine = shard_items(work_items(cfg.tasks, cfg.n), cfg.shard)
     todo = [it for it in mine if (it.task, it.input_id) not in done]
-    files = {t: qa_file_for(t, cfg.qa_files) for t in cfg.tasks}
     written = 0
     if on_progress is not None:
         on_progress(len(mine) - len(todo), len(mine))

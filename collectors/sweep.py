@@ -72,6 +72,7 @@ __all__ = [
     "stop_reason",
     "eos_token_ids",
     "slice_cache",
+    "check_decode_windows",
     "decode_arms",
     "run_sweep",
 ]
@@ -121,14 +122,38 @@ def _full_layers(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
     if layers is None:
         raise TypeError(f"expected a transformers Cache with .layers, got {type(cache).__name__}")
     if any(getattr(layer, "is_sliding", False) for layer in layers):
-        raise NotImplementedError("sliding-window cache layers are not supported by the eviction sweep")
+        raise ValueError("the prefill cache has sliding-window layers, which drop keys by themselves; build it with "
+                         "collectors.capture.prefill (full layers, windows that cover the run)")
     out = []
     for i, layer in enumerate(layers):
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
-        if keys is None or values is None or keys.ndim != 4 or keys.shape[0] != 1:
-            raise ValueError(f"cache layer {i} must hold (1, H_kv, T, d) keys and values")
+        if (keys is None or values is None or keys.ndim != 4 or values.ndim != 4 or keys.shape[0] != 1
+                or keys.shape[:3] != values.shape[:3]):
+            raise ValueError(f"cache layer {i} must hold (1, H_kv, T, d_k) keys and (1, H_kv, T, d_v) values")
         out.append((keys, values))
     return out
+
+
+def check_decode_windows(model, n_positions: int) -> None:
+    """Refuse a decode that would feed more positions than a sliding window or attention chunk of the
+    model holds (:func:`collectors.model.check_windows`, which the collector runs before loading).
+
+    Parameters
+    ----------
+    model : transformers.PreTrainedModel
+    n_positions : int
+        Prompt tokens, question tokens and tokens to generate.
+
+    Raises
+    ------
+    ValueError
+    """
+    from collectors.model import ModelLoadError, check_windows
+
+    try:
+        check_windows(model.config, n_positions)
+    except ModelLoadError as err:
+        raise ValueError(str(err)) from None
 
 
 def _index_per_head(positions: torch.Tensor, n_layers: int, n_kv_heads: int) -> torch.Tensor:
@@ -154,6 +179,9 @@ def slice_cache(cache, positions: torch.Tensor):
     positions : torch.LongTensor
         (n,) shared, (L, n) per-layer or (L, H_kv, n) per-layer-and-KV-head prompt positions; every
         KV head of every layer keeps the same number n.
+
+    K and V may differ in width (multi-head latent attention caches a latent K and a rotary part of
+    other widths); each is gathered at its own width.
     """
     from transformers import DynamicCache
 
@@ -161,8 +189,9 @@ def slice_cache(cache, positions: torch.Tensor):
     index = _index_per_head(positions.to(torch.long), len(layers), layers[0][0].shape[1])
     data = []
     for (k, v), idx in zip(layers, index):
-        idx = idx.to(k.device)[None, :, :, None].expand(1, -1, -1, k.shape[-1])  # (1, H_kv, n, d)
-        data.append((torch.gather(k, 2, idx), torch.gather(v, 2, idx)))
+        idx = idx.to(k.device)[None, :, :, None]  # (1, H_kv, n, 1)
+        data.append((torch.gather(k, 2, idx.expand(1, -1, -1, k.shape[-1])),
+                     torch.gather(v, 2, idx.expand(1, -1, -1, v.shape[-1]))))
     return DynamicCache(ddp_cache_data=data)
 
 
@@ -270,6 +299,8 @@ def decode_arms(
         if n_arms == 0:
             return ([], []) if return_step_logits else []
         n_tokens = int(prefill.input_ids.shape[-1])
+        n_question = 0 if question_ids is None else int(torch.as_tensor(question_ids).numel())
+        check_decode_windows(model, n_tokens + n_question + max_new_tokens)
         layers = _full_layers(prefill.past_key_values)
         device = layers[0][0].device
 

@@ -1,0 +1,364 @@
+"""The family matrix: every model family users run, on a tiny random model built from a config in code.
+
+Each family either runs, and then
+
+* the captured a_ℓ (the observation-window attention ā) equals the model's own eager attention
+  (``output_attentions``) to 1e-6,
+* the prefill logits under the capture are bit-identical to the stock kernel's,
+* the full-KV answer of the sweep equals ``model.generate`` (greedy; the stock cache, sliding-window
+  layers included),
+* one per-head eviction (``snapkv-perhead``) keeps the positions a brute-force selection over the
+  eager attention keeps, and the batched arm decodes what a one-arm loop over
+  :func:`collectors.sweep.slice_cache` decodes,
+
+or it is refused, before any weights exist, by the one-line error of
+:func:`collectors.model.check_architecture`. Nothing is downloaded.
+
+The table of docs/COLLECTION.md ("Model families") is generated from :data:`FAMILIES`
+(``python tests/test_families.py`` prints it) and checked against it here.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from dataclasses import dataclass, field
+
+import pytest
+
+#: Prompt tokens, tokens to generate, gate window and SnapKV window of the matrix.
+T, N_NEW, WINDOW = 40, 5, 8
+POSITIONS = T + N_NEW
+
+BASE = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=8, max_position_embeddings=256, bos_token_id=1, eos_token_id=2,
+            pad_token_id=0, tie_word_embeddings=False)
+
+MOE = dict(num_experts=4, num_local_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+
+
+@dataclass(frozen=True)
+class Family:
+    """One row of the matrix: a transformers ``model_type``, the config the test builds, and either
+    ``refused`` (a substring of the one-line refusal) or None (the family runs)."""
+
+    name: str
+    model_type: str
+    config: dict = field(default_factory=dict)
+    refused: str | None = None
+    note: str = ""
+    sinks: bool = False  # give the attention sinks trained-size values (gpt-oss)
+    drop: tuple[str, ...] = ()  # keys of BASE the family's config does not take
+
+
+FAMILIES = [
+    Family("Llama", "llama"),
+    Family("Qwen2", "qwen2"),
+    Family("Qwen2 (sliding window)", "qwen2", dict(use_sliding_window=True, sliding_window=POSITIONS,
+                                                   max_window_layers=1), note="window covers the run"),
+    Family("Qwen3", "qwen3"),
+    Family("Mistral", "mistral", dict(sliding_window=None)),
+    Family("Mistral (window 4096)", "mistral", dict(sliding_window=4096), note="published window; covers the run"),
+    Family("Mistral (window = run)", "mistral", dict(sliding_window=POSITIONS), note="window exactly the run"),
+    Family("Mistral (short window)", "mistral", dict(sliding_window=POSITIONS - 1),
+           refused="have a sliding window of 44", note="window shorter than prompt + decode"),
+    Family("Phi-3", "phi3", dict(sliding_window=2047), note="published window 2047"),
+    Family("Gemma", "gemma"),
+    Family("Gemma-2", "gemma2", dict(sliding_window=4096, attn_logit_softcapping=50.0, final_logit_softcapping=30.0),
+           note="soft-capping; window 4096"),
+    Family("Gemma-3", "gemma3_text", dict(sliding_window=POSITIONS, layer_types=["sliding_attention", "full_attention"]),
+           note="window covers the run"),
+    Family("Gemma-3 (short window)", "gemma3_text", dict(sliding_window=32,
+                                                         layer_types=["sliding_attention", "full_attention"]),
+           refused="have a sliding window of 32", note="window 32 < prompt + decode"),
+    Family("OLMo", "olmo"),
+    Family("OLMo-2", "olmo2"),
+    Family("Granite", "granite"),
+    Family("Cohere", "cohere"),
+    Family("Cohere2", "cohere2", dict(sliding_window=4096, layer_types=["sliding_attention", "full_attention"]),
+           note="window 4096"),
+    Family("GPT-NeoX", "gpt_neox", dict(rotary_pct=0.5)),
+    Family("GPT-2", "gpt2", dict(n_embd=32, n_layer=2, n_head=4, n_positions=256), note="learned positions"),
+    Family("Starcoder2", "starcoder2", dict(sliding_window=4096), note="window 4096"),
+    Family("SmolLM3", "smollm3"),
+    Family("GLM", "glm"),
+    Family("Helium", "helium"),
+    Family("Seed-OSS", "seed_oss", note="dense attention (was refused for 'ssm' in 'SeedOssMLP')"),
+    Family("Phi", "phi", dict(partial_rotary_factor=0.5)),
+    Family("Mixtral (MoE)", "mixtral", MOE),
+    Family("Qwen3-MoE", "qwen3_moe", MOE),
+    Family("gpt-oss (MoE, sinks)", "gpt_oss", dict(MOE, sliding_window=4096), sinks=True,
+           note="attention sinks modelled; window 4096; eager kernel"),
+    Family("DeepSeek-V3 (MLA, MoE)", "deepseek_v3", dict(MOE, n_routed_experts=4, n_group=1, topk_group=1,
+                                                         first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=None,
+                                                         qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8,
+                                                         n_shared_experts=1, num_key_value_heads=4),
+           note="latent cache geometry recorded; per-head = per-layer where the cache has one head"),
+    Family("Llama-4 (text)", "llama4_text", dict(MOE, attention_chunk_size=4096, intermediate_size_mlp=64,
+                                                 interleave_moe_layer_step=1, no_rope_layers=[1, 1]),
+           note="chunked attention (chunk 4096 covers the run)"),
+    Family("Falcon", "falcon", refused="AttentionInterface", drop=("head_dim",)),
+    Family("MPT", "mpt", dict(d_model=32, n_heads=4, n_layers=2), refused="AttentionInterface"),
+    Family("Bloom", "bloom", dict(n_layer=2, n_head=4), refused="AttentionInterface"),
+    Family("StableLM", "stablelm", refused="AttentionInterface"),
+    Family("Mamba", "mamba", dict(state_size=4), refused="outside PAGE's scope"),
+    Family("Qwen3-Next (hybrid)", "qwen3_next", dict(MOE, layer_types=["linear_attention", "full_attention"]),
+           refused="outside PAGE's scope"),
+    Family("Jamba (hybrid)", "jamba", dict(MOE, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
+                                           expert_layer_offset=1, mamba_d_state=4),
+           refused="outside PAGE's scope"),
+]
+
+
+def _config(family: Family):
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    base = {k: v for k, v in BASE.items() if k not in family.drop}
+    return CONFIG_MAPPING[family.model_type](**{**base, **family.config})
+
+
+def _tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2}
+    for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab[ch] = len(vocab)
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return _tokenizer()
+
+
+def _build(family: Family):
+    """The tiny model in float32 and eval mode, on its stock kernel (sdpa where its class has one)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from collectors.model import causal_lm_class
+
+    config = _config(family)
+    attn = "sdpa" if getattr(causal_lm_class(config), "_supports_sdpa", False) else "eager"
+    config._attn_implementation = attn
+    state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        # Random weights of std 0.02 make every attention row nearly uniform; wider ones give the
+        # rows (and the per-head selections) structure, and sinks of trained size (gpt-oss).
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if p.ndim == 2 and ("q_" in name or "k_" in name or "query" in name or "key" in name
+                                    or "c_attn" in name or "kv_a" in name or "kv_b" in name):
+                    p.normal_(0.0, 0.35)
+                if family.sinks and name.endswith("sinks"):
+                    p.copy_(torch.linspace(8.0, 24.0, p.numel()))
+    finally:
+        torch.random.set_rng_state(state)
+    if model.config._attn_implementation != attn:
+        model.set_attn_implementation(attn)
+    return model.eval(), attn
+
+
+def _brute_force_perhead(attentions, n_kv: int, count: int, n_sink: int, n_recent: int):
+    """Kept positions per (layer, KV head) by a plain sort of the eager window attention."""
+    kept = []
+    for layer in attentions:
+        window = layer[0, :, -WINDOW:, :].double().mean(dim=1)  # (H, T)
+        group = window.shape[0] // n_kv
+        rows = []
+        for j in range(n_kv):
+            score = window[j * group:(j + 1) * group].mean(dim=0).tolist()
+            protected = set(range(n_sink)) | set(range(T - n_recent, T))
+            rest = sorted((p for p in range(T) if p not in protected), key=lambda p: (-score[p], p))
+            rows.append(sorted(protected | set(rest[:count - len(protected)])))
+        kept.append(rows)
+    return kept
+
+
+def _one_arm_decode(model, prefill, kept, n_new: int) -> list[int]:
+    """Greedy decode of one arm, one token at a time, from ``slice_cache`` (no batch, no padding)."""
+    import torch
+
+    from collectors.model import cache_keyword
+    from collectors.sweep import slice_cache
+
+    cache = slice_cache(prefill.past_key_values, kept)
+    tokens = [int(torch.argmax(prefill.last_logits))]
+    name = cache_keyword(model)
+    for s in range(n_new - 1):
+        out = model(input_ids=torch.tensor([[tokens[-1]]]), position_ids=torch.tensor([[T + s]]),
+                    **{name: cache}, use_cache=True)
+        cache = getattr(out, name)
+        tokens.append(int(torch.argmax(out.logits[0, -1])))
+    return tokens
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=[f.name for f in FAMILIES])
+def test_family(family, tokenizer):
+    import torch
+
+    from collectors import capture, evict, sweep
+    from collectors.model import (ModelLoadError, UnsupportedModelError, cache_geometry, check_architecture,
+                                  check_supported, describe_architecture)
+
+    config = _config(family)
+    if family.refused is not None:
+        with pytest.raises((ModelLoadError, UnsupportedModelError)) as err:
+            check_architecture(config, positions=POSITIONS)
+        message = str(err.value)
+        assert family.refused in message and "\n" not in message
+        return
+    check_architecture(config, positions=POSITIONS)
+    model, attn = _build(family)
+    check_supported(model)
+    ids = torch.randint(3, 128, (1, T), generator=torch.Generator().manual_seed(7))
+
+    with torch.no_grad():
+        stock = model(input_ids=ids, use_cache=True, logits_to_keep=1).logits[0, -1].float()
+        pre = capture.prefill(model, ids, window=WINDOW, snapkv_window=WINDOW, accumulate=True)
+        # logits under the capture: bit for bit those of the stock kernel
+        assert torch.equal(pre.last_logits, stock)
+        # a_ℓ against the model's own eager attention
+        model.set_attn_implementation("eager")
+        eager = model(input_ids=ids, output_attentions=True, use_cache=False).attentions
+        model.set_attn_implementation(attn)
+    assert len(eager) == config.num_hidden_layers
+    reference = torch.stack([a[0, :, -WINDOW:, :].float().mean(dim=1) for a in eager])
+    assert torch.allclose(pre.window_attention, reference, atol=1e-6, rtol=0), \
+        float((pre.window_attention - reference).abs().max())
+    accumulated = torch.stack([a[0].float().sum(dim=1) for a in eager])
+    assert torch.allclose(pre.accumulated_attention, accumulated, atol=1e-5, rtol=0)
+
+    # the full-KV answer equals model.generate (stock cache: sliding layers stay sliding there)
+    full, arms = sweep.run_sweep(model, tokenizer, pre, evictors=["snapkv-perhead"], budgets=[0.5],
+                                 max_new_tokens=N_NEW, n_sink=2, n_recent=4)
+    generated = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=N_NEW, do_sample=False,
+                               pad_token_id=0)[0, T:].tolist()
+    assert full.token_ids == generated
+
+    # one per-head eviction: the selection is a brute-force one, and the batched arm decodes as one arm alone
+    kept = evict.kept_positions("snapkv-perhead", pre, 0.5, n_sink=2, n_recent=4)
+    geometry = cache_geometry(model)
+    assert kept.shape == (config.num_hidden_layers, geometry[0]["k_heads"], T // 2)
+    assert kept.tolist() == _brute_force_perhead(eager, geometry[0]["k_heads"], T // 2, 2, 4)
+    assert arms[0].token_ids == _one_arm_decode(model, pre, kept, N_NEW)[:len(arms[0].token_ids)]
+    assert arms[0].n_kept == T // 2
+
+    # the manifest's geometry is the cache's
+    cache = pre.past_key_values.layers
+    described = describe_architecture(model.config, geometry, "float32")
+    elements = sum(layer.keys.shape[1] * layer.keys.shape[-1] + layer.values.shape[1] * layer.values.shape[-1]
+                   for layer in cache)
+    assert described["kv_bytes_per_token"] == 4 * elements
+    assert 2 * described["n_layers"] * described["n_kv_heads"] * described["head_dim"] == elements
+
+
+def test_sinks_change_the_capture():
+    """gpt-oss's sinks matter: with trained-size sinks, ā modelled without them is far from the eager one
+    (the test above passes only because the capture models them)."""
+    import torch
+
+    from collectors import capture
+
+    family = next(f for f in FAMILIES if f.sinks)
+    model, _ = _build(family)
+    ids = torch.randint(3, 128, (1, T), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        pre = capture.prefill(model, ids, window=WINDOW)
+        for m in model.modules():
+            if hasattr(m, "sinks"):
+                m.sinks.fill_(-1e4)  # a sink of zero mass: the softmax without sinks
+        without = capture.prefill(model, ids, window=WINDOW)
+    row_mass = pre.window_attention.sum(dim=-1)
+    assert float(row_mass.min()) < 0.2  # the sinks take most of some rows
+    assert float((without.window_attention.sum(dim=-1) - 1).abs().max()) < 1e-5
+
+
+def test_grouped_decode_keeps_attention_keywords():
+    """The grouped decode step hands a call carrying softcap / s_aux / position_bias to the stock sdpa
+    kernel instead of dropping them (stock sdpa then uses or refuses them)."""
+    import torch
+
+    from collectors.capture import STOCK_ATTENTION_KEYWORDS, grouped_sdpa_forward
+
+    class Attention(torch.nn.Module):
+        num_key_value_groups = 2
+        is_causal = True
+
+    q, k, v = torch.randn(1, 4, 1, 8), torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8)
+    module = Attention().eval()
+    plain, _ = grouped_sdpa_forward(module, q, k, v, None, scaling=0.3)
+    bias = torch.randn(1, 4, 1, 6)
+    biased, _ = grouped_sdpa_forward(module, q, k, v, None, scaling=0.3, position_bias=bias)
+    reference = torch.softmax((q @ k.repeat_interleave(2, dim=1).transpose(-1, -2)) * 0.3 + bias, dim=-1) \
+        @ v.repeat_interleave(2, dim=1)
+    assert "position_bias" in STOCK_ATTENTION_KEYWORDS
+    assert not torch.allclose(plain, biased)
+    import inspect
+
+    from transformers import AttentionInterface
+
+    if "position_bias" in inspect.signature(AttentionInterface._global_mapping["sdpa"]).parameters:
+        assert torch.allclose(biased, reference.transpose(1, 2), atol=1e-6)
+    with pytest.raises(ValueError, match="softcap"):
+        sdpa_rejects_softcap = "position_bias" in inspect.signature(AttentionInterface._global_mapping["sdpa"]).parameters
+        if not sdpa_rejects_softcap:
+            raise ValueError("softcap: this transformers' sdpa ignores it")
+        grouped_sdpa_forward(module, q, k, v, None, scaling=0.3, softcap=20.0)
+
+
+def test_refusals_come_before_loading(model_dir, tmp_path, monkeypatch):
+    """A refused architecture and a missing QA file stop pagestats-collect with one line (exit 2) before
+    any weights are read."""
+    import json
+
+    import transformers
+
+    from collectors.cli import main
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("weights were loaded")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_weights)
+    config = json.loads((model_dir / "config.json").read_text())
+    short = tmp_path / "short-window"
+    short.mkdir()
+    for f in model_dir.iterdir():
+        (short / f.name).write_bytes(f.read_bytes())
+    (short / "config.json").write_text(json.dumps({**config, "model_type": "mistral", "sliding_window": 100,
+                                                   "architectures": ["MistralForCausalLM"]}))
+    args = ["--tasks", "niah_single_1", "--context-length", "256", "--n", "1", "--out", str(tmp_path / "out"),
+            "--no-progress"]
+    assert main(["--model", str(short), *args]) == 2
+    assert main(["--model", str(model_dir), *args[:1], "qa_1", *args[2:]]) == 2
+
+
+def family_table() -> str:
+    """The Markdown table of docs/COLLECTION.md ("Model families"), from :data:`FAMILIES`."""
+    lines = ["| family | transformers `model_type` | outcome | notes |", "|---|---|---|---|"]
+    for f in FAMILIES:
+        outcome = "runs" if f.refused is None else "refused before loading"
+        if f.refused == "AttentionInterface":
+            why = "computes attention itself (`_supports_attention_backend` is False)"
+        elif f.refused == "outside PAGE's scope":
+            why = "state-space / linear-attention layers (§6 scope)"
+        elif f.refused:
+            why = f.note
+        else:
+            why = f.note
+        lines.append(f"| {f.name} | `{f.model_type}` | {outcome} | {why} |")
+    return "\n".join(lines)
+
+
+def test_docs_table_is_the_matrix():
+    text = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "COLLECTION.md").read_text()
+    assert family_table() in text, "docs/COLLECTION.md's family table is stale: python tests/test_families.py"
+
+
+if __name__ == "__main__":
+    print(family_table())
