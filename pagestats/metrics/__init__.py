@@ -36,6 +36,7 @@ from pagestats.metrics.delta import (
     same_inputs,
     oracle_gap,
 )
+from pagestats.metrics.matched import frontier_accuracy, matched_memory
 from pagestats.metrics.memory import compression, full_cache_gib, kept_kv, kv_bytes_per_token, static_batching
 from pagestats.metrics.rates import (
     auc_by_signal,
@@ -47,6 +48,7 @@ from pagestats.metrics.rates import (
 from pagestats.metrics.scaling import DILUTION_RULES, in_fit, predict_band, scaling_fit, scaling_rows
 
 __all__ = [
+    "frontier_accuracy", "matched_memory",
     "accuracy",
     "equal_inputs",
     "same_inputs",

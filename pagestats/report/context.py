@@ -66,6 +66,15 @@ class Context:
         return getattr(self.policy, "tau", None) if type(self.policy).__name__ == "FixedTau" else None
 
     @functools.cached_property
+    def matched_memory(self) -> pl.DataFrame:
+        """Δ at matched memory per (model, context, evictor) (:func:`pagestats.metrics.matched_memory`),
+        the evictors of a (model, context) on the same inputs as Table 28, with Table 28's seed."""
+        import numpy as np
+
+        rows, _ = metrics.equal_inputs(self.gated, by=["model", "context_length"])
+        return metrics.matched_memory(rows, rng=np.random.default_rng(defaults.BOOTSTRAP_SEED))
+
+    @functools.cached_property
     def decode_limited(self) -> pl.DataFrame:
         """(model, context_length, task, run) of every (run, task) whose full-KV answers the decode limit
         may have cut (:func:`pagestats.io.decoding.flagged_tasks`), read from the logs' files; empty

@@ -134,6 +134,14 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "harm_plain": ("harm plain", "share of inputs plain eviction scores below the full cache"),
     "plain_low": ("plain 95% low", "lower end of the plain harm interval"),
     "plain_high": ("plain 95% high", "upper end of the plain harm interval"),
+    "delta_matched": ("Δ at matched memory", "gated accuracy − plain eviction's frontier accuracy at the same mean "
+                      "kept KV, mean over b < 1"),
+    "acc_plain_matched": ("plain at matched KV", "plain eviction's frontier accuracy at the gated arm's mean kept KV, "
+                          "mean over b < 1"),
+    "delta_nominal": ("Δ at nominal budget", "gated − plain accuracy at the same budget b, mean over b < 1"),
+    "matched_low": ("matched 95% low", "lower end of the matched-memory Δ interval"),
+    "matched_high": ("matched 95% high", "upper end of the matched-memory Δ interval"),
+    "matched_p": ("matched p (BH)", "BH-adjusted p of the matched-memory Δ"),
     "harm_ratio": ("harm ratio ×", "harm plain / harm gated (null when harm gated is 0)"),
     "n_budgets": ("n budgets", "budgets b < 1 per input"),
     "n_boot": ("bootstrap replicates", "cluster-bootstrap replicates"),

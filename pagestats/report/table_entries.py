@@ -231,6 +231,10 @@ def _entries() -> tuple[Entry, ...]:
         Entry("tabN2_decision_frontier", "table", "New table", decision_table, (ev, needs_cache_size),
               "The accuracy–memory frontier over τ and budgets per evictor: kept KV as a fraction and in GiB "
               "per sequence."),
+        Entry("tabN3_matched_memory", "table", "New table", lambda c: t("tabN3_matched_memory", c.matched_memory),
+              (ev,), "Δ at matched memory per (model, context, evictor): the gated arm's accuracy against plain "
+              "eviction's frontier at the same mean kept KV, with a cluster-bootstrap interval and BH (the paper's "
+              "'matched-cache frontier', §4; Δ at nominal budget beside it)."),
     )
 
 

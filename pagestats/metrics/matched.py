@@ -1,0 +1,156 @@
+"""Δ at matched memory: the gated arm against plain eviction at the same kept KV (PAGE §4, Table 27 caption).
+
+The paper's Δ compares the gated and the plain arm at the same *nominal* budget b. The gated arm keeps
+the full cache where the gate is closed, so it holds more KV than plain eviction at that b, and the
+paper itself says that Δ is "at matched nominal budget, not a compression win", and that "the
+defensible headline is the harm reduction (Table 27) and the matched-cache frontier". This module
+measures the second: per (model, context, evictor) cell and budget b < 1,
+
+* the gated arm's mean kept KV ``k_g(b)`` (n_kept / n_tokens) and accuracy ``A_g(b)``;
+* plain eviction's **frontier**: its points ``(k_p(b'), A_p(b'))`` over every logged budget b'
+  (b' = 1 is the full cache), reduced to the Pareto points (every other point that keeps no more KV
+  scores lower; of points within :data:`FRONTIER_TOL` in accuracy the one keeping least), joined by
+  straight lines. A point on a segment is what plain eviction reaches by running
+  the two budgets at its ends on complementary shares of the inputs, so it is attainable in
+  expectation at that mean kept KV;
+* ``A_p*(b) = frontier(k_g(b))`` and ``Δ_matched = mean over b < 1 of A_g(b) − A_p*(b)``.
+
+``Δ_matched`` > 0 means the gate beats any plain budget (or mix of two) that keeps as much KV on
+average. The interval is a cluster bootstrap over inputs (every mean, the frontier included, is
+recomputed on each resample), and Benjamini–Hochberg runs across the cells of a call, as for Table 28.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from pagestats import defaults, stats
+
+__all__ = ["frontier_accuracy", "matched_memory"]
+
+#: Accuracies within this of each other are equal on the frontier (means of multiples of 1/m carry
+#: last-bit noise, so exact comparisons would keep dominated points).
+FRONTIER_TOL = 1e-9
+
+
+def frontier_accuracy(kept: np.ndarray, accuracy: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """Plain eviction's frontier accuracy at ``query`` kept KV, for many resamples at once.
+
+    Parameters
+    ----------
+    kept, accuracy : ndarray (R, P)
+        Per resample r, the mean kept KV and accuracy of plain eviction at each of P budgets.
+    query : ndarray (R, Q)
+        Kept KV at which to read the frontier.
+
+    Returns
+    -------
+    ndarray (R, Q)
+        The linear interpolation between the two Pareto points around each query; below the
+        smallest kept KV the frontier is that point's accuracy (no budget keeps less), above the
+        largest the largest point's.
+    """
+    kept, accuracy, query = (np.atleast_2d(np.asarray(a, dtype=np.float64)) for a in (kept, accuracy, query))
+    order = np.lexsort((-accuracy, kept), axis=-1)  # by kept, the better point first among equal kept
+    k = np.take_along_axis(kept, order, axis=-1)
+    a = np.take_along_axis(accuracy, order, axis=-1)
+    before = np.concatenate([np.full((a.shape[0], 1), -np.inf), np.maximum.accumulate(a, axis=-1)[:, :-1]], axis=-1)
+    pareto = a > before + FRONTIER_TOL  # scores above every point that keeps no more KV
+    q = query[:, :, None]  # (R, Q, 1) against (R, 1, P)
+    kk, aa, pp = k[:, None, :], a[:, None, :], pareto[:, None, :]
+    left_ok = pp & (kk <= q)
+    right_ok = pp & (kk >= q)
+    n = k.shape[-1]
+    idx = np.arange(n)
+    # the last Pareto point at or below the query, the first at or above it (-1 / n when there is none)
+    left = np.where(left_ok, idx, -1).max(axis=-1)
+    right = np.where(right_ok, idx, n).min(axis=-1)
+    first = np.argmax(pareto, axis=-1)[:, None].repeat(query.shape[1], axis=1)
+    last = (n - 1 - np.argmax(pareto[:, ::-1], axis=-1))[:, None].repeat(query.shape[1], axis=1)
+    left = np.where(left < 0, first, left)
+    right = np.where(right >= n, last, right)
+    kl, kr = np.take_along_axis(k[:, None, :].repeat(query.shape[1], 1), left[..., None], -1)[..., 0], \
+        np.take_along_axis(k[:, None, :].repeat(query.shape[1], 1), right[..., None], -1)[..., 0]
+    al, ar = np.take_along_axis(a[:, None, :].repeat(query.shape[1], 1), left[..., None], -1)[..., 0], \
+        np.take_along_axis(a[:, None, :].repeat(query.shape[1], 1), right[..., None], -1)[..., 0]
+    span = kr - kl
+    weight = np.where(span > 0, (query - kl) / np.where(span > 0, span, 1.0), 0.0)
+    return al + np.clip(weight, 0.0, 1.0) * (ar - al)
+
+
+def _cell_arrays(part: pl.DataFrame):
+    """Per input × budget matrices of one cell (inputs in key order, budgets ascending)."""
+    key = ["run_id", "task", "input_id"]
+    part = part.sort([*key, "budget"])
+    budgets = np.sort(part["budget"].unique().to_numpy())
+    n = part.select(key).n_unique()
+    if part.height != n * budgets.size:
+        raise ValueError("matched_memory: a cell's inputs do not all carry the same budgets")
+
+    def mat(expr):
+        return part.select(expr).to_series().to_numpy().astype(np.float64).reshape(n, budgets.size)
+
+    tokens = pl.col("n_tokens")
+    return (budgets, mat(pl.col("score_plain")), mat(pl.col("n_kept_plain") / tokens), mat(pl.col("score_gated")),
+            mat(pl.col("n_kept_gated") / tokens))
+
+
+def _delta_matched(weights, budgets, plain, kept_plain, gated, kept_gated) -> tuple[np.ndarray, ...]:
+    """Δ_matched per resample (rows of ``weights``: input counts) and the means it is built from."""
+    total = weights.sum(axis=1, keepdims=True)
+    mp, kp = weights @ plain / total, weights @ kept_plain / total
+    evicted = budgets < 1.0
+    mg, kg = (weights @ gated / total)[:, evicted], (weights @ kept_gated / total)[:, evicted]
+    matched = frontier_accuracy(kp, mp, kg)
+    return (mg - matched).mean(axis=1), mg.mean(axis=1), kg.mean(axis=1), matched.mean(axis=1), \
+        (mg - mp[:, evicted]).mean(axis=1)
+
+
+def matched_memory(frame: pl.DataFrame, by=("model", "context_length", "evictor"), *, rng: np.random.Generator,
+                   n_boot: int = defaults.N_BOOTSTRAP, confidence_level: float = defaults.CONFIDENCE_LEVEL,
+                   q: float = defaults.FDR_Q) -> pl.DataFrame:
+    """Δ at matched memory per cell, with a cluster-bootstrap interval and BH-adjusted p (module docstring).
+
+    Parameters
+    ----------
+    frame : polars.DataFrame
+        Gated outcomes (:func:`pagestats.replay.gated_outcomes`) with every budget, 1.0 included:
+        ``run_id, task, input_id, budget, n_tokens, score_plain, n_kept_plain, score_gated,
+        n_kept_gated`` and the ``by`` columns. Every input of a cell must carry the same budgets.
+    by : sequence of str
+        The cells.
+    rng : numpy.random.Generator
+        Draws the resamples (one generator for all cells, in ``by`` order).
+
+    Returns
+    -------
+    polars.DataFrame
+        ``by``, ``n_inputs``, ``kept_kv_gated`` (mean over b < 1 of the gated arm's mean kept KV),
+        ``acc_gated``, ``acc_plain_matched`` (plain eviction's frontier at that kept KV, mean over
+        b < 1), ``delta_matched`` with ``low``, ``high``, ``p_value``, ``p_adjusted``, and
+        ``delta_nominal`` (Δ at the same nominal budget, for comparison).
+    """
+    by = list(by)
+    rows = []
+    replicates = []
+    alpha = 1.0 - confidence_level
+    for part in frame.partition_by(by, maintain_order=True):
+        budgets, plain, kept_plain, gated, kept_gated = _cell_arrays(part)
+        n = plain.shape[0]
+        if not (budgets < 1.0).any() or not (budgets == 1.0).any():
+            raise ValueError("matched_memory: a cell needs budget 1.0 (the full cache) and budgets b < 1")
+        point = _delta_matched(np.ones((1, n)), budgets, plain, kept_plain, gated, kept_gated)
+        counts = rng.multinomial(n, np.full(n, 1.0 / n), size=n_boot).astype(np.float64)
+        boot = _delta_matched(counts, budgets, plain, kept_plain, gated, kept_gated)[0]
+        replicates.append(boot)
+        low, high = np.quantile(boot, [alpha / 2, 1 - alpha / 2])
+        rows.append({**part.select(by).row(0, named=True), "n_inputs": n, "kept_kv_gated": float(point[2][0]),
+                     "acc_gated": float(point[1][0]), "acc_plain_matched": float(point[3][0]),
+                     "delta_matched": float(point[0][0]), "low": float(low), "high": float(high),
+                     "delta_nominal": float(point[4][0])})
+    if not rows:
+        raise ValueError("matched_memory: no cells")
+    p = stats.bootstrap_pvalue(np.vstack(replicates))
+    adjusted = stats.bh(p, q=q).adjusted
+    return pl.DataFrame(rows).with_columns(pl.Series("p_value", p), pl.Series("p_adjusted", adjusted))

@@ -1,0 +1,82 @@
+"""Δ at matched memory (pagestats.metrics.matched) against a brute-force reading of its definition."""
+
+import numpy as np
+import polars as pl
+import pytest
+
+from pagestats import metrics
+
+
+def brute_frontier(kept, acc, k):
+    """Pareto points by explicit search, then straight lines between consecutive ones (np.interp)."""
+    pts = sorted(zip(kept, acc))
+    # a point stays when every other point that keeps no more KV scores lower (the first of equal ones)
+    pareto = [(kp, ap) for i, (kp, ap) in enumerate(pts)
+              if not any(k2 <= kp and a2 >= ap - 1e-9 and (k2 < kp or a2 > ap + 1e-9 or j < i)
+                         for j, (k2, a2) in enumerate(pts) if j != i)]
+    xs = [p[0] for p in pareto]
+    ys = [p[1] for p in pareto]
+    return float(np.interp(k, xs, ys))
+
+
+def test_frontier_equals_brute_force():
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        p = rng.integers(2, 9)
+        kept = np.round(rng.random(p), 2)
+        acc = np.round(rng.random(p), 1)
+        query = rng.random(5)
+        got = metrics.frontier_accuracy(kept[None], acc[None], query[None])[0]
+        want = [brute_frontier(kept, acc, k) for k in query]
+        np.testing.assert_allclose(got, want, atol=1e-12)
+
+
+def _cell(rng, n, evictor):
+    rows = []
+    budgets = (0.125, 0.25, 0.5, 1.0)
+    for i in range(n):
+        full = float(rng.integers(0, 2))
+        open_ = rng.random() < 0.5
+        for b in budgets:
+            plain = full if b == 1.0 else float(rng.integers(0, 2)) * (rng.random() < b + 0.3)
+            kept = 100 if b == 1.0 else int(max(10, b * 100))
+            rows.append({"model": "m", "context_length": 512, "evictor": evictor, "run_id": "r", "task": "t",
+                         "input_id": i, "budget": b, "n_tokens": 100, "score_plain": plain, "n_kept_plain": kept,
+                         "score_gated": plain if open_ else full, "n_kept_gated": kept if open_ else 100})
+    return rows
+
+
+def test_matched_delta_equals_a_by_hand_computation():
+    rng = np.random.default_rng(0)
+    frame = pl.DataFrame(_cell(rng, 40, "a") + _cell(rng, 40, "b"))
+    out = metrics.matched_memory(frame, rng=np.random.default_rng(1), n_boot=400)
+    assert out.height == 2
+    for r in out.iter_rows(named=True):
+        cell = frame.filter(pl.col("evictor") == r["evictor"])
+        means = cell.group_by("budget").agg(
+            pl.col("score_plain").mean(), (pl.col("n_kept_plain") / 100).mean().alias("kp"),
+            pl.col("score_gated").mean(), (pl.col("n_kept_gated") / 100).mean().alias("kg")).sort("budget")
+        evicted = means.filter(pl.col("budget") < 1)
+        matched = [brute_frontier(means["kp"].to_list(), means["score_plain"].to_list(), k) for k in evicted["kg"]]
+        want = float(np.mean(evicted["score_gated"].to_numpy() - np.array(matched)))
+        assert r["delta_matched"] == pytest.approx(want, abs=1e-12)
+        assert r["delta_nominal"] == pytest.approx(float((evicted["score_gated"] - evicted["score_plain"]).mean()))
+        assert r["low"] <= r["delta_matched"] <= r["high"] and 0 < r["p_value"] <= 1
+        assert r["p_adjusted"] >= r["p_value"]
+
+
+def test_a_gate_that_never_opens_has_no_matched_gain():
+    """Closed everywhere: the gated arm is the full cache, which is plain eviction's own b = 1 point."""
+    rng = np.random.default_rng(5)
+    rows = _cell(rng, 30, "a")
+    for r in rows:
+        r["score_gated"] = next(x["score_plain"] for x in rows if x["input_id"] == r["input_id"] and x["budget"] == 1.0)
+        r["n_kept_gated"] = 100
+    out = metrics.matched_memory(pl.DataFrame(rows), rng=np.random.default_rng(2), n_boot=200)
+    assert out["delta_matched"][0] == pytest.approx(0.0, abs=1e-12) and out["kept_kv_gated"][0] == 1.0
+
+
+def test_a_cell_without_the_full_cache_is_refused():
+    rows = [r for r in _cell(np.random.default_rng(0), 5, "a") if r["budget"] < 1]
+    with pytest.raises(ValueError, match="budget 1.0"):
+        metrics.matched_memory(pl.DataFrame(rows), rng=np.random.default_rng(0), n_boot=10)
