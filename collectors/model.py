@@ -393,18 +393,28 @@ def _load_config(source: str, kind: str, kwargs: dict):
     return config
 
 
-def _check_kernel_support(config, attn_impl: str) -> None:
-    """Refuse a kernel the model's class does not implement (transformers' ``_supports_*`` flags)."""
-    import transformers
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+def check_kernel_support(config, attn_impl: str) -> None:
+    """Refuse a kernel the model's class does not implement (transformers' ``_supports_*`` flags), and
+    ``sdpa`` for a config with attention-logit soft-capping (Gemma-2): torch's SDPA cannot soft-cap,
+    and transformers' ``sdpa`` kernel ignores ``softcap`` (5.2) or refuses it (5.24), so the model's
+    own attention would not be the one its config describes.
 
-    cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    Raises
+    ------
+    ModelLoadError
+    """
+    import transformers
+
+    cls = causal_lm_class(config)
     flag = {"sdpa": "_supports_sdpa", "flex_attention": "_supports_flex_attn"}.get(attn_impl)
     if attn_impl.startswith("flash_attention"):
         flag = "_supports_flash_attn"
     if flag and not getattr(cls, flag, False):
         raise ModelLoadError(f"{cls.__name__} has no {attn_impl} kernel in transformers {transformers.__version__}; "
                              "use --attn-impl eager")
+    if attn_impl == "sdpa" and getattr(_text_config(config), "attn_logit_softcapping", None) is not None:
+        raise ModelLoadError(f"{cls.__name__} soft-caps its attention logits (attn_logit_softcapping), which the sdpa "
+                             "kernel cannot do; use --attn-impl eager")
 
 
 def _check_tokenizer_files(directory: str) -> None:
@@ -544,7 +554,7 @@ def load_model(model: str | None = None, *, device: str = "cpu", dtype: str = "f
     check_attn_impl(attn_impl, device=device, dtype=dtype)
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
     config = _load_config(source, kind, kwargs)
-    _check_kernel_support(config, attn_impl)
+    check_kernel_support(config, attn_impl)
     check_architecture(config, positions)
     if kind == "dir":
         _check_tokenizer_files(source)

@@ -64,7 +64,7 @@ FAMILIES = [
     Family("Phi-3", "phi3", dict(sliding_window=2047), note="published window 2047"),
     Family("Gemma", "gemma"),
     Family("Gemma-2", "gemma2", dict(sliding_window=4096, attn_logit_softcapping=50.0, final_logit_softcapping=30.0),
-           note="soft-capping; window 4096"),
+           note="soft-capping (sdpa refused: it cannot soft-cap); window 4096"),
     Family("Gemma-3", "gemma3_text", dict(sliding_window=POSITIONS, layer_types=["sliding_attention", "full_attention"]),
            note="window covers the run"),
     Family("Gemma-3 (short window)", "gemma3_text", dict(sliding_window=32,
@@ -87,7 +87,7 @@ FAMILIES = [
     Family("Mixtral (MoE)", "mixtral", MOE),
     Family("Qwen3-MoE", "qwen3_moe", MOE),
     Family("gpt-oss (MoE, sinks)", "gpt_oss", dict(MOE, sliding_window=4096), sinks=True,
-           note="attention sinks modelled; window 4096; eager kernel"),
+           note="attention sinks modelled; window 4096"),
     Family("DeepSeek-V3 (MLA, MoE)", "deepseek_v3", dict(MOE, n_routed_experts=4, n_group=1, topk_group=1,
                                                          first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=None,
                                                          qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8,
@@ -139,10 +139,8 @@ def _build(family: Family):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from collectors.model import causal_lm_class
-
     config = _config(family)
-    attn = "sdpa" if getattr(causal_lm_class(config), "_supports_sdpa", False) else "eager"
+    attn = _kernel(family)
     config._attn_implementation = attn
     state = torch.random.get_rng_state()
     try:
@@ -279,10 +277,20 @@ def test_sinks_change_the_capture():
     assert float((without.window_attention.sum(dim=-1) - 1).abs().max()) < 1e-5
 
 
-def test_grouped_decode_keeps_attention_keywords():
-    """The grouped decode step hands a call carrying softcap / s_aux / position_bias to the stock sdpa
-    kernel instead of dropping them (stock sdpa then uses or refuses them)."""
+def _outcome(fn, *args, **kwargs):
+    try:
+        return fn(*args, **kwargs)[0]
+    except (ValueError, TypeError, RuntimeError) as err:
+        return type(err), str(err)
+
+
+@pytest.mark.parametrize("keyword", ["softcap", "s_aux", "position_bias"])
+def test_grouped_decode_keeps_attention_keywords(keyword):
+    """A grouped decode step that carries softcap, s_aux or position_bias does what the stock sdpa kernel
+    does with it (uses it, ignores it or refuses it), instead of dropping it; without one it is the
+    grouped SDPA, equal to the stock kernel up to rounding."""
     import torch
+    from transformers import AttentionInterface
 
     from collectors.capture import STOCK_ATTENTION_KEYWORDS, grouped_sdpa_forward
 
@@ -290,31 +298,26 @@ def test_grouped_decode_keeps_attention_keywords():
         num_key_value_groups = 2
         is_causal = True
 
-    q, k, v = torch.randn(1, 4, 1, 8), torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8)
+    stock = AttentionInterface._global_mapping["sdpa"]
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(*shape, generator=gen) for shape in ((1, 4, 1, 8), (1, 2, 6, 8), (1, 2, 6, 8)))
     module = Attention().eval()
-    plain, _ = grouped_sdpa_forward(module, q, k, v, None, scaling=0.3)
-    bias = torch.randn(1, 4, 1, 6)
-    biased, _ = grouped_sdpa_forward(module, q, k, v, None, scaling=0.3, position_bias=bias)
-    reference = torch.softmax((q @ k.repeat_interleave(2, dim=1).transpose(-1, -2)) * 0.3 + bias, dim=-1) \
-        @ v.repeat_interleave(2, dim=1)
-    assert "position_bias" in STOCK_ATTENTION_KEYWORDS
-    assert not torch.allclose(plain, biased)
-    import inspect
-
-    from transformers import AttentionInterface
-
-    if "position_bias" in inspect.signature(AttentionInterface._global_mapping["sdpa"]).parameters:
-        assert torch.allclose(biased, reference.transpose(1, 2), atol=1e-6)
-    with pytest.raises(ValueError, match="softcap"):
-        sdpa_rejects_softcap = "position_bias" in inspect.signature(AttentionInterface._global_mapping["sdpa"]).parameters
-        if not sdpa_rejects_softcap:
-            raise ValueError("softcap: this transformers' sdpa ignores it")
-        grouped_sdpa_forward(module, q, k, v, None, scaling=0.3, softcap=20.0)
+    value = {"softcap": 0.5, "s_aux": torch.randn(4, generator=gen),
+             "position_bias": 3 * torch.randn(1, 4, 1, 6, generator=gen)}[keyword]
+    assert keyword in STOCK_ATTENTION_KEYWORDS
+    plain = grouped_sdpa_forward(module, q, k, v, None, scaling=0.3)[0]
+    assert torch.allclose(plain, stock(module, q, k, v, None, scaling=0.3)[0], atol=1e-6)
+    got = _outcome(grouped_sdpa_forward, module, q, k, v, None, scaling=0.3, **{keyword: value})
+    want = _outcome(stock, module, q, k, v, None, scaling=0.3, **{keyword: value})
+    if isinstance(want, torch.Tensor):
+        assert isinstance(got, torch.Tensor) and torch.equal(got, want)
+    else:
+        assert got == want
 
 
-def test_refusals_come_before_loading(model_dir, tmp_path, monkeypatch):
-    """A refused architecture and a missing QA file stop pagestats-collect with one line (exit 2) before
-    any weights are read."""
+def test_refusals_come_before_loading(model_dir, tmp_path, monkeypatch, capsys):
+    """A sliding window shorter than the run and a missing QA file stop pagestats-collect with one line
+    (exit 2) before any weights are read."""
     import json
 
     import transformers
@@ -332,26 +335,37 @@ def test_refusals_come_before_loading(model_dir, tmp_path, monkeypatch):
         (short / f.name).write_bytes(f.read_bytes())
     (short / "config.json").write_text(json.dumps({**config, "model_type": "mistral", "sliding_window": 100,
                                                    "architectures": ["MistralForCausalLM"]}))
-    args = ["--tasks", "niah_single_1", "--context-length", "256", "--n", "1", "--out", str(tmp_path / "out"),
-            "--no-progress"]
-    assert main(["--model", str(short), *args]) == 2
-    assert main(["--model", str(model_dir), *args[:1], "qa_1", *args[2:]]) == 2
+    common = ["--context-length", "256", "--n", "1", "--out", str(tmp_path / "out"), "--no-progress"]
+    assert main(["--model", str(short), "--tasks", "niah_single_1", *common]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "sliding window of 100" in err and "lower --context-length" in err and "\n" not in err
+    assert main(["--model", str(model_dir), "--tasks", "qa_1", *common]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "qa_1 needs a squad json file" in err.lower() and "\n" not in err
+
+
+def _kernel(family: Family) -> str:
+    """The stock kernel the matrix runs a family on: sdpa where the collector accepts it, else eager."""
+    from collectors.model import ModelLoadError, check_kernel_support
+
+    try:
+        check_kernel_support(_config(family), "sdpa")
+        return "sdpa"
+    except ModelLoadError:  # no sdpa kernel for this class, or soft-capping (Gemma-2)
+        return "eager"
 
 
 def family_table() -> str:
     """The Markdown table of docs/COLLECTION.md ("Model families"), from :data:`FAMILIES`."""
-    lines = ["| family | transformers `model_type` | outcome | notes |", "|---|---|---|---|"]
+    lines = ["| family | transformers `model_type` | outcome | kernel | notes |", "|---|---|---|---|---|"]
     for f in FAMILIES:
-        outcome = "runs" if f.refused is None else "refused before loading"
-        if f.refused == "AttentionInterface":
-            why = "computes attention itself (`_supports_attention_backend` is False)"
-        elif f.refused == "outside PAGE's scope":
-            why = "state-space / linear-attention layers (§6 scope)"
-        elif f.refused:
-            why = f.note
+        if f.refused is None:
+            outcome, kernel, why = "runs", _kernel(f), f.note
         else:
-            why = f.note
-        lines.append(f"| {f.name} | `{f.model_type}` | {outcome} | {why} |")
+            outcome, kernel = "refused before loading", "–"
+            why = {"AttentionInterface": "computes attention itself (`_supports_attention_backend` is False)",
+                   "outside PAGE's scope": "state-space / linear-attention layers (§6 scope)"}.get(f.refused, f.note)
+        lines.append(f"| {f.name} | `{f.model_type}` | {outcome} | {kernel} | {why} |")
     return "\n".join(lines)
 
 
