@@ -619,7 +619,8 @@ def test_registry_entries_and_skips(tmp_path):
     meta = {o["name"]: o for o in json.loads((index.parent / "index.json").read_text())["outputs"]}
     skipped = {n for n, o in meta.items() if o["skipped"]}
     assert skipped == {"tab04_distractor_sweep", "tab21_preregistered", "tab30_draws", "tabN1_pilot_sensitivity",
-                       "tabA31_k_sweep", "tab07_calibration", "tab20_cross_cell"}
+                       "tabA31_k_sweep", "tab07_calibration", "tab20_cross_cell", "tab32_per_layer"}
+    assert "needs the evictors snapkv-perlayer" in meta["tab32_per_layer"]["skipped"]
     assert "holds out 100 inputs per model" in meta["tabN1_pilot_sensitivity"]["skipped"]
     for name in ("tab07_calibration", "tab20_cross_cell"):  # 4 MK3 and 4 VT inputs; the paper's Eq. 5 takes 20 of each
         assert ("takes 20 capacity-bound (niah_multikey_3) and 20 dilution-prone (vt) inputs; this cell has 4 and 4"
@@ -629,3 +630,26 @@ def test_registry_entries_and_skips(tmp_path):
     for n, o in meta.items():
         if n not in skipped:
             assert {Path(f).suffix for f in o["files"]} == {".csv", ".md", ".html"}, n
+
+
+def test_per_layer_table_is_rho_of_each_arm_on_common_inputs():
+    """Table 32 by hand: ρ (Eq. 1: the share of inputs whose best plain budget b < 1 beats the full
+    cache) of each SnapKV arm on the inputs both hold, and their ratio."""
+    from pagestats import replay, tables
+
+    syn = testing.synthetic_logs(models={"m": (6, 3)}, evictors=("snapkv", "snapkv-perlayer"),
+                                 tasks=("fwe", "vt"), n_inputs=30, budgets=(0.125, 0.5, 1.0), with_topk=False,
+                                 with_text=False)
+    gated = replay.gated_outcomes(syn, replay.FixedTau())
+    out = tables.per_layer_table(gated)
+    for r in out.iter_rows(named=True):
+        for ev, col in (("snapkv", "rho_single"), ("snapkv-perlayer", "rho_per_layer")):
+            sub = gated.filter((pl.col("evictor") == ev) & (pl.col("task") == r["task"])
+                               & (pl.col("context_length") == r["context_length"]))
+            best = sub.filter(pl.col("budget") < 1).group_by("run_id", "input_id").agg(
+                (pl.col("score_plain").max() > pl.col("score_full").first()).alias("recovered"))
+            assert r["n"] == best.height and r[col] == pytest.approx(best["recovered"].mean())
+        if r["rho_single"]:
+            assert r["rho_ratio"] == pytest.approx(r["rho_per_layer"] / r["rho_single"])
+        else:
+            assert r["rho_ratio"] is None

@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, ClassVar
 
 import duckdb
 import numpy as np
@@ -291,6 +291,10 @@ def _with_tau(frame: pl.DataFrame, tau: float) -> pl.DataFrame:
 class FixedTau:
     """One global threshold: open iff D ≥ τ (§3 "Calibration"; τ = 0.07, Table 8)."""
 
+    #: What the policy needs besides D (Table 8), and where the report applies it.
+    labels: ClassVar[str] = "none: τ is a constant"
+    used_in: ClassVar[str] = "every table and figure (the report's policy by default)"
+
     tau: float = defaults.TAU
 
     @property
@@ -351,6 +355,9 @@ class ZScored:
     τ = 0.034 − 0.69·0.017 = 0.02227 ≈ 0.022.
     """
 
+    labels: ClassVar[str] = "none: an unlabeled pilot of each model's inputs gives μ_M and σ_M"
+    used_in: ClassVar[str] = "Table N1 (pilot sensitivity); whatif --policy z"
+
     theta_z: float = defaults.THETA_Z
     pilot_n: int = defaults.PILOT_N
     pilot_by: tuple[str, ...] = ("model",)
@@ -393,6 +400,9 @@ class RecalibratedTau:
     pilot_n, pilot_by, pilot, seed
         The pilot, as for :class:`ZScored` (the same rule; ``"held-out"`` by default).
     """
+
+    labels: ClassVar[str] = "none: τ keeps its z-position in an unlabeled pilot of the reference D"
+    used_in: ClassVar[str] = "whatif --recalibrate; the k, layer and head-pair sweeps (Tables 9, 10, App. A.3.1)"
 
     tau: float = defaults.TAU
     pilot_n: int = defaults.PILOT_N
@@ -448,6 +458,10 @@ class Midpoint:
     group with fewer than ``n`` inputs of either class is refused rather than calibrated on
     what it has (:meth:`shortfall` names such groups).
     """
+
+    labels: ClassVar[str] = ("task labels of the pilot (20 inputs of a known capacity-bound task, 20 of a "
+                             "dilution-prone one); no accuracy labels")
+    used_in: ClassVar[str] = "Tables 7 and 20; whatif --policy midpoint"
 
     n: int = defaults.MIDPOINT_N
     by: tuple[str, ...] = ("model", "context_length")
@@ -557,6 +571,9 @@ class TaskOracle:
     It reads the ``task_class`` column (task → class mapping from the logs), not D; ``tau``
     is null.
     """
+
+    labels: ClassVar[str] = "the task class of every input (not D)"
+    used_in: ClassVar[str] = "Table 14 (the gate against the task-label oracle); whatif --policy oracle"
 
     capacity_class: str = defaults.CAPACITY_BOUND
 

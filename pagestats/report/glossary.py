@@ -134,6 +134,18 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "harm_plain": ("harm plain", "share of inputs plain eviction scores below the full cache"),
     "plain_low": ("plain 95% low", "lower end of the plain harm interval"),
     "plain_high": ("plain 95% high", "upper end of the plain harm interval"),
+    "policy": ("policy", "the pagestats.replay policy class"),
+    "name": ("name", "the policy with its default parameters"),
+    "rule": ("rule", "how the policy decides (its docstring's first paragraph)"),
+    "labels": ("labels needed", "what the policy needs besides D"),
+    "used_in": ("used in", "where the report and the CLI apply it"),
+    "rho_single": ("ρ single mask", "ρ (Eq. 1) of single-mask SnapKV"),
+    "single_low": ("single 95% low", "lower end of its Wilson interval"),
+    "single_high": ("single 95% high", "upper end of its Wilson interval"),
+    "rho_per_layer": ("ρ per layer", "ρ (Eq. 1) of per-layer SnapKV"),
+    "per_layer_low": ("per-layer 95% low", "lower end of its Wilson interval"),
+    "per_layer_high": ("per-layer 95% high", "upper end of its Wilson interval"),
+    "rho_ratio": ("ρ ratio ×", "ρ per layer / ρ single mask (null when the single mask's ρ is 0)"),
     "delta_matched": ("Δ at matched memory", "gated accuracy − plain eviction's frontier accuracy at the same mean "
                       "kept KV, mean over b < 1"),
     "acc_plain_matched": ("plain at matched KV", "plain eviction's frontier accuracy at the gated arm's mean kept KV, "

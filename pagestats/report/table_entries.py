@@ -51,14 +51,26 @@ from pagestats.tables import (
     oracle_gap_table,
     pilot_sensitivity_table,
     preregistered_table,
+    per_layer_table,
     recovery_table,
     scaling_table,
     signal_ablation_table,
+    tau_variants_table,
 )
 
 
 def _typeset(name: str, frame: pl.DataFrame):
     return frame, LAYOUTS[name]
+
+
+def _needs_evictors(*evictors: str):
+    def check(ctx) -> str | None:
+        have = set(ctx.logs.outcomes["evictor"].unique().to_list())
+        missing = [e for e in evictors if e not in have]
+        return f"needs the evictors {', '.join(missing)}; not in the logs" if missing else None
+
+    check.__name__ = "needs_evictors"
+    return check
 
 
 def _needs_tasks(*tasks: str):
@@ -166,6 +178,8 @@ def _entries() -> tuple[Entry, ...]:
                   dilution_tasks=PAPER_MIDPOINT.dilution_tasks)), (ev, both, _needs_midpoint_cell),
               "Midpoint-calibrated τ (Eq. 5, the paper's recipe: the first 20 NIAH-MK3 and the first 20 VT inputs "
               "per cell) vs the fixed τ per cell."),
+        Entry("tab08_tau_variants", "table", "Table 8", lambda c: t("tab08_tau_variants", tau_variants_table()), (),
+              "The τ variants pagestats implements, what each needs besides D, and where the report applies it."),
         Entry("tab09_head_pairs", "table", "Table 9",
               lambda c: t("tab09_head_pairs", head_pair_table(c.logs, profile=c.profile)), (_needs_pair_jaccard, both),
               "Margin over 20 random head-pair subsets per fraction."),
@@ -224,6 +238,10 @@ def _entries() -> tuple[Entry, ...]:
                   c.all_logs.inputs.select("run_id", "draw").unique(),
                                                                evictor=c.headline_evictor)), (ev, needs_draws(2)),
               "Δ per input-draw replicate with mean, SD and range."),
+        Entry("tab32_per_layer", "table", "Table 32", lambda c: t("tab32_per_layer", per_layer_table(c.gated)),
+              (ev, _needs_evictors("snapkv", "snapkv-perlayer")),
+              "ρ (Eq. 1) of per-layer vs single-mask SnapKV per (model, context, task), Wilson intervals, and their "
+              "ratio."),
         Entry("tabN1_pilot_sensitivity", "table", "New table",
               lambda c: t("tabN1_pilot_sensitivity", pilot_sensitivity_table(c.logs, evictor=c.headline_evictor, profile=c.profile)),
               (ev, needs_agreement, needs_pilot_groups, _needs_pilot),

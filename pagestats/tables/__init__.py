@@ -46,6 +46,7 @@ from pagestats.tables.partition import (
     distractor_sweep_table,
     drop_by_task_table,
     harm_table,
+    per_layer_table,
     prediction_band,
     preregistered_table,
     recovery_table,
@@ -59,16 +60,17 @@ from pagestats.tables.signal import (
     layer_subset_table,
     pilot_sensitivity_table,
     signal_ablation_table,
+    tau_variants_table,
 )
 
 __all__ = [
     "Layout", "LAYOUTS",
     "format_interval", "display_frame", "markdown_table", "to_gt", "to_markdown", "write_table",
     "task_means", "ordering_margin",
-    "recovery_table", "drop_by_task_table", "distractor_sweep_table", "scaling_table", "prediction_band", "preregistered_table",
+    "recovery_table", "per_layer_table", "drop_by_task_table", "distractor_sweep_table", "scaling_table", "prediction_band", "preregistered_table",
     "harm_table", "delta_matrix_table", "delta_by_task_table", "budget_axis_table", "oracle_gap_table",
     "best_evictor_table", "cross_cell_table", "compression_table", "batching_table", "bootstrap_table",
-    "draw_replicates_table", "auc_table", "signal_ablation_table", "calibration_table", "head_pair_table", "k_sweep_table",
+    "draw_replicates_table", "auc_table", "signal_ablation_table", "tau_variants_table", "calibration_table", "head_pair_table", "k_sweep_table",
     "layer_subset_table", "pilot_sensitivity_table",
     "MULTIKEY_TASKS",
 ]  # fmt: skip
@@ -155,6 +157,14 @@ LAYOUTS: dict[str, Layout] = {
                "(τ = −inf is plain eviction, +inf the full cache).",
                "kv_gib = kept_kv × the full cache of one sequence: 2 × layers × KV heads × head_dim × dtype bytes × "
                "mean prompt tokens, from the run manifests.")),
+    "tab08_tau_variants": Layout("Table 8 — the τ variants, their label requirements, and where each is applied", {},
+                                 notes=("Read from the policy classes of pagestats.replay (their name, rule, labels "
+                                        "and used_in).",)),
+    "tab32_per_layer": Layout(
+        "Table 32 — ρ of per-layer vs single-mask SnapKV",
+        {"single mask ρ [95% CI]": ("rho_single", "single_low", "single_high"),
+         "per layer ρ [95% CI]": ("rho_per_layer", "per_layer_low", "per_layer_high")},
+        notes=(_WILSON, "rho_ratio = per-layer ρ / single-mask ρ (null when the single mask's ρ is 0).")),
     "tabN3_matched_memory": Layout(
         "New — Δ at matched memory: the gated arm against plain eviction keeping as much KV",
         {"Δ at matched memory [95% CI]": ("delta_matched", "low", "high")}, decimals=4,

@@ -514,3 +514,27 @@ def pilot_sensitivity_table(logs, *, pilots: Sequence[str] = PILOT_SPLITS,
                       "closed_call",
                       "flips", "n_flipping_definitions", "delta_task", "delta_cell").sort(
                           ["pilot", "pilot_by", "pilot_n", *by_task])
+
+
+def tau_variants_table() -> pl.DataFrame:
+    """Table 8: the τ variants, what each needs besides D, and where the report applies it — read from the
+    policies themselves (their ``name``, rule, ``labels`` and ``used_in``).
+
+    References
+    ----------
+    PAGE Table 8 ("The three τ variants used in the paper, their label requirements, and where each is
+    applied"), §3 "Calibration", App. A.3.4.
+    """
+    from pagestats.replay.policies import RecalibratedTau, TaskOracle
+
+    variants = (FixedTau(), ZScored(), Midpoint(capacity_tasks=defaults.MIDPOINT_TASKS[:1],
+                                                dilution_tasks=defaults.MIDPOINT_TASKS[1:]),
+                RecalibratedTau(), TaskOracle())
+    return pl.DataFrame({
+        "policy": [type(p).__name__ for p in variants],
+        "name": [p.name for p in variants],
+        "rule": [" ".join((type(p).__doc__ or "").strip().split("\n\n")[0].split()) for p in variants],
+        "labels": [p.labels for p in variants],
+        "used_in": [p.used_in for p in variants],
+    })
+
