@@ -1,0 +1,147 @@
+"""A frozen gate: τ and everything it depends on, as ``gate.json`` (``pagestats calibrate`` writes
+it, :class:`collectors.deploy.GatedPress` and :func:`collectors.deploy.gated_generate` read it).
+
+The gate of the PAGE paper evicts iff D ≥ τ (§3 "Algorithm", Eq. 2), D being the drop in top-k head
+agreement from the early to the late layers (Eq. 3). τ only means something for the statistic it was
+calibrated on, so the file carries that statistic's definition — the observation window w, the set
+size k, the bin fraction and convention — and the model whose D distribution set it, and a deployed
+gate refuses any other (:meth:`Gate.check`). For the z-scored policy (App. A.3.4) it also carries the
+pilot's μ and σ and θ_z, and for the midpoint recipe (Eq. 5) the two class means, so τ can be
+recomputed from what is recorded; ``logs_sha256`` names the logs it came from.
+
+No torch here: the file is read by the analysis side as well (``pagestats monitor``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+
+from pagestats import defaults
+
+#: Version of the ``gate.json`` layout.
+GATE_FORMAT = 1
+#: Calibration policies a gate file can record (``pagestats whatif`` policies with a threshold).
+GATE_POLICIES = ("fixed", "z", "midpoint")
+
+
+@dataclass(frozen=True)
+class Gate:
+    """A calibrated gate (§3): evict iff D ≥ ``tau``, D computed with (``window``, ``k``, bins).
+
+    Attributes
+    ----------
+    tau : float
+        The threshold τ.
+    policy : str
+        ``"fixed"``, ``"z"`` (τ = μ + θ_z σ, App. A.3.4) or ``"midpoint"`` (Eq. 5).
+    model : str or None
+        The model label of the logs the gate was calibrated on (the manifest's ``model.name``).
+    window, k : int
+        w and k of D (§3).
+    bin_fraction : float
+        Fraction of layers per bin (§3, App. F).
+    convention : str
+        ``"deployed"`` or ``"strict"`` bins (:func:`pagestats.profile.bin_layers`).
+    n_layers : int or None
+        L of the calibration model (checked against the deployed model when recorded).
+    pilot : dict
+        Policy details: ``{"mu", "sigma", "theta", "n"}`` for ``z``; ``{"capacity_mean",
+        "dilution_mean", "n_capacity", "n_dilution", "tasks"}`` for ``midpoint``; the D distribution
+        of the calibration inputs (``"drops"``, for ``pagestats monitor``'s two-sample test) and the
+        share of them on which the gate opens (``"p_open"``).
+    logs_sha256 : str or None
+        sha256 over the calibration logs' data files (:func:`pagestats.calibrate.logs_sha256`).
+    """
+
+    tau: float
+    policy: str = "fixed"
+    model: str | None = None
+    window: int = defaults.WINDOW
+    k: int = defaults.TOP_K
+    bin_fraction: float = defaults.BIN_FRACTION
+    convention: str = defaults.BIN_CONVENTION
+    n_layers: int | None = None
+    pilot: dict = field(default_factory=dict)
+    logs_sha256: str | None = None
+    created_at: str | None = None
+
+    def __post_init__(self):
+        if isinstance(self.tau, bool) or not isinstance(self.tau, (int, float)) or not math.isfinite(self.tau):
+            raise ValueError(f"gate: tau must be a finite number, got {self.tau!r}")
+        if self.policy not in GATE_POLICIES:
+            raise ValueError(f"gate: policy must be one of {', '.join(GATE_POLICIES)}, got {self.policy!r}")
+        for name in ("window", "k"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"gate: {name} must be a positive int, got {value!r}")
+        if not (0.0 < float(self.bin_fraction) <= 0.5):
+            raise ValueError(f"gate: bin_fraction must lie in (0, 0.5], got {self.bin_fraction!r}")
+        if self.convention not in ("deployed", "strict"):
+            raise ValueError(f"gate: convention must be 'deployed' or 'strict', got {self.convention!r}")
+
+    def statistic(self) -> dict:
+        """The definition of D the threshold belongs to: ``{window, k, bin_fraction, convention}``."""
+        return {"window": self.window, "k": self.k, "bin_fraction": self.bin_fraction, "convention": self.convention}
+
+    def check(self, *, window=None, k=None, bin_fraction=None, convention=None, model: str | None = None,
+              n_layers: int | None = None) -> None:
+        """Refuse (one-line ``ValueError``) a statistic, model or depth other than the calibrated one.
+
+        Arguments left ``None`` are not checked. ``model`` matches when it equals the recorded label
+        or its last path component does (a local directory of the same model).
+        """
+        given = {"window": window, "k": k, "bin_fraction": bin_fraction, "convention": convention}
+        for name, value in given.items():
+            if value is not None and value != getattr(self, name):
+                raise ValueError(f"gate: calibrated with {name}={getattr(self, name)!r}, asked for {name}={value!r}; "
+                                 "τ only holds for the statistic it was calibrated on (§3)")
+        if model is not None and self.model is not None:
+            names = {str(model), os.path.basename(os.path.normpath(str(model)))}
+            if self.model not in names:
+                raise ValueError(f"gate: calibrated on model {self.model!r}, deployed on {str(model)!r}; "
+                                 "D's distribution is per model (App. A.3.4)")
+        if n_layers is not None and self.n_layers is not None and int(n_layers) != self.n_layers:
+            raise ValueError(f"gate: calibrated on a {self.n_layers}-layer model, deployed on {int(n_layers)} layers")
+
+    def to_json(self) -> str:
+        """The file's text (sorted keys, with ``format``)."""
+        return json.dumps({"format": GATE_FORMAT, **asdict(self)}, indent=2, sort_keys=True) + "\n"
+
+    def write(self, path) -> None:
+        """Write ``path`` atomically (a temporary file in the same folder, then ``os.replace``)."""
+        folder = os.path.dirname(os.path.abspath(str(path)))
+        fd, tmp = tempfile.mkstemp(prefix=".gate-", suffix=".json", dir=folder)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(self.to_json())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    @classmethod
+    def from_file(cls, path) -> "Gate":
+        """Read a ``gate.json``; a missing, unreadable or malformed file is a one-line ``ValueError``."""
+        try:
+            with open(path, encoding="utf-8") as fh:
+                data = json.load(fh)
+        except (OSError, json.JSONDecodeError) as err:
+            raise ValueError(f"{path}: cannot read the gate file ({type(err).__name__}: {err})".replace("\n", " ")) from None
+        if not isinstance(data, dict) or data.get("format") != GATE_FORMAT:
+            raise ValueError(f"{path}: not a gate file of format {GATE_FORMAT}")
+        data.pop("format")
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"{path}: unknown gate fields {unknown}")
+        if "tau" not in data:
+            raise ValueError(f"{path}: the gate file has no tau")
+        try:
+            return cls(**data)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{path}: {err}") from None
