@@ -20,7 +20,7 @@ TORCH_INDEX ?=
 KVPRESS_VENV ?= .venv-kvpress
 KVPRESS_TESTS ?= tests/test_kvpress.py tests/test_perhead.py tests/test_query_agnostic.py
 
-.PHONY: report test recollect bench gpu-env kvpress-env clean
+.PHONY: report test recollect bench gpu-env kvpress-env clean readme-numbers
 
 $(VENV)/.core: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,10 @@ report: $(VENV)/.core
 	$(VENV)/bin/pagestats validate $(LOGS)
 	$(VENV)/bin/pagestats report $(LOGS) --out $(OUT)
 	@echo "report written to $(OUT)/index.html (one page; index.md and index.json beside it)"
+
+# The README's findings tables, from the shipped logs (data/readme_numbers.py; a test checks they are current).
+readme-numbers: $(VENV)/.core
+	$(PY) data/readme_numbers.py
 
 # Open the report in headless Chromium (apt-get install chromium) and save a screenshot to look at.
 CHROMIUM ?= chromium

@@ -88,3 +88,14 @@ def test_report_headline_is_table_28_on_the_same_inputs(logs):
     snap = joined.filter((pl.col("evictor") == "snapkv") & (pl.col("context_length") == 512))
     assert snap["n_inputs"].item() == snap.join(
         joined.filter(pl.col("evictor") == "h2o"), on=["model", "context_length"])["n_inputs_right"].item()
+
+
+def test_readme_findings_tables_are_the_logs_numbers():
+    """The README's findings tables are written by data/readme_numbers.py from the shipped logs; a
+    README edited by hand, or logs changed without rerunning it, fails here."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("readme_numbers", DATA / "readme_numbers.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--check"]) == 0

@@ -1,0 +1,117 @@
+"""Write the README's findings tables from the shipped logs, so that the numbers a reader sees are the
+report's own (its headline: :func:`pagestats.report.headline.headline`).
+
+Run ``.venv/bin/python data/readme_numbers.py`` (``make readme-numbers``) after the logs change: it
+rewrites every block of README.md between ``<!-- readme-numbers:NAME -->`` and
+``<!-- /readme-numbers -->``. ``--check`` changes nothing and exits 1 when a block differs from what
+the logs give (``tests/test_shipped_data.py`` runs it).
+
+Blocks: ``query-aware-512``, ``query-aware-1024`` and ``query-agnostic-512``: per evictor, the harm rate
+plain → gated (Table 27), Δ at matched memory (Table N3) and Δ at the nominal budget (Table 28), each
+with its 95 % cluster-bootstrap interval and BH-adjusted p, in the report's order of evictors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+import polars as pl
+
+from pagestats import defaults, io
+from pagestats.report.context import Context
+from pagestats.report.headline import headline
+
+ROOT = Path(__file__).resolve().parent.parent
+#: How the README names each evictor.
+LABELS = {
+    "h2o": "H2O (paper: one mask over all layers and heads)",
+    "h2o-perhead": "H2O per head (per layer and KV head)",
+    "pyramidkv": "PyramidKV",
+    "snapkv": "SnapKV (paper: one mask)",
+    "snapkv-perhead": "SnapKV per head (window 32, as published)",
+    "kvpress:SnapKVPress:window_size=32": "kvpress `SnapKVPress` (window 32)",
+    "snapkv-perlayer": "SnapKV per layer",
+    "streamingllm": "StreamingLLM",
+}
+BLOCK = re.compile(r"(<!-- readme-numbers:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /readme-numbers -->)", re.S)
+
+
+def _runs(mode: str) -> list[str]:
+    import json
+
+    out = []
+    for manifest in sorted((ROOT / "data").glob("*/manifest.json")):
+        if json.loads(manifest.read_text()).get("mode", defaults.MODE) == mode:
+            out.append(str(manifest.parent))
+    return out
+
+
+def _p(p) -> str:
+    return "–" if p is None or p != p else ("< 0.001" if p < 0.001 else f"{p:.3f}")
+
+
+def _pp(x: float) -> str:
+    return f"{x * 100:+.1f}"
+
+
+def table(frame: pl.DataFrame) -> str:
+    """One context's rows as the README's Markdown table (sorted by Δ at matched memory)."""
+    lines = ["| evictor | n | harm plain → gated | Δ at matched memory, pp [95 % CI] | p (BH) "
+             "| Δ at nominal budget, pp [95 % CI] | p (BH) |", "|---|---|---|---|---|---|---|"]
+    for r in frame.sort("delta_matched", descending=True).iter_rows(named=True):
+        lines.append(
+            f"| {LABELS.get(r['evictor'], r['evictor'])} | {r['n_inputs']} "
+            f"| {r['harm_plain'] * 100:.1f} % → {r['harm_gated'] * 100:.1f} % "
+            f"| {_pp(r['delta_matched'])} [{_pp(r['matched_low'])}, {_pp(r['matched_high'])}] | {_p(r['matched_p'])} "
+            f"| {_pp(r['delta'])} [{_pp(r['low'])}, {_pp(r['high'])}] | {_p(r['p_adjusted'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def blocks() -> dict[str, str]:
+    out = {}
+    for mode in defaults.MODES:
+        runs = _runs(mode)
+        if not runs:
+            continue
+        lead = headline(Context(io.load(runs, mode=mode)))
+        for (context,), part in lead.group_by(["context_length"], maintain_order=True):
+            out[f"{mode}-{context}"] = table(part)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="change nothing; exit 1 if README.md is not current")
+    args = ap.parse_args(argv)
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    made = blocks()
+    stale, missing = [], set(made)
+
+    def fill(m: re.Match) -> str:
+        name = m.group("name")
+        if name not in made:
+            raise SystemExit(f"README.md block {name!r}: the shipped logs have no such cell")
+        missing.discard(name)
+        if m.group("body") != made[name]:
+            stale.append(name)
+        return m.group(1) + made[name] + m.group(4)
+
+    new = BLOCK.sub(fill, text)
+    if args.check:
+        if stale:
+            print(f"README.md is not current: blocks {', '.join(stale)} differ from the logs "
+                  "(run data/readme_numbers.py)", file=sys.stderr)
+            return 1
+        return 0
+    readme.write_text(new)
+    print(f"README.md: {len(made) - len(missing)} blocks written"
+          + (f"; no block for {', '.join(sorted(missing))}" if missing else ""), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
