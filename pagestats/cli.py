@@ -21,6 +21,7 @@ import polars as pl
 import pagestats
 from pagestats import defaults
 from pagestats.columns import MATRIX_CELL
+from pagestats.escape import csv_frame
 from pagestats.io import (
     ExclusionError,
     LogError,
@@ -81,6 +82,61 @@ def number(lo: float, hi: float, *, integer: bool = False, name: str = "value"):
 
     parse.__name__ = name  # argparse names the type in its message
     return parse
+
+
+#: DuckDB's units of a memory amount (case-insensitive, as DuckDB reads them): 1000^i and 1024^i bytes.
+_MEMORY_UNITS = {
+    "b": 1, "byte": 1, "bytes": 1,
+    "kb": 10**3, "kilobyte": 10**3, "kilobytes": 10**3, "mb": 10**6, "megabyte": 10**6, "megabytes": 10**6,
+    "gb": 10**9, "gigabyte": 10**9, "gigabytes": 10**9, "tb": 10**12, "terabyte": 10**12, "terabytes": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+_MEMORY = re.compile(r"([0-9]+\.?[0-9]*|\.[0-9]+) *([A-Za-z]+|%)")
+
+
+def memory_limit(text: str) -> str:
+    """An argparse ``type`` for ``--memory-limit``: DuckDB's grammar of a memory amount, a positive
+    number and a unit (``2GB``, ``500 MiB``, ``1.5gigabytes``) or a share of the RAM (``50%``).
+
+    DuckDB reads the value only when a command connects: ``lots`` or ``0`` (no unit) was a
+    ParserException traceback in ``whatif`` and ``index`` and ignored by ``report``. Checked
+    here, and then by DuckDB itself on an empty connection (its range), before any log is read.
+    """
+    import duckdb
+
+    text = str(text).strip()
+    m = _MEMORY.fullmatch(text)
+    units = "B, KB, MB, GB, TB, KiB, MiB, GiB, TiB or %"
+    if not m or (m.group(2) != "%" and m.group(2).lower() not in _MEMORY_UNITS):
+        raise argparse.ArgumentTypeError(f"--memory-limit {text!r} is not a number and a unit of {units} "
+                                         "(e.g. 2GB)")
+    amount = float(m.group(1))
+    if not amount > 0 or (m.group(2) == "%" and amount > 100):
+        raise argparse.ArgumentTypeError(f"--memory-limit {text!r} must be more than 0"
+                                         + (" and at most 100%" if m.group(2) == "%" else ""))
+    try:
+        duckdb.connect().execute(f"SET memory_limit = '{text}'")
+    except (duckdb.ParserException, duckdb.InvalidInputException) as err:
+        raise argparse.ArgumentTypeError(f"--memory-limit {text!r}: {one_line(str(err).splitlines()[0])}") from None
+    return text
+
+
+memory_limit.__name__ = "--memory-limit"
+
+
+def _fit_contexts(text: str) -> list[int]:
+    """``prereg freeze --fit-contexts``: a comma list of distinct positive context lengths."""
+    parse = number(1, 10**9, integer=True, name="--fit-contexts")
+    items = [s.strip() for s in str(text).split(",")]
+    if not all(items):
+        raise argparse.ArgumentTypeError(f"--fit-contexts {text!r} is not a comma list of context lengths")
+    values = [parse(s) for s in items]
+    if len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"--fit-contexts {text!r} names a context length twice")
+    return values
+
+
+_fit_contexts.__name__ = "--fit-contexts"
 
 
 def _given(args, name: str) -> bool:
@@ -272,7 +328,7 @@ def _pilot(logs, policy, profile) -> pl.DataFrame:
 
 
 def _add_duckdb(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--memory-limit", default=MEMORY_LIMIT, help=f"DuckDB memory limit (default: {MEMORY_LIMIT}); "
+    p.add_argument("--memory-limit", type=memory_limit, default=MEMORY_LIMIT, help=f"DuckDB memory limit (default: {MEMORY_LIMIT}); "
                    "larger queries spill to --temp-dir")
     p.add_argument("--temp-dir", default=None, help="DuckDB spill directory (default: the system temp dir)")
 
@@ -326,6 +382,7 @@ def _decode_table(profile: pl.DataFrame) -> str:
         (pl.col("n_unknown") / n).round(3).alias("reason_unknown"),
         "max_generated",
     )
+    body = csv_frame(body)  # run and task names escaped for the terminal
     with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=-1, fmt_str_lengths=1000, tbl_hide_dataframe_shape=True,
                    tbl_hide_column_data_types=True, tbl_formatting="ASCII_MARKDOWN"):
         text = str(body)
@@ -363,6 +420,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("logs", nargs="+", metavar="LOGS", help="run directories, parquet/jsonl files or globs")
     _add_revalidate(p)
     _add_strict(p)
+    _add_duckdb(p)
 
     p = sub.add_parser("whatif", help="replay the gate under a policy and print the per-cell table")
     _add_logs(p)
@@ -405,8 +463,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["csv", "table"], default="table",
                    help="table: the summary of --by for reading; csv: the per-cell table (every column "
                    "at full precision) on stdout")
-    p.add_argument("--by", default=",".join(MATRIX_CELL), metavar="KEYS",
-                   help="group keys of the summary, a comma list of model, context_length, evictor, task, budget")
+    p.add_argument("--by", default=None, metavar="KEYS",
+                   help="group keys of the summary (--format table), a comma list of model, context_length, "
+                   f"evictor, task, budget (default: {','.join(MATRIX_CELL)})")
     p.add_argument("--evictor", default=None, metavar="E1,E2", help="show only these evictors (default: all)")
     p.add_argument("--task", default=None, metavar="T1,T2", help="show only these tasks (default: all)")
     p.add_argument("--context", default=None, metavar="N1,N2",
@@ -433,7 +492,8 @@ def _parser() -> argparse.ArgumentParser:
     q = steps.add_parser("freeze", help="write the prediction band from the fitting contexts and the target's "
                          "full-KV scores; print its sha256")
     _add_logs(q)
-    q.add_argument("--fit-contexts", required=True, metavar="N[,N…]", help="fitting context lengths")
+    q.add_argument("--fit-contexts", required=True, type=_fit_contexts, metavar="N[,N…]",
+                   help="fitting context lengths")
     q.add_argument("--target-context", required=True, type=number(1, 10**9, integer=True, name="--target-context"),
                    metavar="N", help="the context length to predict")
     q.add_argument("--out", required=True, metavar="BAND.json", help="band file (never overwritten)")
@@ -448,6 +508,7 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--exclude", action="append", default=[], metavar="RUN_ID[/TASK[/INPUT_ID]]",
                    help="leave out a run, a task of a run, or one input (repeatable; exclusions are reported; "
                    "default: none)")
+    _add_duckdb(q)
     q.set_defaults(db=None)
     q.add_argument("--format", choices=["csv", "table"], default="table", help="table or csv on stdout (default: table)")
 
@@ -485,7 +546,8 @@ def _open(args):
             # validated as queries over the files, then the what-if reads them in place (out of core)
             return logs_in_place(args.logs, memory_limit=args.memory_limit, temp_directory=args.temp_dir,
                                  mode=args.mode, revalidate=args.revalidate)
-        return load(args.logs, exclude=args.exclude, mode=args.mode, revalidate=args.revalidate)
+        return load(args.logs, exclude=args.exclude, mode=args.mode, revalidate=args.revalidate,
+                    memory_limit=args.memory_limit, temp_directory=args.temp_dir)
     if args.logs or args.exclude or args.revalidate:
         raise ValueError("--db replaces LOGS, --exclude and --revalidate: the database holds the logs it was "
                          "validated and indexed from (re-run `pagestats index --revalidate` to check them again)")
@@ -519,9 +581,92 @@ def _comma_list(text, kind=str, name="option"):
         raise ValueError(f"{name}: cannot read {text!r} as a comma list of {kind.__name__}") from None
 
 
+def _by(args) -> list[str]:
+    """The ``whatif --by`` keys (the matrix cell when not given)."""
+    return _comma_list(args.by, name="--by") if args.by is not None else list(MATRIX_CELL)
+
+
+def usage_problem(args) -> str | None:
+    """Why the parsed options cannot run (one line), or ``None``: every check that needs no log,
+    made before any log is read (docs/reliability.md), so that bad usage is one line and exit 2.
+
+    The paths a command writes (``--temp-dir``, ``index --db``, ``report --out``, ``prereg freeze
+    --out``, ``whatif -o``) pass :mod:`pagestats.targets`; ``--db`` to read is a file; the what-if
+    policy, profile and ``--by`` keys are parsed; a band to check is read and its sha256 compared.
+    """
+    from pagestats.targets import file_problem, folder_problem
+
+    command = args.command
+    if getattr(args, "temp_dir", None) is not None:
+        problem = folder_problem(args.temp_dir, "--temp-dir")
+        if problem:
+            return problem
+    if command == "index":
+        return file_problem(args.db, "--db", replace="duckdb")
+    db = getattr(args, "db", None)
+    if db is not None:
+        if not db.strip():
+            return "--db is empty; name a database written by `pagestats index`"
+        if os.path.isdir(db):
+            return f"--db {db} is a folder, not a database written by `pagestats index`"
+    if command == "whatif":
+        from pagestats.columns import WHATIF_CELL
+        from pagestats.whatif import WHATIF_FORMATS
+
+        if args.format == "csv" and args.by is not None:
+            return "--by groups the summary of --format table; --format csv prints every cell"
+        by = _by(args)
+        if not by or any(k not in WHATIF_CELL for k in by) or len(set(by)) != len(by):
+            return f"--by takes distinct keys among {', '.join(WHATIF_CELL)}; got {','.join(by) or 'nothing'}"
+        if args.output is not None:
+            problem = file_problem(args.output, "-o", suffixes=WHATIF_FORMATS)
+            if problem:
+                return problem
+        try:
+            args.parsed_policy, args.parsed_profile = policy_from_args(args), profile_from_args(args)
+        except ValueError as err:
+            return str(err)
+        for name, kind in (("evictor", str), ("task", str), ("context", int)):
+            try:
+                _comma_list(getattr(args, name), kind, f"--{name}")
+            except ValueError as err:
+                return str(err)
+    if command == "report":
+        from pagestats.report.write import out_problem  # matplotlib: imported only for `report`
+
+        if (args.prereg is None) != (args.prereg_sha256 is None):
+            return "--prereg and --prereg-sha256 go together"
+        problem = out_problem(args.out)
+        if problem or args.prereg is None:
+            return problem
+        return _band_problem(args.prereg, args.prereg_sha256)
+    if command == "prereg" and args.step == "freeze":
+        return file_problem(args.out, "--out", replace="never")
+    if command == "prereg" and args.step == "check":
+        return _band_problem(args.band, args.sha256)
+    return None
+
+
+def _band_problem(path: str, sha256: str) -> str | None:
+    """Why the frozen band at ``path`` cannot be checked (not a readable band with this sha256)."""
+    from pagestats.prereg import load_band
+
+    if not str(path).strip():
+        return "the band file name is empty"
+    if not os.path.isfile(path):
+        return f"{path}: no such band file (write one with `pagestats prereg freeze`)"
+    try:
+        load_band(path, sha256)
+    except PreregistrationError as err:
+        return str(err)
+    except (OSError, ValueError) as err:  # unreadable, or not JSON: the sha256 matched bytes that are no band
+        return f"{path}: not a readable band ({one_line(str(err))[:200]})"
+    return None
+
+
 def _summary_text(summary: pl.DataFrame, args) -> str:
     """The ``whatif`` summary as a compact text table, with one line saying what it shows."""
-    body = summary.with_columns(pl.col(pl.Float64).round(3))
+    body = csv_frame(summary.with_columns(pl.col(pl.Float64).round(3)))  # names escaped for the terminal
     # the full names (a kvpress evictor with its parameters is long): no truncation, no wrapping
     with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=-1, fmt_str_lengths=1000, tbl_hide_dataframe_shape=True,
                    tbl_hide_column_data_types=True, tbl_formatting="ASCII_MARKDOWN", float_precision=3):
@@ -551,9 +696,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    raw = sys.argv[1:] if argv is None else list(argv)
+    if raw[:1] == ["--version"] and len(raw) > 1:  # argparse prints the version and ignores the rest
+        parser.error(f"--version takes no other arguments, got {' '.join(raw[1:])!r}")
+    args = parser.parse_args(raw)
+    problem = usage_problem(args)
+    if problem:
+        print(one_line(f"error: {problem}"), file=sys.stderr)
+        return 2
     if args.command == "validate":
-        checked = checked_runs(args.logs, revalidate=args.revalidate)
+        checked = checked_runs(args.logs, revalidate=args.revalidate, memory_limit=args.memory_limit,
+                               temp_directory=args.temp_dir)
         problems = checked.problems
         for problem in problems:
             print(problem)
@@ -619,16 +773,6 @@ def _main(argv: list[str] | None = None) -> int:
         print(show_input(logs, run_id, task, input_id, policy=FixedTau(args.tau)))
         return 0
 
-    if args.command == "report":
-        from pagestats.report.write import out_problem  # matplotlib: imported only for `report`
-
-        problem = out_problem(args.out)
-        if (args.prereg is None) != (args.prereg_sha256 is None):
-            problem = "--prereg and --prereg-sha256 go together"
-        if problem:
-            print(one_line(f"error: {problem}"), file=sys.stderr)
-            return 2
-
     try:
         logs = _open(args)
     except ExclusionError as err:
@@ -645,20 +789,20 @@ def _main(argv: list[str] | None = None) -> int:
         return 2
     excluded = [*map(one_line, logs.notes), *(one_line(f"excluded: {line}")
                 for line in (logs.exclusion_report() if isinstance(logs, Logs) else logs.left_out))]
-    if args.command != "whatif":  # whatif says them once its options have been checked: one line on bad usage
+    if args.command not in ("whatif", "prereg"):  # those say them once every check passed: one line on bad usage
         print(*excluded, sep="\n", file=sys.stderr, end="\n" if excluded else "")
 
     if args.command == "whatif":
         from pagestats.whatif import degenerate_messages, filter_whatif, whatif_summary, whatif_table, write_whatif
 
         try:
-            policy, profile = policy_from_args(args), profile_from_args(args)
+            policy, profile = args.parsed_policy, args.parsed_profile
             table = whatif_table(logs, policy=policy, profile=profile, draws=args.draws)
             pilot = _pilot(logs, policy, profile)
             warnings = degenerate_messages(table, profile, args.recalibrate)
             table = filter_whatif(table, evictor=_comma_list(args.evictor), task=_comma_list(args.task),
                                   context_length=_comma_list(args.context, int, "--context"))
-            summary = None if args.format == "csv" else whatif_summary(table, by=_comma_list(args.by))
+            summary = None if args.format == "csv" else whatif_summary(table, by=_by(args))
             if args.output:
                 write_whatif(table, args.output)
         except (ValueError, TypeError, OSError) as err:  # bad option values: one line, no traceback
@@ -674,7 +818,7 @@ def _main(argv: list[str] | None = None) -> int:
         if args.output:
             print(one_line(f"wrote {table.height} rows × {table.width} columns to {args.output}"), file=sys.stderr)
         if args.format == "csv":
-            sys.stdout.write(table.write_csv(float_precision=None))
+            sys.stdout.write(csv_frame(table).write_csv(float_precision=None))
         else:
             print(_summary_text(summary, args))
         return 0
@@ -703,11 +847,11 @@ def _main(argv: list[str] | None = None) -> int:
         return 0
 
     if args.command == "prereg":
-        return _prereg(args, logs if args.db is None else logs.load())
+        return _prereg(args, logs if args.db is None else logs.load(), excluded)
     return 2
 
 
-def _prereg(args, logs) -> int:
+def _prereg(args, logs, excluded: list[str] = ()) -> int:
     """``pagestats prereg freeze|check`` (§4 "Pre-Registered 32K Test", Table 21)."""
     import dataclasses
 
@@ -716,7 +860,7 @@ def _prereg(args, logs) -> int:
 
     try:
         if args.step == "freeze":
-            fit = [int(c) for c in str(args.fit_contexts).split(",") if c.strip()]
+            fit = list(args.fit_contexts)
             target = int(args.target_context)
             # the target context's outcomes are dropped before anything is computed: only its
             # inputs' full-KV scores (the headroom) enter the band
@@ -732,23 +876,25 @@ def _prereg(args, logs) -> int:
                 "files": [{"path": f.path, "sha256": f.sha256} for f in getattr(logs, "files", [])],
             }
             digest = freeze_band(band, meta, args.out)
+            print(*excluded, sep="\n", file=sys.stderr, end="\n" if excluded else "")
             print(f"frozen: {band.height} band(s) for {target} tokens → {args.out}", file=sys.stderr)
             print(digest)
             return 0
         meta, band = verified_band(logs, args.band, args.sha256)
     except (PreregistrationError, FileExistsError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(one_line(f"error: {err}"), file=sys.stderr)
         return 2
+    print(*excluded, sep="\n", file=sys.stderr, end="\n" if excluded else "")
     table = tables.preregistered_table(gated_outcomes(logs, FixedTau()), logs.inputs, band=band,
                                        status=f"pre-registered (frozen {meta['frozen_at']})")
     inside = int(table["inside"].fill_null(False).sum())
     print(f"check: {inside} of {table.height} measured ρ inside the frozen band (sha256 ok, frozen "
           f"{meta['frozen_at']}, before the target runs were created)", file=sys.stderr)
     if args.format == "csv":
-        sys.stdout.write(table.write_csv(float_precision=None))
+        sys.stdout.write(csv_frame(table).write_csv(float_precision=None))
     else:
         with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=200, fmt_str_lengths=1000):
-            print(table)
+            print(csv_frame(table))
     return 0
 
 

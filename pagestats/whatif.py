@@ -20,6 +20,7 @@ from pagestats.replay import FixedTau, Policy, ProfileSpec
 from pagestats.replay import sql as replay_sql
 from pagestats.formulas import N_KEPT_GATED, SCORE_GATED
 from pagestats.schema import INPUT_KEY
+from pagestats.escape import csv_frame
 
 WHATIF_COLUMNS = (
     "model",
@@ -304,7 +305,7 @@ def write_whatif(table: pl.DataFrame, path) -> str:
     if suffix not in WHATIF_FORMATS:
         raise ValueError(f"-o {path}: the extension must be one of {', '.join(WHATIF_FORMATS)}")
     if suffix == ".csv":
-        table.write_csv(path, float_precision=None)
+        csv_frame(table).write_csv(path, float_precision=None)  # names escaped (pagestats.escape)
     elif suffix == ".parquet":
         table.write_parquet(path)
     else:

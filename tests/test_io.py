@@ -106,7 +106,7 @@ def manifest_for(run_id="r1", **overrides):
         "tasks": {"niah_multikey_3": "capacity-bound", "vt": "dilution-prone"},
         "evictors": list(EVICTORS),
         "budgets": list(BUDGETS),
-        "gate": {"w": 32, "k": 32, "k_max_stored": K_MAX, "bins": defaults.BIN_FRACTION},
+        "gate": {"w": 32, "k": K_MAX, "k_max_stored": K_MAX, "bins": defaults.BIN_FRACTION},
         "protection": {"n_sink": 4, "n_recent": 32},
         "seed": 0,
         "software": {"python": "3", "torch": "x", "transformers": "x", "pagestats": "0.1.0"},

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
 
 from pagestats import schema
+from pagestats.io.discovery import log_format
 from pagestats.io.load import validate_paths
 from pagestats.io.validation.problems import LogError
 
@@ -90,7 +91,7 @@ def compact_run(run, out, *, rows_per_file: int | None = None, tasks=None) -> st
   # imported where used: the what-if's start-up does not pay for it
 
     entries = manifest.get("files") or []
-    loose = [e["path"] for e in entries if not str(e["path"]).endswith(".parquet")]
+    loose = [e["path"] for e in entries if log_format(str(e["path"])) != "parquet"]
     if loose:
         raise ValueError(f"{run}: compact reads parquet parts; {loose[0]} is not one")
     out.parent.mkdir(parents=True, exist_ok=True)

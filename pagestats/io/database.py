@@ -34,6 +34,7 @@ import polars as pl
 
 from pagestats import defaults, schema
 from pagestats.io.load import HEAVY_COLUMNS, MEMORY_LIMIT, FileRecord, Logs, checked_runs
+from pagestats.io.discovery import log_format
 from pagestats.io.read import _literal_name
 from pagestats.io.validation.problems import LogError, Problem
 
@@ -55,7 +56,7 @@ def _files_query(table: str, files: list[FileRecord]) -> str:
 
 def _create(con: duckdb.DuckDBPyConnection, manifests: dict, files: list[FileRecord], task_classes: pl.DataFrame) -> None:
     records = [FileRecord(os.path.abspath(f.path), f.table, f.sha256, f.rows) for f in files]
-    jsonl = [f.path for f in records if not f.path.endswith(".parquet")]
+    jsonl = [f.path for f in records if log_format(f.path) != "parquet"]
     if jsonl:
         raise LogError([Problem(p, None, "index: only parquet files can be indexed (convert jsonl logs with "
                                          "polars.read_ndjson(...).write_parquet(...))") for p in jsonl])
@@ -233,17 +234,20 @@ def index_logs(
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else [str(p) for p in paths]
     checked = _validated(paths, mode, memory_limit, temp_directory, revalidate)
     tmp = f"{db}.tmp"
-    if os.path.exists(tmp):
+    if os.path.lexists(tmp):
         os.remove(tmp)
-    con = duckdb.connect(tmp, config=_config(memory_limit, temp_directory))
-    try:
-        _create(con, checked.manifests, checked.files, checked.task_classes)
+    try:  # nothing is left behind on failure: neither the .tmp database nor its write-ahead log
+        con = duckdb.connect(tmp, config=_config(memory_limit, temp_directory))
+        try:
+            _create(con, checked.manifests, checked.files, checked.task_classes)
+        finally:
+            con.close()
+        os.replace(tmp, db)
     except BaseException:
-        con.close()
-        os.remove(tmp)
+        for leftover in (tmp, f"{tmp}.wal"):
+            if os.path.lexists(leftover) and not os.path.isdir(leftover):
+                os.remove(leftover)
         raise
-    con.close()
-    os.replace(tmp, db)
     out = open_logs(db, memory_limit=memory_limit, temp_directory=temp_directory)
     out.left_out, out.notes = checked.left_out, checked.notes
     return out

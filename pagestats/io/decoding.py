@@ -26,6 +26,7 @@ import duckdb
 import polars as pl
 
 from pagestats import schema
+from pagestats.io.discovery import log_format
 
 __all__ = ["LENGTH_WARN_SHARE", "LOOP_TAIL", "decode_profile", "flagged_tasks", "limit_warnings", "text_flags"]
 
@@ -52,14 +53,14 @@ def _relation(con: duckdb.DuckDBPyConnection, files, table: str, columns: dict[s
     """SQL of ``table``'s rows from ``files`` (FileRecord-like: ``path``, ``table``), one expression per
     output column; a v2 column a file lacks (a v1 log) reads as its upgrade value."""
     paths = [f.path for f in files if f.table == table]
-    parquet = [p for p in paths if p.endswith(".parquet")]
+    parquet = [p for p in paths if log_format(p) == "parquet"]
     parts = []
     if parquet:
         listed = ", ".join("'" + p.replace("'", "''") + "'" for p in parquet)
         con.execute(f"CREATE OR REPLACE TEMP VIEW _dec_{table}_pq AS SELECT * FROM read_parquet([{listed}], "
                     "union_by_name = true, filename = true)")
         parts.append(f"_dec_{table}_pq")
-    others = [p for p in paths if not p.endswith(".parquet")]
+    others = [p for p in paths if log_format(p) != "parquet"]
     if others:
         frame = pl.concat([pl.read_ndjson(p).with_columns(pl.lit(p).alias("filename")) for p in others],
                           how="diagonal_relaxed")

@@ -26,6 +26,13 @@ from pagestats.io.validation.problems import Problem
 LOG_SUFFIXES = {".parquet": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 
 
+def log_format(path) -> str | None:
+    """``"parquet"`` or ``"jsonl"`` by the suffix of ``path`` in any case (``UPPER.PARQUET`` is
+    parquet), ``None`` for another: the one rule of every reader, so that ``validate``, ``whatif``,
+    ``index`` and the decode profile agree on a file."""
+    return LOG_SUFFIXES.get(Path(os.fspath(path)).suffix.lower())
+
+
 # --------------------------------------------------------------------------- discovery
 
 
@@ -58,6 +65,7 @@ class _Discovery:
         self.runs: dict[str, _Run] = {}  # real dir → run
         self.sources: dict[str, _Source] = {}  # real path → source
         self.problems: list[Problem] = []
+        self.aliases: dict[str, set[str]] = {}  # run dir → listed names that link to a file read under another
 
     def _problem(self, path: str, message: str) -> None:
         self.problems.append(Problem(os.path.normpath(path) if path else path, None, message))
@@ -181,8 +189,18 @@ class _Discovery:
             table = p.parent.name
             if run is None and os.path.lexists(p.parent.parent / "manifest.json"):
                 run = self._run(str(p.parent.parent))
+        bad_name = _not_utf8(path)
+        if bad_name:
+            self._problem(path, bad_name)
+            return
         real = os.path.realpath(path)
         if real in self.sources:
+            first = self.sources[real]
+            if run is not None and first.path != os.path.normpath(path):
+                # a second name of one file (a link inside the run): the file is read once, under its first name
+                self.aliases.setdefault(run.dir, set()).add(self._rel(path, run))
+                self._problem(path, f"is the same file as {first.path} (a link?), which is read already; "
+                                    "a file is read once, so list it once")
             return
         src = _Source(path=os.path.normpath(path), fmt=LOG_SUFFIXES[suffix], table=table, run=run)
         try:
@@ -191,8 +209,14 @@ class _Discovery:
             self._problem(src.path, str(err))
             return
         if run is not None:
-            src.rel = os.path.relpath(real, os.path.realpath(run.dir)).replace(os.sep, "/")
+            src.rel = self._rel(path, run)
         self.sources[real] = src
+
+    @staticmethod
+    def _rel(path: str, run: _Run) -> str:
+        """The name of ``path`` in its run's ``files[]``: relative to the run as named, not resolved
+        (a part that links to a file elsewhere inside the run is listed under its own name)."""
+        return os.path.relpath(os.path.abspath(path), os.path.abspath(run.dir)).replace(os.sep, "/")
 
     def _log_files(self, d: str) -> list[str]:
         """Entries of ``d`` named like log files, of any kind (the kind is checked when added)."""
@@ -200,6 +224,17 @@ class _Discovery:
         if entries is None:
             return []
         return [e.path for e in entries if Path(e.name).suffix.lower() in LOG_SUFFIXES]
+
+
+def _not_utf8(path: str) -> str | None:
+    """Why the file name ``path`` cannot be read (its bytes are not UTF-8: the readers take UTF-8
+    names, and a manifest, JSON, cannot list it), or ``None``."""
+    try:
+        os.fspath(path).encode("utf-8")
+    except UnicodeEncodeError as err:
+        byte = os.fsencode(path)[len(os.fspath(path)[:err.start].encode("utf-8", "surrogateescape"))]
+        return f"the file name is not UTF-8 (byte 0x{byte:02x}); rename the file"
+    return None
 
 
 def _sha256_or_none(path: str) -> str | None:

@@ -371,6 +371,24 @@ def _file_level(found: _Found, digests: list[str]):
     return files, frozenset(incomplete), run_dirs, file_runs
 
 
+def _listed_tasks(found: _Found, incomplete, exclude: Sequence[str] = ()) -> dict[str, frozenset[str]]:
+    """run_id → the manifest tasks that must have inputs: of the runs read whole (when no inputs
+    file was lost), less the tasks and runs that ``exclude`` leaves out."""
+    if "inputs" in incomplete:
+        return {}
+    parsed = [_parse_exclusion(spec) for spec in exclude]
+    out = {}
+    for run in found.disc.runs.values():
+        info = run.info
+        if not run.full or info is None or found.runs.get(info.run_id) is not info or not info.task_names:
+            continue
+        names = (info.run_id, os.path.basename(os.path.normpath(run.dir)))
+        gone = {task for run_id, task, input_id in parsed if run_id in names and input_id is None}
+        if None not in gone:
+            out[info.run_id] = frozenset(info.task_names) - gone
+    return out
+
+
 def _no_inputs(found: _Found, paths, n_inputs: int) -> None:
     if n_inputs == 0 and not found.problems:
         where = ", ".join(sorted({s.run.manifest_path if s.run is not None else s.path for s in found.sources
@@ -393,7 +411,8 @@ def connect(memory_limit: str = MEMORY_LIMIT, temp_directory: str | None = None)
 
 
 def _load(paths, exclude: Sequence[str], columns: str, mode: str | None = defaults.MODE,
-          revalidate: bool = False) -> tuple[Logs, list[Problem]]:
+          revalidate: bool = False, memory_limit: str = MEMORY_LIMIT,
+          temp_directory: str | None = None) -> tuple[Logs, list[Problem]]:
     """Read the tables into polars, apply the exclusions, and run the rules over the frames
     (not when the files' validation record holds, :mod:`pagestats.io.record`; records are used
     and written only for the analysis columns without exclusions, the rows every rule saw)."""
@@ -413,7 +432,7 @@ def _load(paths, exclude: Sequence[str], columns: str, mode: str | None = defaul
     with ThreadPoolExecutor(max_workers=2) as pool:
         hashes = (pool.map(_sha256_or_none, names) if reused is None
                   else [reused.files[os.path.realpath(n)]["sha256"] for n in names])
-        con = duckdb.connect()
+        con = connect(memory_limit, temp_directory)
         try:
             found = _found(disc, picked, con, columns)
             tables: dict[str, pl.DataFrame] = {}
@@ -437,7 +456,7 @@ def _load(paths, exclude: Sequence[str], columns: str, mode: str | None = defaul
     topk = tables["topk"] if has_topk else None
     inputs, outcomes, topk, lines = _apply_exclusions(list(exclude), inputs, outcomes, topk, run_dirs)
 
-    con = connect()
+    con = connect(memory_limit, temp_directory)
     try:
         con.register("inputs", inputs)
         con.register("outcomes", outcomes)
@@ -445,7 +464,8 @@ def _load(paths, exclude: Sequence[str], columns: str, mode: str | None = defaul
             con.register("topk", topk)
         if reused is None:
             found.problems += check_tables(con, files=found.names, runs=found.runs, file_runs=file_runs,
-                                           incomplete=incomplete, has_topk=topk is not None)
+                                           incomplete=incomplete, has_topk=topk is not None,
+                                           listed=_listed_tasks(found, incomplete, exclude))
     finally:
         con.close()
     if snap is not None and not found.problems:
@@ -523,7 +543,8 @@ def check_paths(paths, *, mode: str | None = None, memory_limit: str = MEMORY_LI
                 try:
                     found.problems += check_tables(con, files=found.names, runs=found.runs, file_runs=file_runs,
                                                    incomplete=incomplete,
-                                                   has_topk=any(s.table == "topk" for s in found.sources))
+                                                   has_topk=any(s.table == "topk" for s in found.sources),
+                                                   listed=_listed_tasks(found, incomplete))
                     break
                 except duckdb.Error:
                     found.problems = before
@@ -642,7 +663,7 @@ def _check_against_manifests(disc: _Discovery, sources: list[_Source], digests: 
             continue
         present = seen.get(run.dir, set())
         for rel, entry in run.info.files.items():
-            if rel not in present:
+            if rel not in present and rel not in disc.aliases.get(run.dir, ()):
                 missing_tables.add(rel.split("/")[0])
                 problems.append(Problem(run.manifest_path, None, f"files[{entry['index']}] {rel!r} is listed but "
                                                                  "missing (or unreadable)"))
@@ -747,7 +768,8 @@ def checked_runs(paths, *, mode: str | None = None, revalidate: bool = False, **
 
 
 def load(paths, *, exclude: Sequence[str] = (), columns: str = "analysis", strict: bool = True,
-         mode: str = defaults.MODE, revalidate: bool = False) -> Logs:
+         mode: str = defaults.MODE, revalidate: bool = False, memory_limit: str = MEMORY_LIMIT,
+         temp_directory: str | None = None) -> Logs:
     """Load and validate logs into a :class:`Logs` (docs/SCHEMA.md).
 
     Parameters
@@ -774,12 +796,15 @@ def load(paths, *, exclude: Sequence[str] = (), columns: str = "analysis", stric
         Run every rule even when the files are unchanged since they passed
         (:mod:`pagestats.io.record`; otherwise the row rules are skipped then, and
         ``Logs.notes`` says so).
+    memory_limit, temp_directory : str
+        DuckDB's memory limit and spill folder of the reading and validating connections
+        (``--memory-limit``, ``--temp-dir``).
 
     Returns
     -------
     Logs
     """
-    logs, problems = _load(paths, exclude, columns, mode, revalidate)
+    logs, problems = _load(paths, exclude, columns, mode, revalidate, memory_limit, temp_directory)
     if strict and problems:
         raise LogError(problems)
     return logs

@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from pagestats import schema
 from pagestats.io.discovery import _one_line, _Source
+from pagestats.io.guard import os_reason
 from pagestats.io.upgrades import upgrade_schema
 from pagestats.io.validation.problems import Problem
 
@@ -65,12 +66,36 @@ def _kind(table: str, name: str) -> str | None:
     return None
 
 
+#: The four bytes a parquet file starts and ends with.
+PARQUET_MAGIC = b"PAR1"
+
+
+def _magic_problem(path: str) -> str | None:
+    """Why the file at ``path`` is not a parquet file by its magic bytes (``PAR1`` at the start and
+    at the end), or ``None``. The readers look only at the end: pyarrow and DuckDB both read a
+    part whose first four bytes are junk, so without this rule such a part, resealed in the
+    manifest, was accepted."""
+    with open(path, "rb") as fh:
+        head = fh.read(4)
+        size = fh.seek(0, 2)
+        fh.seek(max(size - 4, 0))
+        tail = fh.read(4)
+    if size < 12 or head != PARQUET_MAGIC or tail != PARQUET_MAGIC:
+        where = ("start" if head != PARQUET_MAGIC else "end") if size >= 12 else "file"
+        return f"not a parquet file: the {where} is not the magic bytes PAR1 ({size} bytes)"
+    return None
+
+
 def _inspect(src: _Source, con: duckdb.DuckDBPyConnection) -> list[Problem]:
     """Read the schema (parquet footer, or the whole jsonl file), decide the table, check types."""
     import pyarrow.parquet as pq  # imported where used: the what-if's start-up does not pay for it
 
     try:
         if src.fmt == "parquet":
+            magic = _magic_problem(src.path)
+            if magic:
+                src.failed = True
+                return [Problem(src.path, None, f"cannot read parquet file (corrupt or truncated?): {magic}")]
             meta = pq.ParquetFile(src.path)
             src.arrow_schema = meta.schema_arrow
             src.rows = meta.metadata.num_rows
@@ -80,7 +105,13 @@ def _inspect(src: _Source, con: duckdb.DuckDBPyConnection) -> list[Problem]:
             src.arrow_schema = arrow.schema
             src.rows = arrow.num_rows
             src.frame = pl.from_arrow(arrow) if arrow.num_rows else None
-    except (OSError, ValueError, pa.ArrowException, duckdb.Error) as err:
+    except OSError as err:
+        src.failed = True
+        if err.errno is not None:  # the system refused (permission denied …): the file may be fine
+            return [Problem(src.path, None, f"cannot read: {os_reason(err)}")]
+        kind = "parquet file (corrupt or truncated?)" if src.fmt == "parquet" else "jsonl file"
+        return [Problem(src.path, None, f"cannot read {kind}: {_one_line(err)}")]
+    except (ValueError, pa.ArrowException, duckdb.Error) as err:
         src.failed = True
         kind = "parquet file (corrupt or truncated?)" if src.fmt == "parquet" else "jsonl file"
         return [Problem(src.path, None, f"cannot read {kind}: {_one_line(err)}")]

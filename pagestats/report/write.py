@@ -19,6 +19,7 @@ from matplotlib.figure import Figure
 
 from pagestats.figures import save_figure
 from pagestats.tables import Layout, write_table
+from pagestats.targets import parent_problem
 
 #: Figure formats written by default.
 FIGURE_FORMATS = ("png", "pdf")
@@ -82,14 +83,7 @@ def out_problem(out) -> str | None:
             return f"--out {text}: cannot list it ({err.strerror or type(err).__name__})"
         if entries and "index.json" not in entries:
             return f"--out {text} is a non-empty folder that is not a pagestats report; it is not replaced"
-    for parent in path.absolute().parents:
-        if parent.exists():
-            if not parent.is_dir():
-                return f"--out {text}: {parent} is not a folder"
-            if not os.access(parent, os.W_OK | os.X_OK):
-                return f"--out {text}: {parent} is not writable"
-            break
-    return None
+    return parent_problem(text, "--out")
 
 
 @contextlib.contextmanager

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import polars as pl
 
+from pagestats.escape import csv_frame, markdown
+
 
 def markdown_table(frame: pl.DataFrame, float_digits: int = 4) -> str:
     """A GitHub pipe table of ``frame`` (floats to ``float_digits`` significant digits)."""
@@ -24,22 +26,19 @@ def markdown_table(frame: pl.DataFrame, float_digits: int = 4) -> str:
             return "NaN" if v != v else f"{v:.{float_digits}g}"
         if isinstance(v, (list, tuple)):
             return ", ".join(cell(x) for x in v)
-        return str(v).replace("|", "\\|").replace("\n", " ")
+        return markdown(v)
 
-    header = "| " + " | ".join(frame.columns) + " |"
+    header = "| " + " | ".join(markdown(c) for c in frame.columns) + " |"
     rule = "|" + "|".join("---" for _ in frame.columns) + "|"
     rows = ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.iter_rows()]
     return "\n".join([header, rule, *rows]) + "\n"
 
 
 def _flat_for_csv(frame: pl.DataFrame) -> pl.DataFrame:
+    """Nested columns as text, and every text cell escaped for CSV (:func:`pagestats.escape.csv_frame`)."""
     nested = [c for c, t in frame.schema.items() if isinstance(t, (pl.List, pl.Array, pl.Struct))]
-    return frame.with_columns(pl.col(c).map_elements(str, return_dtype=pl.String) for c in nested) if nested else frame
-
-
-def _flat_for_csv(frame: pl.DataFrame) -> pl.DataFrame:
-    nested = [c for c, t in frame.schema.items() if isinstance(t, (pl.List, pl.Array, pl.Struct))]
-    return frame.with_columns(pl.col(c).map_elements(str, return_dtype=pl.String) for c in nested) if nested else frame
+    flat = frame.with_columns(pl.col(c).map_elements(str, return_dtype=pl.String) for c in nested) if nested else frame
+    return csv_frame(flat)
 
 
 @dataclass(frozen=True)

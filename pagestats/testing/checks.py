@@ -37,7 +37,7 @@ def _manifest(run_id, spec, ctx, draw, classes, evictors, budgets, k_max, seed, 
         "budgets": list(budgets),
         "gate": {
             "w": defaults.WINDOW,
-            "k": defaults.TOP_K,
+            "k": min(defaults.TOP_K, int(k_max)) if k_max else defaults.TOP_K,  # the collector's k ≤ k_max
             "k_max_stored": int(k_max),
             "bins": defaults.BIN_FRACTION,
             "convention": defaults.BIN_CONVENTION,

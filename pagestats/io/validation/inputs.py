@@ -93,10 +93,14 @@ _LENGTH_RULES = (
 _GROUP = ("run_id", "task", "model", "context_length", "draw", "_L", "_P")
 
 
-def _check_inputs(con, files, runs, nulls=()) -> list[Problem]:
+def _check_inputs(con, files, runs, nulls=(), listed=None) -> list[Problem]:
     """The rules of this module on ``inp``, in one streamed scan of the table; with ``nulls``
     (:func:`~pagestats.io.validation.problems.null_checks` of ``inputs``, when ``inp`` is
-    all of ``inputs``) the null rules are counted in the same scan and reported first."""
+    all of ``inputs``) the null rules are counted in the same scan and reported first.
+
+    ``listed`` (run_id → tasks) names the tasks of runs read whole that must have inputs: a
+    task of the manifest's ``tasks`` with no row is reported at the manifest. A task with more
+    inputs of one draw than the manifest's ``n_per_task`` is reported there too."""
     problems: list[Problem] = []
     flags = [f"({cond}) AS _c_{name}" for name, cond, _, _ in _RANGE_RULES]
     flags += [f"{_values_bad(c)} AS _c_{c}" for c in ("agreement", "pair_jaccard")]
@@ -119,6 +123,7 @@ def _check_inputs(con, files, runs, nulls=()) -> list[Problem]:
         return []
     summary = pl.concat(parts).group_by(_GROUP).agg(
         pl.col("n").sum(), pl.col("_first").min(), pl.col("^_c_.*$", "^_null_.*$").sum())
+    problems += _task_counts(summary, runs, listed or {})
     totals = summary.select(pl.col("^_c_.*$", "^_null_.*$").sum()).row(0, named=True)
     problems += null_problems(con, "inputs", nulls, [totals[f"_null_{i}"] for i in range(len(nulls))], files)
 
@@ -178,6 +183,25 @@ def _check_inputs(con, files, runs, nulls=()) -> list[Problem]:
             problems += emit(con, f"SELECT _file, _row FROM inp WHERE {_values_bad(col)}", files,
                              f"{col} has values outside [0, 1] or NaN")
     problems += profiles.problems(files)
+    return problems
+
+
+def _task_counts(summary: pl.DataFrame, runs, listed) -> list[Problem]:
+    """The manifest's tasks against the tasks the rows hold: every listed task has inputs, and
+    none has more inputs of one draw than ``n_per_task``."""
+    problems = []
+    counts = summary.group_by("run_id", "task", "draw").agg(pl.col("n").sum())
+    for run_id, tasks in sorted(listed.items()):
+        info = runs.get(run_id)
+        have = set(counts.filter(pl.col("run_id") == run_id)["task"].to_list())
+        for task in sorted(set(tasks) - have):
+            problems.append(Problem(info.manifest_path, None, f"manifest tasks lists {task!r}, but the run has no "
+                                                              "inputs of it"))
+    for run_id, task, draw, n in counts.sort("run_id", "task", "draw").iter_rows():
+        info = runs.get(run_id)
+        if info is not None and info.n_per_task is not None and n > info.n_per_task:
+            problems.append(Problem(info.manifest_path, None, f"task {task!r} has {n} inputs of draw {draw}, more than "
+                                                              f"the manifest's n_per_task {info.n_per_task}"))
     return problems
 
 

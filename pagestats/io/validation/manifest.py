@@ -39,10 +39,12 @@ class RunInfo:
     budgets: tuple[float, ...] | None = None
     evictors: tuple[str, ...] | None = None
     tasks: Mapping[str, str] | None = None
+    task_names: tuple[str, ...] | None = None  # the manifest's tasks (object keys or list), each must have inputs
     model_name: str | None = None
     context_length: int | None = None
     k_max_stored: int | None = None
     draw: int | None = None
+    n_per_task: int | None = None  # inputs asked per task (and draw); no task of the run holds more
     mode: str = defaults.MODE  # "mode" of the manifest; a manifest without one is query-aware (the paper's setting)
     files: dict[str, dict] = field(default_factory=dict)  # normalised relative path → entry
 
@@ -214,6 +216,13 @@ def check_manifest(run_dir: str | os.PathLike, manifest, manifest_path: str) -> 
     n_layers, n_heads = fields["model.n_layers"], fields["model.n_heads"]
     model_name, context_length = fields["model.name"], fields["context_length"]
     k_max_stored = fields["gate.k_max_stored"]
+    if k_max_stored and fields["gate.k"] is not None and fields["gate.k"] > k_max_stored:
+        # the stored lists are the gate's own top-k sets: shorter ones could not have given its D
+        bad(f"manifest gate.k {fields['gate.k']} is larger than gate.k_max_stored {k_max_stored}")
+    n_per_task = manifest.get("n_per_task")
+    if "n_per_task" in manifest and not (_is_int(n_per_task) and n_per_task >= 1):
+        bad(f"manifest n_per_task {_short(n_per_task)} is not an integer ≥ 1")
+        n_per_task = None
 
     gate = manifest.get("gate") if isinstance(manifest.get("gate"), Mapping) else {}
     fraction, convention = defaults.BIN_FRACTION, defaults.BIN_CONVENTION
@@ -245,6 +254,7 @@ def check_manifest(run_dir: str | os.PathLike, manifest, manifest_path: str) -> 
         else:
             evictors = tuple(sorted(evictors))
     tasks = manifest.get("tasks")
+    task_names = None
     if isinstance(tasks, Mapping):
         classes = (defaults.CAPACITY_BOUND, defaults.DILUTION_PRONE)
         wrong = {t: c for t, c in tasks.items() if c not in classes}
@@ -254,11 +264,13 @@ def check_manifest(run_dir: str | os.PathLike, manifest, manifest_path: str) -> 
         if odd:
             bad(f"manifest task names {_short(odd)} contain '/' (they could not be named in --exclude)")
         tasks = {str(t): c for t, c in tasks.items() if c in classes and _plain_name(t)}
+        task_names = tuple(tasks)
     elif tasks is not None and not (isinstance(tasks, list) and all(isinstance(t, str) and _plain_name(t)
                                                                      for t in tasks)):
         bad(f"manifest tasks {tasks!r} is neither a {{name: class}} object nor a list of names")
         tasks = None
     else:
+        task_names = tuple(tasks) if tasks is not None else None
         tasks = None  # a plain list of names: classes come from the defaults
     mode = manifest.get("mode", defaults.MODE)
     if mode not in defaults.MODES:
@@ -283,6 +295,12 @@ def check_manifest(run_dir: str | os.PathLike, manifest, manifest_path: str) -> 
         if rel in files:
             bad(f"files[{i}].path {rel!r} is listed twice")
             continue
+        rows, digest = entry.get("rows"), entry.get("sha256")
+        if not (_is_int(rows) and rows >= 0):
+            bad(f"files[{i}] ({rel}) has rows {_short(rows) if 'rows' in entry else 'missing'}, not a row count")
+        if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+            bad(f"files[{i}] ({rel}) has sha256 {_short(digest) if 'sha256' in entry else 'missing'}, not 64 "
+                "lowercase hexadecimal digits")
         files[rel] = {**entry, "index": i}
 
     info = RunInfo(
@@ -296,10 +314,12 @@ def check_manifest(run_dir: str | os.PathLike, manifest, manifest_path: str) -> 
         budgets=budgets,
         evictors=evictors,
         tasks=tasks,
+        task_names=task_names,
         model_name=model_name,
         context_length=context_length,
         k_max_stored=k_max_stored,
         draw=fields["draw"],
+        n_per_task=n_per_task,
         mode=mode,
         files=files,
     )

@@ -18,13 +18,13 @@ first problem; required columns non-null; no duplicate inputs, outcome rows or t
 from __future__ import annotations
 
 import math
-import unicodedata
 from dataclasses import dataclass
 
 import duckdb
 import polars as pl
 
 from pagestats import schema
+from pagestats.escape import terminal
 
 #: Rows reported per (rule, file) before the rest are summarised in one line.
 MAX_ROWS_PER_RULE = 20
@@ -50,15 +50,9 @@ class Problem:
 def one_line(text: str) -> str:
     """``text`` with every control, format or line/paragraph-separator character escaped
     (``\\n``, ``\\x1b``, ``\\u2028`` …), so that names from the logs cannot break a
-    message into several lines or restyle a terminal."""
-    return "".join(
-        ch.encode("unicode_escape").decode("ascii") if unicodedata.category(ch) in _ESCAPED else ch for ch in str(text)
-    )
-
-
-#: Unicode categories escaped by :func:`one_line`: control, format, surrogate (undecodable bytes
-#: of a file name), line and paragraph separators.
-_ESCAPED = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+    message into several lines or restyle a terminal (:func:`pagestats.escape.terminal`, the
+    one escaping helper of every writer)."""
+    return terminal(text)
 
 
 class LogError(ValueError):

@@ -64,6 +64,7 @@ def check_tables(
     file_runs: Mapping[int, str],
     incomplete: frozenset[str] = frozenset(),
     has_topk: bool = False,
+    listed: Mapping[str, frozenset[str]] | None = None,
 ) -> list[Problem]:
     """Row-level rules on the relations ``inputs``, ``outcomes`` (and ``topk``) of ``con``.
 
@@ -86,6 +87,8 @@ def check_tables(
         without an input) are skipped rather than blaming every row of the lost file.
     has_topk : bool
         Whether there is a ``topk`` relation.
+    listed : mapping run_id → tasks
+        The manifest tasks that must have inputs (runs read whole, less the excluded tasks).
 
     Notes
     -----
@@ -107,7 +110,7 @@ def check_tables(
         if dups:  # the null rules see every row, the others the inputs without later duplicates
             problems += null_rules(con, "inputs", _columns(con, "inputs"), files) + p
             nulls = []
-        problems += _check_inputs(con, files, runs, nulls)
+        problems += _check_inputs(con, files, runs, nulls, listed)
         problems += _check_outcomes(con, files, runs, incomplete, null_checks("outcomes", _columns(con, "outcomes")))
         if has_topk:
             problems += null_rules(con, "topk", _columns(con, "topk"), files)
