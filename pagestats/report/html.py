@@ -19,6 +19,7 @@ from pathlib import Path
 
 import polars as pl
 
+from pagestats.escape import markdown as md
 from pagestats.report.glossary import glossary, header
 
 #: Headline columns shown, as (tidy name, header).
@@ -222,23 +223,26 @@ def _meta_line(index: dict) -> str:
 
 
 def index_markdown(index: dict, out) -> str:
-    """``index.md``: the content of ``index.html`` in the same order, linking the files in ``out``."""
-    lines = ["# pagestats report", "", _meta_line(index), "", "## Headline", ""]
-    lines += [f"- {s}" for s in index.get("headline_sentences", [])]
+    """``index.md``: the content of ``index.html`` in the same order, linking the files in ``out``.
+
+    Every text that can hold a name from the logs (model, task, evictor, run, file) passes
+    :func:`pagestats.escape.markdown`, as the HTML page passes :func:`html.escape`."""
+    lines = ["# pagestats report", "", md(_meta_line(index)), "", "## Headline", ""]
+    lines += [f"- {md(s)}" for s in index.get("headline_sentences", [])]
     if index.get("headline"):
         rows = headline_rows(pl.DataFrame(index["headline"]))
         lines += ["", "| " + " | ".join(h for _, h in HEADLINE_SHOWN) + " |",
                   "|" + "---|" * len(HEADLINE_SHOWN)]
-        lines += ["| " + " | ".join(r[c] for c, _ in HEADLINE_SHOWN) + " |" for r in rows]
+        lines += ["| " + " | ".join(md(r[c]) for c, _ in HEADLINE_SHOWN) + " |" for r in rows]
     lines += ["", "## Figures", ""]
     for o in (o for o in index["outputs"] if o["kind"] == "figure" and not o["skipped"]):
-        lines += [f"### {o['source']} ({o['name']})", "", o["caption"], ""]
+        lines += [f"### {o['source']} ({o['name']})", "", md(o["caption"]), ""]
         lines += [f"![{Path(f).stem}]({f})" for f in o["files"] if f.endswith(".png")]
         lines += ["", "Files: " + ", ".join(f"[{Path(f).name}]({f})" for f in o["files"]), ""]
     lines += ["## Tables", ""]
     for o in (o for o in index["outputs"] if o["kind"] == "table" and not o["skipped"]):
-        lines += [f"### {o['source']} ({o['name']})", "", o["caption"], ""]
-        lines += [f"† {decode_limited_note(o['decode_limited'])}", ""] if o.get("decode_limited") else []
+        lines += [f"### {o['source']} ({o['name']})", "", md(o["caption"]), ""]
+        lines += [f"† {md(decode_limited_note(o['decode_limited']))}", ""] if o.get("decode_limited") else []
         lines += ["Files: " + ", ".join(f"[{Path(f).name}]({f})" for f in o["files"]), ""]
         columns = []
         for f in (f for f in o["files"] if f.endswith(".csv")):
@@ -247,21 +251,21 @@ def index_markdown(index: dict, out) -> str:
         lines += ["Columns: " + "; ".join(f"**{h}** (`{c}`){': ' + m if m else ''}"
                                           for h, c, m in glossary(o["name"], columns)), ""]
     lines += ["## Not produced", ""]
-    lines += [f"- **{o['source']}** `{o['name']}` — SKIPPED: {o['skipped']}" for o in index["outputs"]
+    lines += [f"- **{o['source']}** `{o['name']}` — SKIPPED: {md(o['skipped'])}" for o in index["outputs"]
               if o["skipped"]] or ["none"]
     lines += ["", "## Appendix: provenance", "", "### Exclusions", ""]
-    lines += [f"- {e}" for e in index["exclusions"]] or ["none"]
+    lines += [f"- {md(e)}" for e in index["exclusions"]] or ["none"]
     lines += ["", "### Policy and profile", "", f"- collection mode: {index.get('mode')}",
-              f"- policy: `{json.dumps(index['policy'], default=str)}`",
-              f"- profile: `{json.dumps(index['profile'], default=str)}`", "",
+              f"- policy: {md(json.dumps(index['policy'], default=str))}",
+              f"- profile: {md(json.dumps(index['profile'], default=str))}", "",
               "### Calibration pilots and pre-registration", ""]
-    lines += [f"- {line}" for line in calibration_lines(index)]
+    lines += [f"- {md(line)}" for line in calibration_lines(index)]
     lines += ["", "### Defaults (pagestats.defaults)", ""]
     lines += [f"- {k} = {v}" for k, v in index["defaults"].items()]
     lines += ["", "### Log files", ""]
     if index["files"]:
         lines += ["| path | table | sha256 | rows |", "|---|---|---|---|"]
-        lines += [f"| {f['path']} | {f['table']} | {f['sha256']} | {f['rows']} |" for f in index["files"]]
+        lines += [f"| {md(f['path'])} | {f['table']} | {f['sha256']} | {f['rows']} |" for f in index["files"]]
     else:
         lines.append("(the logs were not read from files: no hashes to report)")
     return "\n".join(lines) + "\n"
