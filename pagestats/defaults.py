@@ -31,6 +31,12 @@ MIDPOINT_N = 20
 #: Tasks of the paper's midpoint pilot (App. A.3.4: "20 inputs from a known capacity-bound task
 #: (NIAH-MK3)" and 20 from VT; Table 7): capacity-bound, then dilution-prone.
 MIDPOINT_TASKS = ("niah_multikey_3", "vt")
+#: Fig. 6's recipe (App. A.3.4 "Threshold sensitivity"): its budgets, and the tasks its false-positive
+#: rate (the gate opens on the capacity-bound anchor) and false-negative rate (the gate stays closed on
+#: the dilution-prone tasks) are read on.
+FIG6_BUDGETS = (0.5, 0.25, 0.125, 0.0625)
+FIG6_FP_TASKS = ("niah_multikey_3",)
+FIG6_FN_TASKS = ("vt", "fwe", "qa_1")
 #: Pre-registered dilution-prone threshold on ρ (§3, Eq. 1).
 RHO_THRESHOLD = 0.05
 #: Rows the scaling slope is fitted on (§5, Fig. 9: the dilution-prone task class; "rho": ρ ≥ 0.05).

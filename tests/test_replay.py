@@ -532,3 +532,27 @@ def test_gated_outcomes_of_one_evictor_and_few_columns(logs, policy):
         full.select("score_plain", "n_kept_gated"))
     with pytest.raises(ValueError, match="unknown columns"):
         gated_outcomes(logs, policy, columns=["score"])
+
+
+def test_paper_tau_curve_is_the_cell_mean_by_hand():
+    """Fig. 6's recipe by brute force at a few τ: Δ the mean over (task, budget ∈ the paper's four) of
+    the cell's mean gated − plain; FP the share of MK3 inputs open; FN the share of VT/FWE inputs closed."""
+    import polars as pl
+
+    from pagestats import defaults, replay, testing
+
+    syn = testing.synthetic_logs(models={"m": (6, 3)}, evictors=("snapkv",), tasks=("niah_multikey_3", "vt", "fwe"),
+                                 n_inputs=12, budgets=(0.0625, 0.125, 0.25, 0.375, 0.5, 1.0), with_topk=False,
+                                 with_text=False)
+    taus = [0.0, 0.05, 0.08, 0.2]
+    curve = replay.paper_tau_curve(syn, taus)
+    for tau in taus:
+        g = replay.gated_outcomes(syn, replay.FixedTau(tau)).filter(pl.col("budget").is_in(list(defaults.FIG6_BUDGETS)))
+        cells = g.group_by("task", "budget").agg((pl.col("score_gated") - pl.col("score_plain")).mean().alias("d"))
+        inputs = g.unique(["run_id", "task", "input_id"])
+        mk3 = inputs.filter(pl.col("task") == "niah_multikey_3")["gate_open"].mean()
+        closed = 1 - inputs.filter(pl.col("task").is_in(["vt", "fwe"]))["gate_open"].mean()
+        row = curve.filter(pl.col("tau") == tau).row(0, named=True)
+        assert row["delta"] == pytest.approx(cells["d"].mean(), abs=1e-12)
+        assert row["fp_rate"] == pytest.approx(mk3) and row["fn_rate"] == pytest.approx(closed)
+        assert row["n_inputs"] == inputs.height

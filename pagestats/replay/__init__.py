@@ -14,7 +14,7 @@ App. A.3.1 (k); A.3.3 (profile statistics); A.3.4 (calibration, threshold sensit
 Fig. 6); A.3.5 (head-pair subsampling, Table 9; layer subsampling, Table 10).
 """
 
-from pagestats.replay.curve import TAU_CURVE_COLUMNS, tau_curve
+from pagestats.replay.curve import TAU_CURVE_COLUMNS, paper_tau_curve, tau_curve
 from pagestats.replay.gate import (
     DELTA_COLUMNS,
     GATE_COLUMNS,
@@ -81,4 +81,5 @@ __all__ = [
     "profile_drop_by_draw",
     "recalibrate",
     "tau_curve",
+    "paper_tau_curve",
 ]

@@ -122,3 +122,53 @@ def tau_curve(
         raise ValueError("tau_curve: no outcome rows with budget < 1 to replay")
     return out.with_columns(pl.col("n_inputs").cast(pl.Int64), *(pl.col(c).cast(pl.Float64) for c in TAU_CURVE_COLUMNS
                                                                    if c != "n_inputs"))
+
+
+def paper_tau_curve(logs, taus, profile: ProfileSpec = ProfileSpec(), *, budgets=defaults.FIG6_BUDGETS,
+                    fp_tasks=defaults.FIG6_FP_TASKS, fn_tasks=defaults.FIG6_FN_TASKS,
+                    by=("model", "context_length", "evictor")) -> pl.DataFrame:
+    """Fig. 6's threshold-sensitivity curve as the paper computes it (App. A.3.4 "Threshold sensitivity").
+
+    On the budgets {0.5, 0.25, 0.125, 0.0625}: Δ(τ) is the mean over (task, budget) cells of each
+    cell's mean gated − plain accuracy (every task weighs the same, whatever its inputs); the
+    false-positive rate is the share of the capacity-bound anchor's inputs (NIAH-MK3) on which the
+    gate opens; the false-negative rate the share of the dilution-prone tasks' inputs (VT, FWE,
+    QA_1, those present) on which it stays closed. p_open and kept_kv are pooled over the inputs
+    and over the (task, budget) cells. :func:`tau_curve` over whole classes and every b < 1 is the
+    variant this replaces in the report.
+
+    Returns
+    -------
+    polars.DataFrame
+        ``*by, tau, n_inputs, p_open, delta, fp_rate, fn_rate, kept_kv`` (NaN rates where the logs
+        lack those tasks).
+
+    Raises
+    ------
+    ValueError
+        When the logs hold none of ``budgets``.
+    """
+    by = list(by)
+    cells = tau_curve(logs, taus, profile, by=[*by, "task", "budget"])
+    cells = cells.filter(pl.col("budget").is_in(list(budgets)))
+    if cells.height == 0:
+        raise ValueError(f"paper_tau_curve: the logs hold none of the budgets {list(budgets)}")
+    keys = [*by, "tau"]
+    # one budget's rows give each task's inputs and the share of them whose gate opens
+    per_task = cells.group_by([*keys, "task"]).agg(pl.col("n_inputs").first(), pl.col("p_open").first())
+
+    def share_open(tasks) -> pl.DataFrame:
+        part = per_task.filter(pl.col("task").is_in(list(tasks)))
+        return part.group_by(keys).agg(
+            ((pl.col("p_open") * pl.col("n_inputs")).sum() / pl.col("n_inputs").sum()).alias("_open"))
+
+    out = cells.group_by(keys).agg(pl.col("delta").mean(), pl.col("kept_kv").mean()).join(
+        per_task.group_by(keys).agg(pl.col("n_inputs").sum(),
+                                    ((pl.col("p_open") * pl.col("n_inputs")).sum() / pl.col("n_inputs").sum())
+                                    .alias("p_open")), on=keys)
+    out = out.join(share_open(fp_tasks).rename({"_open": "fp_rate"}), on=keys, how="left").join(
+        share_open(fn_tasks).with_columns((1.0 - pl.col("_open")).alias("fn_rate")).drop("_open"), on=keys, how="left")
+    return (out.with_columns(pl.col("fp_rate", "fn_rate").fill_null(float("nan")))
+            .select(*keys[:-1], "tau", "n_inputs", "p_open", "delta", "fp_rate", "fn_rate", "kept_kv")
+            .sort(*keys))
+

@@ -87,9 +87,21 @@ def _fig6(ctx):
 
     tau0 = ctx.fixed_tau if ctx.fixed_tau is not None else defaults.TAU
     taus = np.unique(np.r_[tau_grid(), tau0])
-    curve = replay.tau_curve(ctx.logs, taus, ctx.profile, by=("model", "context_length", "evictor"))
+    curve = replay.paper_tau_curve(ctx.logs, taus, ctx.profile, by=("model", "context_length", "evictor"))
     curve = curve.filter(pl.col("evictor") == ctx.headline_evictor)
     return tau_sensitivity(curve, tau0=tau0)
+
+
+def _needs_fig6_recipe(ctx) -> str | None:
+    """Fig. 6's recipe reads the budgets {0.5, 0.25, 0.125, 0.0625}, NIAH-MK3 and one of VT, FWE, QA_1."""
+    budgets = set(ctx.logs.outcomes["budget"].unique().to_list())
+    tasks = set(ctx.logs.inputs["task"].unique().to_list())
+    if not budgets & set(defaults.FIG6_BUDGETS):
+        return f"needs a budget among {list(defaults.FIG6_BUDGETS)} (the paper's Fig. 6 budgets)"
+    if not tasks & set(defaults.FIG6_FP_TASKS) or not tasks & set(defaults.FIG6_FN_TASKS):
+        return (f"needs the capacity-bound anchor {', '.join(defaults.FIG6_FP_TASKS)} (its false-positive rate) and one of "
+                f"{', '.join(defaults.FIG6_FN_TASKS)} (its false-negative rate)")
+    return None
 
 
 def _fig7(ctx):
@@ -127,8 +139,10 @@ FIGURES: tuple[Entry, ...] = (
           "Accuracy vs achieved kept-KV fraction with the frontier; one file per context, headline evictor."),
     Entry("fig05_agreement_profile", "figure", "Figure 5", _fig5, (needs_agreement,),
           "Per-layer agreement a_ℓ averaged over inputs per task; shaded early/late bins."),
-    Entry("fig06_tau_sensitivity", "figure", "Figure 6", _fig6, (needs_eviction_budgets, needs_both_classes),
-          "Δ, FP and FN rates vs τ; shaded plateau |Δ − Δ_τ0| ≤ 1 pp and FP + FN ≤ 0.10; headline evictor."),
+    Entry("fig06_tau_sensitivity", "figure", "Figure 6", _fig6, (needs_eviction_budgets, _needs_fig6_recipe),
+          "Δ, FP and FN rates vs τ, the paper's recipe: budgets {0.5, 0.25, 0.125, 0.0625}, Δ the mean over (task, "
+          "budget) cells, FP on NIAH-MK3, FN on VT/FWE/QA_1; shaded plateau |Δ − Δ_τ0| ≤ 1 pp and FP + FN ≤ 0.10; "
+          "headline evictor."),
     Entry("fig07_delta_of_f", "figure", "Figure 7", _fig7, (needs_eviction_budgets, needs_both_classes),
           "Δ(f) = f·Δ_capacity + (1 − f)·Δ_rest per matrix cell (grey) and their mean."),
     Entry("fig08_delta_matrix", "figure", "Figure 8", _fig8, (needs_eviction_budgets,),
