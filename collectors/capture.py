@@ -445,17 +445,11 @@ def prefill(model, input_ids, *, window: int = defaults.WINDOW, accumulate: bool
         input_ids = input_ids[None]
     if input_ids.ndim != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] < 1:
         raise ValueError(f"input_ids must have shape (1, T) with T ≥ 1, got {tuple(input_ids.shape)}")
-    from collectors.model import layer_windows
-
-    windows = [w for w in layer_windows(model.config) if w is not None]
-    if windows and input_ids.shape[1] > min(windows):
-        raise ValueError(f"the prompt has {input_ids.shape[1]} tokens but a sliding window or attention chunk of the "
-                         f"model is {min(windows)}; only windows that cover the whole run are supported "
-                         "(collectors.model.check_windows)")
     device = next(model.parameters()).device
     input_ids = input_ids.to(device=device, dtype=torch.long)
-    # Full (unbounded) cache layers for every layer: a sliding layer whose window covers the run
-    # attends to every key, and its layer mask still applies the window (collectors.model.check_windows).
+    # Full (unbounded) cache layers for every layer. A sliding layer's mask still applies its window,
+    # so the prefill (logits, capture) is the model's own whatever the window; the eviction arms
+    # decode from this cache only where every window covers the run (sweep.check_decode_windows).
     cache = DynamicCache()
     with contextlib.ExitStack() as stack:
         stack.enter_context(torch.no_grad())
