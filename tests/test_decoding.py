@@ -17,7 +17,9 @@ import pytest
 from collectors import cli as collect_cli
 from pagestats import cli, schema
 from pagestats.io import load
-from pagestats.io.decoding import LOOP_TAIL, decode_profile, flagged_tasks, limit_warnings, text_flags
+import re
+
+from pagestats.io.decoding import LOOP_MIN_WORDS, decode_profile, flagged_tasks, limit_warnings, text_flags
 
 ARGS = ["--tasks", "niah_single_1,niah_multikey_2", "--context-length", "640", "--n", "2", "--evictors", "snapkv",
         "--budgets", "0.5,1.0", "--part-size", "2", "--no-progress", "--k", "8", "--k-max", "16"]
@@ -36,8 +38,13 @@ def brute_cut(pred: str, refs: list[str]) -> bool:
 
 
 def brute_loop(pred: str) -> bool:
-    tail = pred[len(pred) - min(LOOP_TAIL, 3 * len(pred) // 4):] if pred else ""
-    return len(tail) >= 2 and any(tail[p:] == tail[:-p] for p in range(1, len(tail) // 2 + 1))
+    """The last third of the words (the last word aside) adds no word the first two thirds lack."""
+    words = re.findall(r"[a-z0-9]+", pred.lower())
+    if len(words) < LOOP_MIN_WORDS:
+        return False
+    cut = -(-2 * len(words) // 3)  # ceil(2n/3)
+    head, tail = words[:cut], words[cut:-1]
+    return bool(tail) and all(re.fullmatch(r"[0-9]{1,2}", w) or w in head for w in tail)
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +112,7 @@ def test_whatif_and_report_warn_and_strict_fails(cut_run, tmp_path, capsys):
 
 def test_text_readings_equal_brute_force():
     rng = random.Random(7)
-    alphabet = "ab1 .\n-"
+    alphabet = "ab1 .\n-xyz2"
     preds, refs = [], []
     for _ in range(400):
         unit = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 6)))
@@ -125,11 +132,17 @@ def test_text_readings_equal_brute_force():
 def test_text_readings_on_shipped_shapes():
     got = text_flags(
         [" 4600fc33-f47f-4fc1-9338-7ebc8dcd572", " 4600fc33-f47f-4fc1-9338-7ebc8dcd5722.", "\n\n" + "hdeack " * 30 + "hde",
-         ":\n1. 5781473\n2. 4679992\n3. 35369", "\n" + "The grass is green. There and back again.\n" * 4 + "The gr"],
+         ":\n1. 5781473\n2. 4679992\n3. 35369", "\n" + "The grass is green. There and back again.\n" * 4 + "The gr",
+         ":\n1. 1575151\n2. 9407415\n3. 9572803\n4. 9572803\n5. 1575151\n6. 1575151\n7. 1575151\n8. 1575151\n9. 1575151\n"
+         "10. 1575151\n11. 1575151\n12.",
+         ":\n\nOne of the special magic numbers for gabby-echidna is: 2907437.\nThe grass is green.\nOne of the special "
+         "magic numbers for gabby-echidna is: 8007210.\nThe grass is green.\nOne of the special magic numbers for "
+         "gabby-echidna is: 2961563.\nThe gr"],
         [["4600fc33-f47f-4fc1-9338-7ebc8dcd5722"], ["4600fc33-f47f-4fc1-9338-7ebc8dcd5722"], ["hdeack", "acdqrp"],
-         ["5781473", "3536964"], ["LPYEL"]])
-    assert got["cut"].to_list() == [True, False, False, True, False]
-    assert got["looping"].to_list() == [False, False, True, False, True]
+         ["5781473", "3536964"], ["LPYEL"], ["1575151"], ["2907437"]])
+    assert got["cut"].to_list() == [True, False, False, True, False, False, False]
+    # a list repeating one value is a loop; one that still brings new values (2961563) is not
+    assert got["looping"].to_list() == [False, False, True, False, True, True, False]
 
 
 def test_v1_logs_are_upgraded_and_read_by_text(cut_run, tmp_path):

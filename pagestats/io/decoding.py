@@ -9,9 +9,11 @@ reason). Two label-based and one label-free reading of the logged text tell the 
 * **cut inside a reference**: the text ends with a proper prefix of two or more characters of a reference that it
   does not contain whole, the prefix starting a word (case-insensitive, as RULER's matching). Such an
   answer was certainly cut. It needs no stop reason, so it also reads v1 logs.
-* **looping**: the last three quarters of the text (at most :data:`LOOP_TAIL` characters) repeat one unit
-  at least twice, e.g. ``hdeack hdeack hde`` or a haystack sentence copied over and over. A greedy
-  decode in such a loop was past its answer when the limit came (docs/decisions.md, "Decode limits").
+* **looping**: the last third of the text's words adds no word its first two thirds had not written
+  (numbers of one or two digits, list numbering, aside, and the last word, which the limit may have
+  cut), e.g. ``hdeack hdeack hde``, ``1. 1575151 2. 1575151 3. 1575151``, or a haystack sentence copied
+  over and over; at least :data:`LOOP_MIN_WORDS` words. A greedy decode that adds nothing new over its
+  last third was past its answer when the limit came (docs/decisions.md, "Decode limits").
 * every other ``length`` stop: the answer may have gone on.
 
 :func:`decode_profile` gives, per (run, task, arm), the shares of these; :func:`limit_warnings` the
@@ -28,12 +30,12 @@ import polars as pl
 from pagestats import schema
 from pagestats.io.discovery import log_format
 
-__all__ = ["LENGTH_WARN_SHARE", "LOOP_TAIL", "decode_profile", "flagged_tasks", "limit_warnings", "text_flags"]
+__all__ = ["LENGTH_WARN_SHARE", "LOOP_MIN_WORDS", "decode_profile", "flagged_tasks", "limit_warnings", "text_flags"]
 
 #: Share of a (run, task)'s full-KV answers that may stop at the limit (not looping) before it is flagged.
 LENGTH_WARN_SHARE = 0.05
-#: Most trailing characters the loop check reads.
-LOOP_TAIL = 240
+#: Fewest words a text needs before the loop reading applies.
+LOOP_MIN_WORDS = 9
 
 # The text ends with a proper prefix r[1:k] of a reference r it does not contain, the prefix starting a word.
 _CUT = """coalesce(list_bool_or(list_transform("references", lambda r:
@@ -41,12 +43,15 @@ _CUT = """coalesce(list_bool_or(list_transform("references", lambda r:
         ends_with(lower(pred), lower(substr(r, 1, k)))
         AND (length(pred) = k OR NOT regexp_matches(substr(pred, length(pred) - k, 1), '[[:alnum:]]')))), false))),
     false)"""
-# The tail t (last 3/4 of the text, at most LOOP_TAIL characters) has a period p with at least two periods in t.
 # The run's directory name (a file <run>/inputs/<part>), else its run_id (loose files).
 _RUN_DIR = "coalesce(nullif(regexp_extract(filename, '([^/]+)/inputs/[^/]+$', 1), ''), run_id)"
-_TAIL = f"right(pred, least({LOOP_TAIL}, (3 * length(pred)) // 4))"
-_LOOP = f"""(length({_TAIL}) >= 2 AND coalesce(list_bool_or(list_transform(range(1, length({_TAIL}) // 2 + 1),
-    lambda p: substr({_TAIL}, p + 1) = substr({_TAIL}, 1, length({_TAIL}) - p))), false))"""
+# Words (lower-case runs of letters and digits); the last third of them, without the last word, must all
+# occur among the first two thirds, one- and two-digit numbers aside.
+_WORDS = "regexp_extract_all(lower(pred), '[a-z0-9]+')"
+_CUT_AT = f"((2 * len({_WORDS}) + 2) // 3)"
+_LOOP = f"""(len({_WORDS}) >= {LOOP_MIN_WORDS} AND coalesce(list_bool_and(list_transform(
+    list_slice({_WORDS}, {_CUT_AT} + 1, len({_WORDS}) - 1),
+    lambda w: regexp_full_match(w, '[0-9]{{1,2}}') OR list_contains(list_slice({_WORDS}, 1, {_CUT_AT}), w))), false))"""
 
 
 def _relation(con: duckdb.DuckDBPyConnection, files, table: str, columns: dict[str, str]) -> str:
