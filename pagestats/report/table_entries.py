@@ -63,23 +63,17 @@ def _typeset(name: str, frame: pl.DataFrame):
     return frame, LAYOUTS[name]
 
 
-def _needs_evictors(*evictors: str):
+def _needs_logged(what: str, *names: str):
+    """A requirement: every one of ``names`` is logged — ``what`` is "tasks" (the inputs' ``task``) or
+    "evictors" (the outcomes' ``evictor``)."""
+    table, column = {"tasks": ("inputs", "task"), "evictors": ("outcomes", "evictor")}[what]
+
     def check(ctx) -> str | None:
-        have = set(ctx.logs.outcomes["evictor"].unique().to_list())
-        missing = [e for e in evictors if e not in have]
-        return f"needs the evictors {', '.join(missing)}; not in the logs" if missing else None
+        have = set(getattr(ctx.logs, table)[column].unique().to_list())
+        missing = [n for n in names if n not in have]
+        return f"needs the {what} {', '.join(missing)}; not in the logs" if missing else None
 
-    check.__name__ = "needs_evictors"
-    return check
-
-
-def _needs_tasks(*tasks: str):
-    def check(ctx) -> str | None:
-        have = set(ctx.logs.inputs["task"].unique().to_list())
-        missing = [t for t in tasks if t not in have]
-        return f"needs the tasks {', '.join(missing)}; not in the logs" if missing else None
-
-    check.__name__ = "needs_tasks"
+    check.__name__ = f"needs_{what}"
     return check
 
 
@@ -166,7 +160,7 @@ def _entries() -> tuple[Entry, ...]:
         Entry("tab03_drop_by_task", "table", "Table 3", lambda c: t("tab03_drop_by_task", drop_by_task_table(c.gate)),
               (needs_agreement,), "Mean D and gate-open fraction per task (deployed bins)."),
         Entry("tab04_distractor_sweep", "table", "Table 4",
-              lambda c: t("tab04_distractor_sweep", distractor_sweep_table(c.gate)), (_needs_tasks(*MULTIKEY_TASKS),),
+              lambda c: t("tab04_distractor_sweep", distractor_sweep_table(c.gate)), (_needs_logged("tasks", *MULTIKEY_TASKS),),
               "Mean D along NIAH-MultiKey 1 → 2 → 3 with a monotonicity flag."),
         Entry("tab05_06_signal_ablation", "table", "Tables 5–6",
               lambda c: t("tab05_06_signal_ablation", signal_ablation_table(c.logs, profile=c.profile)),
@@ -239,7 +233,7 @@ def _entries() -> tuple[Entry, ...]:
                                                                evictor=c.headline_evictor)), (ev, needs_draws(2)),
               "Δ per input-draw replicate with mean, SD and range."),
         Entry("tab32_per_layer", "table", "Table 32", lambda c: t("tab32_per_layer", per_layer_table(c.gated)),
-              (ev, _needs_evictors("snapkv", "snapkv-perlayer")),
+              (ev, _needs_logged("evictors", "snapkv", "snapkv-perlayer")),
               "ρ (Eq. 1) of per-layer vs single-mask SnapKV per (model, context, task), Wilson intervals, and their "
               "ratio."),
         Entry("tabN1_pilot_sensitivity", "table", "New table",
