@@ -53,6 +53,11 @@ h2o-perhead
     The Heavy-Hitter Oracle's granularity: each layer ℓ and KV head j keeps the top positions of the
     accumulated attention averaged over G(j), the same ``n_kept`` in every (ℓ, j).
 
+The KV heads of the per-head evictors are those of the cache (``prefill.n_kv_heads``). Where the
+cache keeps one head per layer (DeepSeek-V3's latent attention in transformers 5.24), a per-head
+mask is one mask per layer, and ``snapkv-perhead`` keeps what ``snapkv-perlayer`` keeps (the mean
+over all query heads of the layer; docs/COLLECTION.md, "Model families").
+
 The SnapKV family (``snapkv``, ``pyramidkv``, ``snapkv-perlayer``, ``snapkv-perhead``) scores from
 ``prefill.snapkv_attention`` when the prefill carries one (captured with the eviction window w when it
 differs from the gate's window), else from ``prefill.window_attention`` (the two windows are equal).

@@ -33,6 +33,14 @@ one SDPA call against that head's keys, instead of transformers' ``repeat_kv`` c
 (batched, padded) cache for every query head at every step. Same attention up to float rounding;
 the manifest records it as ``model.decode_attn_impl`` (part of the run id).
 
+Sliding-window and chunked layers
+---------------------------------
+A layer whose window (or attention chunk) covers every position the decode feeds (prompt, question
+and tokens to generate) attends to every key, as a full layer does; the prefill keeps all its keys
+(:func:`collectors.capture.prefill`), and eviction slices it like any other layer. A shorter window
+is refused before the decode (:func:`check_decode_windows`; the collector refuses it before
+loading, :func:`collectors.model.check_windows`), since the model would then drop keys itself.
+
 Batched arm decoding
 --------------------
 Arms are grouped (longest cache first, at most ``max_batch`` per group) and decoded as one batch.
