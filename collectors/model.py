@@ -208,8 +208,13 @@ def check_model_class(config) -> None:
     import torch
 
     cls = causal_lm_class(config)
-    with torch.device("meta"):  # the module tree only: no weights are allocated or read
-        skeleton = cls(copy.deepcopy(config))
+    try:
+        with torch.device("meta"):  # the module tree only: no weights are allocated or read
+            skeleton = cls(copy.deepcopy(config))
+    except Exception as err:  # noqa: BLE001 - any failure of the class on this config ends the run in one line
+        raise ModelLoadError(f"cannot build {cls.__name__}'s module tree from its config (to check its layers before "
+                             f"loading): {type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+                             ) from None
     check_supported(skeleton)
     if not getattr(cls, "_supports_attention_backend", False):
         import transformers
