@@ -69,7 +69,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from pagestats import schema, testing  # noqa: E402
+from pagestats import escape, schema, testing  # noqa: E402
 from pagestats.cli import main  # noqa: E402
 from pagestats.io.validation.problems import one_line  # noqa: E402
 
@@ -187,7 +187,7 @@ _DELETE = object()
 def mutations(draw):
     """One mutation: (family, description, function of the run directory)."""
     family = draw(st.sampled_from(["bytes", "manifest", "columns", "types", "rows", "kinds", "names", "labels",
-                                   "cli"]))
+                                   "cli", "consistency"]))
     table = draw(st.sampled_from(TABLES))
     part = draw(st.integers(0, 1))
     seed = draw(st.integers(0, 2**32 - 1))
@@ -340,9 +340,21 @@ def mutations(draw):
 
         return family, f"relabel {column} {old!r} to {new!r}", apply
 
+    if family == "consistency":
+        how = draw(st.sampled_from(sorted(INCONSISTENT)))
+
+        def apply(run):
+            path = run / "manifest.json"
+            man = json.loads(path.read_text())
+            INCONSISTENT[how](man)
+            path.write_text(json.dumps(man))
+            return {"must_refuse": True}
+
+        return family, f"manifest {how}", apply
+
     if family == "cli":
-        command = draw(st.sampled_from(["whatif"] * 4 + ["report"]))
-        pool = WHATIF_OPTIONS if command == "whatif" else REPORT_OPTIONS
+        command = draw(st.sampled_from(["whatif"] * 4 + ["report"] * 2 + sorted(OTHER_OPTIONS)))
+        pool = {"whatif": WHATIF_OPTIONS, "report": REPORT_OPTIONS, **OTHER_OPTIONS}[command]
         options = draw(st.lists(st.sampled_from(sorted(pool)), min_size=1, max_size=3, unique=True))
         chosen = [(o, draw(st.sampled_from(pool[o]))) for o in options]
 
@@ -370,8 +382,30 @@ def mutations(draw):
 RELABEL = [("task", "vt"), ("task", "niah_multikey_3"), ("model", "m"), ("evictor", "h2o"), ("run_id", None)]
 #: Names with control and format characters, markup, quoting, very long, numeric-looking or path-like.
 LABELS = ["a\nb", "a\rb", "\x1b[31mred\x1b[0m", "tab\there", "a\u2028b", "a\u202eb", "nul\x00x", "del\x7f",
-          "$\\frac{a$", "<b>x</b>&amp;", "a,b", 'q"u\'ote', " lead", "trail ", "-dash", "ünï", "𝔘𝔫𝔦", "x" * 300,
+          "$\\frac{a$", "<b>x</b>&amp;", "<img src=x onerror=alert(1)>", "[l](http://x)", "**b**", "a|b", "`c`",
+          "_u_", "<!-- c -->", "a\rb<i>\x1b", "a,b", 'q"u\'ote', " lead", "trail ", "-dash", "ünï", "𝔘𝔫𝔦", "x" * 300,
           "%s%n{0}", "a\\b", "..", ".", "*", "[0]", "?", "a/b", "", "123", "1e5", "nan", "None", "true"]
+
+
+#: Manifest fields that are well-typed but contradict the rows or each other (issue 27): each must be refused.
+INCONSISTENT = {
+    "gate.k above k_max_stored": lambda m: m["gate"].update(k=m["gate"]["k_max_stored"] + 1),
+    "a listed task without inputs": lambda m: m["tasks"].update(fwe="dilution-prone"),
+    "n_per_task below the inputs": lambda m: m.update(n_per_task=1),
+    "n_per_task a string": lambda m: m.update(n_per_task="3"),
+    "files[0] without rows": lambda m: m["files"][0].pop("rows"),
+    "files[0] without sha256": lambda m: m["files"][0].pop("sha256"),
+    "files[0] rows off by one": lambda m: m["files"][0].update(rows=m["files"][0]["rows"] + 1),
+    "context_length of another run": lambda m: m.update(context_length=m["context_length"] * 2),
+    "another model name": lambda m: m["model"].update(name=m["model"]["name"] + "-2"),
+    "n_layers off by one": lambda m: m["model"].update(n_layers=m["model"]["n_layers"] + 1),
+    "n_heads off by one": lambda m: m["model"].update(n_heads=m["model"]["n_heads"] + 1, n_kv_heads=1),
+    "another draw": lambda m: m.update(draw=m.get("draw", 0) + 1),
+    "an evictor without outcomes": lambda m: m["evictors"].append("tova"),
+    "a budget without outcomes": lambda m: m["budgets"].append(0.125),
+    "k_max_stored of lists not stored": lambda m: m["gate"].update(k_max_stored=m["gate"]["k_max_stored"] * 2),
+    "another run_id": lambda m: m.update(run_id=m["run_id"] + "-x"),
+}
 
 
 #: Plain names of the controls of :func:`_name_dependent`: one sorts before, one after every name.
@@ -429,7 +463,15 @@ WHATIF_OPTIONS = {
            f"{_TMP}/nodir/x.csv", f"{_TMP}/run/manifest.json"],
     "--mode": ["query-aware", "query-agnostic", "x", ""], "--ta": ["0.1"], "--db": [f"{_TMP}/nosuch.db", f"{_TMP}/run/manifest.json", ""],
 }
+#: ``--memory-limit`` / ``--temp-dir``: DuckDB's grammar (good, bad) and unusable folders.
+DUCKDB_OPTIONS = {
+    "--memory-limit": ["2GB", "1.5GiB", "500 MB", "50%", "4 gigabytes", "lots", "0", "", "0GB", "-1", "none", "1e3",
+                       "150%", "99999999TB", "2GBx"],
+    "--temp-dir": [f"{_TMP}/spill", "/dev/null/x", "", f"{_TMP}/run/manifest.json", _TMP],
+}
+WHATIF_OPTIONS.update(DUCKDB_OPTIONS)
 REPORT_OPTIONS = {
+    **DUCKDB_OPTIONS,
     "--out": [f"{_TMP}/rep", "", "/dev/null/x", f"{_TMP}/run/manifest.json", _TMP, f"{_TMP}/run", f"{_TMP}/run/inputs"],
     "--prereg": [f"{_TMP}/nosuch.json", f"{_TMP}/run/manifest.json", ""],
     "--prereg-sha256": ["0" * 64, "x", ""], "--dilution-rule": ["rho", "task-class", "x"], "--no-pdf": [None],
@@ -438,15 +480,57 @@ REPORT_OPTIONS = {
 }
 
 
+#: The other commands' options (issue 27: option strings for every command), and the required ones
+#: each gets when the draw leaves them out (:data:`REQUIRED`).
+OTHER_OPTIONS = {
+    "validate": {**DUCKDB_OPTIONS, "--revalidate": [None], "--ta": ["x"]},
+    "index": {**DUCKDB_OPTIONS, "--db": [f"{_TMP}/x.db", "", _TMP, "/dev/null/x.db", f"{_TMP}/run/manifest.json",
+                                         f"{_TMP}/nodir/x.db", f"{_TMP}/run"],
+              "--mode": WHATIF_OPTIONS["--mode"], "--revalidate": [None]},
+    "prereg freeze": {**DUCKDB_OPTIONS, "--fit-contexts": ["512", "abc", "512,512", "", "0", "512,x", "٥١٢"],
+                      "--target-context": ["512", "1024", "abc", "0", ""],
+                      "--out": [f"{_TMP}/band.json", "", f"{_TMP}/run/manifest.json", "/dev/null/b.json", _TMP],
+                      "--evictor": ["snapkv", "nosuch", ""], "--exclude": WHATIF_OPTIONS["--exclude"]},
+    "prereg check": {"BAND": [f"{_TMP}/nosuch.json", f"{_TMP}/run/manifest.json", "", _TMP],
+                     "--sha256": ["0" * 64, "x", "", "G" * 64], **DUCKDB_OPTIONS},
+    "show": {"--input": [f"{_RUN_ID}/vt/0", "nosuch/vt/0", f"{_RUN_ID}/vt/x", "", "a/b/c/d", f"{_RUN_ID}/vt/99"],
+             "--tau": ["0.07", "nan", "2", ""]},
+    "compact": {"--out": [f"{_TMP}/c", "", f"{_TMP}/run", "/dev/null/x"], "--rows": ["1", "0", "x", "10", ""],
+                "--tasks": ["vt", "nosuch", "", "vt,vt", "vt,niah_multikey_3"]},
+    "--version": {"x": [None], "validate": [None], "--version": [None]},
+}
+REQUIRED = {
+    "report": {"--out": f"{_TMP}/rep", "--no-pdf": None},
+    "index": {"--db": f"{_TMP}/x.db"},
+    "prereg freeze": {"--fit-contexts": "512", "--target-context": "1024", "--out": f"{_TMP}/band.json"},
+    "prereg check": {"BAND": f"{_TMP}/nosuch.json", "--sha256": "0" * 64},
+    "show": {"--input": f"{_RUN_ID}/vt/0"},
+    "compact": {"--out": f"{_TMP}/c"},
+}
+
+
 def _cli_argv(command: str, run: Path, chosen: list[tuple[str, str | None]]) -> list[str]:
     run_id = json.loads((run / "manifest.json").read_text())["run_id"]
-    argv = [command, str(run)]
-    for option, value in chosen:
+
+    def value(text):
+        return text.replace(_TMP, str(run.parent)).replace(_RUN_ID, run_id)
+
+    given = dict(chosen)
+    options = [*chosen, *((o, v) for o, v in REQUIRED.get(command, {}).items() if o not in given and o != "--no-pdf")]
+    if command == "report" and "--out" not in given:
+        options.append(("--no-pdf", None))
+    if command == "--version":
+        return ["--version", *(o for o, _ in chosen)]
+    argv = command.split()
+    if command == "prereg check":
+        band = dict(options).get("BAND")
+        argv.append(value(band))
+        options = [(o, v) for o, v in options if o != "BAND"]
+    argv.append(str(run))
+    for option, text in options:
         argv.append(option)
-        if value is not None:
-            argv.append(value.replace(_TMP, str(run.parent)).replace(_RUN_ID, run_id))
-    if command == "report" and "--out" not in argv:
-        argv += ["--out", str(run.parent / "rep"), "--no-pdf"]
+        if text is not None:
+            argv.append(value(text))
     return argv
 
 
@@ -506,7 +590,14 @@ def check(clean: dict, mutation) -> tuple[str, str]:
         try:
             if "argv" in extra:
                 return _judge_cli(extra["argv"], root)
-            return _judge(clean, run, root, extra.get("relabel"), extra.get("key"))
+            outcome, detail = _judge(clean, run, root, extra.get("relabel"), extra.get("key"))
+            if extra.get("must_refuse") and outcome == "accepted":
+                return "silently_accepted", f"an inconsistent manifest was accepted ({detail})"
+            if extra.get("relabel") and outcome == "accepted":
+                raw = _unescaped(run, root / "report", extra["relabel"][1])
+                if raw:
+                    return "unescaped", raw
+            return outcome, detail
         finally:
             for d, dirs, files in os.walk(root):  # chmod'ed parts must not stop the clean-up
                 for name in dirs + files:
@@ -537,11 +628,36 @@ def _judge_cli(argv: list[str], root: Path) -> tuple[str, str]:
     return "refused", f"exit {code}: {lines[0][:200]}"
 
 
+#: Characters a name must never bring raw into a Markdown or CSV file (issue 27).
+_RAW = ("<", ">", "\r", "\n", "\x1b", "\x00", "\u202e", "\u2028", "\x7f")
+
+
+def _unescaped(run: Path, report_dir: Path, name: str) -> str | None:
+    """Where the name ``name`` appears unescaped: raw in a Markdown file of the report (when it holds
+    markup or control characters), or with a control character in a CSV output."""
+    dangerous = [c for c in _RAW if c in name]
+    if not dangerous:
+        return None
+    for md in [report_dir / "index.md", *sorted((report_dir / "tables").glob("*.md"))]:
+        if name in md.read_text(encoding="utf-8", errors="replace"):
+            return f"{md.name} holds the name {name!r} raw"
+    controls = [c for c in dangerous if c not in "<>"]
+    outputs = {"whatif --format csv": _cli(["whatif", str(run), "--format", "csv"])[1]}
+    outputs.update({p.name: p.read_text(encoding="utf-8", errors="replace")
+                    for p in sorted((report_dir / "tables").glob("*.csv"))})
+    for where, text in outputs.items():
+        for c in controls:
+            if c in text.replace("\r\n", "\n").replace("\n", "") or (c == "\n" and name in text):
+                return f"{where} holds {c!r} raw"
+    return None
+
+
 def _same_relabelled(got: pl.DataFrame, reference: pl.DataFrame, relabel) -> bool:
     """``got`` (read as text) equals ``reference`` once the relabelled name is put back in the
     cells that hold exactly that name; columns whose reference cells embed the old name in a longer
     text (labels, sentences) are left out, and rows are sorted (names order the rows)."""
     old, new = relabel
+    new = escape.csv_field(new)  # CSV cells hold the name escaped (pagestats.escape)
     if got.columns != reference.columns or got.height != reference.height:
         return False
     kept = [c for c in reference.columns if not (reference.schema[c] == pl.String and reference[c].str.contains(

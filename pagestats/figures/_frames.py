@@ -9,6 +9,7 @@ from collections.abc import Iterable
 import polars as pl
 
 from pagestats.columns import MODEL_CELL, require_columns
+from pagestats.escape import terminal
 
 
 def require(frame: pl.DataFrame, columns: Iterable[str], what: str) -> None:
@@ -19,7 +20,7 @@ def require(frame: pl.DataFrame, columns: Iterable[str], what: str) -> None:
 def short_task(task: str) -> str:
     """Compact RULER task label for tick labels (niah_multikey_3 → MK3), as plain text (``$`` escaped);
     :func:`task_key` spells the abbreviations out."""
-    return (str(task).replace("niah_", "").replace("multikey_", "MK").replace("multiquery", "MQ")
+    return (terminal(task).replace("niah_", "").replace("multikey_", "MK").replace("multiquery", "MQ")
             .replace("multivalue", "MV").replace("single_", "S").replace("$", r"\$"))
 
 
@@ -30,7 +31,7 @@ def task_key(tasks: Iterable[str]) -> str:
     spelled = {"vt": "variable tracking", "cwe": "common words", "fwe": "frequent words"}
     items = []
     for task in dict.fromkeys(tasks):
-        short, plain = short_task(task), str(task).replace("$", r"\$")  # plain text, as short_task
+        short, plain = short_task(task), terminal(task).replace("$", r"\$")  # plain text, as short_task
         if short != plain:
             items.append(f"{short} = {plain}")
         elif task in spelled:

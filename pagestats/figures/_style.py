@@ -18,6 +18,8 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from pagestats.escape import terminal
+
 #: Single-column width of a two-column paper, inches.
 COLUMN_WIDTH = 3.3
 #: Height of one row of panels, inches.
@@ -141,8 +143,10 @@ def _metadata(fmt: str) -> dict | None:
 
 def plain_text(name) -> str:
     """A name from the logs as matplotlib plain text: ``$`` escaped, so that a task or model
-    name is never parsed as mathtext (``$\\frac{a$`` would abort the drawing)."""
-    return str(name).replace("$", r"\$")
+    name is never parsed as mathtext (``$\\frac{a$`` would abort the drawing), and control and
+    format characters written as escapes (:func:`pagestats.escape.terminal`): a raw CR has no glyph,
+    and matplotlib's warning about it relayed the CR to stderr."""
+    return terminal(name).replace("$", r"\$")
 
 
 def cell_label(row: dict) -> str:

@@ -82,6 +82,7 @@ from pagestats.io.read import (
     _inspect,
     _literal_name,
     _read_table,
+    out_of_resources,
     _version,
 )
 from pagestats.io.upgrades import (
@@ -546,7 +547,9 @@ def check_paths(paths, *, mode: str | None = None, memory_limit: str = MEMORY_LI
                                                    has_topk=any(s.table == "topk" for s in found.sources),
                                                    listed=_listed_tasks(found, incomplete))
                     break
-                except duckdb.Error:
+                except duckdb.Error as err:
+                    if out_of_resources(err):
+                        raise
                     found.problems = before
                     if not _unreadable(con, found):
                         raise
@@ -630,6 +633,8 @@ def _unreadable(con, found: _Found) -> bool:
             for _ in reader:
                 pass
         except duckdb.Error as err:
+            if out_of_resources(err):
+                raise
             s.failed, any_failed = True, True
             found.problems.append(Problem(s.path, None, f"cannot read parquet file (corrupt or truncated?): "
                                                         f"{_one_line(err)}"))

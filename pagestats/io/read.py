@@ -27,6 +27,14 @@ from pagestats.io.validation.problems import Problem
 # --------------------------------------------------------------------------- inspection
 
 
+def out_of_resources(err: BaseException) -> bool:
+    """Whether ``err`` is DuckDB running out of memory or of disk to spill to: the command's exit 3,
+    never a file's problem (an out-of-memory read was reported as a corrupt file, and the table
+    read as empty)."""
+    return isinstance(err, (duckdb.OutOfMemoryException, MemoryError)) or (
+        isinstance(err, duckdb.IOException) and "No space left on device" in str(err))
+
+
 def _table_from_columns(names: Sequence[str]) -> str | None:
     names = set(names)
     if "indices" in names:
@@ -112,6 +120,8 @@ def _inspect(src: _Source, con: duckdb.DuckDBPyConnection) -> list[Problem]:
         kind = "parquet file (corrupt or truncated?)" if src.fmt == "parquet" else "jsonl file"
         return [Problem(src.path, None, f"cannot read {kind}: {_one_line(err)}")]
     except (ValueError, pa.ArrowException, duckdb.Error) as err:
+        if out_of_resources(err):
+            raise
         src.failed = True
         kind = "parquet file (corrupt or truncated?)" if src.fmt == "parquet" else "jsonl file"
         return [Problem(src.path, None, f"cannot read {kind}: {_one_line(err)}")]
@@ -234,12 +244,16 @@ def _read_table(con, table: str, sources: list[_Source], wanted: list[str]) -> t
     if parquet:
         try:
             frames.append(_canonical(_read_parquet(con, table, parquet, wanted), table, wanted))
-        except (duckdb.Error, pl.exceptions.PolarsError, pa.ArrowException, OSError):
+        except (duckdb.Error, pl.exceptions.PolarsError, pa.ArrowException, OSError) as err:
+            if out_of_resources(err):
+                raise
             # find the culprits one file at a time so the error names them
             for s in parquet:
                 try:
                     frames.append(_canonical(_read_parquet(con, table, [s], wanted), table, wanted))
                 except (duckdb.Error, pl.exceptions.PolarsError, pa.ArrowException, OSError) as err:
+                    if out_of_resources(err):
+                        raise
                     s.failed = True
                     problems.append(Problem(s.path, None, f"cannot read parquet file (corrupt or truncated?): "
                                                           f"{_one_line(err)}"))
