@@ -263,6 +263,8 @@ def test_sinks_change_the_capture():
 
     from collectors import capture
 
+    from collectors import signals
+
     family = next(f for f in FAMILIES if f.sinks)
     model, _ = _build(family)
     ids = torch.randint(3, 128, (1, T), generator=torch.Generator().manual_seed(7))
@@ -272,9 +274,18 @@ def test_sinks_change_the_capture():
             if hasattr(m, "sinks"):
                 m.sinks.fill_(-1e4)  # a sink of zero mass: the softmax without sinks
         without = capture.prefill(model, ids, window=WINDOW)
+        model.set_attn_implementation("eager")
+        for m in model.modules():
+            if hasattr(m, "sinks"):
+                m.sinks.copy_(torch.linspace(8.0, 24.0, m.sinks.numel()))
+        eager = model(input_ids=ids, output_attentions=True, use_cache=False).attentions
     row_mass = pre.window_attention.sum(dim=-1)
     assert float(row_mass.min()) < 0.2  # the sinks take most of some rows
     assert float((without.window_attention.sum(dim=-1) - 1).abs().max()) < 1e-5
+    # D (k = 8 of 40 positions) from the capture is D from the model's own eager attention
+    reference = torch.stack([a[0, :, -WINDOW:, :].float().mean(dim=1) for a in eager])
+    drop = signals.gate_signals(pre.window_attention, k=8, k_max=8).drop
+    assert abs(drop - signals.gate_signals(reference, k=8, k_max=8).drop) < 1e-9
 
 
 def _outcome(fn, *args, **kwargs):
