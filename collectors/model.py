@@ -130,7 +130,8 @@ def _text_config(config):
 def _non_softmax_name(name: str) -> bool:
     """Whether a module class name holds a run of CamelCase words naming a non-softmax sequence mixer."""
     words = [w.lower() for w in _CAMEL_WORD.findall(name)]
-    return any("".join(words[i:j]) in _NON_SOFTMAX_WORDS for i in range(len(words)) for j in range(i + 1, len(words) + 1))
+    runs = ("".join(words[i:j]) for i in range(len(words)) for j in range(i + 1, len(words) + 1))
+    return any(run in _NON_SOFTMAX_WORDS for run in runs)
 
 
 def _scope_error(cls_name: str, config, problems: list[str]) -> UnsupportedModelError:
@@ -212,9 +213,9 @@ def check_model_class(config) -> None:
         with torch.device("meta"):  # the module tree only: no weights are allocated or read
             skeleton = cls(copy.deepcopy(config))
     except Exception as err:  # noqa: BLE001 - any failure of the class on this config ends the run in one line
+        reason = (str(err).strip().splitlines() or [""])[0]
         raise ModelLoadError(f"cannot build {cls.__name__}'s module tree from its config (to check its layers before "
-                             f"loading): {type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
-                             ) from None
+                             f"loading): {type(err).__name__}: {reason}") from None
     check_supported(skeleton)
     if not getattr(cls, "_supports_attention_backend", False):
         import transformers

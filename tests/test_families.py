@@ -65,7 +65,8 @@ FAMILIES = [
     Family("Gemma", "gemma"),
     Family("Gemma-2", "gemma2", dict(sliding_window=4096, attn_logit_softcapping=50.0, final_logit_softcapping=30.0),
            note="soft-capping (sdpa refused: it cannot soft-cap); window 4096"),
-    Family("Gemma-3", "gemma3_text", dict(sliding_window=POSITIONS, layer_types=["sliding_attention", "full_attention"]),
+    Family("Gemma-3", "gemma3_text",
+           dict(sliding_window=POSITIONS, layer_types=["sliding_attention", "full_attention"]),
            note="window covers the run"),
     Family("Gemma-3 (short window)", "gemma3_text", dict(sliding_window=32,
                                                          layer_types=["sliding_attention", "full_attention"]),
@@ -286,6 +287,18 @@ def test_sinks_change_the_capture():
     reference = torch.stack([a[0, :, -WINDOW:, :].float().mean(dim=1) for a in eager])
     drop = signals.gate_signals(pre.window_attention, k=8, k_max=8).drop
     assert abs(drop - signals.gate_signals(reference, k=8, k_max=8).drop) < 1e-9
+
+
+@pytest.mark.parametrize("name, refused", [
+    ("SeedOssMLP", False), ("SeedOssModel", False), ("GPT2Attention", False), ("Conv1D", False),
+    ("Qwen2MoeSparseMoeBlock", False), ("MambaMixer", True), ("Mamba2Mixer", True), ("Qwen3NextGatedDeltaNet", True),
+    ("Lfm2ShortConv", True), ("RwkvSelfAttention", True), ("MiniMaxLightningAttention", True),
+])
+def test_scope_reads_whole_words(name, refused):
+    """The scope check matches whole CamelCase words: 'SeedOssMLP' holds no 'SSM'."""
+    from collectors.model import _non_softmax_name
+
+    assert _non_softmax_name(name) is refused
 
 
 def _outcome(fn, *args, **kwargs):
