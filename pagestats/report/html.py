@@ -174,7 +174,9 @@ def write_index_html(index: dict, out) -> str:
         parts.append(_glossary_html(o["name"], columns) + "</section>")
     parts.append('<h2 id="skipped">Not produced</h2><ul class="skipped">')
     parts += [f"<li><b>{html.escape(o['source'])}</b> ({html.escape(o['name'])}): {html.escape(o['skipped'])}</li>"
-              for o in skipped] or ["<li>none: the logs support every entry</li>"]
+              for o in skipped] or ["<li>no entry was skipped: the logs support every entry</li>"]
+    parts += [f"<li><b>{html.escape(x['source'])}</b> (paper item without an entry): {html.escape(x['reason'])}</li>"
+              for x in index.get("not_reproduced", [])]
     parts.append("</ul>")
     parts.append('<h2 id="appendix">Appendix: provenance</h2>')
     parts.append("<h3>Exclusions</h3><ul>" + ("".join(f"<li>{html.escape(e)}</li>" for e in index["exclusions"])
@@ -252,7 +254,9 @@ def index_markdown(index: dict, out) -> str:
                                           for h, c, m in glossary(o["name"], columns)), ""]
     lines += ["## Not produced", ""]
     lines += [f"- **{o['source']}** `{o['name']}` — SKIPPED: {md(o['skipped'])}" for o in index["outputs"]
-              if o["skipped"]] or ["none"]
+              if o["skipped"]] or ["- no entry was skipped: the logs support every entry"]
+    lines += [f"- **{x['source']}** (paper item without an entry): {md(x['reason'])}"
+              for x in index.get("not_reproduced", [])]
     lines += ["", "## Appendix: provenance", "", "### Exclusions", ""]
     lines += [f"- {md(e)}" for e in index["exclusions"]] or ["none"]
     lines += ["", "### Policy and profile", "", f"- collection mode: {index.get('mode')}",
