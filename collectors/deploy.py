@@ -212,8 +212,6 @@ def _gated_press_class():
             w and k of D (§3; default 32 and 32, or the gate's).
         bin_fraction, convention : optional
             D's layer bins (App. F; default 1/3, ``"deployed"``, or the gate's).
-        log_dir : str, optional
-            Append one deployment row per input there (:class:`collectors.deploy_log.DeploymentLog`).
         model_name : str, optional
             The model's label, checked against the gate's and written to the deployment log
             (default: ``model.config._name_or_path``).
@@ -233,7 +231,6 @@ def _gated_press_class():
         k: int | None = None
         bin_fraction: float | None = None
         convention: str | None = None
-        log_dir: str | None = None
         model_name: str | None = None
         last: GateDecision | None = field(default=None, init=False, repr=False)
 
@@ -246,11 +243,6 @@ def _gated_press_class():
              self.convention) = _resolve_gate(self.tau, self.gate, self.window, self.k, self.bin_fraction,
                                               self.convention)
             self._state = None
-            self._log = None
-            if self.log_dir is not None:
-                from collectors.deploy_log import DeploymentLog
-
-                self._log = DeploymentLog(self.log_dir, press=self)
 
         @classmethod
         def from_file(cls, path, press, **kwargs):
@@ -356,8 +348,6 @@ def _gated_press_class():
             if decision.reason == "short-prompt":
                 _short_prompt_warning(n_tokens, self.window)
             self.last = decision
-            if self._log is not None:
-                self._log.append_decision(decision)
 
         @contextlib.contextmanager
         def __call__(self, model):
@@ -384,12 +374,6 @@ def _gated_press_class():
                         if getattr(layer.self_attn, "masked_key_indices", None) is not None and not self._state["open"]:
                             layer.self_attn.masked_key_indices = None
                     self._state["held"] = {}
-
-        def record_output(self, text: str) -> None:
-            """Add the generated ``text`` to the deployment log row of the last input (``log_dir``)."""
-            if self._log is None:
-                raise ValueError("record_output needs GatedPress(..., log_dir=DIR)")
-            self._log.record_output(text)
 
     GatedPress.__module__ = __name__
     GatedPress.__qualname__ = "GatedPress"
@@ -439,7 +423,7 @@ def gated_generate(model, tokenizer, prompt, *, evictor: str = "snapkv", budget:
                    max_new_tokens: int = 64, window=None, k=None, bin_fraction=None, convention=None,
                    n_sink: int = defaults.N_SINK, n_recent: int = defaults.N_RECENT,
                    snapkv_window: int = defaults.SNAPKV_WINDOW, pool_kernel: int = defaults.SNAPKV_POOL_KERNEL,
-                   stop_strings=None, model_name: str | None = None, log=None) -> GenerationResult:
+                   stop_strings=None, model_name: str | None = None) -> GenerationResult:
     """Greedy generation under PAGE's gate, without kvpress: evict with ``evictor`` at ``budget`` iff
     D ≥ τ (§3, Eq. 2), else keep the full cache.
 
@@ -466,8 +450,6 @@ def gated_generate(model, tokenizer, prompt, *, evictor: str = "snapkv", budget:
         Extra stop condition on the text.
     model_name : str, optional
         Checked against the gate's model (default ``model.config._name_or_path``).
-    log : collectors.deploy_log.DeploymentLog, optional
-        Append this input's deployment row.
 
     Returns
     -------
@@ -520,6 +502,4 @@ def gated_generate(model, tokenizer, prompt, *, evictor: str = "snapkv", budget:
                          stop_strings=stop_strings)
     result = GenerationResult(token_ids=list(tokens), text=text, stop_reason=reason, decision=decision,
                               evictor=evictor, budget=float(budget), kept=kept)
-    if log is not None:
-        log.append_decision(decision, text=text, n_generated=len(tokens), stop_reason=reason)
     return result

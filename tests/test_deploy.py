@@ -1,0 +1,111 @@
+"""gated_generate (collectors.deploy; issue 24): the PAGE gate without kvpress, and the gate file.
+
+For prompts the collector ran, gated_generate's output equals the logged arm of the evictor at the
+budget when the gate opens (τ = −1) and the logged full-KV answer when it is closed (τ = +1), and its
+D equals the logged D bit for bit (the same capture and signal code).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from collectors import cli as collect_cli  # noqa: E402
+from collectors.deploy import ShortPromptWarning, gated_generate  # noqa: E402
+from pagestats.gatefile import Gate  # noqa: E402
+
+EVICTORS = ("snapkv", "h2o", "streamingllm", "pyramidkv", "snapkv-perhead")
+
+
+@pytest.fixture(scope="module")
+def collected(model_dir, tmp_path_factory):
+    import polars as pl
+
+    out = tmp_path_factory.mktemp("run") / "run"
+    args = ["--model", str(model_dir), "--out", str(out), "--tasks", "niah_single_1", "--context-length", "640",
+            "--n", "2", "--budgets", "0.25,0.5,1.0", "--max-new-tokens", "8", "--allow-cut-answers", "--no-progress",
+            "--evictors", ",".join(EVICTORS)]
+    assert collect_cli.main(args) == 0
+    return (json.loads((out / "manifest.json").read_text()), pl.read_parquet(out / "inputs" / "*.parquet"),
+            pl.read_parquet(out / "outcomes" / "*.parquet"))
+
+
+def test_gated_generate_equals_the_collectors_logged_arms(model_dir, collected):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _, inputs, outcomes = collected
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    checked = 0
+    for row in inputs.iter_rows(named=True):
+        closed = gated_generate(model, tok, row["prompt"], evictor="snapkv", budget=0.5, tau=1.0, max_new_tokens=8)
+        assert closed.text == row["full_prediction"] and closed.decision.drop == row["drop"]
+        assert not closed.decision.gate_open and closed.kept is None
+        for arm in outcomes.filter((outcomes["input_id"] == row["input_id"]) & (outcomes["budget"] < 1)).iter_rows(named=True):
+            opened = gated_generate(model, tok, row["prompt"], evictor=arm["evictor"], budget=arm["budget"], tau=-1.0,
+                                    max_new_tokens=8)
+            assert opened.text == arm["prediction"], (arm["evictor"], arm["budget"])
+            assert opened.decision.n_kept == arm["n_kept"] and opened.decision.gate_open
+            assert opened.decision.drop == row["drop"]
+            checked += 1
+    assert checked == len(inputs) * len(EVICTORS) * 2
+    assert outcomes.filter(outcomes["budget"] < 1)["prediction"].n_unique() > 1  # the check can fail
+
+
+def test_gate_at_the_logged_drop_opens_and_just_above_closes(model_dir, collected):
+    import numpy as np
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _, inputs, _ = collected
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    row = inputs.row(0, named=True)
+    at = gated_generate(model, tok, row["prompt"], tau=row["drop"], max_new_tokens=1)
+    above = gated_generate(model, tok, row["prompt"], tau=float(np.nextafter(row["drop"], np.inf)), max_new_tokens=1)
+    assert at.decision.gate_open and not above.decision.gate_open  # D ≥ τ (Eq. 2)
+
+
+def test_short_prompt_keeps_the_full_cache_and_says_so(tiny_llama):
+    ids = torch.randint(3, 512, (1, 20), generator=torch.Generator().manual_seed(0))
+
+    class Tok:
+        eos_token_id = 2
+
+        def decode(self, ids, skip_special_tokens=False):
+            return " ".join(map(str, ids))
+
+    with pytest.warns(ShortPromptWarning, match="20 tokens"):
+        r = gated_generate(tiny_llama, Tok(), ids, tau=-1.0, max_new_tokens=4)
+    assert r.decision.reason == "short-prompt" and r.kept is None and r.decision.n_kept == 20
+
+
+def test_gate_file_round_trip_and_refusals(tmp_path, tiny_llama):
+    path = tmp_path / "gate.json"
+    gate = Gate(tau=0.05, policy="z", model="tiny", window=32, k=16, n_layers=4,
+                pilot={"mu": 0.1, "sigma": 0.05, "theta": -0.69, "n": 100}, logs_sha256="ab" * 32)
+    gate.write(path)
+    assert Gate.from_file(path) == gate
+    ids = torch.randint(3, 512, (1, 64), generator=torch.Generator().manual_seed(0))
+
+    class Tok:
+        eos_token_id = 2
+
+        def decode(self, ids, skip_special_tokens=False):
+            return ""
+
+    with pytest.raises(ValueError, match="calibrated on model 'tiny', deployed on 'other'"):
+        gated_generate(tiny_llama, Tok(), ids, gate=path, model_name="other", max_new_tokens=1)
+    with pytest.raises(ValueError, match="calibrated with window=32, asked for window=16"):
+        gated_generate(tiny_llama, Tok(), ids, gate=path, window=16, max_new_tokens=1)
+    r = gated_generate(tiny_llama, Tok(), ids, gate=path, model_name="tiny", max_new_tokens=1)
+    assert r.decision.tau == 0.05
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ValueError, match="not a gate file"):
+        Gate.from_file(tmp_path / "bad.json")
+    with pytest.raises(ValueError, match="unknown evictor"):
+        gated_generate(tiny_llama, Tok(), ids, evictor="nope", tau=0.0, max_new_tokens=1)
+    with pytest.raises(ValueError, match="exactly one of tau"):
+        gated_generate(tiny_llama, Tok(), ids, max_new_tokens=1)
