@@ -212,7 +212,7 @@ def _build_into(logs, out, *, policy=None, profile=None, entries: Sequence[Entry
     sentences = headline_sentences(lead, ctx.headline_evictor if logs.outcomes.height else None)
     sentences += [f"† At {r['context_length']} tokens ({r['model']}), the full-KV answers of {r['decode_limited']} "
                   "stopped at the decode limit without looping, or ended inside a reference: those tasks' numbers "
-                  "measure the decode limit as well as eviction (`pagestats validate` lists them)."
+                  "measure the decode limit as well as eviction (pagestats validate lists them)."
                   for r in marks.sort("model", "context_length").iter_rows(named=True)]
     index = {
         "pagestats_version": pagestats.__version__,
