@@ -21,9 +21,29 @@ EVICTORS = ("snapkv", "h2o", "streamingllm", "pyramidkv", "snapkv-perhead")
 
 
 @pytest.fixture(scope="module")
-def collected(model_dir, tmp_path_factory):
+def text_model_dir(model_dir, tmp_path_factory):
+    """A tiny Llama whose vocabulary is the tokenizer's (every id decodes to text, so arms differ in
+    their logged predictions), with peaked attention, beside model_dir's tokenizer."""
+    import sys
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from conftest import _make_tiny_model
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    d = tmp_path_factory.mktemp("tiny_text")
+    _make_tiny_model("llama", vocab_size=len(tok), initializer_range=0.2).save_pretrained(d)
+    tok.save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def collected(text_model_dir, tmp_path_factory):
     import polars as pl
 
+    model_dir = text_model_dir
     out = tmp_path_factory.mktemp("run") / "run"
     args = ["--model", str(model_dir), "--out", str(out), "--tasks", "niah_single_1", "--context-length", "640",
             "--n", "2", "--budgets", "0.25,0.5,1.0", "--max-new-tokens", "8", "--allow-cut-answers", "--no-progress",
@@ -33,7 +53,8 @@ def collected(model_dir, tmp_path_factory):
             pl.read_parquet(out / "outcomes" / "*.parquet"))
 
 
-def test_gated_generate_equals_the_collectors_logged_arms(model_dir, collected):
+def test_gated_generate_equals_the_collectors_logged_arms(text_model_dir, collected):
+    model_dir = text_model_dir
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     _, inputs, outcomes = collected
@@ -55,7 +76,8 @@ def test_gated_generate_equals_the_collectors_logged_arms(model_dir, collected):
     assert outcomes.filter(outcomes["budget"] < 1)["prediction"].n_unique() > 1  # the check can fail
 
 
-def test_gate_at_the_logged_drop_opens_and_just_above_closes(model_dir, collected):
+def test_gate_at_the_logged_drop_opens_and_just_above_closes(text_model_dir, collected):
+    model_dir = text_model_dir
     import numpy as np
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -222,18 +222,20 @@ PRESS_EVICTORS = {
 
 
 def _family_dir(model_dir, tmp_path_factory, family):
-    if family == "llama":
-        return model_dir
+    """A saved tiny model of ``family`` whose vocabulary is the tokenizer's (every id decodes to text, so
+    the logged predictions differ between arms), peaked attention, beside model_dir's tokenizer."""
     import sys
+    from pathlib import Path
 
     from transformers import AutoTokenizer
 
-    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    sys.path.insert(0, str(Path(__file__).parent))
     from conftest import _make_tiny_model
 
+    tok = AutoTokenizer.from_pretrained(model_dir)
     d = tmp_path_factory.mktemp(f"tiny_{family}")
-    _make_tiny_model(family, **PEAKED).save_pretrained(d)
-    AutoTokenizer.from_pretrained(model_dir).save_pretrained(d)
+    _make_tiny_model(family, vocab_size=len(tok), **PEAKED).save_pretrained(d)
+    tok.save_pretrained(d)
     return d
 
 

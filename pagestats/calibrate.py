@@ -1,0 +1,116 @@
+"""``pagestats calibrate``: freeze the gate that ``whatif`` replays into a ``gate.json``.
+
+The gate evicts iff D ≥ τ (PAGE §3, Eq. 2). τ is computed by the very policy object ``whatif`` uses
+(:mod:`pagestats.replay.policies`: ``FixedTau``, ``ZScored`` — τ = μ + θ_z σ on an unlabelled pilot,
+App. A.3.4 —, ``Midpoint`` — Eq. 5), on the validated inputs of the logs (:func:`pagestats.io.load.load`),
+so the τ a deployed :class:`collectors.deploy.GatedPress` uses is the one ``whatif`` used for the same
+policy. The file records what τ depends on (:class:`pagestats.gatefile.Gate`): the model, D's window
+w, k, bin fraction and convention (read from the manifests, which must agree), the pilot's μ and σ
+for ``z``, the class means for ``midpoint``, the calibration D values (for ``pagestats monitor``),
+and a sha256 over the logs' data files.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+
+import numpy as np
+import polars as pl
+
+from pagestats.gatefile import Gate
+
+
+def logs_sha256(files) -> str:
+    """sha256 over the logs' data files, in path order: each file's path-independent content digest."""
+    digest = hashlib.sha256()
+    for path in sorted(str(f) for f in files):
+        h = hashlib.sha256()
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+        digest.update(h.digest())
+    return digest.hexdigest()
+
+
+def _statistic(manifests: dict) -> dict:
+    stats = {}
+    for run_id, manifest in manifests.items():
+        gate = manifest.get("gate") or {}
+        stats[run_id] = (gate.get("w"), gate.get("k"), gate.get("bins"), gate.get("convention"))
+    distinct = set(stats.values())
+    if len(distinct) != 1 or None in next(iter(distinct)):
+        raise ValueError(f"calibrate: the runs record different or missing gate statistics (w, k, bins, convention): "
+                         f"{sorted(map(str, distinct))}; calibrate one statistic at a time")
+    w, k, bins, convention = distinct.pop()
+    return {"window": int(w), "k": int(k), "bin_fraction": float(bins), "convention": str(convention)}
+
+
+def _n_layers(manifests: dict):
+    layers = {(m.get("model") or {}).get("n_layers") for m in manifests.values()}
+    return int(layers.pop()) if len(layers) == 1 and None not in layers else None
+
+
+def calibrate(logs, policy, *, model: str | None = None, files=None) -> Gate:
+    """The gate of ``policy`` on ``logs`` (a :class:`pagestats.io.load.Logs`), for one model.
+
+    Parameters
+    ----------
+    logs : pagestats.io.load.Logs
+        Validated logs.
+    policy : FixedTau, ZScored or Midpoint
+        As ``pagestats whatif`` builds it (:func:`pagestats.cli.policy_from_args`).
+    model : str, optional
+        The model to calibrate for; required when the logs hold several.
+    files : sequence of paths, optional
+        The data files to hash (default: the logs' file records).
+
+    Returns
+    -------
+    Gate
+
+    Raises
+    ------
+    ValueError
+        One line: several models and none chosen, an unknown model, a policy without a threshold,
+        statistics that differ between runs, or a τ that is not one number for the model (a z or
+        midpoint pilot grouped finer than the model: calibrate with ``--pilot-by model``).
+    """
+    from pagestats.replay.policies import FixedTau, Midpoint, ZScored
+
+    kinds = {FixedTau: "fixed", ZScored: "z", Midpoint: "midpoint"}
+    if type(policy) not in kinds:
+        raise ValueError(f"calibrate: policy {getattr(policy, 'name', policy)!r} has no threshold; use fixed, z or midpoint")
+    inputs = logs.inputs
+    models = sorted(inputs["model"].unique().to_list())
+    if model is None:
+        if len(models) != 1:
+            raise ValueError(f"calibrate: the logs hold {len(models)} models ({', '.join(models)}); choose one with --model")
+        model = models[0]
+    elif model not in models:
+        raise ValueError(f"calibrate: no inputs of model {model!r} in the logs (they hold {', '.join(models)})")
+    runs = inputs.filter(pl.col("model") == model)["run_id"].unique().to_list()
+    manifests = {r: logs.manifests[r] for r in runs if r in logs.manifests}
+    statistic = _statistic(manifests)
+    decided = policy.decide(inputs)  # on all the inputs, as whatif runs it
+    rows = decided.filter(pl.col("model") == model)
+    taus = rows["tau"].drop_nulls().unique().to_list()
+    if len(taus) != 1:
+        raise ValueError(f"calibrate: policy {policy.name} gives {len(taus)} thresholds for model {model!r} "
+                         f"({', '.join(f'{t:.6g}' for t in sorted(taus))}); a deployed gate has one: "
+                         "calibrate per model (--pilot-by model) or on one context")
+    tau = float(taus[0])
+    drops = rows["drop"].to_numpy().astype(float)
+    pilot: dict = {"drops": [float(d) for d in drops], "p_open": float(np.mean(drops >= tau)), "n_inputs": int(len(drops)),
+                   "policy_name": policy.name}
+    if isinstance(policy, ZScored):
+        from pagestats.replay.policies import pilot_mask
+
+        mask = pilot_mask(rows, policy.pilot_by, policy.pilot_n, policy.pilot, policy.seed)
+        sample = rows.filter(mask)["drop"].to_numpy().astype(float)
+        pilot.update({"mu": float(sample.mean()), "sigma": float(sample.std(ddof=1)), "theta": float(policy.theta_z),
+                      "n": int(len(sample)), "split": policy.pilot, "seed": int(policy.seed)})
+    file_paths = files if files is not None else [f.path for f in logs.files]
+    return Gate(tau=tau, policy=kinds[type(policy)], model=model, n_layers=_n_layers(manifests), pilot=pilot,
+                logs_sha256=logs_sha256(file_paths),
+                created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **statistic)
