@@ -114,3 +114,62 @@ def calibrate(logs, policy, *, model: str | None = None, files=None) -> Gate:
     return Gate(tau=tau, policy=kinds[type(policy)], model=model, n_layers=_n_layers(manifests), pilot=pilot,
                 logs_sha256=logs_sha256(file_paths),
                 created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **statistic)
+
+
+# --------------------------------------------------------------------------- command line
+
+def add_parser(sub) -> None:
+    """The ``pagestats calibrate LOGS --policy fixed|z|midpoint ... --out gate.json`` subparser (docs/CLI.md)."""
+    from pagestats import defaults
+    from pagestats.cli import MAX_PILOT, MAX_SEED, number
+    from pagestats.replay.policies import PILOT_SPLITS
+
+    p = sub.add_parser("calibrate", help="freeze the gate of a whatif policy into gate.json for GatedPress")
+    p.add_argument("logs", nargs="+", metavar="LOGS", help="run directories, parquet/jsonl files or globs")
+    p.add_argument("--out", required=True, metavar="FILE", help="the gate file to write (gate.json)")
+    p.add_argument("--model", default=None, help="the model to calibrate for (required when the logs hold several)")
+    pol = p.add_mutually_exclusive_group()
+    pol.add_argument("--tau", type=number(-1.0, 1.0, name="--tau"), help=f"fixed threshold τ (default: {defaults.TAU})")
+    pol.add_argument("--policy", choices=["fixed", "z", "midpoint"], help="gate policy (default: fixed, τ = 0.07)")
+    p.add_argument("--theta", type=number(-1e3, 1e3, name="--theta"), default=None,
+                   help=f"θ_z of the z-scored policy (default: {defaults.THETA_Z})")
+    p.add_argument("--midpoint-tasks", default=None, metavar="CAP,DIL",
+                   help="midpoint policy: take the two samples from these tasks (the paper: niah_multikey_3,vt)")
+    p.add_argument("--pilot", type=number(1, MAX_PILOT, integer=True, name="--pilot"), default=None,
+                   help=f"pilot size (default {defaults.PILOT_N})")
+    p.add_argument("--pilot-split", choices=list(PILOT_SPLITS), default=None,
+                   help=f"which inputs form the pilot (default {defaults.PILOT_SPLIT})")
+    p.add_argument("--seed", type=number(0, MAX_SEED, integer=True, name="--seed"), default=None,
+                   help="seed of the pilot hash (default: 0)")
+
+
+def main(args) -> int:
+    """Run ``pagestats calibrate``: exit 0 with the gate written, 1 on bad logs, 2 on bad usage."""
+    import sys
+
+    from pagestats.cli import one_line, policy_from_args
+    from pagestats.io import ExclusionError, LogError, load
+
+    try:
+        policy = policy_from_args(args)
+    except ValueError as err:
+        print(one_line(f"error: {err}"), file=sys.stderr)
+        return 2
+    try:
+        logs = load(args.logs)
+    except ExclusionError as err:
+        print(one_line(f"error: {'; '.join(p.message for p in err.problems)}"), file=sys.stderr)
+        return 2
+    except LogError as err:
+        print(one_line(f"error: bad logs: {'; '.join(p.message for p in err.problems[:3])}"), file=sys.stderr)
+        return 1
+    try:
+        gate = calibrate(logs, policy, model=args.model)
+        gate.write(args.out)
+    except (ValueError, OSError) as err:
+        print(one_line(f"error: {err}"), file=sys.stderr)
+        return 2
+    print(one_line(f"gate: τ = {gate.tau!r} ({policy.name}) for model {gate.model}, w={gate.window}, k={gate.k}, "
+                   f"bins={gate.bin_fraction:.6g} {gate.convention}; p_open {gate.pilot['p_open']:.3f} on "
+                   f"{gate.pilot['n_inputs']} inputs; written to {args.out}"), file=sys.stderr)
+    return 0

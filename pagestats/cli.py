@@ -534,6 +534,9 @@ def _parser() -> argparse.ArgumentParser:
     _add_mode(p)
     _add_revalidate(p)
     _add_duckdb(p)
+    from pagestats.calibrate import add_parser as _add_calibrate  # issue 24: gate.json for GatedPress
+
+    _add_calibrate(sub)
     return parser
 
 
@@ -705,6 +708,10 @@ def _main(argv: list[str] | None = None) -> int:
     if problem:
         print(one_line(f"error: {problem}"), file=sys.stderr)
         return 2
+    if args.command == "calibrate":  # issue 24
+        from pagestats.calibrate import main as calibrate_main
+
+        return calibrate_main(args)
     if args.command == "validate":
         checked = checked_runs(args.logs, revalidate=args.revalidate, memory_limit=args.memory_limit,
                                temp_directory=args.temp_dir)

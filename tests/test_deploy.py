@@ -49,6 +49,7 @@ def collected(text_model_dir, tmp_path_factory):
             "--n", "2", "--budgets", "0.25,0.5,1.0", "--max-new-tokens", "8", "--allow-cut-answers", "--no-progress",
             "--evictors", ",".join(EVICTORS)]
     assert collect_cli.main(args) == 0
+    _RUN_DIRS[json.loads((out / "manifest.json").read_text())["run_id"]] = out
     return (json.loads((out / "manifest.json").read_text()), pl.read_parquet(out / "inputs" / "*.parquet"),
             pl.read_parquet(out / "outcomes" / "*.parquet"))
 
@@ -131,3 +132,42 @@ def test_gate_file_round_trip_and_refusals(tmp_path, tiny_llama):
         gated_generate(tiny_llama, Tok(), ids, evictor="nope", tau=0.0, max_new_tokens=1)
     with pytest.raises(ValueError, match="exactly one of tau"):
         gated_generate(tiny_llama, Tok(), ids, max_new_tokens=1)
+
+
+def test_calibrate_writes_the_tau_whatif_uses(collected, tmp_path, capsys):
+    import numpy as np
+
+    from pagestats.cli import main as pagestats_main
+    from pagestats.io import load
+    from pagestats.replay.policies import ZScored
+    from pagestats.whatif import whatif_table
+
+    manifest, inputs, _ = collected
+    run = str(collected_dir(manifest, inputs))
+    out = tmp_path / "gate.json"
+    assert pagestats_main(["calibrate", run, "--tau", "0.03", "--out", str(out)]) == 0
+    gate = Gate.from_file(out)
+    assert gate.tau == 0.03 and gate.policy == "fixed" and gate.model == manifest["model"]["name"]
+    assert (gate.window, gate.k, gate.bin_fraction, gate.convention) == (32, 32, 1 / 3, "deployed")
+    assert len(gate.logs_sha256) == 64 and len(gate.pilot["drops"]) == len(inputs)
+    assert pagestats_main(["calibrate", run, "--policy", "z", "--pilot", "2", "--pilot-split", "first",
+                           "--theta", "0.5", "--out", str(out)]) == 0
+    gate = Gate.from_file(out)
+    drops = inputs.sort("input_id")["drop"].to_numpy()
+    assert gate.tau == pytest.approx(drops[:2].mean() + 0.5 * drops[:2].std(ddof=1), abs=1e-12)
+    assert gate.pilot["mu"] == pytest.approx(drops[:2].mean()) and gate.pilot["theta"] == 0.5
+    table = whatif_table(load([run]), policy=ZScored(theta_z=0.5, pilot_n=2, pilot="first"))
+    assert float(table["p_open"].mean()) == pytest.approx(gate.pilot["p_open"])
+    assert float(table["p_open"].mean()) == pytest.approx(float(np.mean(drops >= gate.tau)))
+    with pytest.raises(SystemExit):  # argparse: no threshold to freeze
+        pagestats_main(["calibrate", run, "--policy", "oracle", "--out", str(out)])
+    assert pagestats_main(["calibrate", run, "--tau", "0.0", "--model", "other", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "no inputs of model 'other'" in err
+
+
+def collected_dir(manifest, inputs):
+    return _RUN_DIRS[manifest["run_id"]]
+
+
+_RUN_DIRS: dict = {}
