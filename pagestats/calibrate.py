@@ -127,14 +127,15 @@ def add_parser(sub) -> None:
     p = sub.add_parser("calibrate", help="freeze the gate of a whatif policy into gate.json for GatedPress")
     p.add_argument("logs", nargs="+", metavar="LOGS", help="run directories, parquet/jsonl files or globs")
     p.add_argument("--out", required=True, metavar="FILE", help="the gate file to write (gate.json)")
-    p.add_argument("--model", default=None, help="the model to calibrate for (required when the logs hold several)")
+    p.add_argument("--model", default=None, help="the model to calibrate for (default: the logs' only model; required when they hold several)")
     pol = p.add_mutually_exclusive_group()
     pol.add_argument("--tau", type=number(-1.0, 1.0, name="--tau"), help=f"fixed threshold τ (default: {defaults.TAU})")
     pol.add_argument("--policy", choices=["fixed", "z", "midpoint"], help="gate policy (default: fixed, τ = 0.07)")
     p.add_argument("--theta", type=number(-1e3, 1e3, name="--theta"), default=None,
                    help=f"θ_z of the z-scored policy (default: {defaults.THETA_Z})")
     p.add_argument("--midpoint-tasks", default=None, metavar="CAP,DIL",
-                   help="midpoint policy: take the two samples from these tasks (the paper: niah_multikey_3,vt)")
+                   help="midpoint policy: take the two samples from these tasks (the paper: niah_multikey_3,vt); "
+                   "default: all capacity-bound vs all dilution-prone inputs")
     p.add_argument("--pilot", type=number(1, MAX_PILOT, integer=True, name="--pilot"), default=None,
                    help=f"pilot size (default {defaults.PILOT_N})")
     p.add_argument("--pilot-split", choices=list(PILOT_SPLITS), default=None,

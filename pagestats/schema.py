@@ -299,7 +299,9 @@ def write_manifest(run_dir, manifest: dict) -> str:
     run = Path(run_dir)
     files = []
     for name in TABLES:
-        for f in sorted((run / name).glob("*.parquet")):
+        if not (run / name).is_dir():
+            continue
+        for f in sorted(p for p in (run / name).iterdir() if p.suffix.lower() == ".parquet"):  # UPPER.PARQUET too
             files.append(
                 {
                     "path": f.relative_to(run).as_posix(),

@@ -83,7 +83,7 @@ from contextlib import redirect_stdout  # noqa: E402
 
 import polars as pl  # noqa: E402
 
-from pagestats import metrics  # noqa: E402
+from pagestats import metrics, schema  # noqa: E402
 from pagestats.columns import MATRIX_CELL  # noqa: E402
 from pagestats.io import load  # noqa: E402
 from pagestats.replay import FixedTau, gated_outcomes  # noqa: E402
@@ -250,8 +250,10 @@ def test_compact_keeps_every_row_and_the_whatif(tmp_path, capsys):
     for table in ("inputs", "outcomes", "topk"):
         assert sum(f["rows"] for f in after["files"] if f["path"].startswith(table)) == \
             sum(f["rows"] for f in before["files"] if f["path"].startswith(table))
-    assert {k: v for k, v in after.items() if k not in ("files", "compacted_from")} == \
-        {k: v for k, v in before.items() if k != "files"}
+    # a v1 run is written in the current schema version (upgraded as on read); every other key is kept
+    assert after["schema_version"] == schema.SCHEMA_VERSION
+    assert {k: v for k, v in after.items() if k not in ("files", "compacted_from", "schema_version")} == \
+        {k: v for k, v in before.items() if k not in ("files", "schema_version")}
     assert after["compacted_from"]["files"] == len(before["files"])
     a, b = load([str(SMALL)], columns="all"), load([str(out)], columns="all")
     for name in ("inputs", "outcomes", "topk"):

@@ -215,7 +215,11 @@ def test_decision_entries_skip_runs_that_disagree_on_the_cache_layout(tmp_path):
     """Two runs of one (model, context_length) whose manifests give different KV layouts: each is
     valid, but the GiB axis has no single value; the entries are skipped with the reason (the
     decision figure raised before)."""
-    runs = testing.synthetic_logs(**{**SMALL, "draws": (0, 1)}).write(tmp_path / "logs")
+    syn = testing.synthetic_logs(**{**SMALL, "draws": (0, 1)})
+    syn.inputs = syn.inputs.with_columns(pl.lit(0, dtype=syn.inputs.schema["draw"]).alias("draw"))  # one input set per cell: the report reads both runs
+    for manifest in syn.manifests.values():
+        manifest["draw"] = 0
+    runs = syn.write(tmp_path / "logs")
     assert len(runs) == 2
     man = json.loads((runs[1] / "manifest.json").read_text())
     man["model"]["n_kv_heads"] = 1

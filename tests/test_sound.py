@@ -137,8 +137,8 @@ def test_report_tables_7_and_20_name_the_cell_without_the_midpoint_sample(tmp_pa
     assert "this cell has 15 and 15" in t20.filter(pl.col("context_length") == 1024)["note"][0]
     # no cell holds the sample: both entries are skipped with the reason
     index = json.loads((Path(build_report(load(runs[1:]), tmp_path / "out2", entries=entries)).with_suffix(".json")).read_text())
-    assert [o["skipped"].split(";")[0] for o in index["outputs"]] == ["the midpoint recipe (Eq. 5) takes 20 capacity-bound "
-                                                                      "and 20 dilution-prone inputs"] * 2
+    assert [o["skipped"].split(";")[0] for o in index["outputs"]] == ["the midpoint recipe (Eq. 5) takes 20 capacity-bound (niah_multikey_3) "
+                                                                      "and 20 dilution-prone (vt) inputs"] * 2
 
 
 def _pilot_tau(logs, **kw) -> float:

@@ -78,7 +78,9 @@ def _relation(con: duckdb.DuckDBPyConnection, files, table: str, columns: dict[s
         have = {r[0] for r in con.execute(f"DESCRIBE {part}").fetchall()}
         exprs = []
         for name, expr in columns.items():
-            if expr in have or expr not in (c.name for c in schema.columns(table)):
+            if expr.endswith("stop_reason") and expr in have:  # union_by_name: NULL in the v1 files of the view
+                exprs.append(f"coalesce({expr}, {schema.STOP_UNKNOWN!r}) AS {name}")
+            elif expr in have or expr not in (c.name for c in schema.columns(table)):
                 exprs.append(f"{expr} AS {name}")
             else:  # a column v2 added: an upgraded v1 row
                 exprs.append(f"{'NULL' if 'n_generated' in expr else repr(schema.STOP_UNKNOWN)} AS {name}")
@@ -105,7 +107,7 @@ def _rows(con, files, *, arms: bool) -> str:
 
 
 def decode_profile(files, *, arms: bool = True) -> pl.DataFrame:
-    """Per (run_id, task, arm): how the decodes stopped.
+    """Per (run, run_id, task, arm): how the decodes stopped (two copies of one run count apart).
 
     Parameters
     ----------
@@ -130,14 +132,14 @@ def decode_profile(files, *, arms: bool = True) -> pl.DataFrame:
         if rows is None:
             raise ValueError("no inputs files to profile")
         out = con.sql(f"""
-            SELECT any_value(run) AS run, run_id, task, arm, count(*)::BIGINT AS n,
+            SELECT run, run_id, task, arm, count(*)::BIGINT AS n,
                    count_if(stop_reason = 'length')::BIGINT AS n_length,
                    count_if(stop_reason IN ('length', '{schema.STOP_UNKNOWN}') AND {_LOOP})::BIGINT AS n_looping,
                    count_if({_CUT})::BIGINT AS n_cut,
                    count_if(stop_reason = '{schema.STOP_UNKNOWN}')::BIGINT AS n_unknown,
                    max(n_generated)::BIGINT AS max_generated
-            FROM (SELECT *, coalesce(pred, '') AS pred FROM ({rows}))
-            GROUP BY run_id, task, arm ORDER BY run_id, task, (arm <> 'full'), arm""").pl()
+            FROM (SELECT * REPLACE (coalesce(pred, '') AS pred) FROM ({rows}))
+            GROUP BY run, run_id, task, arm ORDER BY run, run_id, task, (arm <> 'full'), arm""").pl()
     finally:
         con.close()
     return out

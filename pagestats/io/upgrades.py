@@ -59,7 +59,11 @@ def _v2_table(table: str, frame: pl.DataFrame) -> pl.DataFrame:
     count null; readers then fall back to the text-based check (:mod:`pagestats.io.truncation`)."""
     add = [pl.lit(value, dtype=_POLARS[arrow_type]).alias(name)
            for name, arrow_type, value in _V2_COLUMNS.get(table, ()) if name not in frame.columns]
-    return frame.with_columns(add) if add else frame
+    if not add:
+        return frame
+    frame = frame.with_columns(add)
+    order = [c.name for c in schema.TABLES[table] if c.name in frame.columns]  # a v2 file's column order
+    return frame.select(*order, *[c for c in frame.columns if c not in order])
 
 
 #: from_version → Upgrade (v1 → v2: the stop reason and token count of every decode, unknown in v1).

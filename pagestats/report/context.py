@@ -72,7 +72,17 @@ class Context:
         import numpy as np
 
         rows, _ = metrics.equal_inputs(self.gated, by=["model", "context_length"])
-        return metrics.matched_memory(rows, rng=np.random.default_rng(defaults.BOOTSTRAP_SEED))
+        by = ["model", "context_length", "evictor"]
+        both = (rows.group_by(by).agg((pl.col("budget") == 1.0).any().alias("full"),
+                                      (pl.col("budget") < 1.0).any().alias("evicted"))
+                .filter(pl.col("full") & pl.col("evicted")).select(by))
+        if both.height == 0:
+            return pl.DataFrame(schema={**rows.select(by).schema, "n_inputs": pl.Int64,
+                                        **{c: pl.Float64 for c in ("kept_kv_gated", "acc_gated", "acc_plain_matched",
+                                                                   "delta_matched", "low", "high", "delta_nominal",
+                                                                   "p_value", "p_adjusted")}})
+        return metrics.matched_memory(rows.join(both, on=by, how="semi"), by=by,
+                                      rng=np.random.default_rng(defaults.BOOTSTRAP_SEED))
 
     @functools.cached_property
     def decode_limited(self) -> pl.DataFrame:
@@ -119,15 +129,23 @@ class Context:
 
 
 def first_draw(logs):
-    """``logs`` restricted to the lowest input ``draw`` of each (model, context_length): the other
-    draws' inputs, their outcomes and top-k rows are left out (the same object when there are none)."""
+    """``logs`` restricted to one input ``draw`` of each (model, context_length): the lowest draw
+    with eviction outcomes (budget b < 1), or the lowest draw where no draw has any (a full-KV-only
+    draw, such as a pre-registration's target run, is not the cell's input set when an evicted draw
+    exists). The other draws' inputs, their outcomes and top-k rows are left out (the same object
+    when there are none)."""
     inputs = logs.inputs
     if "draw" not in inputs.columns or inputs.height == 0:
         return logs
-    first = pl.col("draw") == pl.col("draw").min().over("model", "context_length")
-    if inputs.filter(~first).height == 0:
+    evicted = (logs.outcomes.filter(pl.col("budget") < 1.0).select("run_id", "task", "input_id").unique()
+               .with_columns(pl.lit(True).alias("_evicted")))
+    rank = (inputs.join(evicted, on=["run_id", "task", "input_id"], how="left")
+            .group_by("model", "context_length", "draw").agg(pl.col("_evicted").any().fill_null(False))
+            .sort("model", "context_length", ~pl.col("_evicted"), "draw")
+            .group_by("model", "context_length", maintain_order=True).first().select("model", "context_length", "draw"))
+    kept = inputs.join(rank, on=["model", "context_length", "draw"], how="semi")
+    if kept.height == inputs.height:
         return logs
-    kept = inputs.filter(first)
     key = ["run_id", "task", "input_id"]
     keys = kept.select(key)
     return dataclasses.replace(
@@ -185,6 +203,15 @@ def needs_cache_size(ctx: Context) -> str | None:
         metrics.full_cache_gib(ctx.logs.inputs, manifests)
     except ValueError as err:
         return str(err)
+    return None
+
+
+def needs_full_budget(ctx: Context) -> str | None:
+    """Some (model, context, evictor) cell logs budget 1.0 (the full cache) beside budgets b < 1: the
+    frontier of Δ at matched memory starts at the full cache (:func:`pagestats.metrics.matched_memory`).
+    Cells without it are left out of Table N3 and of the headline's matched-memory clause."""
+    if ctx.matched_memory.height == 0:
+        return "needs budget 1.0 (the full cache) beside budgets b < 1 in one cell; no cell logs both"
     return None
 
 

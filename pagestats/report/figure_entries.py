@@ -43,7 +43,8 @@ from pagestats.report.context import (
 def _per_cell(ctx: Context, frame: pl.DataFrame, keys: Sequence[str], draw) -> list[tuple[str, object]]:
 
     parts = []
-    for cell in frame.select(keys).unique().sort(keys).to_dicts():
+    evicted = frame.filter(pl.col("budget") < 1.0) if "budget" in frame.columns else frame
+    for cell in evicted.select(keys).unique().sort(keys).to_dicts():  # a full-KV-only cell has no curve
         part = cell_label(cell).replace(" ", "-")
         parts.append((part, draw(cell)))
     return parts

@@ -25,6 +25,7 @@ from pagestats.report.context import (
     needs_dilution_headroom,
     needs_draws,
     needs_eviction_budgets,
+    needs_full_budget,
     needs_pilot_groups,
     needs_topk,
     needs_signals,
@@ -244,7 +245,7 @@ def _entries() -> tuple[Entry, ...]:
               "The accuracy–memory frontier over τ and budgets per evictor: kept KV as a fraction and in GiB "
               "per sequence."),
         Entry("tabN3_matched_memory", "table", "New table", lambda c: t("tabN3_matched_memory", c.matched_memory),
-              (ev,), "Δ at matched memory per (model, context, evictor): the gated arm's accuracy against plain "
+              (ev, needs_full_budget), "Δ at matched memory per (model, context, evictor): the gated arm's accuracy against plain "
               "eviction's frontier at the same mean kept KV, with a cluster-bootstrap interval and BH (the paper's "
               "'matched-cache frontier', §4; Δ at nominal budget beside it)."),
     )
