@@ -29,6 +29,7 @@ import polars as pl
 
 from pagestats import schema
 from pagestats.io.discovery import log_format
+from pagestats.io.upgrades import V2_COLUMNS
 
 __all__ = ["LENGTH_WARN_SHARE", "LOOP_MIN_WORDS", "decode_profile", "flagged_tasks", "limit_warnings", "text_flags"]
 
@@ -77,13 +78,14 @@ def _relation(con: duckdb.DuckDBPyConnection, files, table: str, columns: dict[s
     for part in parts:
         have = {r[0] for r in con.execute(f"DESCRIBE {part}").fetchall()}
         exprs = []
+        added = {n: ("NULL" if v is None else repr(v)) for n, _, v in V2_COLUMNS.get(table, ())}  # an upgraded v1 row
         for name, expr in columns.items():
-            if expr.endswith("stop_reason") and expr in have:  # union_by_name: NULL in the v1 files of the view
-                exprs.append(f"coalesce({expr}, {schema.STOP_UNKNOWN!r}) AS {name}")
-            elif expr in have or expr not in (c.name for c in schema.columns(table)):
+            if expr in added and expr in have:  # union_by_name: NULL in the v1 files of the view
+                exprs.append(f"coalesce({expr}, {added[expr]}) AS {name}")
+            elif expr in added:
+                exprs.append(f"{added[expr]} AS {name}")
+            else:
                 exprs.append(f"{expr} AS {name}")
-            else:  # a column v2 added: an upgraded v1 row
-                exprs.append(f"{'NULL' if 'n_generated' in expr else repr(schema.STOP_UNKNOWN)} AS {name}")
         selects.append(f"SELECT {', '.join(exprs)} FROM {part}")
     return " UNION ALL BY NAME ".join(selects)
 

@@ -40,7 +40,7 @@ class Upgrade:
 
 
 #: Columns v2 added, per table: (name, arrow type, the value an upgraded v1 row gets).
-_V2_COLUMNS = {
+V2_COLUMNS = {
     "inputs": (("full_n_generated", pa.int64(), None), ("full_stop_reason", pa.string(), schema.STOP_UNKNOWN)),
     "outcomes": (("n_generated", pa.int64(), None), ("stop_reason", pa.string(), schema.STOP_UNKNOWN)),
 }
@@ -48,7 +48,7 @@ _POLARS = {pa.int64(): pl.Int64, pa.string(): pl.String}
 
 
 def _v2_schema(table: str, arrow_schema: pa.Schema) -> pa.Schema:
-    for name, arrow_type, _ in _V2_COLUMNS.get(table, ()):
+    for name, arrow_type, _ in V2_COLUMNS.get(table, ()):
         if name not in arrow_schema.names:
             arrow_schema = arrow_schema.append(pa.field(name, arrow_type))
     return arrow_schema
@@ -58,7 +58,7 @@ def _v2_table(table: str, frame: pl.DataFrame) -> pl.DataFrame:
     """v1 → v2: a v1 log did not record why a decode stopped, so the reason is ``unknown`` and the
     count null; readers then fall back to the text-based check (:mod:`pagestats.io.truncation`)."""
     add = [pl.lit(value, dtype=_POLARS[arrow_type]).alias(name)
-           for name, arrow_type, value in _V2_COLUMNS.get(table, ()) if name not in frame.columns]
+           for name, arrow_type, value in V2_COLUMNS.get(table, ()) if name not in frame.columns]
     if not add:
         return frame
     frame = frame.with_columns(add)
