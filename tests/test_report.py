@@ -462,3 +462,40 @@ def test_every_numbered_paper_item_is_an_entry_or_says_why_not():
     assert not covered & set(NOT_REPRODUCED), "an item is both reproduced and listed as not"
     assert wanted - covered == set(NOT_REPRODUCED), sorted(wanted - covered - set(NOT_REPRODUCED))
     assert all(len(reason) > 20 for reason in NOT_REPRODUCED.values())
+
+
+
+_NAMED = [("tab14_oracle_gap", "gap"), ("tab27_harm", "harm_ratio"), ("headline", "harm_reduction"),
+          ("headline", "compression"), ("tab22_compression", "compression"), ("tab23_batching", "provisioned"),
+          ("tab25_scaling", "ratio"), ("tab13_budget_axis", "delta"), ("tab01_recovery", "rho")]
+
+
+def test_every_glossary_formula_holds_on_the_reports_own_rows(two_context):
+    """A derived column's glossary formula, evaluated on each row of the report's CSV files and of
+    its headline, equals the column, and the glossary prints that formula (Table 14's gap and
+    Table 27's harm ratio were once described as another formula). The shipped logs' report is
+    checked the same way in test_shipped_data.py."""
+    from pagestats.report.glossary import formula_checks, glossary
+
+    _, index = two_context
+    checks = formula_checks(index.parent)
+    assert [c[:3] for c in checks if not c[3]] == []
+    assert set(_NAMED) <= {(t, c) for t, c, _, _ in checks}
+    assert len(checks) >= 25
+    for table, column, f, _ in checks:
+        if table != "headline":
+            columns = pl.read_csv(index.parent / "tables" / f"{table}.csv", n_rows=0).columns
+            meaning = {c: m for _, c, m in glossary(table, columns)}[column]
+            assert meaning.endswith(f"(= {f})") or meaning == f"= {f}"
+
+
+def test_a_wrong_formula_is_caught(two_context, monkeypatch):
+    """The check can fail: with Table 14's old glossary (oracle − gate) and the harm ratio read as
+    a difference, the rows disagree (the shipped logs' report, where the gate and the oracle differ)."""
+    from pagestats.report import glossary
+
+    _, index = two_context
+    monkeypatch.setitem(glossary.FORMULAS, "harm_ratio", "harm_plain - harm_gated")
+    monkeypatch.setitem(glossary.FORMULAS, "compression", "kept_kv")
+    bad = {(t, c) for t, c, _, holds in glossary.formula_checks(index.parent) if not holds}
+    assert ("tab27_harm", "harm_ratio") in bad and ("headline", "compression") in bad

@@ -99,3 +99,21 @@ def test_readme_findings_tables_are_the_logs_numbers():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.main(["--check"]) == 0
+
+
+def test_glossary_formulas_hold_on_the_shipped_logs_report(tmp_path):
+    """Every derived column's glossary formula holds on the rows of the report of the shipped logs
+    (tables and headline; figures are not needed), where the gate and the oracle differ, harm
+    gated is not harm plain, and p_open lies strictly between 0 and 1."""
+    from pagestats import report
+    from pagestats.report.glossary import formula_checks
+    from pagestats.report.table_entries import TABLES
+
+    index = report.build_report(io.load(RUNS, mode="query-aware"), tmp_path / "out", entries=TABLES, formats=("png",))
+    checks = formula_checks(Path(index).parent)
+    assert [c[:3] for c in checks if not c[3]] == []
+    names = {(t, c) for t, c, _, _ in checks}
+    assert {("tab14_oracle_gap", "gap"), ("tab27_harm", "harm_ratio"), ("headline", "harm_reduction"),
+            ("tabN3_matched_memory", "delta_matched"), ("tab07_calibration", "tau_calibrated")} <= names
+    gap = pl.read_csv(Path(index).parent / "tables" / "tab14_oracle_gap.csv")["gap"]
+    assert (gap.abs() > 1e-6).any()  # the formula's sign is tested, not 0 = −0

@@ -4,9 +4,16 @@ The tables keep their tidy column names (CSV files, scripts); the HTML page and 
 show :func:`header` instead, with a glossary of the columns a table has under it
 (:func:`glossary`). A few names mean different things in different tables; :data:`BY_TABLE`
 overrides them there (Table 1's ``k`` is the number of recovered inputs, not a top-k size).
+
+A derived column also has a formula over the other columns of its row (:data:`FORMULAS`,
+:data:`FORMULAS_BY_TABLE`), written in SQL that :func:`polars.sql_expr` evaluates. The glossary
+prints it after the meaning, and the test suite evaluates it on every row of the report's own
+CSV files and compares it with the column, so a glossary cannot describe another formula.
 """
 
 from __future__ import annotations
+
+import re
 
 #: tidy name → (header, meaning).
 COLUMNS: dict[str, tuple[str, str]] = {
@@ -27,7 +34,8 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "delta": ("Δ", "gated − plain accuracy, mean over inputs and budgets b < 1"),
     "delta_rest": ("Δ without capacity-bound", "Δ over the inputs of the other tasks only"),
     "p_open_rest": ("p_open without capacity-bound", "gate-open share on the other tasks' inputs"),
-    "identical": ("gated ≡ plain", "the gate opens on every input counted, so gated equals plain (the paper's †)"),
+    "identical": ("gated ≡ plain", "the gate opens on every input outside the capacity-bound class, so gated "
+                  "equals plain there (the paper's †)"),
     "p_open": ("p_open", "share of inputs on which the gate opens (D ≥ τ)"),
     "mean_drop": ("mean D", "mean head-agreement drop D (Eq. 3)"),
     "sd_drop": ("SD of D", "standard deviation of D over the inputs"),
@@ -185,7 +193,57 @@ BY_TABLE: dict[str, dict[str, tuple[str, str]]] = {
     "tab03_drop_by_task": {"tau": ("τ", "the policy's threshold for the cell's inputs")},
     "tab24_drop_by_task_strict": {"tau": ("τ", "the policy's threshold for the cell's inputs")},
     "tab21_preregistered": {"n": ("n inputs", "inputs of the measured row")},
+    "tab12_delta_by_task": {"identical": ("gated ≡ plain (cell)", "the cell's † of Table 2: the gate opens on every "
+                                          "input of the cell outside the capacity-bound class")},
 }
+
+
+#: tidy name → its formula over the other columns of the same row (SQL, see the module docstring).
+FORMULAS: dict[str, str] = {
+    "rho": "CAST(k AS DOUBLE) / n",
+    "dilution_prone": "rho >= 0.05",
+    "headroom": "1 - a_full",
+    "ratio": "rho / NULLIF(headroom, 0)",
+    "predicted_low": "ratio_low * headroom",
+    "predicted_high": "ratio_high * headroom",
+    "inside": "rho >= predicted_low AND rho <= predicted_high",
+    "fitted_rho": "slope_task_class * headroom",
+    "gap": "delta_policy - delta_oracle",
+    "gain": "acc_best_gated - acc_best_plain",
+    "delta_matched": "acc_gated - acc_plain_matched",
+    "auc_oriented": "GREATEST(auc, 1 - auc)",
+    "rejected": "COALESCE(p_adjusted <= 0.05, false)",
+    "excludes_zero": "low > 0 OR high < 0",
+    "harm_ratio": "harm_plain / NULLIF(harm_gated, 0)",
+    "harm_reduction": "harm_plain - harm_gated",
+    "compression": "1 / kept_kv",
+    "p_all_open": "POWER(p_open, batch_size)",
+    "provisioned": "(1 - p_all_open) + p_all_open * kept_open",
+    "rho_ratio": "rho_per_layer / NULLIF(rho_single, 0)",
+    "ordered": "margin > 0",
+    "closed_call": "p_open < 0.5",
+    "smallest": "rank = 1",
+    "identical": "p_open_rest = 1",
+    "degenerate": "p_open = 0 OR p_open = 1",
+    "tau_calibrated": "(mean_drop_capacity + mean_drop_dilution) / 2",
+    "winner": "CASE WHEN delta_calibrated > delta_fixed THEN 'calibrated' "
+              "WHEN delta_calibrated < delta_fixed THEN 'fixed' ELSE 'tie' END",
+}
+
+#: table name → {tidy name: formula} where a column is computed otherwise there.
+FORMULAS_BY_TABLE: dict[str, dict[str, str]] = {
+    "tab10_layers": {"margin": "dilution_min - capacity_max"},
+    "tabA31_k_sweep": {"margin": "dilution_min - capacity_max"},
+    "tab13_budget_axis": {"delta": "acc_gated - acc_plain"},
+    "tab22_compression": {"compression": "1 / kept_kv_gated",
+                          "kept_kv_gated": "p_open * COALESCE(kept_kv_open, 0) + (1 - p_open)"},
+    "tab23_batching": {"compression": "1 / provisioned"},
+}
+
+
+def formula(table: str, column: str) -> str | None:
+    """The formula of ``column`` in ``table`` over the other columns of its row, or ``None``."""
+    return FORMULAS_BY_TABLE.get(table, {}).get(column, FORMULAS.get(column))
 
 
 def _entry(table: str, column: str) -> tuple[str, str]:
@@ -200,5 +258,77 @@ def header(table: str, column: str) -> str:
 
 
 def glossary(table: str, columns) -> list[tuple[str, str, str]]:
-    """``(header, tidy name, meaning)`` for each of ``columns`` of ``table``, in order."""
-    return [(_entry(table, c)[0], c, _entry(table, c)[1]) for c in columns]
+    """``(header, tidy name, meaning)`` for each of ``columns`` of ``table``, in order; a derived
+    column's meaning ends with its formula (``= …``) when the table holds every column it reads."""
+    columns = list(columns)
+    out = []
+    for c in columns:
+        head, meaning = _entry(table, c)
+        f = formula(table, c)
+        if f is not None and _reads(f) <= set(columns) - {c}:
+            meaning = f"{meaning} (= {f})" if meaning else f"= {f}"
+        out.append((head, c, meaning))
+    return out
+
+
+def formula_checks(out) -> list[tuple[str, str, str, bool]]:
+    """Evaluate every derived column's formula on a written report's own rows.
+
+    Parameters
+    ----------
+    out : path-like
+        A report folder (``index.json`` and ``tables/*.csv``).
+
+    Returns
+    -------
+    list of (table, column, formula, holds)
+        One entry per derived column whose table holds every column its formula reads; the
+        headline's rows (``index.json``) are checked under the table name ``headline``.
+        ``holds`` is true when the formula equals the column on every row (nulls and NaNs in
+        the same places, numbers within 1e-12).
+    """
+    import json
+    from pathlib import Path
+
+    import polars as pl
+
+    out = Path(out)
+    frames = {}
+    for csv in sorted((out / "tables").glob("*.csv")):
+        frame = pl.read_csv(csv, infer_schema_length=None)
+        frames[csv.stem] = frame.with_columns(  # a column empty on every row is read as text
+            pl.col(c).cast(pl.Float64) for c in frame.columns
+            if frame[c].dtype == pl.String and frame[c].null_count() == frame.height)
+    headline = json.loads((out / "index.json").read_text())["headline"]
+    if headline:
+        frames["headline"] = pl.DataFrame(headline)
+    checks = []
+    for table, frame in frames.items():
+        for column in frame.columns:
+            f = formula(table, column)
+            if f is not None and _reads(f) <= set(frame.columns) - {column}:
+                got = frame.select(pl.sql_expr(f).alias(column))[column]
+                checks.append((table, column, f, _same(got, frame[column])))
+    return checks
+
+
+def _same(got, want) -> bool:
+    import polars as pl
+
+    if (got.is_null() != want.is_null()).any():
+        return False
+    keep = want.is_not_null()
+    got, want = got.filter(keep), want.filter(keep)
+    if not want.dtype.is_numeric():
+        return got.cast(want.dtype).to_list() == want.to_list()
+    got, want = got.cast(pl.Float64), want.cast(pl.Float64)
+    if (got.is_nan() != want.is_nan()).any():
+        return False
+    return bool(((got - want).abs() <= 1e-12).filter(~want.is_nan()).all())
+
+
+def _reads(sql: str) -> set[str]:
+    """The column names a formula reads (its identifiers that are not SQL words or literals)."""
+    words = {"CAST", "AS", "DOUBLE", "NULLIF", "GREATEST", "COALESCE", "POWER", "CASE", "WHEN", "THEN",
+             "ELSE", "END", "AND", "OR", "NOT", "true", "false"}
+    return {w for w in re.findall(r"[A-Za-z_][A-Za-z_0-9]*", re.sub(r"'[^']*'", "", sql)) if w not in words}
