@@ -121,7 +121,7 @@ def calibrate(logs, policy, *, model: str | None = None, files=None) -> Gate:
 def add_parser(sub) -> None:
     """The ``pagestats calibrate LOGS --policy fixed|z|midpoint ... --out gate.json`` subparser (docs/CLI.md)."""
     from pagestats import defaults
-    from pagestats.cli import MAX_PILOT, MAX_SEED, number
+    from pagestats.cli import MAX_PILOT, MAX_SEED, add_midpoint_tasks, number
     from pagestats.replay.policies import PILOT_SPLITS
 
     p = sub.add_parser("calibrate", help="freeze the gate of a whatif policy into gate.json for GatedPress")
@@ -133,9 +133,7 @@ def add_parser(sub) -> None:
     pol.add_argument("--policy", choices=["fixed", "z", "midpoint"], help="gate policy (default: fixed, τ = 0.07)")
     p.add_argument("--theta", type=number(-1e3, 1e3, name="--theta"), default=None,
                    help=f"θ_z of the z-scored policy (default: {defaults.THETA_Z})")
-    p.add_argument("--midpoint-tasks", default=None, metavar="CAP,DIL",
-                   help="midpoint policy: take the two samples from these tasks (the paper: niah_multikey_3,vt); "
-                   "default: all capacity-bound vs all dilution-prone inputs")
+    add_midpoint_tasks(p)
     p.add_argument("--pilot", type=number(1, MAX_PILOT, integer=True, name="--pilot"), default=None,
                    help=f"pilot size (default {defaults.PILOT_N})")
     p.add_argument("--pilot-split", choices=list(PILOT_SPLITS), default=None,

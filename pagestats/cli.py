@@ -190,9 +190,10 @@ def policy_from_args(args) -> Policy:
 
     ``--tau X`` → :class:`FixedTau` (X); ``--policy fixed`` or no flag → fixed τ = 0.07;
     ``--policy z`` → :class:`ZScored` (``--theta``, ``--pilot``, ``--pilot-by``,
-    ``--pilot-split``, ``--seed``); ``--policy midpoint`` → :class:`Midpoint` (samples by
-    ``task_class``, as docs/DEFINITIONS.md words Eq. 5; ``--midpoint-tasks niah_multikey_3,vt`` takes
-    them from two named tasks, as the paper's Table 7 does); ``--policy oracle`` →
+    ``--pilot-split``, ``--seed``); ``--policy midpoint`` → :class:`Midpoint` (the paper's
+    samples, 20 NIAH-MK3 and 20 VT inputs, App. A.3.4 and Table 7; ``--midpoint-tasks CAP,DIL``
+    names two other tasks, ``--midpoint-tasks class`` pools every capacity-bound against every
+    dilution-prone input); ``--policy oracle`` →
     :class:`TaskOracle`. ``--recalibrate z|midpoint`` then re-derives a fixed τ on the
     changed statistic (:func:`pagestats.replay.recalibrate`, App. A.3.1). Options the policy
     does not read are refused (:func:`check_options`).
@@ -218,6 +219,8 @@ def policy_from_args(args) -> Policy:
         tasks = getattr(args, "midpoint_tasks", None)
         if tasks is None:
             policy = Midpoint()
+        elif str(tasks).strip() == "class":
+            policy = Midpoint(capacity_tasks=None, dilution_tasks=None)
         else:
             parts = [t.strip() for t in str(tasks).split(",")]
             if len(parts) != 2 or not all(parts) or parts[0] == parts[1]:
@@ -391,6 +394,14 @@ def _decode_table(profile: pl.DataFrame) -> str:
             "reasons a v1 log did not record; arm 'full' is the full-KV answer, the evictors' rows are budgets b < 1")
 
 
+def add_midpoint_tasks(p: argparse.ArgumentParser) -> None:
+    """``--midpoint-tasks`` of ``whatif`` and ``calibrate`` (read by :func:`policy_from_args`)."""
+    p.add_argument("--midpoint-tasks", default=None, metavar="CAP,DIL|class",
+                   help="midpoint policy: the tasks of its two samples, or class to pool every capacity-bound "
+                   f"against every dilution-prone input (default: {','.join(defaults.MIDPOINT_TASKS)}, the "
+                   "paper's 20 NIAH-MK3 and 20 VT inputs, App. A.3.4)")
+
+
 def _add_logs(p: argparse.ArgumentParser) -> None:
     p.add_argument("logs", nargs="*", metavar="LOGS", help="run directories, parquet/jsonl files or globs")
     _add_mode(p)
@@ -432,9 +443,7 @@ def _parser() -> argparse.ArgumentParser:
                    "midpoint = Eq. 5 (App. A.3.1: a sweep that rescales D must recalibrate τ; default: none)")
     p.add_argument("--theta", type=number(-1e3, 1e3, name="--theta"), default=None,
                    help=f"θ_z of the z-scored policy (default: {defaults.THETA_Z})")
-    p.add_argument("--midpoint-tasks", default=None, metavar="CAP,DIL",
-                   help="midpoint policy: take the two samples from these tasks (the paper: niah_multikey_3,vt); "
-                   "default: all capacity-bound vs all dilution-prone inputs")
+    add_midpoint_tasks(p)
     p.add_argument("--pilot", type=number(1, MAX_PILOT, integer=True, name="--pilot"), default=None,
                    help=f"pilot size per group (default {defaults.PILOT_N})")
     p.add_argument(

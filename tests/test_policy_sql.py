@@ -144,7 +144,7 @@ def test_midpoint_by_brute_force(mode, draws):
     frame = _frame(seed=7 + draws, draws=draws)
     rows = frame.rows(named=True)
     by = ("model", "context_length")
-    policy = Midpoint(n=4, by=by, pilot=mode, seed=3)
+    policy = Midpoint(n=4, by=by, pilot=mode, seed=3, capacity_tasks=None, dilution_tasks=None)  # by class
     means, members = {}, set()
     for klass in (defaults.CAPACITY_BOUND, defaults.DILUTION_PRONE):
         part = [r for r in rows if r["task_class"] == klass]
@@ -157,13 +157,13 @@ def test_midpoint_by_brute_force(mode, draws):
         return (means[defaults.CAPACITY_BOUND][k] + means[defaults.DILUTION_PRONE][k]) / 2
 
     _check_decided(policy.decide(frame), frame, rows, tau_of, lambda r: tuple(r[c] for c in KEY) in members)
-    short = Midpoint(n=15, by=by).shortfall(frame)  # 14 capacity-bound inputs per cell (2 runs × 7)
+    short = Midpoint(n=15, by=by, capacity_tasks=None, dilution_tasks=None).shortfall(frame)  # 14 capacity-bound inputs per cell (2 runs × 7)
     assert short.columns == [*by, "n_capacity", "n_dilution", "note"]
     assert short["n_capacity"].to_list() == [14] * 4 and short["n_dilution"].to_list() == [28] * 4
     assert short["note"][0] == ("the midpoint recipe (Eq. 5) takes 15 capacity-bound and 15 dilution-prone inputs; "
                                 "this cell has 14 and 28")
     with pytest.raises(ValueError, match=r"this cell has 14 and 28 \(model=a, context_length=4096\) \(and 3 more\)"):
-        Midpoint(n=15, by=by).decide(frame)
+        Midpoint(n=15, by=by, capacity_tasks=None, dilution_tasks=None).decide(frame)
 
 
 def test_pilot_of_exactly_n_inputs_and_held_out_n_plus_one():
@@ -206,7 +206,7 @@ def written(tmp_path_factory):
 
 
 @pytest.mark.parametrize("policy", [ZScored(pilot_n=10, seed=4), RecalibratedTau(pilot_n=8, pilot="first"),
-                                    Midpoint(n=4, pilot="random", seed=2)], ids=lambda p: p.name)
+                                    Midpoint(n=4, pilot="random", seed=2, capacity_tasks=None, dilution_tasks=None)], ids=lambda p: p.name)
 def test_out_of_core_decisions_read_no_per_input_frame(written, policy, monkeypatch):
     logs, db = written
     rows = logs.inputs.select(*KEY, "model", "context_length", "task_class", "drop").rows(named=True)

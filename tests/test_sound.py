@@ -106,8 +106,12 @@ def test_midpoint_refuses_a_class_smaller_than_its_sample(tmp_path, capsys):
     for argv in (["--policy", "midpoint"], ["--layers", "first-half", "--recalibrate", "midpoint"]):
         assert main(["whatif", *runs, *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
-        assert err == ["error: the midpoint recipe (Eq. 5) takes 20 capacity-bound and 20 dilution-prone inputs; "
-                       "this cell has 6 and 6 (model=m, context_length=4096)"]
+        assert err == ["error: the midpoint recipe (Eq. 5) takes 20 capacity-bound (niah_multikey_3) and 20 "
+                       "dilution-prone (vt) inputs; this cell has 6 and 6 (model=m, context_length=4096)"]
+    assert main(["whatif", *runs, "--policy", "midpoint", "--midpoint-tasks", "class"]) == 2  # class-pooled
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: the midpoint recipe (Eq. 5) takes 20 capacity-bound and 20 dilution-prone inputs; "
+        "this cell has 6 and 6 (model=m, context_length=4096)"]
     with pytest.raises(ValueError, match="takes 20 capacity-bound"):
         gate(load(runs), Midpoint())
 

@@ -442,10 +442,12 @@ class Midpoint:
         Inputs per class (the paper: 20 NIAH-MK3 + 20 VT).
     by : tuple of str
         Calibration groups; ``("model", "context_length")`` = "for a new (model, context)".
-    capacity_tasks, dilution_tasks : tuple of str, optional
-        Tasks that supply the capacity-bound and dilution-prone samples (the paper uses
-        ``("niah_multikey_3",)`` and ``("vt",)``). By default the ``task_class`` column
-        decides: capacity-bound inputs vs dilution-prone inputs.
+    capacity_tasks, dilution_tasks : tuple of str or None
+        Tasks that supply the capacity-bound and dilution-prone samples; by default the
+        paper's, ``("niah_multikey_3",)`` and ``("vt",)`` (App. A.3.4: "20 inputs from a known
+        capacity-bound task (NIAH-MK3)" and 20 from VT; :data:`pagestats.defaults.MIDPOINT_TASKS`).
+        ``None`` for both pools by the ``task_class`` column instead: capacity-bound inputs vs
+        dilution-prone inputs of any task.
     pilot : {"first", "random"}
         Which n inputs of each class; see :func:`pilot_mask`.
     seed : int
@@ -465,8 +467,8 @@ class Midpoint:
 
     n: int = defaults.MIDPOINT_N
     by: tuple[str, ...] = ("model", "context_length")
-    capacity_tasks: tuple[str, ...] | None = None
-    dilution_tasks: tuple[str, ...] | None = None
+    capacity_tasks: tuple[str, ...] | None = defaults.MIDPOINT_TASKS[:1]
+    dilution_tasks: tuple[str, ...] | None = defaults.MIDPOINT_TASKS[1:]
     pilot: str = "first"
     seed: int = 0
 

@@ -112,14 +112,10 @@ def _needs_capacity(ctx) -> str | None:
     return None
 
 
-#: The paper's midpoint recipe (App. A.3.4, Table 7): 20 NIAH-MK3 and 20 VT inputs per (model, context).
-PAPER_MIDPOINT = Midpoint(capacity_tasks=defaults.MIDPOINT_TASKS[:1], dilution_tasks=defaults.MIDPOINT_TASKS[1:])
-
-
 def _needs_midpoint_cell(ctx) -> str | None:
     """The paper's midpoint recipe (Eq. 5) takes 20 NIAH-MK3 and 20 VT inputs per (model, context):
     at least one cell must hold them (the others are listed with the reason in Tables 7 and 20)."""
-    short = PAPER_MIDPOINT.shortfall(with_task_class(ctx.logs.inputs))
+    short = Midpoint().shortfall(with_task_class(ctx.logs.inputs))
     if short["note"].null_count() == 0:
         row = short.row(0, named=True)
         return f"{row['note']} ({row['model']}, {row['context_length']} tokens)" + (
@@ -128,7 +124,7 @@ def _needs_midpoint_cell(ctx) -> str | None:
 
 
 def _tab20(ctx):
-    mid = PAPER_MIDPOINT
+    mid = Midpoint()  # the paper's recipe (App. A.3.4, Table 7): 20 NIAH-MK3 and 20 VT inputs per cell
     logs, short = mid.applicable(ctx.logs)
     ev = ctx.headline_evictor
     calibrated = replay.gated_outcomes(logs, mid, ctx.profile, evictor=ev, columns=replay.DELTA_COLUMNS)
@@ -169,8 +165,7 @@ def _entries() -> tuple[Entry, ...]:
               "Separation, margin, AUC (BH), MK monotonicity and r with D per signal."),
         Entry("tab07_calibration", "table", "Table 7",
               lambda c: t("tab07_calibration", calibration_table(
-                  c.logs, profile=c.profile, capacity_tasks=PAPER_MIDPOINT.capacity_tasks,
-                  dilution_tasks=PAPER_MIDPOINT.dilution_tasks)), (ev, both, _needs_midpoint_cell),
+                  c.logs, profile=c.profile)), (ev, both, _needs_midpoint_cell),
               "Midpoint-calibrated τ (Eq. 5, the paper's recipe: the first 20 NIAH-MK3 and the first 20 VT inputs "
               "per cell) vs the fixed τ per cell."),
         Entry("tab08_tau_variants", "table", "Table 8", lambda c: t("tab08_tau_variants", tau_variants_table()), (),

@@ -250,7 +250,8 @@ def signal_ablation_table(logs, *, statistics: Sequence[str] | None = None, prof
 
 
 def calibration_table(logs, *, tau: float = defaults.TAU, n: int = defaults.MIDPOINT_N,
-                      capacity_tasks: Sequence[str] | None = None, dilution_tasks: Sequence[str] | None = None,
+                      capacity_tasks: Sequence[str] | None = defaults.MIDPOINT_TASKS[:1],
+                      dilution_tasks: Sequence[str] | None = defaults.MIDPOINT_TASKS[1:],
                       evictor: str | None = None, profile: replay.ProfileSpec = replay.ProfileSpec()) -> pl.DataFrame:
     """Table 7: the 40-input midpoint recipe (Eq. 5) vs the fixed τ per (model, context) cell.
 
@@ -527,9 +528,7 @@ def tau_variants_table() -> pl.DataFrame:
     """
     from pagestats.replay.policies import RecalibratedTau, TaskOracle
 
-    variants = (FixedTau(), ZScored(), Midpoint(capacity_tasks=defaults.MIDPOINT_TASKS[:1],
-                                                dilution_tasks=defaults.MIDPOINT_TASKS[1:]),
-                RecalibratedTau(), TaskOracle())
+    variants = (FixedTau(), ZScored(), Midpoint(), RecalibratedTau(), TaskOracle())
     return pl.DataFrame({
         "policy": [type(p).__name__ for p in variants],
         "name": [p.name for p in variants],
