@@ -19,7 +19,7 @@ from fractions import Fraction
 import polars as pl
 
 import pagestats
-from pagestats import defaults
+from pagestats import defaults, replay
 from pagestats.columns import MATRIX_CELL
 from pagestats.escape import csv_frame
 from pagestats.io import (
@@ -402,6 +402,27 @@ def add_midpoint_tasks(p: argparse.ArgumentParser) -> None:
                    "paper's 20 NIAH-MK3 and 20 VT inputs, App. A.3.4)")
 
 
+def _add_policy(p: argparse.ArgumentParser) -> None:
+    """The gate policy options of ``whatif`` and ``report`` (read by :func:`policy_from_args`)."""
+    pol = p.add_mutually_exclusive_group()
+    pol.add_argument("--tau", type=number(-1.0, 1.0, name="--tau"), help=f"fixed threshold τ (default: {defaults.TAU})")
+    pol.add_argument("--policy", choices=["fixed", "z", "midpoint", "oracle"], help="gate policy (default: fixed, τ = 0.07)")
+    p.add_argument("--theta", type=number(-1e3, 1e3, name="--theta"), default=None,
+                   help=f"θ_z of the z-scored policy (default: {defaults.THETA_Z})")
+    add_midpoint_tasks(p)
+    p.add_argument("--pilot", type=number(1, MAX_PILOT, integer=True, name="--pilot"), default=None,
+                   help=f"pilot size per group (default {defaults.PILOT_N})")
+    p.add_argument(
+        "--pilot-by",
+        default=None,
+        choices=["model", "model,context_length"],
+        help="pool the pilot per model (default) or per model×context",
+    )
+    p.add_argument("--pilot-split", choices=list(PILOT_SPLITS), default=None,
+                   help=f"which inputs form the pilot (default {defaults.PILOT_SPLIT}: a seeded hash of the input "
+                   "identity, left out of every evaluated number)")
+
+
 def _add_logs(p: argparse.ArgumentParser) -> None:
     p.add_argument("logs", nargs="*", metavar="LOGS", help="run directories, parquet/jsonl files or globs")
     _add_mode(p)
@@ -435,26 +456,10 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("whatif", help="replay the gate under a policy and print the per-cell table")
     _add_logs(p)
-    pol = p.add_mutually_exclusive_group()
-    pol.add_argument("--tau", type=number(-1.0, 1.0, name="--tau"), help=f"fixed threshold τ (default: {defaults.TAU})")
-    pol.add_argument("--policy", choices=["fixed", "z", "midpoint", "oracle"], help="gate policy (default: fixed, τ = 0.07)")
+    _add_policy(p)
     p.add_argument("--recalibrate", choices=list(RECALIBRATE_MODES), default="none",
                    help="re-derive a fixed τ on the changed statistic: z = keep τ's z-position in the pilot, "
                    "midpoint = Eq. 5 (App. A.3.1: a sweep that rescales D must recalibrate τ; default: none)")
-    p.add_argument("--theta", type=number(-1e3, 1e3, name="--theta"), default=None,
-                   help=f"θ_z of the z-scored policy (default: {defaults.THETA_Z})")
-    add_midpoint_tasks(p)
-    p.add_argument("--pilot", type=number(1, MAX_PILOT, integer=True, name="--pilot"), default=None,
-                   help=f"pilot size per group (default {defaults.PILOT_N})")
-    p.add_argument(
-        "--pilot-by",
-        default=None,
-        choices=["model", "model,context_length"],
-        help="pool the pilot per model (default) or per model×context",
-    )
-    p.add_argument("--pilot-split", choices=list(PILOT_SPLITS), default=None,
-                   help=f"which inputs form the pilot (default {defaults.PILOT_SPLIT}: a seeded hash of the input "
-                   "identity, left out of every evaluated number)")
     p.add_argument("--layers", default=None, help="layer subset: all, first-half, second-half, every-2, "
                    "every-4, early-only, first-last, or a comma list / a:b range of layer indices "
                    "(default: all layers)")
@@ -495,6 +500,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dilution-rule", choices=["task-class", "rho"], default=defaults.DILUTION_RULE,
                    help="rows Fig. 9's scaling slope is fitted on: the dilution-prone task class or measured ρ ≥ 0.05 "
                    f"(default: {defaults.DILUTION_RULE}; Table 25 shows both)")
+    _add_policy(p)
+    p.add_argument("--seed", type=number(0, MAX_SEED, integer=True, name="--seed"), default=None,
+                   help="seed of the pilot hash of a random/held-out pilot (default: 0)")
+    p.add_argument("--headline-evictor", default=None, metavar="EVICTOR",
+                   help="the evictor of the headline sentences and of the single-evictor figures and tables "
+                   f"(default: {defaults.HEADLINE_EVICTOR} when logged, else the first in name order)")
 
     p = sub.add_parser("prereg", help="two-step pre-registration of the scaling prediction (Table 21)")
     steps = p.add_subparsers(dest="step", required=True)
@@ -544,8 +555,10 @@ def _parser() -> argparse.ArgumentParser:
     _add_revalidate(p)
     _add_duckdb(p)
     from pagestats.calibrate import add_parser as _add_calibrate  # issue 24: gate.json for GatedPress
+    from pagestats.monitor import add_parser as _add_monitor  # issue 24: a deployed gate's log
 
     _add_calibrate(sub)
+    _add_monitor(sub)
     return parser
 
 
@@ -648,6 +661,10 @@ def usage_problem(args) -> str | None:
 
         if (args.prereg is None) != (args.prereg_sha256 is None):
             return "--prereg and --prereg-sha256 go together"
+        try:
+            args.parsed_policy = policy_from_args(args)
+        except ValueError as err:
+            return str(err)
         problem = out_problem(args.out)
         if problem or args.prereg is None:
             return problem
@@ -721,6 +738,11 @@ def _main(argv: list[str] | None = None) -> int:
         from pagestats.calibrate import main as calibrate_main
 
         return calibrate_main(args)
+    if args.command in ("monitor", "validate"):  # issue 24: deployment runs (validate: when LOGS are only those)
+        from pagestats.monitor import main as monitor_main, only_deployments
+
+        if args.command == "monitor" or only_deployments(args.logs):
+            return monitor_main(args)
     if args.command == "validate":
         checked = checked_runs(args.logs, revalidate=args.revalidate, memory_limit=args.memory_limit,
                                temp_directory=args.temp_dir)
@@ -841,6 +863,7 @@ def _main(argv: list[str] | None = None) -> int:
 
     if args.command == "report":
         from pagestats.report import build_report  # matplotlib and great_tables: imported only for `report`
+        from pagestats.report.context import HeadlineEvictorError, first_draw
 
         limit_lines = _decode_warnings(logs.files, logs.manifests)
         for line in limit_lines:
@@ -850,6 +873,12 @@ def _main(argv: list[str] | None = None) -> int:
                            "have cut (the warnings above)"), file=sys.stderr)
             return 1
         logs = logs if args.db is None else logs.load()
+        if not isinstance(args.parsed_policy, FixedTau):  # a pilot or a sample the logs may not hold
+            try:
+                replay.gate(first_draw(logs), args.parsed_policy)
+            except ValueError as err:
+                print(one_line(f"error: {err}"), file=sys.stderr)
+                return 2
         prereg = None
         if args.prereg is not None:
             try:
@@ -857,8 +886,13 @@ def _main(argv: list[str] | None = None) -> int:
             except (PreregistrationError, OSError) as err:
                 print(one_line(f"error: {err}"), file=sys.stderr)
                 return 2
-        index = build_report(logs, out=args.out, prereg=prereg, dilution_rule=args.dilution_rule,
-                             **({"formats": ("png",)} if args.no_pdf else {}))
+        try:
+            index = build_report(logs, out=args.out, prereg=prereg, dilution_rule=args.dilution_rule,
+                                 policy=args.parsed_policy, headline_evictor=args.headline_evictor,
+                                 **({"formats": ("png",)} if args.no_pdf else {}))
+        except HeadlineEvictorError as err:  # the one error of an option that needs the logs to check
+            print(one_line(f"error: {err}"), file=sys.stderr)
+            return 2
         print(one_line(os.path.join(os.path.dirname(index), "index.html")))  # the page to open; index.md beside it
         return 0
 

@@ -474,7 +474,9 @@ class Midpoint:
 
     @property
     def name(self) -> str:
-        return f"midpoint(n={self.n}, by={','.join(self.by)})"
+        samples = ("by class" if self.capacity_tasks is None and self.dilution_tasks is None else
+                   f"{'+'.join(self.capacity_tasks or ('class',))} vs {'+'.join(self.dilution_tasks or ('class',))}")
+        return f"midpoint(n={self.n}, {samples}, by={','.join(self.by)})"
 
     @property
     def held_out(self) -> bool:

@@ -142,7 +142,7 @@ def _describe(value) -> dict | str:
 
 def build_report(logs, out, *, policy=None, profile=None, entries: Sequence[Entry] | None = None,
                  formats: Sequence[str] = FIGURE_FORMATS, prereg=None,
-                 dilution_rule: str | None = None) -> str:
+                 dilution_rule: str | None = None, headline_evictor: str | None = None) -> str:
     """Write every table and figure of the catalogue and the index; return the index path.
 
     The report is written to a temporary folder beside ``out`` and moved into place when
@@ -156,12 +156,13 @@ def build_report(logs, out, *, policy=None, profile=None, entries: Sequence[Entr
         raise ValueError(problem)
     with staged_directory(out) as staging:
         _build_into(logs, staging, policy=policy, profile=profile, entries=entries, formats=formats, prereg=prereg,
-                    dilution_rule=dilution_rule)
+                    dilution_rule=dilution_rule, headline_evictor=headline_evictor)
     return str(Path(out) / "index.md")
 
 
 def _build_into(logs, out, *, policy=None, profile=None, entries: Sequence[Entry] | None = None,
-                formats: Sequence[str] = FIGURE_FORMATS, prereg=None, dilution_rule: str | None = None) -> str:
+                formats: Sequence[str] = FIGURE_FORMATS, prereg=None, dilution_rule: str | None = None,
+                headline_evictor: str | None = None) -> str:
     """Write every table and figure of the catalogue and the index into ``out``; return the index path.
 
     Parameters
@@ -179,6 +180,12 @@ def _build_into(logs, out, *, policy=None, profile=None, entries: Sequence[Entry
     prereg : tuple, optional
         ``(meta, band)`` of a frozen band already verified by :func:`pagestats.prereg.verified_band`;
         Table 21 then checks it. Without it Table 21 is a post-hoc illustration.
+    dilution_rule : str, optional
+        Rows Fig. 9's slope is fitted on (:data:`pagestats.metrics.DILUTION_RULES`).
+    headline_evictor : str, optional
+        The evictor of the headline sentences and the single-evictor entries (default: snapkv
+        when logged, else the first by name); one the logs lack raises
+        :class:`~pagestats.report.context.HeadlineEvictorError`.
 
     Returns
     -------
@@ -193,7 +200,8 @@ def _build_into(logs, out, *, policy=None, profile=None, entries: Sequence[Entry
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    ctx = Context(logs, policy=policy, profile=profile, prereg=prereg, dilution_rule=dilution_rule)
+    ctx = Context(logs, policy=policy, profile=profile, prereg=prereg, dilution_rule=dilution_rule,
+                  headline_evictor=headline_evictor)
     outcomes = []
     todo = list(catalogue() if entries is None else entries)
     with tqdm(todo, desc="report", unit="entry", file=sys.stderr, disable=None) as bar:

@@ -29,11 +29,15 @@ Requirement = Callable[["Context"], "str | None"]
 # --------------------------------------------------------------------------- context
 
 
+class HeadlineEvictorError(ValueError):
+    """The headline evictor asked for is not an evictor of the logs."""
+
+
 class Context:
     """What every entry of a report sees: the logs, the policy, the profile, and the
     replays computed once (lazily) from them."""
 
-    def __init__(self, logs, *, policy=None, profile=None, prereg=None, dilution_rule=None):
+    def __init__(self, logs, *, policy=None, profile=None, prereg=None, dilution_rule=None, headline_evictor=None):
         #: every input draw of the logs: Table 30 (seed replicates) reads these
         self.all_logs = logs
         #: the first input draw of each (model, context): every other entry reads these, so that a
@@ -45,6 +49,11 @@ class Context:
         self.prereg = prereg
         #: rows the scaling slope of Fig. 9 is fitted on (:data:`pagestats.metrics.DILUTION_RULES`)
         self.dilution_rule = dilution_rule or defaults.DILUTION_RULE
+        logged = sorted(set(self.logs.outcomes["evictor"].to_list()))
+        if headline_evictor is not None and headline_evictor not in logged:
+            raise HeadlineEvictorError(f"--headline-evictor {headline_evictor!r} is not logged; the logs hold "
+                                       f"{', '.join(logged) or 'no evictor'}")
+        self._headline_evictor = headline_evictor
 
     @functools.cached_property
     def gate(self) -> pl.DataFrame:
@@ -56,8 +65,10 @@ class Context:
 
     @functools.cached_property
     def headline_evictor(self) -> str:
-        """The evictor of the single-evictor figures: snapkv (as in the paper) when logged,
-        else the first in name order."""
+        """The evictor of the headline sentences and the single-evictor figures and tables: the one
+        asked for, else snapkv (as in the paper) when logged, else the first in name order."""
+        if self._headline_evictor is not None:
+            return self._headline_evictor
         return headline_evictor(self.logs.outcomes["evictor"].unique().to_list())
 
     @property
