@@ -23,6 +23,10 @@ Guarantees
 * Same run: the ``run_id`` is a hash of the run's parameters (:func:`run_id_for`); starting in a
   directory whose manifest has another ``run_id`` is refused with the differing parameters named.
 
+Deployment runs (``kind="deployment"``, :mod:`collectors.deploy` with ``log_dir``): the same parts
+with ``inputs`` alone, its rows declared by :data:`pagestats.schema.DEPLOYMENT`, an input named by its
+``input_id`` only; the manifest records ``kind``.
+
 Deterministic work split (``--shard i/n``): the inputs are numbered
 ``global_index = input_id · len(tasks) + task_index`` (input-major, so raising ``--n`` keeps every
 earlier index) and shard ``i`` takes those with ``global_index % n == i`` (:func:`shard_items`).
@@ -133,11 +137,17 @@ class RunWriter:
         Inputs per part.
     topk : bool
         Whether ``topk`` rows are written (a part then needs all three files).
+    kind : {"collection", "deployment"}
+        A deployment run (:data:`pagestats.schema.DEPLOYMENT_KIND`) writes ``inputs`` alone, with the
+        columns of :data:`pagestats.schema.DEPLOYMENT`, and names an input by ``input_id`` alone.
     """
 
-    def __init__(self, out, manifest: dict, *, shard=(0, 1), part_size: int = 8, topk: bool = True):
+    def __init__(self, out, manifest: dict, *, shard=(0, 1), part_size: int = 8, topk: bool = True,
+                 kind: str = schema.COLLECTION_KIND):
         if part_size < 1:
             raise ValueError(f"part_size must be ≥ 1, got {part_size}")
+        if kind not in schema.RUN_KINDS:
+            raise ValueError(f"kind must be one of {schema.RUN_KINDS}, got {kind!r}")
         for key in ("run_id", "parameters"):
             if key not in manifest:
                 raise ValueError(f"manifest needs {key!r}")
@@ -145,7 +155,12 @@ class RunWriter:
         self.manifest = dict(manifest)
         self.shard = tuple(shard)
         self.part_size = int(part_size)
-        self.tables = TABLE_ORDER if topk else ("outcomes", "inputs")
+        self.kind = kind
+        deployment = kind == schema.DEPLOYMENT_KIND
+        self.tables = ("inputs",) if deployment else TABLE_ORDER if topk else ("outcomes", "inputs")
+        #: the declared table each directory's rows follow, and the columns that name an input
+        self.declared = {"inputs": "deployment"} if deployment else {}
+        self.key = ("input_id",) if deployment else ("task", "input_id")
         self.prefix = f"part-{self.shard[0]:04d}-of-{self.shard[1]:04d}-"
         self._buffer: dict[str, list[dict]] = {t: [] for t in schema.TABLES}
         self._n_buffered = 0
@@ -174,7 +189,8 @@ class RunWriter:
                         + "\nUse another --out directory, or the original parameters to resume."
                     )
                 self.manifest["created_at"] = old.get("created_at", self.manifest.get("created_at"))
-                self.manifest["n_per_task"] = max(old.get("n_per_task", 0), self.manifest.get("n_per_task", 0))
+                if "n_per_task" in old or "n_per_task" in self.manifest:
+                    self.manifest["n_per_task"] = max(old.get("n_per_task", 0), self.manifest.get("n_per_task", 0))
             elif any(any((self.out / t).glob("*.parquet")) for t in schema.TABLES):
                 raise RunMismatchError(f"{self.out} has parquet parts but no manifest.json; refusing to write into it")
             for stale in self.out.glob("manifest.json.tmp-*"):  # manifest writes hold the lock we hold
@@ -190,7 +206,10 @@ class RunWriter:
     def _clean(self) -> None:
         for table in schema.TABLES:
             d = self.out / table
-            d.mkdir(exist_ok=True)
+            if self.kind == schema.COLLECTION_KIND or table in self.tables:
+                d.mkdir(exist_ok=True)
+            elif not d.is_dir():  # a deployment run has no outcomes/ or topk/
+                continue
             for f in d.glob(self.prefix + "*.parquet.tmp-*"):
                 f.unlink()
                 self.removed.append(str(f))
@@ -204,15 +223,15 @@ class RunWriter:
                     (self.out / table / name).unlink()
                     self.removed.append(f"{table}/{name}")
 
-    def _finished(self) -> set[tuple[str, int]]:
-        done: set[tuple[str, int]] = set()
+    def _finished(self) -> set[tuple]:
+        done: set[tuple] = set()
         for f in sorted((self.out / "inputs").glob("part-*.parquet")):
-            t = pq.read_table(f, columns=["run_id", "task", "input_id"])
+            t = pq.read_table(f, columns=["run_id", *self.key])
             run_ids = set(t.column("run_id").to_pylist())
             if run_ids - {self.manifest["run_id"]}:
                 raise RunMismatchError(f"{f} holds rows of run(s) {sorted(run_ids)}, not {self.manifest['run_id']}")
-            for task, input_id in zip(t.column("task").to_pylist(), t.column("input_id").to_pylist()):
-                key = (task, int(input_id))
+            for values in zip(*(t.column(c).to_pylist() for c in self.key)):
+                key = self._key_of(dict(zip(self.key, values)))
                 if key in done:
                     raise RunMismatchError(f"{f}: input {key} already present in another part")
                 done.add(key)
@@ -224,11 +243,11 @@ class RunWriter:
         a part is written every ``part_size`` inputs."""
         if len(rows.get("inputs", [])) != 1:
             raise ValueError("add() takes the rows of exactly one input")
-        key = (rows["inputs"][0]["task"], int(rows["inputs"][0]["input_id"]))
+        key = self._key_of(rows["inputs"][0])
         if key in self.done:
             raise ValueError(f"input {key} is already written")
         for table, table_rows in rows.items():
-            if table not in self._buffer:
+            if table not in self._buffer or (table_rows and table not in self.tables):
                 raise ValueError(f"unknown table {table!r}")
             self._buffer[table].extend(table_rows)
         self.done.add(key)
@@ -244,13 +263,18 @@ class RunWriter:
         for table in self.tables:
             if table == "inputs" and _crash_now(self._written_parts):
                 os._exit(CRASH_EXIT_CODE)  # test hook: die mid-part
-            schema.write_parquet(table, _columns(self._buffer[table], table), self.out / table / name)
+            declared = self.declared.get(table, table)
+            schema.write_parquet(declared, _columns(self._buffer[table], declared), self.out / table / name)
         self._buffer = {t: [] for t in schema.TABLES}
         self._n_buffered = 0
         self._next_seq += 1
         self._written_parts += 1
         with _locked(self.out / ".lock"):
             self._write_manifest()
+
+    def _key_of(self, row: dict) -> tuple:
+        """The input a row belongs to: ``(task, input_id)``, or ``(input_id,)`` in a deployment run."""
+        return tuple(int(row[c]) if c == "input_id" else row[c] for c in self.key)
 
     def close(self) -> None:
         self.flush()

@@ -111,6 +111,13 @@ class Gate:
         """The file's text (sorted keys, with ``format``)."""
         return json.dumps({"format": GATE_FORMAT, **asdict(self)}, indent=2, sort_keys=True) + "\n"
 
+    def sha256(self) -> str:
+        """The gate's identity: the sha256 of :meth:`to_json` (the bytes :meth:`write` writes, so the
+        file's own sha256 when it was written by :meth:`write`), which a deployment log records."""
+        import hashlib
+
+        return hashlib.sha256(self.to_json().encode("utf-8")).hexdigest()
+
     def write(self, path) -> None:
         """Write ``path`` atomically (a temporary file in the same folder, then ``os.replace``)."""
         folder = os.path.dirname(os.path.abspath(str(path)))

@@ -52,6 +52,7 @@ FLOAT_LIST = "list<float>"  # list<float32> written; list<float64> accepted
 INT_LIST = "list<int>"  # list<int32> written; any integer width accepted
 STRING_LIST = "list<string>"
 STRUCT = "struct<float>"  # struct of float64 fields
+BOOL = "bool"  # boolean (deployment runs' gate_open)
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,41 @@ TABLES: dict[str, tuple[Column, ...]] = {"inputs": INPUTS, "outcomes": OUTCOMES,
 #: Tables a run must have (topk is optional).
 REQUIRED_TABLES = ("inputs", "outcomes")
 
+#: What a manifest's ``kind`` says a run is: a *collection* (the sweep above: every input with the
+#: outcomes of every arm; a manifest without ``kind`` is one) or a *deployment* (the gate deployed
+#: by ``collectors.deploy`` with ``log_dir``: one row per served input, its D and the gate's decision,
+#: and no counterfactual arm — no outcomes, no full-KV score; docs/SCHEMA.md "Deployment runs").
+COLLECTION_KIND = "collection"
+DEPLOYMENT_KIND = "deployment"
+RUN_KINDS = (COLLECTION_KIND, DEPLOYMENT_KIND)
+#: Why the deployed gate decided as it did (``reason``): D ≥ τ, D < τ, or a prompt shorter than w.
+GATE_REASONS = ("open", "closed", "short-prompt")
+
+_INPUT = {c.name: c for c in INPUTS}
+#: A deployment run's one table, under ``<run>/inputs/``: one row per input the deployed gate saw.
+DEPLOYMENT: tuple[Column, ...] = (
+    _INPUT["run_id"],
+    _INPUT["model"],
+    _c("input_id", INT, pa.int64(), "0, 1, 2, … in the order the inputs were gated, continued by every process"),
+    _INPUT["n_tokens"],
+    _INPUT["drop"],
+    _INPUT["agreement"],
+    _INPUT["signals"],
+    _c("tau", FLOAT, pa.float64(), "the threshold τ the gate used"),
+    _c("gate_open", BOOL, pa.bool_(), "D ≥ τ and T ≥ w: the base evictor was applied (Eq. 2)"),
+    _c("reason", STRING, pa.string(), "open, closed or short-prompt (T < w: the full cache kept)"),
+    _c("n_kept", INT, pa.int64(), "kept KV positions per layer and KV head (n_tokens when closed)"),
+    _c("kept_fraction", FLOAT, pa.float64(), "kept KV entries / (L · H_kv · T); 1 when closed"),
+    _INPUT["gate_ms"],
+    _c("logged_at", STRING, pa.string(), "ISO 8601 UTC time the row was logged"),
+    _c("prediction", STRING, pa.string(), "the generated text (log_text=True)", required=False),
+    _c("n_generated", INT, pa.int64(), "tokens generated, EOS included (gated_generate)", required=False),
+    _c("stop_reason", STRING, pa.string(), "why the decode stopped: eos, stop or length (gated_generate)",
+       required=False),
+)
+#: Every declared table by name: a collection run's three and ``"deployment"`` (written under ``inputs/``).
+DECLARED: dict[str, tuple[Column, ...]] = {**TABLES, "deployment": DEPLOYMENT}
+
 MANIFEST_KEYS = (
     "schema_version",
     "run_id",
@@ -157,11 +193,11 @@ def utc_time(text: str) -> datetime:
 
 
 def columns(table: str) -> tuple[Column, ...]:
-    """Declared columns of ``table`` ("inputs", "outcomes" or "topk")."""
+    """Declared columns of ``table`` ("inputs", "outcomes", "topk", or "deployment")."""
     try:
-        return TABLES[table]
+        return DECLARED[table]
     except KeyError:
-        raise ValueError(f"unknown table {table!r}; expected one of {sorted(TABLES)}") from None
+        raise ValueError(f"unknown table {table!r}; expected one of {sorted(DECLARED)}") from None
 
 
 def arrow_schema(table: str, signal_names: tuple[str, ...] = ()) -> pa.Schema:
@@ -210,6 +246,7 @@ def type_problem(kind: str, t: pa.DataType) -> str | None:
         INT_LIST: _is_list(t) and _is_int(t.value_type),
         STRING_LIST: _is_list(t) and _is_string(t.value_type),
         STRUCT: pa.types.is_struct(t) and all(_is_float(t.field(i).type) for i in range(t.num_fields)),
+        BOOL: pa.types.is_boolean(t),
     }[kind]
     return None if ok else f"type {t} is not acceptable for a {kind} column"
 
@@ -255,7 +292,7 @@ def to_arrow(table: str, data) -> pa.Table:
     elif not isinstance(data, pa.Table):  # polars (or anything with to_arrow)
         data = data.to_arrow()
     signal_names: tuple[str, ...] = ()
-    if table == "inputs" and "signals" in data.column_names:
+    if table in ("inputs", "deployment") and "signals" in data.column_names:
         t = data.schema.field("signals").type
         signal_names = tuple(t.field(i).name for i in range(t.num_fields))
     target = arrow_schema(table, signal_names)
