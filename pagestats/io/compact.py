@@ -68,6 +68,11 @@ def compact_run(run, out, *, rows_per_file: int | None = None, tasks=None) -> st
     manifest_path = run / "manifest.json"
     if not manifest_path.is_file():
         raise ValueError(f"{run}: not a run directory (no manifest.json)")
+    from pagestats.io.deployment import is_deployment_dir
+
+    if is_deployment_dir(run):
+        raise ValueError(f"{run} is a deployment run: compact merges a collection run's parts, and a deployment log "
+                         "is appended to where it lies")
     if out.exists() or out.is_symlink():
         raise ValueError(f"--out {out} exists; compact writes a new run directory")
     if rows_per_file is not None and rows_per_file < 1:

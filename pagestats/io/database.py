@@ -164,7 +164,7 @@ def _validated(paths: list[str], mode: str, memory_limit: str, temp_directory: s
     unchanged since they passed are not checked again unless ``revalidate``.
     """
     checked = checked_runs(paths, mode=mode, memory_limit=memory_limit, temp_directory=temp_directory,
-                           revalidate=revalidate)
+                           revalidate=revalidate, deployments="refuse")  # no outcomes to view
     if checked.problems:
         raise LogError(checked.problems)
     return checked

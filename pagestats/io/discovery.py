@@ -43,6 +43,7 @@ class _Run:
     manifest: dict | None = None
     info: RunInfo | None = None
     full: bool = False  # the whole directory was named (so listed-but-missing is checked)
+    kind: str = schema.COLLECTION_KIND  # a deployment run (manifest kind) is set apart, its files not read
 
 
 @dataclass
@@ -66,6 +67,9 @@ class _Discovery:
         self.sources: dict[str, _Source] = {}  # real path → source
         self.problems: list[Problem] = []
         self.aliases: dict[str, set[str]] = {}  # run dir → listed names that link to a file read under another
+        #: real dir → the deployment runs the paths name (pagestats.io.deployment): not collection runs, so
+        #: neither their manifests nor their files enter the collection's rules; each reader decides
+        self.deployments: dict[str, _Run] = {}
 
     def _problem(self, path: str, message: str) -> None:
         self.problems.append(Problem(os.path.normpath(path) if path else path, None, message))
@@ -141,13 +145,20 @@ class _Discovery:
         real = os.path.realpath(d)
         if real in self.runs:
             return self.runs[real]
+        if real in self.deployments:
+            return self.deployments[real]
         run = _Run(dir=os.path.normpath(d), manifest_path=os.path.join(os.path.normpath(d), "manifest.json"))
-        self.runs[real] = run
         try:
             manifest = read_manifest(run.manifest_path, run.dir)
         except Refused as err:
+            self.runs[real] = run
             self._problem(run.manifest_path, str(err))
             return run
+        if isinstance(manifest, dict) and manifest.get("kind") == schema.DEPLOYMENT_KIND:
+            run.kind, run.manifest = schema.DEPLOYMENT_KIND, manifest
+            self.deployments[real] = run
+            return run
+        self.runs[real] = run
         version = manifest.get("schema_version") if isinstance(manifest, dict) else None
         older = (
             isinstance(version, int) and version in schema.READABLE_VERSIONS and version < schema.SCHEMA_VERSION
@@ -164,6 +175,8 @@ class _Discovery:
     def _add_run(self, d: str) -> None:
         run = self._run(d)
         run.full = True
+        if run.kind == schema.DEPLOYMENT_KIND:
+            return
         for table in schema.TABLES:
             table_dir = os.path.join(run.dir, table)
             if not os.path.lexists(table_dir):
@@ -189,6 +202,8 @@ class _Discovery:
             table = p.parent.name
             if run is None and os.path.lexists(p.parent.parent / "manifest.json"):
                 run = self._run(str(p.parent.parent))
+                if run.kind == schema.DEPLOYMENT_KIND:  # a part of a deployment run: the run is named
+                    return
         bad_name = _not_utf8(path)
         if bad_name:
             self._problem(path, bad_name)

@@ -422,6 +422,10 @@ def _load(paths, exclude: Sequence[str], columns: str, mode: str | None = defaul
     if isinstance(exclude, str):
         exclude = [exclude]
     disc = _discover(paths)
+    if disc.deployments:  # no outcomes to load
+        from pagestats.io.deployment import deployment_refusal
+
+        raise deployment_refusal([run.dir for run in disc.deployments.values()])
     picked = _of_mode(disc, mode)
     names = [s.path for s in picked[0]]
     key = _record_key(disc, picked) if columns == "analysis" and not exclude else None
@@ -730,7 +734,35 @@ def validate_paths(paths: Sequence[str], *, revalidate: bool = False) -> list[Pr
     return checked_runs(paths, revalidate=revalidate).problems
 
 
-def checked_runs(paths, *, mode: str | None = None, revalidate: bool = False, **settings) -> Checked:
+def _deployments_apart(paths, deployments: str):
+    """The paths that name collection logs, and the :class:`Checked` of the deployment runs the paths
+    name (:mod:`pagestats.io.deployment`: their own rules, and a note naming each valid one);
+    ``deployments="refuse"`` raises :class:`~pagestats.io.deployment.DeploymentRunError` instead."""
+    from pagestats.io.deployment import check_deployment, deployment_refusal
+
+    if deployments not in ("check", "refuse"):
+        raise ValueError(f"deployments must be 'check' or 'refuse', got {deployments!r}")
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    kept, runs = [], {}
+    for path in paths:
+        disc = _discover([path])
+        runs.update(disc.deployments)
+        if not disc.deployments or disc.sources or disc.problems or disc.runs:
+            kept.append(path)  # a path that names only deployment runs is theirs alone
+    if runs and deployments == "refuse":
+        raise deployment_refusal([run.dir for run in runs.values()])
+    checked = Checked([], {}, [], pl.DataFrame(schema={"run_id": pl.String, "task": pl.String,
+                                                      "task_class": pl.String}), [])
+    for run in sorted(runs.values(), key=lambda r: r.dir):
+        found, problems = check_deployment(run.dir)
+        checked.problems += problems
+        checked.notes += [found.summary()] if found is not None else []
+    return kept, checked
+
+
+def checked_runs(paths, *, mode: str | None = None, revalidate: bool = False, deployments: str = "check",
+                 **settings) -> Checked:
     """:func:`check_paths`, one run at a time when ``paths`` are several whole run
     directories (:func:`_runs_apart`; run_ids are compared across them; runs of another
     collection mode than ``mode`` are left out, :class:`ExclusionError` when none is left),
@@ -739,7 +771,15 @@ def checked_runs(paths, *, mode: str | None = None, revalidate: bool = False, **
     A run (or file set) whose validation record holds (:mod:`pagestats.io.record`) is not
     checked again unless ``revalidate``; ``Checked.notes`` then holds one line saying so (and
     a line per record that could not be read or written).
+
+    Deployment runs (:mod:`pagestats.io.deployment`, docs/SCHEMA.md "Deployment runs") are checked
+    by their own rules, their problems listed first and a note line naming each valid one
+    (``deployments="check"``, as ``pagestats validate`` reads them), or refused with
+    :class:`~pagestats.io.deployment.DeploymentRunError` (``"refuse"``: the analysis reads outcomes).
     """
+    paths, deployed = _deployments_apart(paths, deployments)
+    if not paths:
+        return deployed
     runs = _runs_apart(paths)
     left_out: list[str] = []
     if runs is not None:
@@ -749,8 +789,8 @@ def checked_runs(paths, *, mode: str | None = None, revalidate: bool = False, **
         if not runs:
             raise ExclusionError([Problem("mode", None, f"no {mode} runs in the logs; {line}")])
     groups = [(r, [r.dir]) for r in runs] if runs is not None else [(None, paths)]
-    total = Checked([], {}, [], pl.DataFrame(schema={"run_id": pl.String, "task": pl.String,
-                                                    "task_class": pl.String}), left_out)
+    total = Checked(list(deployed.problems), {}, [], pl.DataFrame(schema={"run_id": pl.String, "task": pl.String,
+                                                    "task_class": pl.String}), left_out, [], list(deployed.notes))
     seen: dict[str, str] = {}
     classes = [total.task_classes]
     for run, group in groups:

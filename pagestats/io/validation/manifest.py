@@ -272,6 +272,8 @@ def check_manifest(run_dir: str | os.PathLike, manifest, manifest_path: str) -> 
     else:
         task_names = tuple(tasks) if tasks is not None else None
         tasks = None  # a plain list of names: classes come from the defaults
+    if manifest.get("kind", schema.COLLECTION_KIND) != schema.COLLECTION_KIND:  # deployment runs are set apart before
+        bad(f"manifest kind {_short(manifest['kind'])} is not one of {list(schema.RUN_KINDS)}")
     mode = manifest.get("mode", defaults.MODE)
     if mode not in defaults.MODES:
         bad(f"manifest mode {_short(mode)} is not one of {list(defaults.MODES)}")
