@@ -1,0 +1,329 @@
+"""``pagestats monitor``: a deployed gate's log against its calibration (docs/CLI.md, "Monitor a deployed gate").
+
+A gate calibrated offline (``pagestats calibrate``) evicts iff D ≥ τ (PAGE §3, Eq. 2). τ holds only
+while the deployed traffic's D is distributed as the calibration inputs' D was: the z-scored policy
+sets τ = μ + θ_z σ on an unlabelled pilot (App. A.3.4), and the rate at which the gate opens, p_open,
+is what the memory saving rests on (App. A.6.2). :func:`monitor` reads a deployment run
+(:mod:`pagestats.io.deployment`, written by ``collectors.deploy`` with ``log_dir``) and the gate file
+(:class:`pagestats.gatefile.Gate`) and reports:
+
+* the inputs, and those shorter than the window w (the full cache kept whatever D is);
+* p_open, the share of the inputs decided by D (T ≥ w) on which the gate opened, with its Wilson
+  interval (:func:`pagestats.stats.wilson`), beside the calibration's p_open at the same τ — the
+  share of the gate file's calibration D values ``pilot.drops`` with D ≥ τ — and its interval;
+* the realized compression, 1 / the mean kept fraction over every input (a closed gate keeps 1;
+  ``pagestats.metrics.compression``'s definition, App. A.6.2);
+* the τ the deployment gated with against the gate file's, and whether it was this gate file;
+* a two-sample Kolmogorov–Smirnov test of the deployed D (inputs decided by D) against the
+  calibration D (:func:`scipy.stats.ks_2samp`, two-sided).
+
+Drift warnings, one line per kind (:data:`DRIFT_KINDS`):
+
+* ``tau`` — the deployment gated with another τ than the gate file's;
+* ``p_open`` — the deployed and the calibration Wilson intervals (95 %) do not overlap: the rates
+  differ beyond the sampling noise of both samples (a small deployment sample does not warn on its
+  noise alone, which a bound around the calibration estimate alone would);
+* ``drop`` — the KS p-value is below α (:data:`ALPHA`, ``--alpha``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from pagestats.escape import terminal
+from pagestats.gatefile import Gate
+
+if TYPE_CHECKING:  # statsmodels and SciPy are imported by monitor() only: the CLI's other commands never load them
+    from pagestats.stats import Interval
+
+__all__ = ["ALPHA", "DRIFT_KINDS", "MonitorReport", "monitor", "only_deployments"]
+
+#: Default level of the KS test of D against the calibration D (``--alpha``).
+ALPHA = 0.01
+#: The kinds of drift warning, in the order they are printed.
+DRIFT_KINDS = ("tau", "p_open", "drop")
+
+
+@dataclass(frozen=True)
+class MonitorReport:
+    """What :func:`monitor` found in one deployment run (fields as in the module docstring).
+
+    ``warnings`` holds one line per drift kind found, ``drift`` the kinds.
+    """
+
+    run_dir: str
+    run_id: str
+    model: str
+    gate_file: str | None
+    n_inputs: int
+    n_short: int
+    n_open: int
+    p_open: Interval
+    p_open_calibration: Interval
+    kept_fraction: float
+    compression: float
+    tau: float
+    gate_tau: float
+    gate_policy: str
+    same_gate_file: bool | None
+    window: int
+    ks_statistic: float | None
+    ks_pvalue: float | None
+    n_calibration: int
+    alpha: float
+    warnings: list[str] = field(default_factory=list)
+    drift: list[str] = field(default_factory=list)
+
+    @property
+    def n_decided(self) -> int:
+        """Inputs the gate decided by D (T ≥ w)."""
+        return self.n_inputs - self.n_short
+
+    def to_dict(self) -> dict:
+        """Plain JSON values (``None`` where a quantity is undefined, never NaN)."""
+
+        def interval(i: Interval) -> dict:
+            return {"estimate": _number(i.estimate), "low": _number(i.low), "high": _number(i.high), "k": int(i.k),
+                    "n": int(i.n), "confidence_level": i.confidence_level, "method": i.method}
+
+        return {
+            "run_dir": self.run_dir, "run_id": self.run_id, "model": self.model, "gate_file": self.gate_file,
+            "n_inputs": self.n_inputs, "n_short": self.n_short, "n_decided": self.n_decided, "n_open": self.n_open,
+            "p_open": interval(self.p_open), "p_open_calibration": interval(self.p_open_calibration),
+            "kept_fraction": _number(self.kept_fraction), "compression": _number(self.compression),
+            "tau": self.tau, "gate_tau": self.gate_tau, "gate_policy": self.gate_policy,
+            "same_gate_file": self.same_gate_file, "window": self.window,
+            "ks": {"statistic": self.ks_statistic, "pvalue": self.ks_pvalue, "n_deployment": self.n_decided,
+                   "n_calibration": self.n_calibration, "alpha": self.alpha, "test": "scipy.stats.ks_2samp, two-sided"},
+            "drift": list(self.drift), "warnings": list(self.warnings),
+        }
+
+
+def _number(x) -> float | None:
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def _overlap(a: Interval, b: Interval) -> bool:
+    return bool(a.low <= b.high and b.low <= a.high)
+
+
+def _interval_text(i: Interval) -> str:
+    if not i.defined:
+        return "undefined (0 inputs)"
+    return f"{i.estimate:.3f} [{i.low:.3f}, {i.high:.3f}] ({int(i.k)} of {int(i.n)})"
+
+
+def monitor(run, gate, *, alpha: float = ALPHA, gate_file: str | None = None) -> MonitorReport:
+    """Compare the deployment run ``run`` with the gate it was calibrated as (module docstring).
+
+    Parameters
+    ----------
+    run : pagestats.io.deployment.DeploymentRun or path
+        A deployment run (a path is read and checked by :func:`pagestats.io.deployment.read_deployment`).
+    gate : pagestats.gatefile.Gate or path
+        The gate file ``pagestats calibrate`` wrote; it must hold the calibration D values (``pilot.drops``).
+    alpha : float
+        Level of the KS test, in (0, 1).
+    gate_file : str, optional
+        The gate file's path, for the report (default: ``gate`` when it is a path).
+
+    Returns
+    -------
+    MonitorReport
+
+    Raises
+    ------
+    ValueError
+        One line: a gate for another model, depth, w, k or bins (:meth:`Gate.check`), a gate file
+        without calibration D values, or α outside (0, 1).
+    pagestats.io.LogError
+        The run breaks a rule of a deployment run.
+    """
+    from scipy.stats import ks_2samp
+
+    from pagestats.io.deployment import DeploymentRun, read_deployment
+    from pagestats.stats import wilson
+
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 < float(alpha) < 1.0:
+        raise ValueError(f"alpha must lie in (0, 1), got {alpha!r}")
+    if not isinstance(gate, Gate):
+        gate_file = os.fspath(gate) if gate_file is None else gate_file
+        gate = Gate.from_file(gate)
+    if not isinstance(run, DeploymentRun):
+        run = read_deployment(run)
+    manifest = run.manifest
+    recorded = manifest["gate"]
+    from pagestats.io.validation.manifest import parse_bins
+
+    fraction, convention = parse_bins(recorded["bins"])
+    gate.check(window=recorded["w"], k=recorded["k"], bin_fraction=fraction,
+               convention=recorded.get("convention", convention), model=manifest["model"]["name"],
+               n_layers=manifest["model"].get("n_layers"))
+    calibration = gate.pilot.get("drops") if isinstance(gate.pilot, dict) else None
+    if not isinstance(calibration, list) or not calibration:
+        raise ValueError(f"{gate_file or 'the gate'}: the gate file holds no calibration D values (pilot.drops), "
+                         "which the two-sample test needs; write it with `pagestats calibrate`")
+    cal = np.asarray(calibration, dtype=np.float64)
+    if not np.all(np.isfinite(cal)):
+        raise ValueError(f"{gate_file or 'the gate'}: the calibration D values (pilot.drops) are not all finite")
+    rows = run.rows
+    tau = float(recorded["tau"])
+    decided = rows.filter(rows["reason"] != "short-prompt")
+    n_open = int(decided["gate_open"].sum())
+    p_open = wilson(n_open, decided.height)
+    p_cal = wilson(int(np.count_nonzero(cal >= tau)), len(cal))  # D ≥ τ (Eq. 2) at the τ in use
+    kept = float(rows["kept_fraction"].mean())
+    drops = decided["drop"].to_numpy().astype(np.float64)
+    ks = ks_2samp(drops, cal) if len(drops) else None
+    same = None if recorded.get("sha256") is None else recorded["sha256"] == gate.sha256()
+    report = dict(
+        run_dir=run.dir, run_id=run.run_id, model=run.model, gate_file=gate_file, n_inputs=rows.height,
+        n_short=rows.height - decided.height, n_open=n_open, p_open=p_open, p_open_calibration=p_cal,
+        kept_fraction=kept, compression=1.0 / kept, tau=tau, gate_tau=float(gate.tau), gate_policy=gate.policy,
+        same_gate_file=same, window=int(recorded["w"]),
+        ks_statistic=None if ks is None else float(ks.statistic), ks_pvalue=None if ks is None else float(ks.pvalue),
+        n_calibration=len(cal), alpha=float(alpha),
+    )
+    warnings, drift = [], []
+    if tau != float(gate.tau):
+        drift.append("tau")
+        warnings.append(f"warning: drift tau: the deployment gated with τ = {tau!r}, the gate file's τ is "
+                        f"{float(gate.tau)!r} ({gate.policy}); p_open is compared at the τ in use")
+    if p_open.defined and not _overlap(p_open, p_cal):
+        level = round(100 * p_open.confidence_level)
+        drift.append("p_open")
+        warnings.append(f"warning: drift p_open: the gate opened on {_interval_text(p_open)} of the deployed inputs, "
+                        f"on {_interval_text(p_cal)} of the calibration inputs at τ = {tau!r}; the {level} % Wilson "
+                        f"intervals do not overlap (realized compression {1.0 / kept:.3g}×)")
+    if ks is not None and float(ks.pvalue) < float(alpha):
+        drift.append("drop")
+        warnings.append(f"warning: drift drop: the deployed D is not distributed as the calibration D (two-sample KS "
+                        f"statistic {float(ks.statistic):.3f}, p = {float(ks.pvalue):.3g} < α = {float(alpha):g}; "
+                        f"{len(drops)} deployed vs {len(cal)} calibration inputs, median D {np.median(drops):.4f} vs "
+                        f"{np.median(cal):.4f}): τ may no longer sit where it was calibrated (App. A.3.4)")
+    return MonitorReport(**report, warnings=[terminal(w) for w in warnings], drift=drift)
+
+
+def table_text(report: MonitorReport) -> str:
+    """The human table of ``pagestats monitor`` (one quantity per line)."""
+    same = {True: "this gate file", False: "another gate file", None: "no gate file recorded"}[report.same_gate_file]
+    ks = ("not run (no input decided by D)" if report.ks_pvalue is None else
+          f"KS statistic {report.ks_statistic:.3f}, p = {report.ks_pvalue:.3g} ({report.n_decided} deployed vs "
+          f"{report.n_calibration} calibration inputs; α = {report.alpha:g})")
+    rows = [
+        ("deployment run", f"{report.run_id} ({report.run_dir})"),
+        ("model", report.model),
+        ("inputs", f"{report.n_inputs} ({report.n_short} shorter than w = {report.window}: full cache kept)"),
+        ("tau", f"{report.tau!r} in use; gate file {report.gate_tau!r} ({report.gate_policy}); deployed with {same}"),
+        ("p_open", _interval_text(report.p_open) + " of the inputs decided by D"),
+        ("p_open calibration", _interval_text(report.p_open_calibration) + " at the τ in use"),
+        ("compression", f"{report.compression:.4g}× (mean kept fraction {report.kept_fraction:.4f})"),
+        ("D vs calibration", ks),
+        ("drift", ", ".join(report.drift) or "none"),
+    ]
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(terminal(f"{name:<{width}}  {value}") for name, value in rows)
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def only_deployments(paths) -> bool:
+    """Whether every one of ``paths`` is a deployment run directory (``pagestats validate`` then checks
+    them here; logs that mix them with collection runs are checked by :func:`pagestats.io.load.checked_runs`)."""
+    from pagestats.io.deployment import is_deployment_dir
+
+    return bool(paths) and all(is_deployment_dir(p) for p in paths)
+
+
+def add_parser(sub) -> None:
+    """The ``pagestats monitor DIR --gate gate.json`` subparser (docs/CLI.md)."""
+    from pagestats.cli import number
+
+    p = sub.add_parser("monitor", help="compare a deployed gate's log (collectors.deploy log_dir) with its gate file: "
+                       "p_open, compression, τ, and a KS test of D; one warning line per drift kind")
+    p.add_argument("run", metavar="DIR", help="a deployment run: the log_dir of GatedPress / gated_generate")
+    p.add_argument("--gate", required=True, metavar="FILE", help="the gate file the deployment was calibrated as "
+                   "(`pagestats calibrate --out`)")
+    p.add_argument("--alpha", type=number(0.0, 1.0, name="--alpha"), default=ALPHA,
+                   help="level of the two-sample KS test of D against the calibration D, in (0, 1)")
+    p.add_argument("--format", choices=["table", "json"], default="table", help="output on stdout")
+    p.add_argument("--strict", action="store_true", help="exit 1 when a drift warning is printed (default: exit 0)")
+
+
+def _bad_logs(err, run: str) -> str:
+    shown = "; ".join(str(p) for p in err.problems[:3])
+    more = f"; {len(err.problems) - 3} more" if len(err.problems) > 3 else ""
+    return (f"error: {len(err.problems)} problem{'s' if len(err.problems) != 1 else ''} in the deployment log: "
+            f"{shown}{more}; run `pagestats validate {run}` for the full list")
+
+
+def main(args) -> int:
+    """``pagestats monitor`` (exit 0, or 1 with ``--strict`` and a drift warning; 1 on bad logs; 2 on bad
+    usage), and ``pagestats validate`` of deployment runs only (exit 0 valid, 1 with one line per problem)."""
+    import json
+
+    from pagestats.io import LogError
+    from pagestats.io.deployment import check_deployment, is_deployment_dir
+    from pagestats.io.validation.problems import one_line
+
+    if args.command == "validate":
+        problems, lines = [], []
+        for path in args.logs:
+            run, found = check_deployment(path)
+            problems += found
+            lines += [run.summary()] if run is not None else []
+        for problem in problems:
+            print(problem)
+        if problems:
+            return 1
+        for line in lines:
+            print(one_line(line), file=sys.stderr)
+        print(one_line(f"ok: {', '.join(args.logs)}"), file=sys.stderr)
+        return 0
+    path = args.run
+    if not 0.0 < args.alpha < 1.0:
+        print(one_line(f"error: --alpha {args.alpha!r} is not in (0, 1)"), file=sys.stderr)
+        return 2
+    if not os.path.isdir(path):
+        print(one_line(f"error: {path}: no such directory (monitor reads a deployment run, the log_dir of "
+                       "collectors.deploy)"), file=sys.stderr)
+        return 2
+    if not is_deployment_dir(path):
+        print(one_line(f"error: {path} is not a deployment run (no manifest.json whose kind is 'deployment'); "
+                       "monitor reads the log_dir of collectors.deploy's GatedPress / gated_generate"), file=sys.stderr)
+        return 2
+    try:
+        gate = Gate.from_file(args.gate)
+    except ValueError as err:
+        print(one_line(f"error: {err}"), file=sys.stderr)
+        return 2
+    try:
+        report = monitor(path, gate, alpha=args.alpha, gate_file=args.gate)
+    except LogError as err:
+        print(one_line(_bad_logs(err, path)), file=sys.stderr)
+        return 1
+    except ValueError as err:
+        print(one_line(f"error: {err}"), file=sys.stderr)
+        return 2
+    if report.ks_pvalue is None:
+        print(one_line(f"note: no input of {path} was decided by D (every prompt was shorter than w = "
+                       f"{report.window}): p_open and the D test need one"), file=sys.stderr)
+    for line in report.warnings:
+        print(one_line(line), file=sys.stderr)
+    if args.format == "json":
+        print(json.dumps(report.to_dict(), indent=2, allow_nan=False))
+    else:
+        print(table_text(report))
+    if args.strict and report.warnings:
+        print(one_line(f"error: --strict: {len(report.warnings)} drift warning{'s' if len(report.warnings) != 1 else ''} "
+                       f"({', '.join(report.drift)})"), file=sys.stderr)
+        return 1
+    return 0
