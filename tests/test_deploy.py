@@ -166,6 +166,60 @@ def test_calibrate_writes_the_tau_whatif_uses(collected, tmp_path, capsys):
     assert "no inputs of model 'other'" in err
 
 
+def test_calibrate_deploy_log_monitor_end_to_end(text_model_dir, collected, tmp_path, capsys):
+    """calibrate → gated_generate(gate=, log_dir=) on the calibration prompts → monitor: the logged D is
+    the collection's D bit for bit, so the KS test sees one sample twice (statistic 0, p = 1) and
+    p_open is the gate file's; the outputs are the logged arms."""
+    import shutil
+
+    import numpy as np
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from collectors.deploy import close_log
+    from pagestats.cli import main as pagestats_main
+    from pagestats.io.deployment import read_deployment
+    from pagestats.monitor import monitor
+
+    manifest, inputs, outcomes = collected
+    run = collected_dir(manifest, inputs)
+    gate_path = tmp_path / "gate.json"
+    tau = float(f"{inputs['drop'].mean():.6f}")  # between the two inputs' D: one opens, one stays closed
+    assert pagestats_main(["calibrate", str(run), "--tau", f"{tau:.6f}", "--out", str(gate_path)]) == 0
+    model = AutoModelForCausalLM.from_pretrained(text_model_dir, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(text_model_dir)
+    log = tmp_path / "logs" / "deployed"
+    rows = inputs.sort("input_id")
+    results = [gated_generate(model, tok, row["prompt"], evictor="snapkv", budget=0.5, gate=gate_path, max_new_tokens=8,
+                              log_dir=log, log_text=True) for row in rows.iter_rows(named=True)]
+    close_log(log)
+    logged = read_deployment(log).rows
+    assert logged["drop"].to_list() == rows["drop"].to_list() == [r.decision.drop for r in results]
+    snap = outcomes.filter((outcomes["evictor"] == "snapkv") & (outcomes["budget"] == 0.5)).sort("input_id")
+    for row, arm, r, entry in zip(rows.iter_rows(named=True), snap.iter_rows(named=True), results,
+                                  logged.iter_rows(named=True)):
+        opened = row["drop"] >= tau
+        assert entry["gate_open"] == opened and entry["prediction"] == r.text
+        assert r.text == (arm["prediction"] if opened else row["full_prediction"])
+        assert entry["n_kept"] == (arm["n_kept"] if opened else row["n_tokens"])
+    assert set(logged["gate_open"].to_list()) == {True, False}
+    report = monitor(log, gate_path)
+    gate = Gate.from_file(gate_path)
+    assert (report.ks_statistic, report.ks_pvalue) == (0.0, 1.0) and report.drift == []
+    assert report.p_open.estimate == gate.pilot["p_open"] and report.same_gate_file is True
+    kept = [e["n_kept"] / e["n_tokens"] for e in logged.iter_rows(named=True)]
+    assert report.compression == pytest.approx(1 / np.mean(kept))
+
+    # a folder holding the collection run and the deployment log: validate checks both, whatif refuses
+    shutil.copytree(run, tmp_path / "logs" / "collected")
+    capsys.readouterr()
+    assert pagestats_main(["validate", str(tmp_path / "logs")]) == 0
+    assert "a deployment run" in capsys.readouterr().err
+    assert pagestats_main(["whatif", str(tmp_path / "logs")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is a deployment run" in err[0]
+    assert pagestats_main(["whatif", str(tmp_path / "logs" / "collected")]) == 0
+
+
 def collected_dir(manifest, inputs):
     return _RUN_DIRS[manifest["run_id"]]
 
