@@ -8,6 +8,7 @@ from collections.abc import Iterable
 
 import polars as pl
 
+from pagestats import defaults
 from pagestats.columns import MODEL_CELL, require_columns
 from pagestats.escape import terminal
 
@@ -58,19 +59,33 @@ def select_cells(frame: pl.DataFrame, **filters) -> pl.DataFrame:
     return frame
 
 
-def task_order(frame: pl.DataFrame, value: str | None = None) -> list[str]:
-    """Tasks ordered capacity-bound first, then by ascending mean ``value`` (or by name)."""
-    keys = ["task"] + (["task_class"] if "task_class" in frame.columns else [])
-    agg = [pl.len().alias("_n")]
-    if value is not None:
-        agg.append(pl.col(value).mean().alias("_v"))
-    summary = frame.group_by(keys).agg(agg)
-    if "task_class" in summary.columns:
-        summary = summary.with_columns((pl.col("task_class") != "capacity-bound").alias("_c"))
+def task_order(frame: pl.DataFrame) -> list[str]:
+    """The one task order of every figure that lists tasks: capacity-bound tasks first, then
+    the others, each class in the order of :data:`pagestats.defaults.RULER_TASKS` (RULER's own
+    order: NIAH single, multikey 1-3, multivalue, multiquery, vt, cwe, fwe, qa_1, qa_2), tasks
+    outside RULER after those, by name.
+
+    A task is capacity-bound when any of its rows of ``frame`` is (``task_class``); without a
+    ``task_class`` column every task is ranked by the RULER order alone. The order depends on
+    the task names and classes only, never on a measured value, so a task sits in the same place
+    in every figure and every panel (a panel shows the tasks it holds, in this order).
+
+    References
+    ----------
+    PAGE paper, §4 "The partition" (capacity-bound vs dilution-prone), Table 3; Figures 2, 3, 5, 10, 11.
+    """
+    require_columns(frame, ["task"], "task_order")
+    if "task_class" in frame.columns:
+        summary = frame.group_by("task").agg(
+            (pl.col("task_class") == defaults.CAPACITY_BOUND).any().alias("_cap"))
+        capacity = {t for t, cap in summary.iter_rows() if cap}
     else:
-        summary = summary.with_columns(pl.lit(True).alias("_c"))
-    by = ["_c"] + (["_v"] if value is not None else []) + ["task"]
-    return summary.sort(by)["task"].unique(maintain_order=True).to_list()
+        capacity = set()
+    ruler = {t: i for i, t in enumerate(defaults.RULER_TASKS)}
+    tasks = frame["task"].unique().to_list()
+    if any(t is None for t in tasks):
+        raise ValueError("task_order: a row has no task")
+    return sorted(tasks, key=lambda t: (t not in capacity, ruler.get(t, len(ruler)), t))
 
 
 def cells(frame: pl.DataFrame, keys=MODEL_CELL) -> list[dict]:

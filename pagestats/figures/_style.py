@@ -69,6 +69,53 @@ def class_color(task_class: str) -> str:
     return CLASS_COLOR.get(task_class, "0.4")
 
 
+#: Qualitative hues of the per-task lines (matplotlib's tab10, ten hues told apart at a glance),
+#: split so that capacity-bound tasks take the warm ones (as :data:`CLASS_COLOR`) and the
+#: dilution-prone tasks the others while they last.
+WARM_HUES = ("#d62728", "#ff7f0e", "#8c564b", "#e377c2")
+COOL_HUES = ("#1f77b4", "#2ca02c", "#9467bd", "#17becf", "#bcbd22", "#7f7f7f")
+#: Line styles of the per-task lines: the next one is taken once all ten hues are spent.
+TASK_LINESTYLES = ("-", "--", ":", "-.")
+
+
+def task_styles(order: Sequence[str], capacity: set | frozenset = frozenset()) -> dict[str, dict]:
+    """A colour and a line style per task, no two tasks alike (Fig. 5).
+
+    Parameters
+    ----------
+    order : sequence of str
+        The tasks in the figures' order (:func:`pagestats.figures._frames.task_order`).
+    capacity : set of str
+        The capacity-bound tasks: they take the warm hues first, the others the cool hues first.
+
+    Returns
+    -------
+    dict
+        ``task → {"color", "linestyle"}``: each task the first hue of its class's preference no
+        earlier task of the same line style has; once the ten hues are spent, the next line style
+        (so up to 40 tasks are told apart).
+
+    Raises
+    ------
+    ValueError
+        With more tasks than hue × line-style pairs (40): the lines could not be told apart.
+    """
+    order = list(dict.fromkeys(order))
+    if len(order) > len(WARM_HUES + COOL_HUES) * len(TASK_LINESTYLES):
+        raise ValueError(f"task_styles: {len(order)} tasks; at most "
+                         f"{len(WARM_HUES + COOL_HUES) * len(TASK_LINESTYLES)} lines can be told apart")
+    styles, used, round_ = {}, set(), 0
+    for task in order:
+        preference = WARM_HUES + COOL_HUES if task in capacity else COOL_HUES + WARM_HUES
+        free = [c for c in preference if c not in used]
+        if not free:
+            round_, used = round_ + 1, set()
+            free = list(preference)
+        styles[task] = {"color": free[0], "linestyle": TASK_LINESTYLES[round_]}
+        used.add(free[0])
+    return styles
+
+
 def cycle_colors(n: int) -> list:
     """``n`` distinguishable colours (tab10, then tab20)."""
     cmap = mpl.colormaps["tab10" if n <= 10 else "tab20"]
@@ -86,7 +133,9 @@ def new_figure(n_panels: int = 1, *, ncols: int | None = None, width: float = CO
                row_height: float = ROW_HEIGHT, sharex: bool = False, sharey: bool = False):
     """A Figure with ``n_panels`` axes on a grid; returns ``(fig, axes_list)``.
 
-    Unused grid slots are removed. ``ncols`` defaults to min(n_panels, 3).
+    Unused grid slots are removed. ``ncols`` defaults to min(n_panels, 3). With ``sharex`` the
+    lowest panel of every column shows its x tick labels (matplotlib leaves them to the bottom
+    row only, so a column whose bottom slot is removed would have none).
     """
     if n_panels < 1:
         raise ValueError("n_panels must be ≥ 1")
@@ -98,6 +147,10 @@ def new_figure(n_panels: int = 1, *, ncols: int | None = None, width: float = CO
     axes = list(grid.ravel())
     for ax in axes[n_panels:]:
         ax.remove()
+    if sharex:
+        for index, ax in enumerate(axes[:n_panels]):
+            if index + ncols >= n_panels:  # nothing below it
+                ax.xaxis.set_tick_params(labelbottom=True)
     return fig, axes[:n_panels]
 
 

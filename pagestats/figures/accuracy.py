@@ -154,7 +154,8 @@ def frontier_data(gated: pl.DataFrame, *, by=MATRIX_CELL) -> pl.DataFrame:
         (budget 1, kept_kv 1, the full-KV accuracy): ``kept_kv`` (achieved mean
         n_kept / n_tokens, :func:`pagestats.metrics.kept_kv` — not the nominal budget),
         ``accuracy`` (mean score), ``n_inputs`` and ``on_frontier`` (no other point of the cell, of either arm, keeps at most as
-        much cache with at least the accuracy and is strictly better in one of the two).
+        much cache with at least the accuracy and is strictly better in one of the two, up to
+        :data:`PARETO_ATOL`: :func:`pareto_mask`).
 
     References
     ----------
@@ -188,13 +189,48 @@ def frontier_data(gated: pl.DataFrame, *, by=MATRIX_CELL) -> pl.DataFrame:
     return pl.concat(parts).sort([*keys, "arm", "budget"])
 
 
-def pareto_mask(cost: np.ndarray, value: np.ndarray) -> np.ndarray:
-    """Points not dominated by another (lower-or-equal cost and higher-or-equal value,
-    strictly better in one), vectorised over all pairs."""
+#: Absolute tolerance of the frontier's comparisons (:func:`pareto_mask`). Accuracies are means of
+#: scores that are multiples of 1/60 (or 0/1), kept-KV fractions means of n_kept / T; summed in
+#: different orders, two equal means differ in their last bits (≈1e-16), while two different
+#: ones differ by at least 1/(60·N) for N ≤ 10⁸ inputs, far above 1e-9. Values within this of
+#: each other are equal.
+PARETO_ATOL = 1e-9
+
+
+def pareto_mask(cost: np.ndarray, value: np.ndarray, *, atol: float = PARETO_ATOL) -> np.ndarray:
+    """Points not dominated by another: a point j dominates i when it costs no more and is worth
+    no less, and is strictly better in one of the two, with every comparison up to ``atol``
+    (``cost_j ≤ cost_i + atol``, ``value_j ≥ value_i − atol`` and ``cost_j < cost_i − atol`` or
+    ``value_j > value_i + atol``), vectorised over all pairs.
+
+    Parameters
+    ----------
+    cost, value : array_like
+        One entry per point (kept-KV and accuracy for the frontiers of Fig. 4 and the decision
+        figure). NaN is refused.
+    atol : float
+        Absolute tolerance (:data:`PARETO_ATOL`): equal accuracies whose float sums differ in
+        their last bits compare equal, so a point that only seems better by float noise does not
+        push an equally accurate, cheaper one off the frontier, nor keep a dearer one on it.
+
+    Returns
+    -------
+    numpy.ndarray of bool
+        True on the frontier.
+
+    References
+    ----------
+    PAGE paper, §4.1 "Accuracy-Memory Frontier", Figure 4.
+    """
     cost = np.asarray(cost, float)[:, None]
     value = np.asarray(value, float)[:, None]
-    dominates = (cost.T <= cost) & (value.T >= value) & ((cost.T < cost) | (value.T > value))
-    return ~dominates.any(axis=1)
+    if np.isnan(cost).any() or np.isnan(value).any():
+        raise ValueError("pareto_mask: NaN cost or value")
+    if not atol >= 0:
+        raise ValueError(f"pareto_mask: atol must be ≥ 0, got {atol}")
+    no_worse = (cost.T <= cost + atol) & (value.T >= value - atol)
+    better = (cost.T < cost - atol) | (value.T > value + atol)
+    return ~(no_worse & better).any(axis=1)
 
 
 def accuracy_vs_kept_kv(gated: pl.DataFrame, *, evictor=None, context_length=None, model=None, ax=None):

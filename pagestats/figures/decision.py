@@ -42,7 +42,8 @@ def decision_frontier_data(curve: pl.DataFrame, accuracy: pl.DataFrame, gib: pl.
         ``accuracy`` (= acc_plain(b) + Δ(τ, b), the gated accuracy, Eq. 2), ``kept_kv``,
         ``p_open``, ``delta``, ``acc_full``, [``kv_gib``], and ``on_frontier`` (no other point
         of the same evictor and cell keeps at most as much cache with at least the accuracy,
-        strictly better in one).
+        strictly better in one, up to :data:`pagestats.figures.accuracy.PARETO_ATOL`:
+        :func:`pagestats.figures.accuracy.pareto_mask`).
 
     References
     ----------
@@ -89,7 +90,7 @@ def decision_frontier(data: pl.DataFrame, *, tau: float | None = defaults.TAU, a
     Returns
     -------
     matplotlib.figure.Figure
-        With ``kv_gib`` in ``data`` (and one panel's GiB per unit of kept-KV), a top axis in GiB
+        Every panel on the same accuracy range, that of the data (:func:`accuracy_range`). With ``kv_gib`` in ``data`` (and one panel's GiB per unit of kept-KV), a top axis in GiB
         per sequence.
 
     References
@@ -100,6 +101,7 @@ def decision_frontier(data: pl.DataFrame, *, tau: float | None = defaults.TAU, a
     groups = cells(data, keys)
     evictors = data["evictor"].unique().sort().to_list() if "evictor" in data.columns else [None]
     colors = dict(zip(evictors, st.cycle_colors(len(evictors))))
+    ylim = accuracy_range(data)
     with st.style():
         ncols = min(len(groups), 2)
         fig, axes = st.panels(len(groups), ax, ncols=ncols, row_height=3.0, width=st.COLUMN_WIDTH * (1 + 0.6 * (ncols - 1)))
@@ -126,7 +128,7 @@ def decision_frontier(data: pl.DataFrame, *, tau: float | None = defaults.TAU, a
             full = float(sub["acc_full"].mean())
             axis.plot([1.0], [full], marker="*", color="0.2", markersize=6, linestyle="none", zorder=5)
             axis.set_xlim(0, 1.03)
-            axis.set_ylim(-0.02, 1.02)
+            axis.set_ylim(*ylim)
             axis.set_xlabel("kept KV (share of the prompt)")
             if i % 2 == 0:
                 axis.set_ylabel("gated accuracy")
@@ -155,3 +157,16 @@ def decision_frontier(data: pl.DataFrame, *, tau: float | None = defaults.TAU, a
         labels.append("other (τ, b)")
         fig.legend(handles, labels, loc="outside lower center", ncols=3)
     return fig
+
+
+def accuracy_range(data: pl.DataFrame) -> tuple[float, float]:
+    """The y range of the decision figure: from the lowest to the highest accuracy of ``data``
+    (every point and the full cache), padded by 5 % of the span (at least 0.0025) each side and
+    kept within [−0.02, 1.02], so that a model whose accuracies stay below 0.5 fills its panel."""
+    values = np.concatenate([data["accuracy"].to_numpy(), data["acc_full"].to_numpy()]).astype(float)
+    values = values[np.isfinite(values)]
+    if values.size == 0:
+        raise ValueError("accuracy_range: no finite accuracy")
+    lo, hi = float(values.min()), float(values.max())
+    pad = max(0.05 * (hi - lo), 0.0025)
+    return max(lo - pad, -0.02), min(hi + pad, 1.02)

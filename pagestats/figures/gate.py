@@ -29,7 +29,8 @@ def drop_by_task_data(gate: pl.DataFrame) -> pl.DataFrame:
     polars.DataFrame
         One row per input: the cell columns, ``task``, ``task_class``, ``drop``,
         ``task_mean`` (mean D of the input's task in its cell), ``task_rank`` (position on
-        the x axis: capacity-bound tasks first, then ascending pooled mean D) and ``slot``
+        the x axis: the figures' one task order, :func:`pagestats.figures._frames.task_order`,
+        capacity-bound tasks first, each class in RULER's order) and ``slot``
         (rank of the input within its task and cell, 0-based, by D; for a deterministic
         horizontal spread).
 
@@ -44,7 +45,7 @@ def drop_by_task_data(gate: pl.DataFrame) -> pl.DataFrame:
     if "pair_draw" in frame.columns:
         ident = present(frame, ("run_id", "input_id")) + cell + ["task", "task_class"]
         frame = frame.group_by(ident).agg(pl.col("drop").mean())
-    order = task_order(frame, "drop")
+    order = task_order(frame)
     rank = pl.DataFrame({"task": order, "task_rank": list(range(len(order)))})
     group = cell + ["task"]
     out = (
@@ -113,7 +114,7 @@ def drop_by_task(gate: pl.DataFrame, *, tau: float | None = defaults.TAU, ax=Non
                             rotation=45, ha="right")
             axis.set_xlim(-0.6, shown.height - 0.4)
             if len(groups) > 1 or cell:
-                axis.set_title(st.cell_label(cell))
+                axis.set_title(st.cell_label(cell), fontsize=6)
             if i % 2 == 0:
                 axis.set_ylabel("head-agreement drop D")
         legend = _class_legend(fig, data["task_class"].unique().sort().to_list(), tau)
@@ -212,7 +213,7 @@ def agreement_profile(
     order = task_order(data)
     palette = _task_palette(data, order)
     with st.style():
-        fig, axes = st.panels(len(groups), ax, ncols=min(len(groups), 2), row_height=1.6)
+        fig, axes = st.panels(len(groups), ax, ncols=min(len(groups), 2), row_height=1.8)
         for i, (axis, cell) in enumerate(zip(axes, groups)):
             sub = where(data, cell)
             n_layers = int(sub["n_layers"].max())
@@ -227,14 +228,14 @@ def agreement_profile(
                 if t.height == 0:
                     continue
                 capacity = "task_class" in t.columns and t["task_class"][0] == "capacity-bound"
-                axis.plot(t["layer"].to_numpy(), t["agreement"].to_numpy(), color=palette[task],
+                axis.plot(t["layer"].to_numpy(), t["agreement"].to_numpy(), **palette[task],
                           linewidth=1.5 if capacity else 0.9, label=short_task(task))
             axis.set_xlim(-0.5, n_layers - 0.5)
             axis.set_xlabel(r"layer $\ell$")
             if i % 2 == 0:
-                axis.set_ylabel(r"agreement $a_\ell$ (mean Jaccard)")
+                axis.set_ylabel(r"mean agreement $a_\ell$")
             if len(groups) > 1 or cell:
-                axis.set_title(st.cell_label(cell))
+                axis.set_title(st.cell_label(cell), fontsize=6)
         handles, labels = axes[0].get_legend_handles_labels()
         legend = fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 5))
         st.add_task_key(fig, task_key(order), legend=legend)
@@ -242,17 +243,11 @@ def agreement_profile(
 
 
 def _task_palette(data: pl.DataFrame, order: list[str]) -> dict:
-    """Capacity-bound tasks in reds, dilution-prone in blues/greens (distinct per task)."""
-    import matplotlib as mpl
-
-    classes = dict(data.select("task", "task_class").unique().iter_rows()) if "task_class" in data.columns else {}
-    cap = [t for t in order if classes.get(t) == "capacity-bound"]
-    rest = [t for t in order if t not in cap]
-    reds = mpl.colormaps["autumn"]
-    cool = mpl.colormaps["viridis"]
-    palette = {t: reds(0.0 + 0.35 * i / max(len(cap) - 1, 1)) for i, t in enumerate(cap)}
-    palette.update({t: cool(0.05 + 0.75 * i / max(len(rest) - 1, 1)) for i, t in enumerate(rest)})
-    return palette
+    """One colour and line style per task (:func:`pagestats.figures._style.task_styles`):
+    capacity-bound tasks in warm hues, dilution-prone in the others, no two tasks alike."""
+    capacity = set(data.filter(pl.col("task_class") == defaults.CAPACITY_BOUND)["task"].to_list()) \
+        if "task_class" in data.columns else set()
+    return st.task_styles(order, capacity)
 
 
 # --------------------------------------------------------------------------- Fig. 6

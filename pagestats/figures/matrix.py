@@ -47,9 +47,14 @@ def delta_matrix_data(gated: pl.DataFrame) -> pl.DataFrame:
 
 
 def delta_matrix(gated: pl.DataFrame, *, ax=None):
-    """Figure 8: the Δ matrix, evictors as columns and (model, context) as rows, as an
-    annotated heatmap in percentage points (diverging, centred at 0); a cell the logs do
-    not hold reads "n/a".
+    """Figure 8: the Δ matrix as an annotated heatmap in percentage points, one row per
+    (model, context) and one column per evictor; a cell the logs do not hold reads "n/a".
+
+    The colour scale is sequential from 0 when every Δ has one sign (blues for gains, reds for
+    losses: the colour reads as the size of the effect) and diverging, centred at 0, when the
+    signs differ (:func:`delta_colour_scale`). When there are more evictors than (model, context)
+    rows the matrix is drawn transposed, evictors as rows, so that their names read across
+    instead of being rotated over each other.
 
     Returns
     -------
@@ -70,33 +75,90 @@ def delta_matrix(gated: pl.DataFrame, *, ax=None):
             hit = sub.filter(pl.col("evictor") == ev) if ev else sub
             if hit.height:
                 grid[i, j] = hit["delta"][0] * 100
-    limit = max(float(np.nanmax(np.abs(grid))), 1.0)
+    cmap, vmin, vmax = delta_colour_scale(grid)
+    evictor_labels = [st.plain_text(e) for e in evictors]
+    cell_labels = [_two_line_cell(r) for r in rows]
+    transposed = len(evictors) > len(rows)
+    shown = grid.T if transposed else grid
+    y_labels, x_labels = (evictor_labels, cell_labels) if transposed else (cell_labels, evictor_labels)
+    # room for the row labels and the column labels (about 0.05 in per character at 6 pt), at
+    # least 0.5 in per column, and 1 in for the axis label and the colour bar
+    label_in = 0.05 * max(len(line) for label in y_labels for line in label.split("\n"))
+    column_in = max(0.5, 0.05 * max(len(line) for label in x_labels for line in label.split("\n")) + 0.15)
+    width = max(st.COLUMN_WIDTH, label_in + column_in * shown.shape[1] + 1.0)
+    x_lines = max(label.count("\n") + 1 for label in x_labels)
     with st.style():
-        fig, (axis,) = st.panels(1, ax, row_height=max(1.2, 0.28 * len(rows) + 0.6))
-        image = axis.imshow(grid, cmap="RdBu", vmin=-limit, vmax=limit, aspect="auto")
-        for i in range(grid.shape[0]):
-            for j in range(grid.shape[1]):
-                if np.isfinite(grid[i, j]):
-                    dark = abs(grid[i, j]) > 0.6 * limit
-                    axis.text(j, i, f"{grid[i, j]:+.1f}", ha="center", va="center", fontsize=6,
+        fig, (axis,) = st.panels(1, ax, width=width, row_height=0.3 * shown.shape[0] + 0.35 + 0.12 * x_lines)
+        image = axis.imshow(shown, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
+        scale = max(abs(vmin), abs(vmax))  # the light end of every scale is at 0
+        for i in range(shown.shape[0]):
+            for j in range(shown.shape[1]):
+                if np.isfinite(shown[i, j]):
+                    dark = abs(shown[i, j]) > 0.6 * scale
+                    axis.text(j, i, f"{shown[i, j]:+.1f}", ha="center", va="center", fontsize=6,
                               color="white" if dark else "black")
                 else:  # a cell the logs do not hold
                     axis.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor="0.93", edgecolor="none"))
                     axis.text(j, i, "n/a", ha="center", va="center", fontsize=6, color="0.45")
-        axis.set_xticks(range(len(evictors)), [st.plain_text(e) for e in evictors], rotation=30, ha="right")
-        axis.set_yticks(range(len(rows)), [st.cell_label(r) for r in rows])
+        axis.set_xticks(range(shown.shape[1]), x_labels)
+        axis.set_yticks(range(shown.shape[0]), y_labels)
+        axis.xaxis.tick_top()
+        axis.xaxis.set_label_position("top")
         axis.tick_params(length=0)
         for spine in axis.spines.values():
             spine.set_visible(False)
-        axis.set_xlabel("base evictor")
-        bar = fig.colorbar(image, ax=axis, shrink=0.9, pad=0.02)
+        if transposed:
+            axis.set_ylabel("base evictor")
+        else:
+            axis.set_xlabel("base evictor")
+        bar = fig.colorbar(image, ax=axis, shrink=0.9, pad=0.02, aspect=max(8, 6 * shown.shape[0] ** 0.5))
         bar.set_label("Δ gated − plain (pp)")
         bar.outline.set_visible(False)
         grand = float(np.nanmean(grid))
         left = int(data["n_left_out"].sum())
-        note = f"\nsame inputs per row ({left} left out)" if left else ""
-        axis.set_title(f"mean over budgets b < 1; grand mean {grand:+.1f} pp{note}")
+        note = f"; same inputs per row ({left} left out)" if left else ""
+        axis.set_title(f"Δ over budgets b < 1; grand mean {grand:+.1f} pp{note}", fontsize=6)
     return fig
+
+
+def delta_colour_scale(grid) -> tuple[str, float, float]:
+    """The colour map and limits of Fig. 8's heatmap of Δ in pp (NaN cells ignored).
+
+    Every Δ ≥ 0 (and one > 0): sequential ``"Blues"`` from 0 to the largest Δ; every Δ ≤ 0 (and
+    one < 0): sequential ``"Reds_r"`` from the smallest Δ to 0; Δ of both signs, or all 0:
+    diverging ``"RdBu"`` centred at 0, from −m to +m with m the largest |Δ|. The far end is at
+    least 1 pp from 0, so that a matrix of tiny effects is not painted at full strength.
+
+    Returns
+    -------
+    tuple
+        ``(cmap_name, vmin, vmax)``.
+
+    Raises
+    ------
+    ValueError
+        When no cell is finite.
+    """
+    values = np.asarray(grid, float)
+    values = values[np.isfinite(values)]
+    if values.size == 0:
+        raise ValueError("delta_colour_scale: no finite Δ")
+    lo, hi = float(values.min()), float(values.max())
+    if lo >= 0 and hi > 0:
+        return "Blues", 0.0, max(hi, 1.0)
+    if hi <= 0 and lo < 0:
+        return "Reds_r", min(lo, -1.0), 0.0
+    limit = max(abs(lo), abs(hi), 1.0)
+    return "RdBu", -limit, limit
+
+
+def _two_line_cell(cell: dict) -> str:
+    """A (model, context) label on two lines (the model, then the context), as plain text."""
+    model = cell.get("model")
+    rest = st.cell_label({k: v for k, v in cell.items() if k != "model"})
+    if model is None:
+        return rest
+    return f"{st.plain_text(str(model))}\n{rest}" if rest else st.plain_text(str(model))
 
 
 # --------------------------------------------------------------------------- Fig. 7
@@ -157,7 +219,7 @@ def delta_of_f_data(gated: pl.DataFrame, *, f=None) -> pl.DataFrame:
 
 def delta_of_f(gated: pl.DataFrame, *, f=None, ax=None):
     """Figure 7: gating Δ against the capacity-bound share f, grey lines per cell, the
-    mean in blue, and a dashed marker at the suite's own share.
+    mean in blue, and a dashed marker at the suite's own share; the legend under the axes.
 
     Returns
     -------
@@ -187,5 +249,7 @@ def delta_of_f(gated: pl.DataFrame, *, f=None, ax=None):
         axis.set_xlim(0, 1)
         axis.set_xlabel("capacity-bound share f of the workload")
         axis.set_ylabel("Δ(f) gated − plain (pp)")
-        axis.legend(loc="upper left")
+        # under the axes, never over a line
+        handles, labels = axis.get_legend_handles_labels()
+        fig.legend(handles, labels, loc="outside lower center", ncols=3)
     return fig

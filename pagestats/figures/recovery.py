@@ -115,8 +115,8 @@ def recovery_fraction_data(gated: pl.DataFrame, *, confidence_level: float = 0.9
 
 def recovery_fraction(gated: pl.DataFrame, *, confidence_level: float = 0.95, ax=None):
     """Figure 11: fraction of inputs with r(x) > 0 per task (bars, Wilson 95% bars, the count
-    k/n written at the foot of each bar), one small multiple per (model, context) cell showing
-    only the tasks that cell holds.
+    k/n written above each interval, inside the panel), one small multiple per (model, context)
+    cell showing only the tasks that cell holds, in the figures' one task order.
 
     Returns
     -------
@@ -130,7 +130,7 @@ def recovery_fraction(gated: pl.DataFrame, *, confidence_level: float = 0.95, ax
     groups = cells(data, MODEL_CELL)
     order = task_order(data)
     ncols = min(len(groups), 2 if len(groups) <= 4 else 3)
-    ymax = max(float(data["high"].max()), 0.05) * 1.15  # room for the k/n labels
+    ymax = max(float(data["high"].max()), 0.05) * 1.15  # then raised where the k/n labels need it
     with st.style():
         fig, axes = st.panels(len(groups), ax, ncols=ncols, sharey=True, row_height=1.3)
         for i, (axis, cell) in enumerate(zip(axes, groups)):
@@ -151,10 +151,31 @@ def recovery_fraction(gated: pl.DataFrame, *, confidence_level: float = 0.95, ax
                               va="bottom", fontsize=4.5, color="0.3", rotation=90)
             axis.set_xticks(range(len(shown)), [short_task(t) for t in shown], rotation=60, ha="right")
             axis.set_xlim(-0.6, len(shown) - 0.4)
-            axis.set_ylim(0, ymax * 1.1)
+            axis.set_ylim(0, ymax)
             axis.set_title(st.cell_label(cell), fontsize=6)
             if i % ncols == 0:
                 axis.set_ylabel("share with r(x) > 0")
                 st.percent_axis(axis)
         st.add_task_key(fig, task_key(order) + "; k/n = inputs with r(x) > 0 / inputs")
+        _room_for_annotations(fig, axes)
     return fig
+
+
+def _room_for_annotations(fig, axes) -> None:
+    """Raise the (shared) top of ``axes`` until every annotation of theirs lies inside its panel:
+    the k/n labels have a size on the page, not in data units, so the room they need is measured
+    once the layout is settled (and shrinks in data units as the top rises)."""
+    for _ in range(5):
+        fig.draw_without_rendering()
+        need = []
+        for axis in axes:
+            top = axis.get_window_extent().y1
+            heights = [t.get_window_extent().y1 for t in axis.texts]
+            if heights and max(heights) > top:
+                to_data = axis.transData.inverted()
+                need.append(to_data.transform((0, max(heights)))[1])
+        if not need:
+            return
+        top = max(need) * 1.03
+        for axis in axes:
+            axis.set_ylim(0, max(axis.get_ylim()[1], top))

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
+from matplotlib.transforms import Bbox
 
 from pagestats import defaults, metrics
 from pagestats.figures import _style as st
-from pagestats.figures._frames import require, select_cells, short_task, task_key
+from pagestats.figures._frames import require, select_cells, short_task, task_key, task_order
 
 
 def scaling_data(gated: pl.DataFrame, *, evictor=None, rule: str = defaults.DILUTION_RULE) -> pl.DataFrame:
@@ -57,7 +58,8 @@ def scaling_data(gated: pl.DataFrame, *, evictor=None, rule: str = defaults.DILU
 def rho_vs_headroom(gated: pl.DataFrame, *, evictor=None, ax=None, rule: str = defaults.DILUTION_RULE):
     """Figure 9: ρ against headroom 1 − A_full per (model, context, task) row; dilution-prone
     rows as filled circles with the fitted through-origin line, capacity-bound rows as open
-    triangles; Wilson 95% intervals on ρ as vertical bars; each point labelled by its task.
+    triangles; Wilson 95% intervals on ρ as vertical bars; each point (or pile of coinciding
+    points) labelled by its task, clear of the other labels and markers; the legend under the axes.
 
     Returns
     -------
@@ -92,38 +94,104 @@ def rho_vs_headroom(gated: pl.DataFrame, *, evictor=None, ax=None, rule: str = d
         axis.set_ylim(bottom=-0.01)
         axis.set_xlabel(r"headroom $1 - A_\mathrm{full}$")
         axis.set_ylabel(r"recovery rate $\rho$ (plain)")
-        axis.legend(loc="upper left")
-        _label_points(axis, data)
+        handles, labels = axis.get_legend_handles_labels()
+        legend = fig.legend(handles, labels, loc="outside lower center", ncols=2)  # off the points
+        _label_points(axis, data, legend=legend)
     return fig
 
 
-#: Vertical offsets (points) tried in turn for a label: just above its point, then below and above
-#: it in turn, farther each time.
-_LABEL_OFFSETS = (2, -8, 8, -14, 14, 20, 26)
+#: Points closer than this (in points, on the page) to each other are one pile, named by one label
+#: (their markers, about 3.7 pt wide, cover each other).
+PILE_DISTANCE = 3.0
+#: Radius (points) around a marker that no label may cover.
+MARKER_RADIUS = 3.5
+#: Offsets (points) and alignments tried in turn for a label: right, left, above and below its
+#: point, then diagonally, then farther out.
+_LABEL_SPOTS = tuple(
+    [(4, 0, "left", "center"), (-4, 0, "right", "center"), (0, 5, "center", "bottom"), (0, -5, "center", "top")]
+    + [(sx * dx, sy * dy, "left" if sx > 0 else "right", "bottom" if sy > 0 else "top")
+       for dx, dy in ((4, 5), (6, 12), (8, 20)) for sy in (1, -1) for sx in (1, -1)]
+)
 
 
-def _label_points(axis, data: pl.DataFrame) -> None:
-    """Label each point by its task (and model and context, where the figure holds several).
+#: Labels farther than this (points, vertically) from their point get a leader line to it.
+LEADER_FROM = 6
 
-    Each label takes the first offset of :data:`_LABEL_OFFSETS` whose rendered box stays within
-    the axes' height and overlaps no label placed before it (the boxes are measured by the
-    figure's renderer after the layout is settled, so the limits and legend must be set first);
-    the key to the abbreviations goes under the figure first."""
+
+def _piles(xy: np.ndarray, distance: float) -> list[list[int]]:
+    """Indices of ``xy`` (display coordinates) grouped into piles: single linkage, two points
+    closer than ``distance`` in one pile; piles and their members in index order."""
+    parent = list(range(len(xy)))
+
+    def root(i):
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for i in range(len(xy)):
+        for j in range(i + 1, len(xy)):
+            if np.hypot(*(xy[i] - xy[j])) < distance:
+                parent[root(j)] = root(i)
+    groups: dict[int, list[int]] = {}
+    for i in range(len(xy)):
+        groups.setdefault(root(i), []).append(i)
+    return sorted(groups.values())
+
+
+def _pile_label(rows: list[dict], several: list[str]) -> str:
+    """One label for the rows of a pile: each task once, with the cells it is drawn for."""
+    by_task: dict[str, list[str]] = {}
+    for row in sorted(rows, key=lambda r: tuple(r[k] for k in several)):
+        by_task.setdefault(row["task"], []).append(st.cell_label({k: row[k] for k in several}) if several else "")
+    parts = []
+    for task, where_ in by_task.items():
+        cells_ = ", ".join(w for w in where_ if w)
+        parts.append(f"{short_task(task)} {cells_}" if cells_ else short_task(task))
+    return "; ".join(parts)
+
+
+def _label_points(axis, data: pl.DataFrame, *, legend=None) -> None:
+    """Label the points by their task (and model and context, where the figure holds several).
+
+    Points closer than :data:`PILE_DISTANCE` on the page (coinciding rows, e.g. several cells at
+    headroom 0 and ρ = 0) are one pile with one label naming every row of it. Each label takes the
+    first spot of :data:`_LABEL_SPOTS` whose rendered box stays inside the axes and covers no
+    label placed before it and no marker (within :data:`MARKER_RADIUS`); where every spot covers
+    something, the spot that covers the fewest; a label set farther than :data:`LEADER_FROM` from
+    its point is tied to it by a thin line. The boxes are measured by the figure's renderer
+    after the layout is settled, so the limits and legend must be set first; the key to the
+    abbreviations goes under the figure first (the title of ``legend`` when given).
+    """
     several = [k for k in ("model", "context_length") if k in data.columns and data[k].n_unique() > 1]
-    st.add_task_key(axis.figure, task_key(data.sort("task")["task"].unique(maintain_order=True).to_list()))
+    st.add_task_key(axis.figure, task_key(task_order(data)), legend=legend)
     axis.figure.draw_without_rendering()  # settle the layout: the boxes measured below are final
-    frame = axis.get_window_extent()  # a label must not cross the axes' top or bottom
+    frame = axis.get_window_extent()
+    points = data.sort("headroom", "rho", "task", *several).to_dicts()
+    xy = axis.transData.transform(np.column_stack([[r["headroom"] for r in points], [r["rho"] for r in points]]))
+    px = axis.figure.dpi / 72.0  # display units per point
+    radius = MARKER_RADIUS * px
+    markers = [Bbox.from_extents(x - radius, y - radius, x + radius, y + radius) for x, y in xy]
     placed = []  # the window extents of the labels so far
-    for row in data.sort("headroom", "rho").iter_rows(named=True):
-        label = short_task(row["task"])
-        if several:
-            label += f" {st.cell_label({k: row[k] for k in several})}"
-        for dy in _LABEL_OFFSETS:
-            text = axis.annotate(label, (row["headroom"], row["rho"]), xytext=(3, dy), textcoords="offset points",
-                                 fontsize=4.5, color="0.25", zorder=4)
+    for pile in _piles(xy, PILE_DISTANCE * px):
+        label = _pile_label([points[i] for i in pile], several)
+        anchor = (float(np.mean([points[i]["headroom"] for i in pile])), float(np.mean([points[i]["rho"] for i in pile])))
+        best = None
+        for dx, dy, ha, va in _LABEL_SPOTS:
+            far = abs(dy) > LEADER_FROM  # a label set off from its point is tied to it by a thin line
+            text = axis.annotate(label, anchor, xytext=(dx, dy), textcoords="offset points", ha=ha, va=va,
+                                 fontsize=4.5, color="0.25", zorder=4,
+                                 arrowprops=dict(arrowstyle="-", color="0.55", linewidth=0.4, shrinkA=0.5,
+                                                 shrinkB=2.5) if far else None)
             box = text.get_window_extent()
-            inside = frame.y0 <= box.y0 and box.y1 <= frame.y1
-            if dy == _LABEL_OFFSETS[-1] or (inside and not any(box.overlaps(other) for other in placed)):
+            inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+            clashes = (0 if inside else 1000) + sum(box.overlaps(b) for b in placed) + sum(box.overlaps(m) for m in markers)
+            if best is None or clashes < best[0]:
+                if best is not None:
+                    best[1].remove()
+                best = (clashes, text, box)
+            else:
+                text.remove()
+            if clashes == 0:
                 break
-            text.remove()
-        placed.append(box)
+        placed.append(best[2])

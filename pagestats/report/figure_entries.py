@@ -147,14 +147,20 @@ FIGURES: tuple[Entry, ...] = (
     Entry("fig07_delta_of_f", "figure", "Figure 7", _fig7, (needs_eviction_budgets, needs_both_classes),
           "Δ(f) = f·Δ_capacity + (1 − f)·Δ_rest per matrix cell (grey) and their mean."),
     Entry("fig08_delta_matrix", "figure", "Figure 8", _fig8, (needs_eviction_budgets,),
-          "Δ (gated − plain, budgets b < 1) per (model, context) × evictor cell."),
+          "Δ (gated − plain, budgets b < 1) per (model, context) × evictor cell, in pp; the colour scale runs "
+          "from 0 when every Δ has one sign and is diverging, centred at 0, when signs differ."),
     Entry("fig09_rho_vs_headroom", "figure", "Figure 9", _fig9,
           (needs_eviction_budgets, needs_contexts(2), needs_dilution_headroom),
           "ρ vs headroom 1 − A_full per (model, context, task) with the through-origin slope; headline evictor."),
     Entry("fig10_recovery_distribution", "figure", "Figure 10", _fig10, (needs_eviction_budgets,),
-          "Distribution of r(x) per task, pooled over cells; headline evictor."),
+          "Distribution of the per-input recovery indicator r(x) = sign(max_b A_gated(b, x) − A_plain(1, x)) "
+          "∈ {−1, 0, +1} per task, pooled over cells: the maximum is over the budget sweep (b = 1.0 included) and "
+          "A_plain(1, x) is the full-cache score of input x, so r(x) = +1 when some budget beats the full cache on x "
+          "and 0 when none does; r = −1 is empty by construction (at b = 1.0 the gated arm keeps the full cache); "
+          "headline evictor."),
     Entry("fig11_recovery_fraction", "figure", "Figure 11", _fig11, (needs_eviction_budgets,),
-          "Share of inputs with r(x) > 0 per task and (model, context) cell, Wilson 95% bars; headline evictor."),
+          "Share of inputs with r(x) > 0 (some budget of the sweep beats the full cache on the input; r(x) as in "
+          "Figure 10) per task and (model, context) cell, Wilson 95% bars; headline evictor."),
     Entry("figN1_decision_frontier", "figure", "New figure", decision_figure, (needs_eviction_budgets, needs_cache_size),
           "The decision figure: gated accuracy vs kept KV over every threshold τ and budget b, one colour per "
           "evictor; the line is each evictor's frontier, open circles the points at the fixed τ, the star the "
