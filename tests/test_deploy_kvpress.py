@@ -211,6 +211,74 @@ def test_from_file_refuses_another_model_or_statistic(tmp_path, make_tiny_model)
         GatedPress(kvpress.KnormPress(compression_ratio=0.5), tau=0.1, gate=path)
 
 
+def test_log_dir_appends_one_row_per_prefill_and_monitor_reads_it(make_tiny_model, tmp_path):
+    """GatedPress(log_dir=) logs each prefill's decision (two prompts in one context: two rows); the
+    log is a deployment run whose numbers monitor reports as counted here from press.last."""
+    from scipy.stats import ks_2samp
+
+    from pagestats.cli import main as pagestats_main
+    from pagestats.io.deployment import read_deployment
+    from pagestats.monitor import monitor
+
+    model = make_tiny_model("llama", **PEAKED)
+    probe = GatedPress(kvpress.SnapKVPress(compression_ratio=0.5), tau=-1)
+    pilot = []
+    for seed in range(20, 30):
+        generate(model, ids_of(120, seed), probe, n=1)
+        pilot.append(probe.last.drop)
+    tau = float(np.median(pilot))
+    path = tmp_path / "gate.json"
+    gate = Gate(tau=tau, policy="fixed", model="tiny", n_layers=4,
+                pilot={"drops": pilot, "p_open": float(np.mean(np.asarray(pilot) >= tau))})
+    gate.write(path)
+    log = tmp_path / "log"
+    press = GatedPress.from_file(path, kvpress.SnapKVPress(compression_ratio=0.5), model_name="tiny", log_dir=log)
+    decisions = []
+    for seed in range(6):
+        generate(model, ids_of(100 + 10 * seed, seed), press, n=3)
+        decisions.append(press.last)
+    with press(model), torch.no_grad():  # two prefills in one context: two rows
+        for seed in (6, 7):
+            model.generate(ids_of(110, seed), do_sample=False, max_new_tokens=2)
+            decisions.append(press.last)
+    deploy.close_log(log)
+    rows = read_deployment(log).rows
+    assert rows["input_id"].to_list() == list(range(8))
+    assert rows["drop"].to_list() == [d.drop for d in decisions]
+    assert rows["kept_fraction"].to_list() == [d.kept_fraction for d in decisions]
+    assert rows["n_kept"].to_list() == [d.n_kept for d in decisions]
+    assert rows["reason"].to_list() == [d.reason for d in decisions] and set(rows["gate_open"]) == {True, False}
+    assert rows["prediction"].null_count() == rows["n_generated"].null_count() == 8  # the press sees no decode
+    manifest = json.loads((log / "manifest.json").read_text())
+    assert manifest["kind"] == "deployment" and manifest["gate"]["sha256"] == gate.sha256()
+    assert manifest["deployment"] == {"entry": "GatedPress", "evictor": repr(kvpress.SnapKVPress(compression_ratio=0.5)),
+                                      "budget": None, "log_text": False}
+    report = monitor(log, path)
+    n_open = sum(d.gate_open for d in decisions)
+    assert (report.n_inputs, report.n_open, int(report.p_open.n)) == (8, n_open, 8)
+    assert report.compression == pytest.approx(1 / np.mean([d.kept_fraction for d in decisions]), abs=1e-12)
+    expected = ks_2samp([d.drop for d in decisions], pilot)
+    assert (report.ks_statistic, report.ks_pvalue) == (float(expected.statistic), float(expected.pvalue))
+    assert pagestats_main(["validate", str(log)]) == 0
+
+
+def test_pipeline_with_log_dir_logs_each_call(model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
+
+    from pagestats.io.deployment import read_deployment
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    pipe = pipeline("kv-press-text-generation", model=model, tokenizer=tok, device="cpu")
+    press = GatedPress(kvpress.KnormPress(compression_ratio=0.5), tau=-1, model_name="tiny", log_dir=tmp_path / "log")
+    drops = []
+    for context in ("The quick brown fox jumps over the lazy dog. " * 6, "A bird in the hand is worth two. " * 8):
+        pipe(context, question=" What?", press=press, max_new_tokens=4)
+        drops.append(press.last.drop)
+    deploy.close_log(tmp_path / "log")
+    assert read_deployment(tmp_path / "log").rows["drop"].to_list() == drops
+
+
 # --------------------------------------------------------------------------- equal to the collector's logs
 
 PRESS_EVICTORS = {
