@@ -60,6 +60,7 @@ import dataclasses
 import functools
 import math
 import os
+import threading
 import warnings
 from dataclasses import dataclass, field
 
@@ -599,10 +600,15 @@ class DeploymentLog:
         self.run_id = manifest["run_id"]
         self.model_name = manifest["model"]["name"]
         self.next_id = max((key[0] for key in done), default=-1) + 1
+        self._appending = threading.Lock()  # threads of one server share the log: one row at a time
 
     def append(self, decision: GateDecision, *, text: str | None = None, n_generated: int | None = None,
                stop_reason: str | None = None) -> int:
         """Log one input's decision (and its decode, when known); returns its ``input_id``."""
+        with self._appending:
+            return self._append(decision, text, n_generated, stop_reason)
+
+    def _append(self, decision, text, n_generated, stop_reason) -> int:
         import datetime as _dt
 
         if self.writer is None:
@@ -627,13 +633,14 @@ class DeploymentLog:
 
     def close(self) -> None:
         """Write the buffered rows, the manifest, and release ``log_dir``."""
-        if self.writer is None:
-            return
-        try:
-            self.writer.close()
-        finally:
-            self.writer = None
-            self._release()
+        with self._appending:
+            if self.writer is None:
+                return
+            try:
+                self.writer.close()
+            finally:
+                self.writer = None
+                self._release()
 
     def _release(self) -> None:
         import fcntl
@@ -644,6 +651,7 @@ class DeploymentLog:
 
 #: log_dir (absolute) → the open DeploymentLog of this process.
 _LOGS: dict[str, DeploymentLog] = {}
+_AT_EXIT: list = []  # close_logs, once registered
 
 
 def open_log(log_dir, manifest: dict, *, part_size: int = 1) -> DeploymentLog:
@@ -659,8 +667,8 @@ def open_log(log_dir, manifest: dict, *, part_size: int = 1) -> DeploymentLog:
             raise ValueError(f"log_dir {key} is open for another deployment (run {log.run_id}) in this process: "
                              "a log holds one gate, model and evictor; give this one its own log_dir")
         return log
-    if not _LOGS:
-        atexit.register(close_logs)
+    if not _AT_EXIT:
+        _AT_EXIT.append(atexit.register(close_logs))
     log = _LOGS[key] = DeploymentLog(key, manifest, part_size=part_size)
     return log
 

@@ -236,11 +236,12 @@ def table_text(report: MonitorReport) -> str:
 
 
 def only_deployments(paths) -> bool:
-    """Whether every one of ``paths`` is a deployment run directory (``pagestats validate`` then checks
-    them here; logs that mix them with collection runs are checked by :func:`pagestats.io.load.checked_runs`)."""
-    from pagestats.io.deployment import is_deployment_dir
+    """Whether ``paths`` name deployment runs and nothing else (``pagestats validate`` then checks them
+    here; logs that mix them with collection runs are checked by :func:`pagestats.io.load.checked_runs`)."""
+    from pagestats.io.deployment import split_deployments
 
-    return bool(paths) and all(is_deployment_dir(p) for p in paths)
+    kept, dirs = split_deployments(paths)
+    return bool(dirs) and not kept
 
 
 def add_parser(sub) -> None:
@@ -271,12 +272,12 @@ def main(args) -> int:
     import json
 
     from pagestats.io import LogError
-    from pagestats.io.deployment import check_deployment, is_deployment_dir
+    from pagestats.io.deployment import check_deployment, is_deployment_dir, split_deployments
     from pagestats.io.validation.problems import one_line
 
     if args.command == "validate":
         problems, lines = [], []
-        for path in args.logs:
+        for path in split_deployments(args.logs)[1]:
             run, found = check_deployment(path)
             problems += found
             lines += [run.summary()] if run is not None else []

@@ -159,14 +159,15 @@ def test_monitor_cli_table_and_json(deployed, capsys):
     report = monitor(deployed["log"], deployed["gate_path"])
     assert data["ks"]["pvalue"] == report.ks_pvalue and data["p_open"]["k"] == report.n_open
     assert data["compression"] == report.compression and data["n_inputs"] == 8 and data["drift"] == []
-    assert pagestats_main(["validate", str(deployed["log"])]) == 0
-    err = capsys.readouterr().err.splitlines()
-    assert "a deployment run" in err[0] and "8 inputs" in err[0] and err[-1].startswith("ok:")
+    for logs in ([str(deployed["log"])], [str(deployed["log"].parent)], [str(deployed["log"].parent / "l*")]):
+        assert pagestats_main(["validate", *logs]) == 0  # the run, a folder holding it, a glob
+        err = capsys.readouterr().err.splitlines()
+        assert "a deployment run" in err[0] and "8 inputs" in err[0] and err[-1].startswith("ok:"), err
 
 
 def test_whatif_report_index_refuse_a_deployment_run(deployed, tmp_path, capsys):
     log = str(deployed["log"])
-    for argv in (["whatif", log], ["whatif", log, "--format", "csv"], ["report", log, "--out", str(tmp_path / "r")],
+    for argv in (["whatif", log], ["whatif", log, "--format", "csv"], ["whatif", str(deployed["log"].parent)], ["report", log, "--out", str(tmp_path / "r")],
                  ["index", log, "--db", str(tmp_path / "x.duckdb")], ["calibrate", log, "--out", str(tmp_path / "g")],
                  ["compact", log, "--out", str(tmp_path / "c")]):
         assert pagestats_main(argv) == 2, argv

@@ -37,7 +37,7 @@ from pagestats.io.validation.manifest import BIN_CONVENTIONS, parse_bins, safe_r
 from pagestats.io.validation.problems import MAX_ROWS_PER_RULE, ExclusionError, Problem, value_text
 
 __all__ = ["DeploymentRun", "DeploymentRunError", "check_deployment", "deployment_refusal", "is_deployment_dir",
-           "is_deployment_manifest", "read_deployment", "DROP_TOLERANCE", "ENTRIES"]
+           "is_deployment_manifest", "read_deployment", "split_deployments", "DROP_TOLERANCE", "ENTRIES"]
 
 #: The entry points of ``collectors.deploy`` that write deployment logs (manifest ``deployment.entry``).
 ENTRIES = ("GatedPress", "gated_generate")
@@ -98,6 +98,28 @@ def is_deployment_dir(path) -> bool:
         return is_deployment_manifest(read_manifest(manifest_path, path))
     except Refused:
         return False
+
+
+def split_deployments(paths) -> tuple[list, list[str]]:
+    """``paths`` less those that name deployment runs only, and the directories of every deployment
+    run the paths name (a run directory, a folder holding runs, or a glob), in order, once each.
+
+    A path that also names collection logs (or files the discovery reports a problem with) is kept:
+    its deployment runs are set apart by the discovery itself (:mod:`pagestats.io.discovery`).
+    """
+    from pagestats.io.discovery import _Discovery
+
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    kept, dirs = [], {}
+    for path in paths:
+        disc = _Discovery()
+        disc.add(path)
+        for real, run in disc.deployments.items():
+            dirs.setdefault(real, run.dir)
+        if not disc.deployments or disc.sources or disc.problems or disc.runs:
+            kept.append(path)
+    return kept, list(dirs.values())
 
 
 def deployment_refusal(run_dirs) -> DeploymentRunError:

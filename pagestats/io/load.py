@@ -738,24 +738,17 @@ def _deployments_apart(paths, deployments: str):
     """The paths that name collection logs, and the :class:`Checked` of the deployment runs the paths
     name (:mod:`pagestats.io.deployment`: their own rules, and a note naming each valid one);
     ``deployments="refuse"`` raises :class:`~pagestats.io.deployment.DeploymentRunError` instead."""
-    from pagestats.io.deployment import check_deployment, deployment_refusal
+    from pagestats.io.deployment import check_deployment, deployment_refusal, split_deployments
 
     if deployments not in ("check", "refuse"):
         raise ValueError(f"deployments must be 'check' or 'refuse', got {deployments!r}")
-    if isinstance(paths, (str, os.PathLike)):
-        paths = [paths]
-    kept, runs = [], {}
-    for path in paths:
-        disc = _discover([path])
-        runs.update(disc.deployments)
-        if not disc.deployments or disc.sources or disc.problems or disc.runs:
-            kept.append(path)  # a path that names only deployment runs is theirs alone
-    if runs and deployments == "refuse":
-        raise deployment_refusal([run.dir for run in runs.values()])
+    kept, dirs = split_deployments(paths)
+    if dirs and deployments == "refuse":
+        raise deployment_refusal(dirs)
     checked = Checked([], {}, [], pl.DataFrame(schema={"run_id": pl.String, "task": pl.String,
                                                       "task_class": pl.String}), [])
-    for run in sorted(runs.values(), key=lambda r: r.dir):
-        found, problems = check_deployment(run.dir)
+    for run_dir in dirs:
+        found, problems = check_deployment(run_dir)
         checked.problems += problems
         checked.notes += [found.summary()] if found is not None else []
     return kept, checked
