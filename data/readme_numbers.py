@@ -7,8 +7,9 @@ rewrites every block of README.md between ``<!-- readme-numbers:NAME -->`` and
 the logs give (``tests/test_shipped_data.py`` runs it).
 
 Blocks: ``query-aware-512``, ``query-aware-1024`` and ``query-agnostic-512``: per evictor, the harm rate
-plain → gated (Table 27), Δ at matched memory (Table N3) and Δ at the nominal budget (Table 28), each
-with its 95 % cluster-bootstrap interval and BH-adjusted p, in the report's order of evictors.
+plain → gated over every task and budget b < 1 and on the capacity-bound tasks at b = 1/16 (Table 27's cell), Δ at matched memory (Table N3)
+and Δ at the nominal budget (Table 28), each with its 95 % cluster-bootstrap interval and BH-adjusted p,
+and the realized compression at b = 1/16 at batch 1 and 8 (Tables 22-23), sorted by Δ at matched memory.
 """
 
 from __future__ import annotations
@@ -57,16 +58,27 @@ def _pp(x: float) -> str:
     return f"{x * 100:+.1f}"
 
 
+def _share(x) -> str:
+    return "–" if x is None else f"{x * 100:.1f} %"
+
+
+def _times(x) -> str:
+    return "–" if x is None else f"{x:.2f}×"
+
+
 def table(frame: pl.DataFrame) -> str:
     """One context's rows as the README's Markdown table (sorted by Δ at matched memory)."""
-    lines = ["| evictor | n | harm plain → gated | Δ at matched memory, pp [95 % CI] | p (BH) "
-             "| Δ at nominal budget, pp [95 % CI] | p (BH) |", "|---|---|---|---|---|---|---|"]
+    lines = ["| evictor | n | harm, every task and b < 1, plain → gated | harm on capacity-bound at b = 1/16, "
+             "plain → gated | Δ at matched memory, pp [95 % CI] | p (BH) | Δ at nominal budget, pp [95 % CI] | p (BH) "
+             "| compression at b = 1/16, batch 1 / 8 |", "|---|---|---|---|---|---|---|---|---|"]
     for r in frame.sort("delta_matched", descending=True).iter_rows(named=True):
         lines.append(
             f"| {LABELS.get(r['evictor'], r['evictor'])} | {r['n_inputs']} "
-            f"| {r['harm_plain'] * 100:.1f} % → {r['harm_gated'] * 100:.1f} % "
+            f"| {_share(r['harm_plain_all'])} → {_share(r['harm_gated_all'])} "
+            f"| {_share(r['harm_plain'])} → {_share(r['harm_gated'])} "
             f"| {_pp(r['delta_matched'])} [{_pp(r['matched_low'])}, {_pp(r['matched_high'])}] | {_p(r['matched_p'])} "
-            f"| {_pp(r['delta'])} [{_pp(r['low'])}, {_pp(r['high'])}] | {_p(r['p_adjusted'])} |")
+            f"| {_pp(r['delta'])} [{_pp(r['low'])}, {_pp(r['high'])}] | {_p(r['p_adjusted'])} "
+            f"| {_times(r['compression'])} / {_times(r['compression_batch'])} |")
     return "\n".join(lines) + "\n"
 
 

@@ -91,6 +91,10 @@ K_SWEEP = (8, 16, 32, 64, 128)
 PILOT_SIZES = (25, 50, 100)
 #: Batch sizes of the static-batching table (App. A.6.2, Table 23).
 BATCH_SIZES = (1, 2, 4, 8, 16, 32)
+#: The budget of the headline's harm and compression: b = 1/16, 16× nominal compression (Tables 22, 23, 27).
+HEADLINE_BUDGET = 0.0625
+#: The batch size of the headline's batched compression (Table 23's B = 8).
+HEADLINE_BATCH = 8
 #: τ sweep of the threshold-sensitivity figure: (start, stop, step), stop inclusive (App. A.3.4, Fig. 6).
 TAU_GRID = (-0.05, 0.25, 0.0025)
 #: Operational plateau of Fig. 6 (App. A.3.4): Δ within this of Δ(τ0) ("Δ varies by under 1 pp") ...

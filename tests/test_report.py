@@ -19,7 +19,7 @@ from pagestats.report.figure_entries import FIGURES
 from pagestats.report.table_entries import TABLES
 
 SMALL = dict(models={"tiny": (6, 3)}, evictors=("snapkv", "h2o"), tasks=("niah_multikey_3", "vt", "fwe"),
-             n_inputs=4, budgets=(0.125, 0.5, 1.0), with_topk=False, with_text=False)
+             n_inputs=4, budgets=(0.0625, 0.5, 1.0), with_topk=False, with_text=False)
 
 
 def _load(tmp_path, **kwargs):
@@ -217,12 +217,23 @@ def test_html_page_reads_finding_first_provenance_last(two_context):
     for c in ("delta", "low", "high", "p_adjusted"):
         assert joined[c].to_list() == pytest.approx(joined[f"{c}_t28"].to_list(), abs=1e-12)
     gated = report.Context(logs).gated.filter(pl.col("budget") < 1)
+    t22 = pl.read_csv(index.parent / "tables" / "tab22_compression.csv").filter(pl.col("budget") == 0.0625)
     for r in head.iter_rows(named=True):
         cell = gated.filter((pl.col("model") == r["model"]) & (pl.col("context_length") == r["context_length"])
                             & (pl.col("evictor") == r["evictor"]))
-        assert r["harm_plain"] == pytest.approx((cell["score_plain"] < cell["score_full"]).mean())
-        assert r["harm_gated"] == pytest.approx((cell["score_gated"] < cell["score_full"]).mean())
-        assert r["compression"] == pytest.approx(1 / (cell["n_kept_gated"] / cell["n_tokens"]).mean())
+        at = cell.filter(pl.col("budget") == 0.0625)  # Table 27's cell: the capacity-bound class at b = 1/16
+        cap = at.filter(pl.col("task_class") == defaults.CAPACITY_BOUND)
+        assert r["n_capacity"] == cap.height > 0
+        assert r["harm_plain"] == pytest.approx((cap["score_plain"] < cap["score_full"]).mean())
+        assert r["harm_gated"] == pytest.approx((cap["score_gated"] < cap["score_full"]).mean())
+        assert r["kept_kv"] == pytest.approx((cell["n_kept_gated"] / cell["n_tokens"]).mean())
+        kept = (at["n_kept_gated"] / at["n_tokens"]).to_numpy()
+        p, k_open = at["gate_open"].mean(), kept[at["gate_open"].to_numpy()].mean()
+        assert r["compression"] == pytest.approx(1 / kept.mean())
+        assert r["compression_batch"] == pytest.approx(1 / ((1 - p ** 8) + p ** 8 * k_open))
+        if r["evictor"] == "snapkv":  # Table 22's b = 1/16 row of the headline evictor
+            row = t22.filter((pl.col("model") == r["model"]) & (pl.col("context_length") == r["context_length"]))
+            assert row["compression"].item() == pytest.approx(r["compression"], rel=1e-12)
     assert meta["headline_sentences"] and meta["headline_sentences"][0] in text.replace("&#x27;", "'")
     # index.md keeps the same order
     md = index.read_text()
@@ -369,13 +380,15 @@ def _headline_row(**over):
     row = {"model": "m", "context_length": 512, "evictor": "snapkv", "n_inputs": 40, "delta": 0.094, "low": 0.0,
            "high": 0.281, "p_adjusted": 0.65, "harm_plain": 0.12, "harm_gated": 0.03, "harm_reduction": 0.09,
            "delta_matched": 0.012, "matched_low": -0.01, "matched_high": 0.03, "matched_p": 0.4,
-           "p_open": 0.75, "kept_kv": 0.58, "compression": 1 / 0.58}
+           "p_open": 0.75, "kept_kv": 0.58, "n_capacity": 20, "kept_kv_budget": 0.3, "kept_open": 0.0625,
+           "compression": 1 / 0.3, "compression_batch": 1.1}
     return {**row, **over}
 
 
 @pytest.mark.parametrize("over, says, never", [
     # a positive point estimate whose BH-adjusted p is 0.65 is not a rise, even with low ≥ 0
-    ({}, "the gate cuts the harm rate from 12% to 3%; at matched memory (plain eviction's frontier at the same 58% "
+    ({}, "on the capacity-bound tasks at b = 1/16 (20 inputs) the gate cuts the harm rate from 12.0% to 3.0% "
+         "(paper: 75% to 2.6%, Table 27); at matched memory (plain eviction's frontier at the same 58% "
          "of the KV cache) its change in accuracy over plain eviction, +1.2 pp [-1.0, +3.0], is not significant "
          "(BH-adjusted p = 0.4); at the same nominal budget its change in accuracy over plain eviction, +9.4 pp "
          "[+0.0, +28.1], is not significant (BH-adjusted p = 0.65)", "raises accuracy"),
@@ -384,11 +397,15 @@ def _headline_row(**over):
      "at the same nominal budget it raises accuracy by +9.4 pp [+5.0, +28.1] over plain eviction (BH-adjusted "
      "p < 0.001)", "not significant"),
     ({"delta": -0.05, "low": -0.09, "high": -0.01, "p_adjusted": 0.01, "harm_gated": 0.2},
-     "the gate raises the harm rate from 12% to 20%; at matched memory", "cuts"),
+     "the gate raises the harm rate from 12.0% to 20.0% (paper: 75% to 2.6%, Table 27); at matched memory", "cuts"),
     ({"delta": -0.05, "low": -0.09, "high": -0.01, "p_adjusted": 0.01},
      "at the same nominal budget it lowers accuracy by -5.0 pp [-9.0, -1.0] over plain eviction (BH-adjusted "
      "p = 0.01)", "raises accuracy"),
-    ({"harm_gated": 0.12}, "the gate leaves the harm rate at 12%", "cuts"),
+    ({"harm_gated": 0.12}, "the gate leaves the harm rate at 12.0%", "cuts"),
+    ({}, "at b = 1/16 it keeps 30% of the KV cache, 3.33× compression at batch 1 and 1.10× at batch 8 (paper: "
+         "1.8–3.4× (mean 2.9×) at batch 1, Table 22", "n/a"),
+    ({"harm_plain": None, "harm_gated": None, "harm_reduction": None, "n_capacity": 0},
+     "m at 512 tokens, snapkv: at matched memory", "harm rate"),
     ({"p_adjusted": None}, "is not significant (no BH-adjusted p)", "raises accuracy"),
 ])
 def test_headline_sentence_claims_an_effect_only_where_bh_rejects(over, says, never):
@@ -501,7 +518,7 @@ def test_a_wrong_formula_is_caught(two_context, monkeypatch):
 
     _, index = two_context
     monkeypatch.setitem(glossary.FORMULAS, "harm_ratio", "harm_plain - harm_gated")
-    monkeypatch.setitem(glossary.FORMULAS, "compression", "kept_kv")
+    monkeypatch.setitem(glossary.FORMULAS_BY_TABLE["headline"], "compression", "kept_kv_budget")
     bad = {(t, c) for t, c, _, holds in glossary.formula_checks(index.parent) if not holds}
     assert ("tab27_harm", "harm_ratio") in bad and ("headline", "compression") in bad
 
@@ -535,3 +552,23 @@ def test_report_policy_and_headline_evictor_options(tmp_path, capsys):
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
         "error: the midpoint recipe (Eq. 5) takes 20 capacity-bound (niah_multikey_3) and 20 dilution-prone (vt)")
     assert not (tmp_path / "o2").exists() and not (tmp_path / "o3").exists()
+
+
+def test_headline_shows_the_papers_values_with_their_sources(two_context):
+    """Beside the reproduced headline numbers: the paper's own values, from one table, each citing where."""
+    from pagestats.report.paper import PAPER_VALUES
+
+    _, index = two_context
+    md_text = index.read_text()
+    row = next(line for line in md_text.splitlines() if line.startswith("| paper (Qwen2.5, Mistral-7B)"))
+    for column in ("harm_plain", "harm_gated", "compression", "delta_ci", "matched_ci"):
+        assert PAPER_VALUES[column][0] in row
+    assert "Sources: " in md_text and PAPER_VALUES["compression"][1] in md_text
+    assert all(any(k in where for k in ("§", "Table", "Fig.", "App.")) for _, where in PAPER_VALUES.values())
+    meta = json.loads(index.with_name("index.json").read_text())
+    assert all("(paper: 75% to 2.6%, Table 27)" in s for s in meta["headline_sentences"] if "harm rate" in s)
+    t25 = next(o for o in meta["outputs"] if o["name"] == "tab25_scaling")
+    assert "Paper: 0.34 (App. A.6.4" in t25["caption"]
+    page = index.with_name("index.html").read_text()
+    head = page[page.index('id="headline"'):page.index("<nav>")]
+    assert 'class="scroll"' not in head  # every headline row shows, no inner scroll box

@@ -183,6 +183,11 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "tau_to": ("τ to", "largest threshold giving this point"),
     "accuracy": ("accuracy", "mean score of the gated arm at this (τ, b)"),
     "harm_reduction": ("harm cut, pp", "harm plain − harm gated, in percentage points"),
+    "harm_plain_all": ("harm plain, all", "share of (input, budget b < 1) of every task plain eviction scores below the "
+                       "full cache"),
+    "harm_gated_all": ("harm gated, all", "the same share for the gated arm"),
+    "kept_kv_budget": ("kept KV at b = 1/16", "mean n_kept / n_tokens of the gated arm at b = 1/16"),
+    "compression_batch": ("compression, batch 8", "1 / provisioned at batch 8 (Table 23)"),
 }
 
 #: table name → {tidy name: (header, meaning)} where a name means something else there.
@@ -238,6 +243,8 @@ FORMULAS_BY_TABLE: dict[str, dict[str, str]] = {
     "tab22_compression": {"compression": "1 / kept_kv_gated",
                           "kept_kv_gated": "p_open * COALESCE(kept_kv_open, 0) + (1 - p_open)"},
     "tab23_batching": {"compression": "1 / provisioned"},
+    "headline": {"compression": "1 / kept_kv_budget",
+                 "compression_batch": "1 / ((1 - POWER(p_open, 8)) + POWER(p_open, 8) * COALESCE(kept_open, 0))"},
 }
 
 

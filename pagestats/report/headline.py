@@ -1,6 +1,8 @@
-"""The headline numbers a report leads with: per (model, context, evictor), the gating Δ with
-its cluster-bootstrap interval, the harm rates with and without the gate, the gate-open share
-and the memory kept (docs/DEFINITIONS.md; PAGE paper §4, Tables 2, 22, 27, 28)."""
+"""The headline numbers a report leads with, per (model, context, evictor): the paper's defensible
+quantities first (the harm on the capacity-bound class at b = 1/16, Δ at matched memory, the
+realized compression at b = 1/16 at batch 1 and under batching), then Δ at the nominal budget
+(docs/DEFINITIONS.md; PAGE paper §4, Tables 2, 22, 23, 27, 28, N3), each sentence with the
+paper's own value beside it (:mod:`pagestats.report.paper`)."""
 
 from __future__ import annotations
 
@@ -10,27 +12,38 @@ import polars as pl
 from pagestats import defaults, metrics
 from pagestats.columns import MATRIX_CELL, MODEL_CELL
 from pagestats.report.context import Context
+from pagestats.report.paper import PAPER_VALUES
 
 #: Columns of :func:`headline`.
-HEADLINE_COLUMNS = (*MATRIX_CELL, "n_inputs", "harm_plain", "harm_gated", "harm_reduction", "delta_matched",
-                    "matched_low", "matched_high", "matched_p", "delta", "low", "high", "p_adjusted", "p_open", "kept_kv",
-                    "compression")
+HEADLINE_COLUMNS = (*MATRIX_CELL, "n_inputs", "n_capacity", "harm_plain", "harm_gated", "harm_reduction",
+                    "harm_plain_all", "harm_gated_all",
+                    "delta_matched", "matched_low", "matched_high", "matched_p", "delta", "low", "high", "p_adjusted",
+                    "p_open", "kept_kv", "kept_kv_budget", "kept_open", "compression", "compression_batch")
 
 
 def headline(ctx: Context) -> pl.DataFrame:
     """Per matrix cell, the paper's defensible quantities first (§4: Δ "is at matched nominal budget, not a
     compression win"; "the defensible headline is the harm reduction (Table 27) and the matched-cache
-    frontier"): the harm rates of the plain and the gated arm and their difference, Δ at matched memory
-    (Table N3, :func:`pagestats.metrics.matched_memory`) with its interval and BH-adjusted p, then Δ at
-    the nominal budget with the 95% cluster-bootstrap interval and BH-adjusted p (the same draw as
-    Table 28: :data:`~pagestats.defaults.BOOTSTRAP_SEED`), p_open, kept-KV and compression.
+    frontier"): the harm rates of the plain and the gated arm on the capacity-bound class at
+    b = :data:`~pagestats.defaults.HEADLINE_BUDGET` (Table 27's cell) and their difference, Δ at
+    matched memory (Table N3, :func:`pagestats.metrics.matched_memory`) with its interval and
+    BH-adjusted p, Δ at the nominal budget with the 95% cluster-bootstrap interval and BH-adjusted p
+    (the same draw as Table 28: :data:`~pagestats.defaults.BOOTSTRAP_SEED`), p_open, and the realized
+    compression at b = 1/16 at batch 1 (Table 22) and at batch :data:`~pagestats.defaults.HEADLINE_BATCH`
+    (Table 23).
 
     Notes
     -----
-    Over the cell's inputs and budgets b < 1, the evictors of a (model, context) on the same inputs
-    as in Table 28 (:func:`pagestats.metrics.equal_inputs`): Δ = mean(gated − plain); harm = share of
-    (input, b) with A(b, x) < A_full(x), per arm (Table 27, pooled over b); kept_kv = mean
-    n_kept / n_tokens of the gated arm and compression = 1 / kept_kv (Table 22); p_open =
+    The evictors of a (model, context) on the same inputs as in Table 28
+    (:func:`pagestats.metrics.equal_inputs`). Δ = mean(gated − plain) over the inputs and budgets
+    b < 1; ``kept_kv`` = mean n_kept / n_tokens of the gated arm over the same rows (the memory the
+    matched-memory Δ is matched at). At b = 1/16: ``n_capacity`` capacity-bound inputs, harm = share
+    of them with A(b, x) < A_full(x), per arm (Table 27); ``kept_kv_budget`` the gated arm's mean
+    kept fraction and ``compression`` = 1 / kept_kv_budget (Table 22); ``kept_open`` the mean kept
+    fraction of the open inputs and ``compression_batch`` = 1 / ((1 − p_open^B) + p_open^B ·
+    kept_open) (Table 23, :func:`pagestats.metrics.static_batching`). A cell without b = 1/16 (or
+    without capacity-bound inputs) has those columns null. ``harm_plain_all`` and ``harm_gated_all``:
+    the harm rates over every task and budget b < 1 (how much each evictor loses overall). p_open =
     share of the cell's inputs on which the gate opens.
     """
     rows = ctx.gated.filter(pl.col("budget") < 1.0)
@@ -40,21 +53,36 @@ def headline(ctx: Context) -> pl.DataFrame:
     by = list(MATRIX_CELL) + (["pair_draw"] if "pair_draw" in rows.columns else [])
     boot = metrics.delta_bootstrap(rows.filter(pl.col("pair_draw") == 0) if "pair_draw" in rows.columns else rows,
                                    list(MATRIX_CELL), rng=np.random.default_rng(defaults.BOOTSTRAP_SEED))
-    pooled = rows.group_by(by).agg(
+    kept = pl.col("n_kept_gated") / pl.col("n_tokens")
+    pooled = rows.group_by(by).agg(kept.mean().alias("kept_kv"),
+                                   (pl.col("score_plain") < pl.col("score_full")).mean().alias("harm_plain_all"),
+                                   (pl.col("score_gated") < pl.col("score_full")).mean().alias("harm_gated_all"))
+    at_b = rows.filter(pl.col("budget") == defaults.HEADLINE_BUDGET)
+    capacity = at_b.filter(pl.col("task_class") == defaults.CAPACITY_BOUND).group_by(by).agg(
+        pl.len().alias("n_capacity"),
         (pl.col("score_plain") < pl.col("score_full")).mean().alias("harm_plain"),
-        (pl.col("score_gated") < pl.col("score_full")).mean().alias("harm_gated"),
-        (pl.col("n_kept_gated") / pl.col("n_tokens")).mean().alias("kept_kv"),
-    )
+        (pl.col("score_gated") < pl.col("score_full")).mean().alias("harm_gated"))
+    memory = at_b.group_by(by).agg(kept.mean().alias("kept_kv_budget"),
+                                   kept.filter(pl.col("gate_open")).mean().alias("kept_open"))
     opened = metrics.p_open(rows, by).select(*by, "p_open")
-    per = pooled.join(opened, on=by)
+    per = (pooled.join(opened, on=by).join(capacity, on=by, how="left").join(memory, on=by, how="left")
+           .with_columns(pl.col("n_capacity").fill_null(0)))
     if "pair_draw" in by:  # a head-pair replay: every value is the mean over the draws
-        per = per.group_by(list(MATRIX_CELL)).agg(pl.col("harm_plain", "harm_gated", "kept_kv", "p_open").mean())
+        per = per.group_by(list(MATRIX_CELL)).agg(pl.col("n_capacity").first(), pl.col(
+            "harm_plain", "harm_gated", "harm_plain_all", "harm_gated_all", "kept_kv", "kept_kv_budget", "kept_open",
+            "p_open").mean())
     matched = ctx.matched_memory.select(*MATRIX_CELL, "delta_matched", pl.col("low").alias("matched_low"),
                                         pl.col("high").alias("matched_high"), pl.col("p_adjusted").alias("matched_p"))
+    batch = defaults.HEADLINE_BATCH
+    all_open = pl.col("p_open") ** batch
     return (boot.select(*MATRIX_CELL, "n_inputs", "delta", "low", "high", "p_adjusted")
             .join(per, on=list(MATRIX_CELL)).join(matched, on=list(MATRIX_CELL), how="left")
             .with_columns((pl.col("harm_plain") - pl.col("harm_gated")).alias("harm_reduction"),
-                          (1.0 / pl.col("kept_kv")).alias("compression"))
+                          (1.0 / pl.col("kept_kv_budget")).alias("compression"),
+                          (1.0 / ((1.0 - all_open) + all_open * pl.col("kept_open").fill_null(0.0)))
+                          .alias("compression_batch"))
+            .with_columns(pl.when(pl.col("kept_kv_budget").is_null()).then(None)
+                          .otherwise(pl.col("compression_batch")).alias("compression_batch"))
             .select(HEADLINE_COLUMNS).sort(list(MATRIX_CELL)))
 
 
@@ -70,19 +98,35 @@ def headline_sentences(frame: pl.DataFrame, headline_evictor: str | None) -> lis
     if frame.height == 0:
         return ["The logs hold no eviction budget b < 1: there is no gating effect to report."]
     sub = frame.filter(pl.col("evictor") == headline_evictor) if headline_evictor else frame
+    b = _fraction(defaults.HEADLINE_BUDGET)
     for r in sub.iter_rows(named=True):
+        parts = []
         plain, gated = r["harm_plain"], r["harm_gated"]
-        harm = (f"leaves the harm rate at {plain:.0%}" if f"{plain:.0%}" == f"{gated:.0%}" else
-                f"{'cuts' if gated < plain else 'raises'} the harm rate from {plain:.0%} to {gated:.0%}")
-        parts = [f"the gate {harm}"]
+        if plain is not None:
+            harm = (f"leaves the harm rate at {plain:.1%}" if f"{plain:.1%}" == f"{gated:.1%}" else
+                    f"{'cuts' if gated < plain else 'raises'} the harm rate from {plain:.1%} to {gated:.1%}")
+            parts.append(f"on the capacity-bound tasks at b = {b} ({r['n_capacity']} inputs) the gate {harm} "
+                         f"(paper: {PAPER_VALUES['harm_plain'][0]} to {PAPER_VALUES['harm_gated'][0]}, Table 27)")
         if r.get("delta_matched") is not None:
             parts.append(f"at matched memory (plain eviction's frontier at the same {r['kept_kv']:.0%} of the KV "
                          f"cache) {_effect(r['delta_matched'], r['matched_low'], r['matched_high'], r['matched_p'])}")
         parts.append(f"at the same nominal budget {_effect(r['delta'], r['low'], r['high'], r['p_adjusted'])}")
-        out.append(
-            f"{r['model']} at {r['context_length']} tokens, {r['evictor']}: {'; '.join(parts)}. It opens on "
-            f"{r['p_open']:.0%} of inputs ({r['compression']:.2f}× compression at batch 1).")
+        memory = f"It opens on {r['p_open']:.0%} of inputs"
+        if r["compression"] is not None:
+            memory += (f"; at b = {b} it keeps {r['kept_kv_budget']:.0%} of the KV cache, {r['compression']:.2f}× "
+                       f"compression at batch 1 and {r['compression_batch']:.2f}× at batch {defaults.HEADLINE_BATCH} "
+                       f"(paper: {PAPER_VALUES['compression'][0]} at batch 1, Table 22; "
+                       f"{PAPER_VALUES['compression_batch'][0]} with the batch, Table 23)")
+        out.append(f"{r['model']} at {r['context_length']} tokens, {r['evictor']}: {'; '.join(parts)}. {memory}.")
     return out
+
+
+def _fraction(b: float) -> str:
+    """1/16 for 0.0625: the budget as the paper writes it."""
+    from fractions import Fraction
+
+    f = Fraction(b).limit_denominator(1024)
+    return f"{f.numerator}/{f.denominator}" if f.denominator != 1 else str(f.numerator)
 
 
 def _effect(delta, low, high, p) -> str:

@@ -21,13 +21,43 @@ import polars as pl
 
 from pagestats.escape import markdown as md
 from pagestats.report.glossary import glossary, header
+from pagestats.report.paper import PAPER_VALUES
 
 #: Headline columns shown, as (tidy name, header).
 HEADLINE_SHOWN = (("model", "model"), ("context_length", "context"), ("evictor", "evictor"),
-                  ("n_inputs", "n inputs"), ("harm_plain", "harm plain"), ("harm_gated", "harm gated"),
-                  ("harm_reduction", "harm cut (pp)"), ("matched_ci", "Δ at matched memory [95% CI]"),
-                  ("matched_p", "p (BH)"), ("delta_ci", "Δ at nominal budget [95% CI]"), ("p_adjusted", "p (BH)"),
-                  ("p_open", "p_open"), ("kept_kv", "kept KV"), ("compression", "compression (batch 1)"))
+                  ("n_inputs", "n inputs"), ("harm_plain", "harm plain (capacity-bound, b = 1/16)"),
+                  ("harm_gated", "harm gated (capacity-bound, b = 1/16)"), ("harm_reduction", "harm cut (pp)"),
+                  ("matched_ci", "Δ at matched memory [95% CI]"), ("matched_p", "p (BH)"),
+                  ("delta_ci", "Δ at nominal budget [95% CI]"), ("p_adjusted", "p (BH)"), ("p_open", "p_open"),
+                  ("kept_kv", "kept KV (b < 1)"), ("compression", "compression at b = 1/16, batch 1"),
+                  ("compression_batch", "compression at b = 1/16, batch 8"))
+
+
+#: What the headline table's columns mean (HTML caption and index.md).
+HEADLINE_CAPTION = (
+    "With the policy of the appendix; the paper's defensible quantities first (§4). Harm: share of the "
+    "capacity-bound inputs at b = 1/16 whose score falls below the full cache (Table 27's cell); harm cut: plain − "
+    "gated, in pp. Δ at matched memory: gated accuracy − plain eviction's frontier accuracy at the same mean kept KV, "
+    "over budgets b < 1 (Table N3). Δ at nominal budget: mean gated − plain accuracy at the same b, over budgets "
+    "b < 1 (Table 28). Intervals: 95% cluster bootstrap; p: Benjamini–Hochberg. p_open: share of inputs whose gate "
+    "opens. Kept KV: mean n_kept / n_tokens of the gated arm over b < 1. Compression at b = 1/16: 1 / the gated arm's "
+    "kept KV at batch 1 (Table 22), and at batch 8 when one closed gate provisions the whole batch at the full cache "
+    "(Table 23). Last row: the paper's values, from its models and lengths (a reference, not a target).")
+
+
+def paper_row() -> dict:
+    """The headline table's last row: the paper's value of each column where it gives one
+    (:data:`pagestats.report.paper.PAPER_VALUES`), with where."""
+    row = {c: PAPER_VALUES[c][0] if c in PAPER_VALUES else "–" for c, _ in HEADLINE_SHOWN}
+    row.update(model="paper (Qwen2.5, Mistral-7B)", context_length="paper: 4K–16K", evictor="SnapKV",
+               n_inputs="500 per task")
+    return row
+
+
+def paper_sources() -> str:
+    """Where the paper gives each value of :func:`paper_row`."""
+    return "; ".join(f"{header} {PAPER_VALUES[c][0]}: {PAPER_VALUES[c][1]}" for c, header in HEADLINE_SHOWN
+                     if c in PAPER_VALUES)
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1100px;margin:2em auto;
@@ -84,11 +114,20 @@ def headline_rows(frame: pl.DataFrame) -> list[dict]:
                            f"{r['matched_high'] * 100:+.1f}]"),
             "matched_p": "–" if r.get("matched_p") is None else _p(r["matched_p"]),
             "p_adjusted": _p(r["p_adjusted"]),
-            "harm_plain": f"{r['harm_plain']:.1%}", "harm_gated": f"{r['harm_gated']:.1%}",
-            "harm_reduction": f"{r['harm_reduction'] * 100:+.1f} pp", "p_open": f"{r['p_open']:.1%}",
-            "kept_kv": f"{r['kept_kv']:.1%}", "compression": f"{r['compression']:.2f}×",
+            "harm_plain": _share(r["harm_plain"]), "harm_gated": _share(r["harm_gated"]),
+            "harm_reduction": "–" if r["harm_reduction"] is None else f"{r['harm_reduction'] * 100:+.1f} pp",
+            "p_open": f"{r['p_open']:.1%}", "kept_kv": f"{r['kept_kv']:.1%}",
+            "compression": _times(r["compression"]), "compression_batch": _times(r["compression_batch"]),
         })
     return rows
+
+
+def _share(value) -> str:
+    return "–" if value is None else f"{value:.1%}"
+
+
+def _times(value) -> str:
+    return "–" if value is None else f"{value:.2f}×"
 
 
 def _html_table(columns: list[str], rows: list[list[str]], text_columns=()) -> str:
@@ -139,16 +178,9 @@ def write_index_html(index: dict, out) -> str:
         shown = [(c, h) for c, h in HEADLINE_SHOWN if not (c == "model" and hl["model"].n_unique() == 1)]
         if len(shown) < len(HEADLINE_SHOWN):
             parts.append(f"<p class=\"caption\">Model: {html.escape(str(hl['model'][0]))}.</p>")
-        parts.append('<div class="scroll">' + _html_table(
-            [h for _, h in shown], [[r[c] for c, _ in shown] for r in rows], {"model", "evictor"}) + "</div>")
-        parts.append('<p class="caption">Over each cell\'s inputs and budgets b &lt; 1, with the policy of the '
-                     'appendix; the paper\'s defensible quantities first (§4). Harm: share of (input, budget) whose '
-                     'score falls below the full cache (Table 27); harm cut: plain − gated, in pp. Δ at matched '
-                     'memory: gated accuracy − plain eviction\'s frontier accuracy at the same mean kept KV (Table N3). '
-                     'Δ at nominal budget: mean gated − plain accuracy at the same b (Table 28). Intervals: 95% cluster '
-                     'bootstrap; p: Benjamini–Hochberg. p_open: share of inputs whose gate opens. Kept KV: mean '
-                     'n_kept / n_tokens of the gated arm; compression = 1 / kept KV at batch 1 (Table 22; Table 23 '
-                     'for batching).</p>')
+        table_rows = [[r[c] for c, _ in shown] for r in [*rows, paper_row()]]
+        parts.append(_html_table([h for _, h in shown], table_rows, {"model", "evictor"}))  # every row, no inner scroll
+        parts.append(f'<p class="caption">{html.escape(HEADLINE_CAPTION)} Sources: {html.escape(paper_sources())}.</p>')
     parts.append("<nav><ul>" + "".join(f'<li><a href="#{o["name"]}">{html.escape(o["source"])} — '
                                        f'{html.escape(o["name"])}</a></li>' for o in figures + tables)
                  + '<li><a href="#skipped">Not produced</a></li><li><a href="#appendix">Appendix</a></li></ul></nav>')
@@ -235,7 +267,8 @@ def index_markdown(index: dict, out) -> str:
         rows = headline_rows(pl.DataFrame(index["headline"]))
         lines += ["", "| " + " | ".join(h for _, h in HEADLINE_SHOWN) + " |",
                   "|" + "---|" * len(HEADLINE_SHOWN)]
-        lines += ["| " + " | ".join(md(r[c]) for c, _ in HEADLINE_SHOWN) + " |" for r in rows]
+        lines += ["| " + " | ".join(md(r[c]) for c, _ in HEADLINE_SHOWN) + " |" for r in [*rows, paper_row()]]
+        lines += ["", md(f"{HEADLINE_CAPTION} Sources: {paper_sources()}.")]
     lines += ["", "## Figures", ""]
     for o in (o for o in index["outputs"] if o["kind"] == "figure" and not o["skipped"]):
         lines += [f"### {o['source']} ({o['name']})", "", md(o["caption"]), ""]

@@ -16,6 +16,7 @@ from pagestats import defaults, replay
 from pagestats.columns import with_task_class
 from pagestats.replay.policies import Midpoint, TaskOracle
 from pagestats.report.decision import decision_table
+from pagestats.report.paper import PAPER_VALUES
 from pagestats.report.context import (
     Entry,
     needs_agreement,
@@ -59,6 +60,12 @@ from pagestats.tables import (
     tau_variants_table,
 )
 
+
+
+def _paper(column: str) -> str:
+    """"Paper: VALUE (WHERE)." for a caption (:data:`pagestats.report.paper.PAPER_VALUES`)."""
+    value, where = PAPER_VALUES[column]
+    return f"Paper: {value} ({where})."
 
 def _typeset(name: str, frame: pl.DataFrame):
     return frame, LAYOUTS[name]
@@ -201,7 +208,7 @@ def _entries() -> tuple[Entry, ...]:
               "not a pre-registration."),
         Entry("tab22_compression", "table", "Table 22",
               lambda c: t("tab22_compression", compression_table(c.gated, evictor=c.headline_evictor)), (ev,),
-              "Achieved kept-KV and compression per budget and grid mean."),
+              "Achieved kept-KV and compression per budget and grid mean. " + _paper("compression")),
         Entry("tab23_batching", "table", "Table 23",
               lambda c: t("tab23_batching", batching_table(c.gated, evictor=c.headline_evictor)), (ev,),
               "Compression under static batch provisioning, batch sizes 1–32."),
@@ -210,10 +217,12 @@ def _entries() -> tuple[Entry, ...]:
               "Mean D per task with strict-thirds bins."),
         Entry("tab25_scaling", "table", "Table 25",
               lambda c: t("tab25_scaling", scaling_table(c.gated, evictor=c.headline_evictor, rule=c.dilution_rule)), (ev, needs_dilution_headroom),
-              "ρ / (1 − A_full) per (model, context, task) and the through-origin slope."),
+              "ρ / (1 − A_full) per (model, context, task) and the through-origin slope. " + _paper("slope")),
         Entry("tab27_harm", "table", "Table 27",
               lambda c: t("tab27_harm", harm_table(c.gated, evictor=c.headline_evictor)), (ev,),
-              "Fixed-budget harm rate gated / plain per task and budget, pooled over cells."),
+              "Fixed-budget harm rate gated / plain per task and budget, pooled over cells. Paper, NIAH-MK3 at b = 1/16: "
+              f"plain {PAPER_VALUES['harm_plain'][0]}, gated {PAPER_VALUES['harm_gated'][0]} "
+              f"({PAPER_VALUES['harm_gated'][1]})."),
         Entry("tab28_bootstrap", "table", "Table 28",
               lambda c: t("tab28_bootstrap", bootstrap_table(c.gated, rng=rng())), (ev,),
               "Δ per matrix cell with cluster-bootstrap 95% intervals and BH-adjusted p."),
