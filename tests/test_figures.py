@@ -1010,3 +1010,23 @@ def test_annotations_stay_inside_their_axes(every_figure, name):
             b = t.get_window_extent(renderer)
             assert frame.x0 - 0.5 <= b.x0 and b.x1 <= frame.x1 + 0.5 and frame.y0 - 0.5 <= b.y0 and b.y1 <= frame.y1 + 0.5, \
                 (name, t.get_text())
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_delta_matrix_wraps_a_very_long_name(gated, transposed):
+    # a 300-letter evictor name (the fuzz's labels): wrapped to LABEL_WIDTH, the figure not 15 in wide
+    from pagestats.figures.matrix import LABEL_WIDTH
+
+    long = "e" * 300
+    frame = _many_evictors(gated) if transposed else gated
+    fig = F.delta_matrix(frame.with_columns(pl.when(pl.col("evictor") == "snapkv").then(pl.lit(long))
+                                            .otherwise(pl.col("evictor")).alias("evictor")))
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in (ax.get_yticklabels() if transposed else ax.get_xticklabels())]
+    wrapped = next(t for t in labels if t.startswith("e"))
+    assert wrapped.replace("\n", "") == long and max(map(len, wrapped.split("\n"))) <= LABEL_WIDTH
+    assert fig.get_figwidth() < 8
+    _assert_nothing_clipped(fig)
+    renderer = _renderer(fig)
+    for axis in (ax.xaxis, ax.yaxis):
+        _assert_ticklabels_apart(axis, renderer, "Fig. 8 tick labels")

@@ -54,7 +54,8 @@ def delta_matrix(gated: pl.DataFrame, *, ax=None):
     losses: the colour reads as the size of the effect) and diverging, centred at 0, when the
     signs differ (:func:`delta_colour_scale`). When there are more evictors than (model, context)
     rows the matrix is drawn transposed, evictors as rows, so that their names read across
-    instead of being rotated over each other.
+    instead of being rotated over each other; the figure is as wide as its labels need, a label
+    longer than :data:`LABEL_WIDTH` characters wrapped.
 
     Returns
     -------
@@ -76,8 +77,8 @@ def delta_matrix(gated: pl.DataFrame, *, ax=None):
             if hit.height:
                 grid[i, j] = hit["delta"][0] * 100
     cmap, vmin, vmax = delta_colour_scale(grid)
-    evictor_labels = [st.plain_text(e) for e in evictors]
-    cell_labels = [_two_line_cell(r) for r in rows]
+    evictor_labels = [_wrapped(st.plain_text(e)) for e in evictors]
+    cell_labels = ["\n".join(_wrapped(line) for line in _two_line_cell(r).split("\n")) for r in rows]
     transposed = len(evictors) > len(rows)
     shown = grid.T if transposed else grid
     y_labels, x_labels = (evictor_labels, cell_labels) if transposed else (cell_labels, evictor_labels)
@@ -87,8 +88,9 @@ def delta_matrix(gated: pl.DataFrame, *, ax=None):
     column_in = max(0.5, 0.05 * max(len(line) for label in x_labels for line in label.split("\n")) + 0.15)
     width = max(st.COLUMN_WIDTH, label_in + column_in * shown.shape[1] + 1.0)
     x_lines = max(label.count("\n") + 1 for label in x_labels)
+    row_in = max(0.3, 0.1 * max(label.count("\n") + 1 for label in y_labels) + 0.05)  # ≈ 0.1 in per line
     with st.style():
-        fig, (axis,) = st.panels(1, ax, width=width, row_height=0.3 * shown.shape[0] + 0.35 + 0.12 * x_lines)
+        fig, (axis,) = st.panels(1, ax, width=width, row_height=row_in * shown.shape[0] + 0.35 + 0.12 * x_lines)
         image = axis.imshow(shown, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
         scale = max(abs(vmin), abs(vmax))  # the light end of every scale is at 0
         for i in range(shown.shape[0]):
@@ -150,6 +152,18 @@ def delta_colour_scale(grid) -> tuple[str, float, float]:
         return "Reds_r", min(lo, -1.0), 0.0
     limit = max(abs(lo), abs(hi), 1.0)
     return "RdBu", -limit, limit
+
+
+#: Characters per line of Fig. 8's tick labels: a longer name is wrapped (a 300-letter evictor
+#: name would otherwise make the figure 15 inches wide).
+LABEL_WIDTH = 40
+
+
+def _wrapped(label: str, width: int = LABEL_WIDTH) -> str:
+    """``label`` on lines of at most ``width`` characters (broken inside a word where needed)."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap(label, width, break_long_words=True, break_on_hyphens=False)) or label
 
 
 def _two_line_cell(cell: dict) -> str:
