@@ -52,6 +52,12 @@ snapkv-perhead
 h2o-perhead
     The Heavy-Hitter Oracle's granularity: each layer ℓ and KV head j keeps the top positions of the
     accumulated attention averaged over G(j), the same ``n_kept`` in every (ℓ, j).
+random
+    The uniform-random scoring control of Table 31 ("SnapKV vs. uniform-random scoring at matched
+    budget"): score_t ~ U(0, 1) i.i.d., one shared mask, so the unprotected slots go to a uniformly
+    random subset of the unprotected positions. The draw is seeded by the prompt itself (the CRC-32
+    of its token ids, plus :data:`RANDOM_SEED`), so an input keeps the same positions in every run and
+    at every budget the smaller kept set is inside the larger one; no attention is needed.
 
 The KV heads of the per-head evictors are those of the cache (``prefill.n_kv_heads``). Where the
 cache keeps one head per layer (DeepSeek-V3's latent attention in transformers 5.24), a per-head
@@ -79,7 +85,9 @@ import torch
 from pagestats import defaults
 
 EVICTORS = ("snapkv", "h2o", "streamingllm", "streamingllm-fixed", "pyramidkv", "snapkv-perlayer",
-            "snapkv-perhead", "h2o-perhead")
+            "snapkv-perhead", "h2o-perhead", "random")
+#: Seed offset of the uniform-random control (``random``), added to the CRC-32 of the prompt's token ids.
+RANDOM_SEED = 31
 #: Evictors whose kept positions differ per layer: kept_positions returns (L, n_kept).
 PER_LAYER_EVICTORS = ("snapkv-perlayer",)
 #: Evictors whose kept positions differ per layer and KV head: kept_positions returns (L, H_kv, n_kept).
@@ -96,6 +104,7 @@ __all__ = [
     "is_evictor",
     "n_kept",
     "scores",
+    "random_scores",
     "pyramid_weights",
     "select_top",
     "kept_positions",
@@ -227,6 +236,8 @@ def scores(evictor: str, prefill, *, pool_kernel: int = 1) -> torch.Tensor | Non
         raise ValueError(f"unknown evictor {evictor!r}; choose from {EVICTORS}")
     if evictor in ("streamingllm", "streamingllm-fixed"):
         return None
+    if evictor == "random":
+        return random_scores(prefill.input_ids)
     if evictor == "h2o":
         return _head_mean(prefill.accumulated_attention, "accumulated_attention").mean(dim=0)
     if evictor == "h2o-perhead":
@@ -242,6 +253,16 @@ def scores(evictor: str, prefill, *, pool_kernel: int = 1) -> torch.Tensor | Non
         lam = pyramid_weights(per_layer.shape[0])
         return _avg_pool(lam @ per_layer, pool_kernel)
     return _avg_pool(per_layer, pool_kernel)  # snapkv-perlayer
+
+
+def random_scores(input_ids) -> torch.Tensor:
+    """i.i.d. U(0, 1) scores, one per prompt position, seeded by the prompt (the ``random`` control,
+    Table 31): the CRC-32 of the token ids (int64 bytes) plus :data:`RANDOM_SEED`."""
+    import zlib
+
+    ids = torch.as_tensor(input_ids).reshape(-1).to(torch.int64)
+    seed = (zlib.crc32(ids.numpy().tobytes()) + RANDOM_SEED) % (2**63)
+    return torch.rand(ids.numel(), generator=torch.Generator().manual_seed(seed), dtype=torch.float32)
 
 
 def _protected(n_tokens: int, n_sink: int, n_recent: int) -> torch.Tensor:

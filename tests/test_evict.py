@@ -195,7 +195,7 @@ def test_errors():
     with pytest.raises(ValueError, match="accumulated_attention"):
         kept_positions("h2o-perhead", pf, 0.5)
     with pytest.raises(ValueError, match="unknown evictor"):
-        kept_positions("random", pf, 0.5)
+        kept_positions("uniform", pf, 0.5)
     bad = fake_prefill()
     bad.window_attention = bad.window_attention[:, :, :100]
     with pytest.raises(ValueError, match="positions"):
@@ -209,3 +209,42 @@ def test_errors():
 def test_pyramid_weights_decrease_with_depth():
     w = evict.pyramid_weights(4)
     assert torch.allclose(w, torch.tensor([4, 3, 2, 1], dtype=torch.float32) / 10)
+
+
+def _prompt(seed, n_tokens=100):
+    return torch.randint(0, 50_000, (1, n_tokens), generator=torch.Generator().manual_seed(seed))
+
+
+def test_random_control_matches_brute_force_and_is_seeded_by_the_prompt():
+    """Table 31's control: i.i.d. U(0, 1) scores from a generator seeded by CRC-32(token ids) + 31,
+    then the shared keep rule; the same prompt keeps the same positions, another prompt others,
+    and the kept set at a smaller budget lies inside the larger one."""
+    import zlib
+
+    ids = _prompt(3)
+    seed = zlib.crc32(ids.reshape(-1).to(torch.int64).numpy().tobytes()) + 31
+    score = torch.rand(100, generator=torch.Generator().manual_seed(seed))
+    pf = SimpleNamespace(input_ids=ids)  # no attention: the control needs none
+    for b in (0.0625, 0.5, 0.875):
+        assert kept_positions("random", pf, b).tolist() == brute_top(score, 100, n_kept(100, b))
+    assert kept_positions("random", pf, 0.5).tolist() == kept_positions("random", SimpleNamespace(input_ids=ids.clone()), 0.5).tolist()
+    assert kept_positions("random", pf, 0.5).tolist() != kept_positions("random", SimpleNamespace(input_ids=_prompt(4)), 0.5).tolist()
+    assert set(kept_positions("random", pf, 0.5).tolist()) <= set(kept_positions("random", pf, 0.875).tolist())
+
+
+def test_random_control_keeps_a_uniform_subset():
+    """Over 3,000 prompts each unprotected position is kept equally often (chi-square against the
+    uniform count (n_kept − 36) / 64 per prompt at T = 100, b = 0.5), and the protected ones always."""
+    import numpy as np
+    from scipy import stats
+
+    counts = np.zeros(100)
+    for seed in range(3000):
+        counts[kept_positions("random", SimpleNamespace(input_ids=_prompt(seed)), 0.5).numpy()] += 1
+    free = counts[N_SINK:100 - N_RECENT]
+    assert (counts[:N_SINK] == 3000).all() and (counts[100 - N_RECENT:] == 3000).all()
+    assert free.sum() == 3000 * (n_kept(100, 0.5) - N_SINK - N_RECENT)
+    assert stats.chisquare(free).pvalue > 1e-3
+    biased = free.copy()
+    biased[:8] *= 1.15  # a 15 % preference for early positions is detected at this size
+    assert stats.chisquare(biased, biased.sum() / 64 * np.ones(64)).pvalue < 1e-3
