@@ -58,6 +58,9 @@ MODE = "query-aware"
 SNAPKV_POOL_KERNEL = 1
 #: The evictor of the single-evictor tables and figures (§4 "Setup": "Eviction is SnapKV-style by default").
 HEADLINE_EVICTOR = "snapkv"
+#: Control arms, not base evictors (Table 31's uniform-random scoring): a run that logs one is a control
+#: run, set apart from every other entry of the report and read by Table 31 alone.
+CONTROL_EVICTORS = ("random",)
 #: Statistics (App. A.7.2, Table 28).
 CONFIDENCE_LEVEL = 0.95
 N_BOOTSTRAP = 10_000

@@ -572,3 +572,34 @@ def test_headline_shows_the_papers_values_with_their_sources(two_context):
     page = index.with_name("index.html").read_text()
     head = page[page.index('id="headline"'):page.index("<nav>")]
     assert 'class="scroll"' not in head  # every headline row shows, no inner scroll box
+
+
+def test_table31_reads_the_control_run_alone(tmp_path):
+    """A run with the uniform-random control (SnapKV beside `random` on the same inputs) gives Table 31,
+    equal to a brute-force count on its rows, and changes no other entry: every other table of the
+    report is byte-identical to the report without it. Without one, Table 31 says what is missing."""
+    syn = testing.synthetic_logs(**SMALL)
+    main_runs = [str(r) for r in syn.write(tmp_path / "main")]
+    control = testing.synthetic_logs(**{**SMALL, "models": {"tiny-control": (6, 3)}, "evictors": ("snapkv", "random"),
+                                        "seed": 5})  # its own run ids
+    control_runs = [str(r) for r in control.write(tmp_path / "control")]
+    without = report.build_report(io.load(main_runs), tmp_path / "a", formats=("png",), entries=TABLES)
+    with_ = report.build_report(io.load(main_runs + control_runs), tmp_path / "b", formats=("png",), entries=TABLES)
+    a, b = Path(without).parent, Path(with_).parent
+    skipped = {o["name"]: o["skipped"] for o in json.loads((a / "index.json").read_text())["outputs"]}
+    assert skipped["tab31_random_control"].startswith("needs a uniform-random scoring arm beside SnapKV")
+    for csv in sorted((a / "tables").glob("*.csv")):
+        assert (b / "tables" / csv.name).read_bytes() == csv.read_bytes(), csv.name
+    assert json.loads((a / "index.json").read_text())["headline"] == json.loads((b / "index.json").read_text())["headline"]
+    assert [e for e in json.loads((b / "index.json").read_text())["exclusions"] if "control run" in e] == [
+        "set apart as a control run (uniform-random arm; read by Table 31 alone): syn-tiny-control-4096-d0 (12 inputs)"]
+    t31 = pl.read_csv(b / "tables" / "tab31_random_control.csv")
+    rows = replay.gated_outcomes(io.load(control_runs), FixedTau()).filter(pl.col("budget") < 1)
+    for r in t31.iter_rows(named=True):
+        cell = rows.filter((pl.col("task") == r["task"]) & (pl.col("context_length") == r["context_length"]))
+        for arm in ("snapkv", "random"):
+            sub = cell.filter(pl.col("evictor") == arm)
+            assert r[f"acc_{arm}"] == pytest.approx(sub["score_plain"].mean(), abs=1e-12)
+            best = sub.group_by("run_id", "input_id").agg(pl.col("score_plain").max(), pl.col("score_full").first())
+            assert r[f"rho_{arm}"] == pytest.approx((best["score_plain"] > best["score_full"]).mean(), abs=1e-12)
+            assert r["n"] == best.height

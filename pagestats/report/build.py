@@ -71,7 +71,6 @@ NOT_REPRODUCED: dict[str, str] = {
     "Table 18": "needs a CapKV arm (a re-implementation in its own environment), not an evictor of the collector",
     "Table 19": "needs DBTrimKV's pretrained gates and environment, not an evictor of the collector",
     "Table 26": "end-to-end GPU timing, not a replay of logs (bench/gpu.py measures it when a GPU is lent)",
-    "Table 31": "needs a uniform-random scoring arm, which the shipped logs do not hold",
 }
 
 
@@ -231,7 +230,7 @@ def _build_into(logs, out, *, policy=None, profile=None, entries: Sequence[Entry
         "runs": sorted(getattr(logs, "manifests", {}) or {}),
         "n_inputs": logs.inputs.height,
         "n_outcomes": logs.outcomes.height,
-        "exclusions": list(getattr(logs, "exclusions", []) or []),
+        "exclusions": list(getattr(logs, "exclusions", []) or []) + _control_lines(ctx),
         "mode": getattr(logs, "mode", defaults.MODE),  # the collection mode of every run (docs/SCHEMA.md)
         "policy": _describe(ctx.policy),
         "profile": _describe(ctx.profile),
@@ -251,6 +250,15 @@ def _build_into(logs, out, *, policy=None, profile=None, entries: Sequence[Entry
     path.write_text(index_markdown(index, out))
     write_index_html(index, out)
     return str(path)
+
+
+def _control_lines(ctx: Context) -> list[str]:
+    """The control runs set apart from every entry but Table 31 (:func:`~pagestats.report.context.split_controls`)."""
+    if ctx.controls is None:
+        return []
+    runs = ctx.controls.inputs.group_by("run_id").len().sort("run_id")
+    return [f"set apart as a control run (uniform-random arm; read by Table 31 alone): {r} ({n} inputs)"
+            for r, n in runs.iter_rows()]
 
 
 def _pilots(ctx: Context) -> list[dict]:

@@ -38,7 +38,9 @@ class Context:
     replays computed once (lazily) from them."""
 
     def __init__(self, logs, *, policy=None, profile=None, prereg=None, dilution_rule=None, headline_evictor=None):
-        #: every input draw of the logs: Table 30 (seed replicates) reads these
+        #: the control runs (a :data:`~pagestats.defaults.CONTROL_EVICTORS` arm): Table 31 reads these alone
+        logs, self.controls = split_controls(logs)
+        #: every input draw of the other runs: Table 30 (seed replicates) reads these
         self.all_logs = logs
         #: the first input draw of each (model, context): every other entry reads these, so that a
         #: cell has one input set across the report (docs/decisions.md, "One input set per cell")
@@ -62,6 +64,12 @@ class Context:
     @functools.cached_property
     def gated(self) -> pl.DataFrame:
         return replay.gated_outcomes(self.logs, self.policy, self.profile)
+
+    @functools.cached_property
+    def control_outcomes(self) -> pl.DataFrame:
+        """The control runs' outcomes with their full-KV scores (Table 31 reads only the plain and
+        full-KV arms, which no gate policy changes: the fixed τ decides the unused gated arm)."""
+        return replay.gated_outcomes(self.controls, FixedTau(), self.profile)
 
     @functools.cached_property
     def headline_evictor(self) -> str:
@@ -139,6 +147,23 @@ class Context:
         return sorted(with_task_class(self.logs.inputs)["task_class"].unique().drop_nulls().to_list())
 
 
+def split_controls(logs):
+    """``(logs without the control runs, the control runs)``: a run that logs a control arm
+    (:data:`pagestats.defaults.CONTROL_EVICTORS`, Table 31's uniform-random scoring) repeats inputs
+    of the main runs to compare an informed scorer with the control, so its inputs and outcomes are
+    kept out of every other entry (docs/decisions.md, "Control runs"). The second item is ``None``
+    when there are none (and the first is ``logs`` itself)."""
+    runs = logs.outcomes.filter(pl.col("evictor").is_in(list(defaults.CONTROL_EVICTORS)))["run_id"].unique()
+    if runs.len() == 0:
+        return logs, None
+
+    def part(frame, keep: bool):
+        return None if frame is None else frame.filter(pl.col("run_id").is_in(runs.implode()) == keep)
+
+    return tuple(dataclasses.replace(logs, inputs=part(logs.inputs, keep), outcomes=part(logs.outcomes, keep),
+                                     topk=part(logs.topk, keep)) for keep in (False, True))
+
+
 def first_draw(logs):
     """``logs`` restricted to one input ``draw`` of each (model, context_length): the lowest draw
     with eviction outcomes (budget b < 1), or the lowest draw where no draw has any (a full-KV-only
@@ -165,6 +190,17 @@ def first_draw(logs):
 
 
 # --------------------------------------------------------------------------- requirements
+
+
+def needs_controls(ctx: Context) -> str | None:
+    """Table 31 needs a control run: SnapKV beside the uniform-random arm on the same inputs."""
+    if ctx.controls is None:
+        return ("needs a uniform-random scoring arm beside SnapKV (pagestats-collect --evictors snapkv,random), "
+                "which the logs do not hold")
+    evictors = set(ctx.controls.outcomes["evictor"].unique().to_list())
+    if "snapkv" not in evictors:
+        return "the control run logs no SnapKV arm to compare the uniform-random arm with"
+    return None
 
 
 def needs_inputs(ctx: Context) -> str | None:

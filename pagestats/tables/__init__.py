@@ -47,6 +47,7 @@ from pagestats.tables.partition import (
     drop_by_task_table,
     harm_table,
     per_layer_table,
+    random_control_table,
     prediction_band,
     preregistered_table,
     recovery_table,
@@ -67,7 +68,7 @@ __all__ = [
     "Layout", "LAYOUTS",
     "format_interval", "display_frame", "markdown_table", "to_gt", "to_markdown", "write_table",
     "task_means", "ordering_margin",
-    "recovery_table", "per_layer_table", "drop_by_task_table", "distractor_sweep_table", "scaling_table", "prediction_band", "preregistered_table",
+    "recovery_table", "per_layer_table", "random_control_table", "drop_by_task_table", "distractor_sweep_table", "scaling_table", "prediction_band", "preregistered_table",
     "harm_table", "delta_matrix_table", "delta_by_task_table", "budget_axis_table", "oracle_gap_table",
     "best_evictor_table", "cross_cell_table", "compression_table", "batching_table", "bootstrap_table",
     "draw_replicates_table", "auc_table", "signal_ablation_table", "tau_variants_table", "calibration_table", "head_pair_table", "k_sweep_table",
@@ -165,6 +166,11 @@ LAYOUTS: dict[str, Layout] = {
         {"single mask ρ [95% CI]": ("rho_single", "single_low", "single_high"),
          "per layer ρ [95% CI]": ("rho_per_layer", "per_layer_low", "per_layer_high")},
         notes=(_WILSON, "rho_ratio = per-layer ρ / single-mask ρ (null when the single mask's ρ is 0).")),
+    "tab31_random_control": Layout(
+        "Table 31 — SnapKV vs uniform-random scoring at matched budget",
+        {"SnapKV ρ [95% CI]": ("rho_snapkv", "snapkv_low", "snapkv_high"),
+         "random ρ [95% CI]": ("rho_random", "random_low", "random_high")},
+        notes=(_WILSON, "Accuracies: plain eviction, mean over the budgets b < 1 (both arms at every budget).")),
     "tabN3_matched_memory": Layout(
         "New — Δ at matched memory: the gated arm against plain eviction keeping as much KV",
         {"Δ at matched memory [95% CI]": ("delta_matched", "low", "high")}, decimals=4,
