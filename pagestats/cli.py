@@ -32,7 +32,8 @@ from pagestats.io import (
     only_parquet,
     open_logs,
 )
-from pagestats.io.load import MEMORY_LIMIT, checked_runs
+from pagestats.io.duck import MEMORY_LIMIT
+from pagestats.io.load import checked_runs
 from pagestats.io.validation.problems import one_line
 from pagestats.prereg import PreregistrationError, freeze_band, verified_band
 from pagestats.replay import (

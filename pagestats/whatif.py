@@ -201,7 +201,7 @@ def whatif_table(logs, policy: Policy = FixedTau(), profile: ProfileSpec = Profi
     try:
         present = input_draws(con)
         if draws not in (None, "pooled") and (isinstance(draws, bool) or draws not in present):
-            raise ValueError(f"--draws takes pooled or one of the logged input draws {present}, got {draws!r}")
+            raise ValueError(f"draws takes pooled or one of the logged input draws {present}, got {draws!r}")
         mode = draws if draws not in (None, "pooled") else ("split" if draws is None and len(present) > 1 else None)
         pair_draws = replay_sql.decide(con, logs, policy, profile)
         if hasattr(logs, "cursor") and con.sql("SELECT count(DISTINCT run_id) FROM inputs").fetchall()[0][0] > 1:
@@ -263,7 +263,7 @@ def whatif_summary(table: pl.DataFrame, by=MATRIX_CELL) -> pl.DataFrame:
     by = [by] if isinstance(by, str) else list(by)
     unknown = [k for k in by if k not in WHATIF_CELL]
     if not by or unknown or len(set(by)) != len(by):
-        raise ValueError(f"--by takes distinct keys among {', '.join(WHATIF_CELL)}; got {','.join(by) or 'nothing'}")
+        raise ValueError(f"by takes distinct keys among {', '.join(WHATIF_CELL)}; got {','.join(by) or 'nothing'}")
     if "draw" in table.columns and table["draw"].null_count() < table.height and "draw" not in by:
         by = [*by, "draw"]  # input draws are summarised apart unless pooled on purpose (--draws pooled)
     rows = table if "budget" in by else table.filter(pl.col("budget") < 1.0)

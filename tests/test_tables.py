@@ -487,6 +487,8 @@ def test_scaling_slope_by_hand(gated):
         assert t[f"slope_{rule}"][0] == pytest.approx(ref.params[0], rel=1e-6)
         assert t[f"slope_se_{rule}"][0] == pytest.approx(ref.bse[0], rel=1e-5)
         assert t[f"fit_n_{rule}"][0] == fit.height
+        ols = sm.OLS(fit["rho"].to_numpy(), h[:, None]).fit()  # the paper's estimator (App. A.6.4)
+        assert t[f"slope_ls_{rule}"][0] == pytest.approx(ols.params[0], rel=1e-10)
     for r in rows_of(t):
         assert r["fitted_rho"] == pytest.approx(t["slope_task_class"][0] * r["headroom"])
 
@@ -620,7 +622,8 @@ def test_registry_entries_and_skips(tmp_path):
     meta = {o["name"]: o for o in json.loads((index.parent / "index.json").read_text())["outputs"]}
     skipped = {n for n, o in meta.items() if o["skipped"]}
     assert skipped == {"tab04_distractor_sweep", "tab21_preregistered", "tab30_draws", "tabN1_pilot_sensitivity",
-                       "tabA31_k_sweep", "tab07_calibration", "tab20_cross_cell", "tab32_per_layer"}
+                       "tabA31_k_sweep", "tab07_calibration", "tab20_cross_cell", "tab32_per_layer",
+                       "tab31_random_control"}
     assert "needs the evictors snapkv-perlayer" in meta["tab32_per_layer"]["skipped"]
     assert "holds out 100 inputs per model" in meta["tabN1_pilot_sensitivity"]["skipped"]
     for name in ("tab07_calibration", "tab20_cross_cell"):  # 4 MK3 and 4 VT inputs; the paper's Eq. 5 takes 20 of each

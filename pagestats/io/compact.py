@@ -74,7 +74,7 @@ def compact_run(run, out, *, rows_per_file: int | None = None, tasks=None) -> st
         raise ValueError(f"{run} is a deployment run: compact merges a collection run's parts, and a deployment log "
                          "is appended to where it lies")
     if out.exists() or out.is_symlink():
-        raise ValueError(f"--out {out} exists; compact writes a new run directory")
+        raise ValueError(f"{out} exists; compact_run writes a new run directory")
     if rows_per_file is not None and rows_per_file < 1:
         raise ValueError(f"rows_per_file must be at least 1, got {rows_per_file}")
     problems = validate_paths([str(run)])

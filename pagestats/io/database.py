@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -33,18 +32,15 @@ import duckdb
 import polars as pl
 
 from pagestats import defaults, schema
-from pagestats.io.load import HEAVY_COLUMNS, MEMORY_LIMIT, FileRecord, Logs, checked_runs
+from pagestats.io import duck
+from pagestats.io.duck import MEMORY_LIMIT
+from pagestats.io.load import HEAVY_COLUMNS, FileRecord, Logs, checked_runs
 from pagestats.io.discovery import log_format
 from pagestats.io.read import _literal_name
 from pagestats.io.validation.problems import LogError, Problem
 
 #: Tables that are views over the log files.
 VIEW_TABLES = ("inputs", "outcomes", "topk")
-
-
-def _config(memory_limit: str, temp_directory: str | None) -> dict:
-    temp = temp_directory or os.path.join(tempfile.gettempdir(), "pagestats-duckdb")
-    return {"memory_limit": memory_limit, "temp_directory": temp}
 
 
 def _files_query(table: str, files: list[FileRecord]) -> str:
@@ -187,7 +183,7 @@ def logs_in_place(
     """
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else [str(p) for p in paths]
     checked = _validated(paths, mode, memory_limit, temp_directory, revalidate)
-    con = duckdb.connect(config=_config(memory_limit, temp_directory))
+    con = duck.connect(memory_limit=memory_limit, temp_directory=temp_directory)
     try:
         _create(con, checked.manifests, checked.files, checked.task_classes)
     except BaseException:
@@ -237,7 +233,7 @@ def index_logs(
     if os.path.lexists(tmp):
         os.remove(tmp)
     try:  # nothing is left behind on failure: neither the .tmp database nor its write-ahead log
-        con = duckdb.connect(tmp, config=_config(memory_limit, temp_directory))
+        con = duck.connect(tmp, memory_limit=memory_limit, temp_directory=temp_directory)
         try:
             _create(con, checked.manifests, checked.files, checked.task_classes)
         finally:
@@ -265,7 +261,7 @@ def open_logs(db: str, *, memory_limit: str = MEMORY_LIMIT, temp_directory: str 
     if not os.path.isfile(db):
         raise LogError([Problem(db, None, "no such database file")])
     try:
-        con = duckdb.connect(db, read_only=True, config=_config(memory_limit, temp_directory))
+        con = duck.connect(db, read_only=True, memory_limit=memory_limit, temp_directory=temp_directory)
     except duckdb.Error as err:
         raise LogError([Problem(db, None, f"cannot open as a DuckDB database: {str(err).splitlines()[0]}")]) from None
     try:

@@ -28,6 +28,7 @@ import duckdb
 import polars as pl
 
 from pagestats import schema
+from pagestats.io import duck
 from pagestats.io.discovery import log_format
 from pagestats.io.upgrades import V2_COLUMNS
 
@@ -128,7 +129,7 @@ def decode_profile(files, *, arms: bool = True) -> pl.DataFrame:
         (null in v1 logs); ``run`` is the run's directory name (its run_id for loose files). Sorted by
         run, task, arm ('full' first).
     """
-    con = duckdb.connect(config={"threads": 1})
+    con = duck.connect(threads=1)
     try:
         rows = _rows(con, files, arms=arms)
         if rows is None:
@@ -153,7 +154,7 @@ def text_flags(predictions, references) -> pl.DataFrame:
     and tests; ``references`` is one list of strings per prediction."""
     frame = pl.DataFrame({"pred": list(predictions), "references": [list(r) for r in references]},
                          schema={"pred": pl.String, "references": pl.List(pl.String)})
-    con = duckdb.connect(config={"threads": 1})
+    con = duck.connect(threads=1)
     try:
         con.register("_texts", frame)
         return con.sql(f"SELECT {_CUT} AS cut, {_LOOP} AS looping FROM (SELECT coalesce(pred, '') AS pred, "

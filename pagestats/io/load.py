@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -69,7 +68,8 @@ import duckdb
 import polars as pl
 
 from pagestats import defaults, schema
-from pagestats.io import record
+from pagestats.io import duck, record
+from pagestats.io.duck import MEMORY_LIMIT
 from pagestats.io.discovery import (
     _Discovery,
     _one_line,
@@ -94,7 +94,6 @@ from pagestats.io.validation.tables import check_tables
 
 #: DuckDB's memory limit for the validation queries and those of a :class:`~pagestats.io.LogDB`
 #: (beyond it, operators spill to disk).
-MEMORY_LIMIT = "2GB"
 #: Text columns left out by ``columns="analysis"`` (they can be huge).
 HEAVY_COLUMNS = ("prompt", "full_prediction", "prediction", "references")
 
@@ -405,8 +404,7 @@ def connect(memory_limit: str = MEMORY_LIMIT, temp_directory: str | None = None)
     NaN out, so a pushed-down ``isnan(score)`` or ``score > 1`` skips the very row groups
     that hold a NaN (seen with DuckDB 2.0.1), and a rule must see every row.
     """
-    temp = temp_directory or os.path.join(tempfile.gettempdir(), "pagestats-duckdb")
-    con = duckdb.connect(config={"memory_limit": memory_limit, "temp_directory": temp})
+    con = duck.connect(memory_limit=memory_limit, temp_directory=temp_directory)
     con.execute("SET disabled_optimizers = 'filter_pushdown,statistics_propagation'")
     return con
 

@@ -36,12 +36,12 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar
 
-import duckdb
 import numpy as np
 import polars as pl
 
 from pagestats import defaults
 from pagestats.columns import with_task_class
+from pagestats.io import duck
 from pagestats.formulas import GATE_RULE
 from pagestats.schema import INPUT_KEY
 
@@ -175,7 +175,7 @@ def _frame_query(frame: pl.DataFrame, query, *, con=None) -> pl.DataFrame:
     scalar columns of ``frame`` registered in DuckDB, with ``_row`` (the row index) added."""
     scalar = [c for c, t in frame.schema.items() if not t.is_nested()]
     own = con is None
-    con = duckdb.connect() if own else con
+    con = duck.connect() if own else con
     try:
         register_functions(con)
         con.register("_gate_frame", frame.select(scalar).with_row_index("_row"))
@@ -640,11 +640,11 @@ def recalibrate(policy: Policy, mode: str, *, pilot_n: int = defaults.PILOT_N, p
     derive τ from the statistic they gate on, and the oracle and custom policies have none.
     """
     if mode not in RECALIBRATE_MODES:
-        raise ValueError(f"--recalibrate must be one of {RECALIBRATE_MODES}, got {mode!r}")
+        raise ValueError(f"the recalibration mode must be one of {RECALIBRATE_MODES}, got {mode!r}")
     if mode == "none":
         return policy
     if not isinstance(policy, FixedTau):
-        raise ValueError(f"--recalibrate {mode} applies to a fixed τ; {getattr(policy, 'name', policy)} "
+        raise ValueError(f"recalibrating ({mode}) applies to a fixed τ; {getattr(policy, 'name', policy)} "
                          "already derives its threshold from the statistic it gates on")
     if mode == "z":
         return RecalibratedTau(tau=policy.tau, pilot_n=pilot_n, pilot_by=tuple(pilot_by), pilot=pilot, seed=seed)

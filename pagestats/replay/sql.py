@@ -40,6 +40,7 @@ import duckdb
 import polars as pl
 
 from pagestats.columns import require_columns, with_task_class
+from pagestats.io import duck
 from pagestats.replay.gate import decide_all
 from pagestats.formulas import GATE_RULE
 from pagestats.replay.policies import (
@@ -91,7 +92,7 @@ def connect(logs) -> duckdb.DuckDBPyConnection:
     outcomes = logs.outcomes.select(OUTCOME_COLUMNS)
     if outcomes.select(pl.struct(*INPUT_KEY, "evictor", "budget").is_duplicated().any()).item():
         raise ValueError("outcomes: duplicate rows for the same (input, evictor, budget)")
-    con = duckdb.connect()
+    con = duck.connect()
     con.register("inputs", inputs.select(*INPUT_COLUMNS, *(["draw"] if "draw" in inputs.columns else [])))
     con.register("outcomes", outcomes)
     return con

@@ -127,6 +127,8 @@ COLUMNS: dict[str, tuple[str, str]] = {
        for col, head, meaning in (
            ("slope", "slope", "binomial GLM slope of ρ on headroom through the origin (Eq. 4)"),
            ("slope_se", "slope SE", "model standard error of the slope"),
+           ("slope_ls", "slope, least squares", "the paper's estimator: unweighted least squares of ρ on headroom "
+                        "through the origin, on the same rows"),
            ("fit_n", "fit rows", "rows of the fit (headroom > 0)"),
            ("zero_headroom", "zero-headroom rows", "rows left out of the fit because A_full = 1"),
            ("in_fit", "in fit", "the row is used by the fit"))},

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import polars as pl
 
-from pagestats import defaults, metrics
+from pagestats import defaults, metrics, stats
 from pagestats.columns import MODEL_CELL, require_columns
 from pagestats.tables._common import as_list, group_tau, one_evictor, task_means
 
@@ -154,7 +154,10 @@ def scaling_table(gated: pl.DataFrame, *, evictor: str | None = None, rule: str 
     -------
     polars.DataFrame
         :func:`pagestats.metrics.scaling_rows` columns plus ``evictor`` and, for each rule
-        (``task_class`` and ``rho`` suffixes): ``slope_*``, ``slope_se_*``, ``fit_n_*``,
+        (``task_class`` and ``rho`` suffixes): ``slope_*``, ``slope_se_*``, ``slope_ls_*`` (the
+        paper's own estimator on the same rows: unweighted least squares of ρ on headroom through
+        the origin, :func:`pagestats.stats.through_origin_fit`; docs/decisions.md says why the
+        report leads with the GLM), ``fit_n_*``,
         ``zero_headroom_*`` (rows of the rule left out for zero headroom) and ``in_fit_*``
         (the row is in that fit); a slope is NaN when its rule selects no row with a
         recovery. ``fitted_rho`` = slope × headroom under ``rule``.
@@ -172,10 +175,13 @@ def scaling_table(gated: pl.DataFrame, *, evictor: str | None = None, rule: str 
         if usable.height and int(usable["k"].sum()) > 0:
             fit = metrics.scaling_fit(rows, rule=name)
             slope, se, n, zero = fit.slope, fit.se, fit.n, fit.n_excluded
+            ls = stats.through_origin_fit(usable["headroom"].to_numpy(), usable["rho"].to_numpy()).slope
         else:
             slope, se, n, zero = float("nan"), float("nan"), usable.height, rows.filter(chosen & (pl.col("headroom") <= 0)).height
+            ls = float("nan")
         rows = rows.with_columns(
             pl.lit(slope, pl.Float64).alias(f"slope_{suffix}"), pl.lit(se, pl.Float64).alias(f"slope_se_{suffix}"),
+            pl.lit(ls, pl.Float64).alias(f"slope_ls_{suffix}"),
             pl.lit(n, pl.Int64).alias(f"fit_n_{suffix}"), pl.lit(zero, pl.Int64).alias(f"zero_headroom_{suffix}"),
             (chosen & (pl.col("headroom") > 0)).fill_null(False).alias(f"in_fit_{suffix}"),
         )
