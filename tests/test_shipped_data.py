@@ -19,7 +19,11 @@ def test_data_ships_runs():
     assert RUNS, f"no run (manifest.json) under {DATA}"
 
 
-@pytest.mark.parametrize("run", RUNS, ids=[Path(r).name for r in RUNS])
+#: The control runs (Table 31), shipped apart from data/ so that `whatif data/*/` never pools them.
+CONTROL_RUNS = sorted(str(m.parent) for m in (DATA.parent / "controls").glob("*/manifest.json"))
+
+
+@pytest.mark.parametrize("run", RUNS + CONTROL_RUNS, ids=[Path(r).name for r in RUNS + CONTROL_RUNS])
 def test_shipped_run_validates(run):
     assert io.validate_paths([run]) == []
 
@@ -117,3 +121,14 @@ def test_glossary_formulas_hold_on_the_shipped_logs_report(tmp_path):
             ("tabN3_matched_memory", "delta_matched"), ("tab07_calibration", "tau_calibrated")} <= names
     gap = pl.read_csv(Path(index).parent / "tables" / "tab14_oracle_gap.csv")["gap"]
     assert (gap.abs() > 1e-6).any()  # the formula's sign is tested, not 0 = −0
+
+
+def test_shipped_control_run_is_the_main_runs_prompts():
+    """The Table 31 control run repeats draw-0 prompts of data/smollm2-512 (same text, same D), so
+    its SnapKV arm is the main run's on the same inputs and the report must set it apart."""
+    assert CONTROL_RUNS
+    control = io.load(CONTROL_RUNS, columns="all").inputs.select("task", "input_id", "prompt", "drop")
+    main = io.load([str(DATA / "smollm2-512")], columns="all").inputs.select("task", "input_id", "prompt", "drop")
+    joined = control.join(main, on=["task", "input_id"], suffix="_main")
+    assert joined.height == control.height == 40
+    assert (joined["prompt"] == joined["prompt_main"]).all() and (joined["drop"] == joined["drop_main"]).all()
