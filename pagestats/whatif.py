@@ -11,6 +11,8 @@ PAGE paper, §3 (Eq. 2); §4 (Table 2 matrix cells); Table 27 (harm rate); App. 
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import polars as pl
 
@@ -58,6 +60,16 @@ def whatif_query(draws: list[str], input_draws: str | int | None = None, *, tabl
     return _over_draws(_per_draw(draws, input_draws, tables), draws, input_draws)
 
 
+def _exact_mean(sql: str) -> str:
+    """``avg(x)`` summed exactly: the terms as DECIMAL(38, 18) (scores and kept fractions lie in
+    [0, 1]), so the sum does not depend on the order DuckDB's threads add them in and a rerun of
+    the same what-if is bit-identical (parallel float sums differ in their last bits)."""
+    inner = re.fullmatch(r"avg\((.*)\)", sql.strip())
+    if inner is None:
+        raise ValueError(f"not a mean: {sql!r}")
+    return f"avg(CAST({inner.group(1)} AS DECIMAL(38, 18)))"
+
+
 def _cell(input_draws) -> str:
     return ", ".join([*WHATIF_CELL, *(["draw"] if input_draws == "split" else [])])
 
@@ -71,7 +83,7 @@ def _per_draw(draws: list[str], input_draws, tables: dict[str, str] | None = Non
     key = ", ".join(INPUT_KEY)
     held = " AND ".join(f"h.{c} = o.{c}" for c in INPUT_KEY)
     draw = ", ".join(f"d.{c}" for c in draws)
-    acc = ", ".join(f"{sql} AS {name}" for name, sql in formulas.ACCURACY.items())
+    acc = ", ".join(f"{_exact_mean(sql)} AS {name}" for name, sql in formulas.ACCURACY.items())
     draw_col = ", x.draw" if input_draws == "split" else ""
     draw_join = f" LEFT JOIN (SELECT {key}, draw FROM {t['inputs']}) x USING ({key})" if input_draws is not None else ""
     draw_where = f" AND x.draw = {int(input_draws)}" if isinstance(input_draws, int) else ""
@@ -80,7 +92,7 @@ def _per_draw(draws: list[str], input_draws, tables: dict[str, str] | None = Non
             {formulas.harm_count("score_plain")} / count(*) AS harm_plain,
             {formulas.harm_count("score_gated")} / count(*) AS harm_gated,
             {formulas.OPEN_COUNT} / count(*) AS p_open,
-            avg({formulas.kept_fraction("n_kept_gated")}) AS kept_kv
+            {_exact_mean(f"avg({formulas.kept_fraction('n_kept_gated')})")} AS kept_kv
         FROM (
             SELECT d.model, d.context_length, o.evictor, o.task, o.budget{", " + draw if draws else ""}{draw_col},
                 d.full_score AS score_full, o.score AS score_plain, {SCORE_GATED} AS score_gated,
@@ -99,7 +111,8 @@ def _pooled(source: str, draws: list[str], input_draws) -> str:
     """The per-draw rows of disjoint parts (runs) pooled: counts summed, means weighted by
     ``n_inputs`` (every mean of :func:`_per_draw` is over the cell's rows)."""
     keys = ", ".join([*_cell(input_draws).split(", "), *draws])
-    means = ", ".join(f"sum({c} * n_inputs) / sum(n_inputs) AS {c}" for c in _MEANS)
+    means = ", ".join(f"CAST(sum(CAST({c} * n_inputs AS DECIMAL(38, 18))) AS DOUBLE) / sum(n_inputs) AS {c}"
+                      for c in _MEANS)
     return f"SELECT {keys}, sum(n_inputs) AS n_inputs, {means} FROM {source} GROUP BY {keys}"
 
 
@@ -110,7 +123,7 @@ def _over_draws(per_draw: str, draws: list[str], input_draws) -> str:
     varying = [c for c in WHATIF_COLUMNS[6:] if c not in (*GATE_FREE, "delta", "degenerate")]
     return f"""
         SELECT {cell}, {", ".join(f"arg_min({c}, pair_draw) AS {c}" for c in GATE_FREE)},
-            {", ".join(f"avg({c}) AS {c}" for c in varying)}
+            {", ".join(f"{_exact_mean(f'avg({c})')} AS {c}" for c in varying)}
         FROM ({per_draw}) GROUP BY ALL ORDER BY {cell}"""
 
 

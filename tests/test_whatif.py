@@ -254,3 +254,38 @@ def test_cli_midpoint_tasks_and_fraction_bins():
     ns = argparse.Namespace(bins="1/3", layers=None, strict_bins=False, pairs_fraction=None, pair_draws=None, seed=None,
                             k=None)
     assert profile_from_args(ns).bin_fraction == 1 / 3  # exact third, not 0.3333
+
+
+def test_whatif_is_bit_identical_whatever_the_row_order(synth, tmp_path):
+    """The means are summed exactly (DECIMAL terms), so the what-if does not depend on the order the
+    rows arrive in (in memory, shuffled) nor on how DuckDB's threads split them (out of core, the
+    run-by-run path, three calls): every float of every row is the same bit pattern."""
+    from pagestats import io as ps_io
+    from pagestats.replay import ZScored
+    from pagestats.testing import synthetic_logs
+
+    from pathlib import Path
+
+    policy = ZScored(pilot_n=5, pilot="first")
+    data = Path(__file__).resolve().parents[1] / "data"
+    shipped = ps_io.load([str(data / r) for r in ("smollm2-512-ruler-limits", "smollm2-512-niah_multivalue-ruler-limits",
+                                                   "smollm2-512-fwe-ruler-limits")])  # scores in fractions
+    ref = whatif_table(shipped, policy)
+    for seed in (1, 2, 3):
+        shuffled = SimpleNamespace(inputs=shipped.inputs.sample(fraction=1.0, shuffle=True, seed=seed),
+                                   outcomes=shipped.outcomes.sample(fraction=1.0, shuffle=True, seed=seed),
+                                   topk=None, manifests=shipped.manifests)
+        assert whatif_table(shuffled, policy).equals(ref)
+    runs = [str(r) for r in synthetic_logs(models={"m": (6, 4)}, n_inputs=40, evictors=("snapkv", "h2o"),
+                                           budgets=(0.25, 0.5, 1.0), with_text=False, seed=4,
+                                           context_lengths=(4096, 8192)).write(tmp_path / "logs")]
+    db = str(tmp_path / "logs.duckdb")
+    ps_io.index_logs(runs, db).close()
+    hashes = set()
+    for _ in range(3):
+        logdb = ps_io.open_logs(db)
+        try:
+            hashes.add(whatif_table(logdb, policy).hash_rows().to_list().__repr__())
+        finally:
+            logdb.close()
+    assert len(hashes) == 1

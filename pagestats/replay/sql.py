@@ -92,9 +92,11 @@ def connect(logs) -> duckdb.DuckDBPyConnection:
     outcomes = logs.outcomes.select(OUTCOME_COLUMNS)
     if outcomes.select(pl.struct(*INPUT_KEY, "evictor", "budget").is_duplicated().any()).item():
         raise ValueError("outcomes: duplicate rows for the same (input, evictor, budget)")
-    con = duck.connect()
-    con.register("inputs", inputs.select(*INPUT_COLUMNS, *(["draw"] if "draw" in inputs.columns else [])))
-    con.register("outcomes", outcomes)
+    con = duck.connect(threads=1)  # one thread: the same sums, to the last bit, on every call
+    # in key order on one thread: every sum adds its terms in one order, so a rerun is bit-identical
+    con.register("inputs", inputs.select(*INPUT_COLUMNS, *(["draw"] if "draw" in inputs.columns else []))
+                 .sort(INPUT_KEY))
+    con.register("outcomes", outcomes.sort(*INPUT_KEY, "evictor", "budget"))
     return con
 
 
