@@ -9,8 +9,10 @@ environment variable ``PAGESTATS_LOGS`` (a run directory, a folder of runs, or a
 the default is ``../data`` (the logs shipped in ``data/``, seen from ``notebooks/``). With
 ``PAGESTATS_DB`` set to a database written by ``pagestats index LOGS --db FILE``, the logs are
 read through it instead (validated when it was built, so not again). ``PAGESTATS_MODE`` picks the
-collection mode (``query-aware``, the default, or ``query-agnostic``; docs/CLI.md). When the location holds no run, the notebook draws small synthetic logs
-(:func:`pagestats.testing.synthetic_logs`) into a temporary folder and says so.
+collection mode (``query-aware``, the default, or ``query-agnostic``; docs/CLI.md). A
+``PAGESTATS_LOGS`` that holds no run stops the notebook with an error naming it; only when it is
+unset and ``../data`` holds no run does the notebook draw small synthetic logs
+(:func:`pagestats.testing.synthetic_logs`) into a temporary folder, and says so.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from pagestats import io, metrics, replay, tables, whatif
 from pagestats.replay.policies import FixedTau, Midpoint, ZScored
 
 # Where the logs are: PAGESTATS_LOGS (run directory, folder of runs, or glob); default ../data (shipped logs).
+# A PAGESTATS_LOGS that names no run is an error; only the default falls back to a synthetic demo.
 LOGS = os.environ.get("PAGESTATS_LOGS", "../data")
 
 
@@ -45,6 +48,9 @@ def find_runs(location):
 
 
 paths = find_runs(LOGS)
+if not paths and "PAGESTATS_LOGS" in os.environ:
+    raise FileNotFoundError(f"PAGESTATS_LOGS={LOGS!r} names no run (no manifest.json there): point it at a run "
+                            "directory, a folder of runs or a glob, or unset it to read ../data")
 if not paths:
     from pagestats import testing
     tmp = Path(tempfile.mkdtemp(prefix="pagestats-demo-"))
@@ -90,11 +96,11 @@ def quickstart():
                           "evictor, task, budget) — the table `pagestats whatif` prints."),
         new_code_cell('fixed = whatif.whatif_table(logs, FixedTau(0.07))\nfixed.head(10)'),
         new_code_cell('z = whatif.whatif_table(logs, ZScored(theta_z=-0.69, pilot_n=100))\n'
+                      '# the library\'s summary (what `pagestats whatif` prints): means over inputs and budgets b < 1\n'
                       'summary = pl.concat([\n'
-                      '    fixed.with_columns(pl.lit("fixed 0.07").alias("policy")),\n'
-                      '    z.with_columns(pl.lit("z-scored").alias("policy")),\n'
-                      ']).group_by("policy", "model", "context_length", "evictor").agg(\n'
-                      '    pl.col("delta").mean(), pl.col("p_open").mean(), pl.col("kept_kv").mean()).sort("policy", "model", "context_length", "evictor")\n'
+                      '    whatif.whatif_summary(fixed).with_columns(pl.lit("fixed 0.07").alias("policy")),\n'
+                      '    whatif.whatif_summary(z).with_columns(pl.lit("z-scored").alias("policy")),\n'
+                      '])\n'
                       'summary'),
         new_markdown_cell("## Figure 3: accuracy vs budget, plain (solid) and gated (dashed)"),
         new_code_cell('from pagestats.columns import headline_evictor\nfrom pagestats.figures import accuracy_vs_budget\n\n'

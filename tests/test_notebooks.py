@@ -9,6 +9,7 @@ import importlib.util
 import os
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,3 +113,39 @@ def test_quickstart_reads_a_log_database(logs_location, monkeypatch, tmp_path):
                             resources={"metadata": {"path": str(NB_DIR)}}).execute()
     text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert f"{logs.inputs.height} inputs, {logs.outcomes.height} outcome rows" in text
+
+
+def test_a_wrong_logs_location_is_an_error_not_a_demo(tmp_path, monkeypatch):
+    """PAGESTATS_LOGS naming a folder without runs stops the notebook at its set-up cell with the
+    location named; it does not fall back to synthetic logs (only an unset PAGESTATS_LOGS may)."""
+    empty = tmp_path / "no-runs-here"
+    empty.mkdir()
+    monkeypatch.setenv("PAGESTATS_LOGS", str(empty))
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    nb = nbformat.read(NB_DIR / "01_quickstart.ipynb", as_version=4)
+    client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
+                                     resources={"metadata": {"path": str(NB_DIR)}})
+    with pytest.raises(nbclient.exceptions.CellExecutionError, match="names no run") as err:
+        client.execute()
+    assert str(empty) in str(err.value) and "synthetic" not in "".join(
+        o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+
+
+def test_quickstart_summary_is_the_librarys(logs_location, monkeypatch):
+    """Notebook 01's summary is `whatif.whatif_summary` (means over budgets b < 1), not a mean that
+    also takes the b = 1 rows: its Δ per cell equals the CLI's."""
+    from pagestats import io, whatif
+    from pagestats.replay import FixedTau
+
+    nb = nbformat.read(NB_DIR / "01_quickstart.ipynb", as_version=4)
+    source = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert "whatif.whatif_summary(fixed)" in source
+    runs = sorted(str(m.parent) for m in Path(logs_location).glob("**/manifest.json"))
+    logs = io.load(runs, mode="query-aware")
+    table = whatif.whatif_table(logs, FixedTau(0.07))
+    keys = ["model", "context_length", "evictor", *(["draw"] if "draw" in table.columns else [])]  # draws apart
+    by_hand = table.filter(pl.col("budget") < 1).group_by(keys).agg(
+        ((pl.col("delta") * pl.col("n_inputs")).sum() / pl.col("n_inputs").sum()).alias("d"))
+    got = whatif.whatif_summary(table).join(by_hand, on=keys)
+    assert got.height == by_hand.height and ((got["delta"] - got["d"]).abs() < 1e-12).all()
