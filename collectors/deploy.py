@@ -695,7 +695,8 @@ def _model_block(model, name: str) -> dict:
     attn = str(model.config._attn_implementation)
     dtype = str(getattr(model, "dtype", "")).replace("torch.", "")
     return {
-        "name": name, "revision": getattr(model.config, "_commit_hash", None), "n_layers": int(config.num_hidden_layers),
+        "name": name, "revision": getattr(model.config, "_commit_hash", None),
+        "n_layers": int(config.num_hidden_layers),
         "n_heads": n_heads, "n_kv_heads": int(getattr(config, "num_key_value_heads", None) or n_heads),
         "head_dim": int(getattr(config, "head_dim", None) or config.hidden_size // n_heads), "dtype": dtype,
         "attn_impl": attn[len(capture.CAPTURE_PREFIX):] if attn.startswith(capture.CAPTURE_PREFIX) else attn,

@@ -286,8 +286,8 @@ class RunWriter:
         out = {}
         for table in schema.TABLES:
             folder = os.path.join(self.out, table)
-            out[table] = ({e.name for e in os.scandir(folder) if e.name.startswith("part-") and e.name.endswith(".parquet")}
-                          if os.path.isdir(folder) else set())
+            names = [e.name for e in os.scandir(folder)] if os.path.isdir(folder) else []
+            out[table] = {n for n in names if n.startswith("part-") and n.endswith(".parquet")}
         return out
 
     def _complete_parts(self, present: dict[str, set[str]] | None = None) -> list[str]:

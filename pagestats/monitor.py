@@ -324,7 +324,8 @@ def main(args) -> int:
     else:
         print(table_text(report))
     if args.strict and report.warnings:
-        print(one_line(f"error: --strict: {len(report.warnings)} drift warning{'s' if len(report.warnings) != 1 else ''} "
-                       f"({', '.join(report.drift)})"), file=sys.stderr)
+        n = len(report.warnings)
+        print(one_line(f"error: --strict: {n} drift warning{'s' if n != 1 else ''} ({', '.join(report.drift)})"),
+              file=sys.stderr)
         return 1
     return 0

@@ -27,7 +27,7 @@ from collectors.deploy import GateDecision, close_log, gated_generate  # noqa: E
 from pagestats import profile, schema  # noqa: E402
 from pagestats.cli import main as pagestats_main  # noqa: E402
 from pagestats.gatefile import Gate  # noqa: E402
-from pagestats.io.deployment import check_deployment, read_deployment  # noqa: E402
+from pagestats.io.deployment import read_deployment  # noqa: E402
 from pagestats.monitor import monitor  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -135,7 +135,8 @@ def test_monitor_counts_equal_hand_counts_and_scipy(deployed):
     assert (report.n_inputs, report.n_short, report.n_decided) == (8, 1, 7)
     assert (report.n_open, int(report.p_open.k), int(report.p_open.n)) == (n_open, n_open, 7)
     low, high = proportion_confint(n_open, 7, alpha=0.05, method="wilson")
-    assert report.p_open.estimate == n_open / 7 and (report.p_open.low, report.p_open.high) == pytest.approx((low, high))
+    assert report.p_open.estimate == n_open / 7
+    assert (report.p_open.low, report.p_open.high) == pytest.approx((low, high))
     cal = np.asarray(gate.pilot["drops"])
     assert report.p_open_calibration.estimate == pytest.approx(gate.pilot["p_open"])
     assert int(report.p_open_calibration.k) == int(np.sum(cal >= gate.tau)) and int(report.p_open_calibration.n) == 12
@@ -167,7 +168,8 @@ def test_monitor_cli_table_and_json(deployed, capsys):
 
 def test_whatif_report_index_refuse_a_deployment_run(deployed, tmp_path, capsys):
     log = str(deployed["log"])
-    for argv in (["whatif", log], ["whatif", log, "--format", "csv"], ["whatif", str(deployed["log"].parent)], ["report", log, "--out", str(tmp_path / "r")],
+    for argv in (["whatif", log], ["whatif", log, "--format", "csv"], ["whatif", str(deployed["log"].parent)],
+                 ["report", log, "--out", str(tmp_path / "r")],
                  ["index", log, "--db", str(tmp_path / "x.duckdb")], ["calibrate", log, "--out", str(tmp_path / "g")],
                  ["compact", log, "--out", str(tmp_path / "c")]):
         assert pagestats_main(argv) == 2, argv
@@ -320,7 +322,8 @@ def test_shifted_drop_warns_once_per_kind_and_strict_exits_1(drift_logs, capsys)
     assert pagestats_main(args) == 0
     out, err = capsys.readouterr()
     lines = err.strip().splitlines()
-    assert len(lines) == 2 and lines[0].startswith("warning: drift p_open:") and lines[1].startswith("warning: drift drop:")
+    assert len(lines) == 2 and lines[0].startswith("warning: drift p_open:")
+    assert lines[1].startswith("warning: drift drop:")
     assert "drift               p_open, drop" in out
     assert pagestats_main([*args, "--strict", "--format", "json"]) == 1
     out, err = capsys.readouterr()

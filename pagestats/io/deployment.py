@@ -252,8 +252,8 @@ def _file_problems(run_dir: str, manifest_path: str, info: dict, problems: list[
         try:
             meta = pq.ParquetFile(path)
         except (pa.ArrowException, OSError) as err:  # a corrupt or truncated part: reported, not read
-            problems.append(Problem(path, None, f"cannot read parquet file (corrupt or truncated?): "
-                                                f"{str(err).splitlines()[0][:200] if str(err) else type(err).__name__}"))
+            reason = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+            problems.append(Problem(path, None, f"cannot read parquet file (corrupt or truncated?): {reason}"))
             continue
         if meta.metadata.num_rows != entry.get("rows"):
             problems.append(Problem(path, None, f"{meta.metadata.num_rows} rows but the manifest says "
@@ -298,7 +298,8 @@ def _row_problems(rows: pl.DataFrame, info: dict, files: list[str], problems: li
         problems.append(Problem(info["manifest_path"], None,
                                 f"input_id {first} is missing: a deployment log numbers its inputs 0, 1, 2, … "
                                 f"(a part was lost or removed)"))
-    _emit(problems, complete, ~pl.col("drop").is_finite(), files, lambda r: f"drop {value_text(r['drop'])} is not finite")
+    _emit(problems, complete, ~pl.col("drop").is_finite(), files,
+          lambda r: f"drop {value_text(r['drop'])} is not finite")
     lengths = complete["agreement"].list.len()
     if info["n_layers"] is not None:
         _emit(problems, complete, lengths != info["n_layers"], files,
@@ -336,10 +337,12 @@ def _row_problems(rows: pl.DataFrame, info: dict, files: list[str], problems: li
           lambda r: f"the gate is closed but n_kept {r['n_kept']} / kept_fraction {r['kept_fraction']!r} is not the "
                     f"full cache ({r['n_tokens']} / 1.0)")
     if "stop_reason" in complete.columns:
-        _emit(problems, complete, pl.col("stop_reason").is_not_null() & ~pl.col("stop_reason").is_in(schema.STOP_REASONS),
-              files, lambda r: f"stop_reason {r['stop_reason']!r} is not one of {list(schema.STOP_REASONS)}")
+        unknown = pl.col("stop_reason").is_not_null() & ~pl.col("stop_reason").is_in(schema.STOP_REASONS)
+        _emit(problems, complete, unknown, files,
+              lambda r: f"stop_reason {r['stop_reason']!r} is not one of {list(schema.STOP_REASONS)}")
     stamps = complete.with_columns(pl.col("logged_at").map_elements(_bad_time, return_dtype=pl.Boolean).alias("_bad"))
-    _emit(problems, stamps, pl.col("_bad"), files, lambda r: f"logged_at {r['logged_at']!r} is not an ISO 8601 time stamp")
+    _emit(problems, stamps, pl.col("_bad"), files,
+          lambda r: f"logged_at {r['logged_at']!r} is not an ISO 8601 time stamp")
 
 
 def _bad_time(text: str) -> bool:
