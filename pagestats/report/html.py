@@ -67,6 +67,9 @@ h1{margin-bottom:.2em} h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margi
 table{border-collapse:collapse;font-size:.82em;margin:.5em 0}
 th,td{border-bottom:1px solid #e4e4e4;padding:.25em .45em;text-align:right;white-space:nowrap}
 th{background:#f5f5f7;position:sticky;top:0;white-space:normal;vertical-align:bottom} td.text,th.text{text-align:left}
+table.headline{font-size:.72em;width:100%} table.headline th{white-space:normal} table.headline td{padding:.2em .3em}
+table.headline tr:last-child td,table.headline td.text{white-space:normal;overflow-wrap:anywhere} table.headline td.text{min-width:10em}
+table.headline tr:last-child td{font-style:italic;color:#555;border-top:2px solid #ccc}
 .scroll{max-height:28em;overflow:auto;border:1px solid #eee;display:inline-block;max-width:100%}
 figure{margin:1.2em 0} figure img{max-width:100%;border:1px solid #eee}
 figcaption,.caption{color:#333;font-size:.9em} .files{font-size:.8em;color:#666}
@@ -130,12 +133,13 @@ def _times(value) -> str:
     return "–" if value is None else f"{value:.2f}×"
 
 
-def _html_table(columns: list[str], rows: list[list[str]], text_columns=()) -> str:
+def _html_table(columns: list[str], rows: list[list[str]], text_columns=(), css_class: str = "") -> str:
     head = "".join(f'<th class="{"text" if c in text_columns else ""}">{html.escape(c)}</th>' for c in columns)
     body = "".join("<tr>" + "".join(
         f'<td class="{"text" if columns[i] in text_columns else ""}">{html.escape(v)}</td>' for i, v in enumerate(row))
         + "</tr>" for row in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    attr = f' class="{css_class}"' if css_class else ""
+    return f"<table{attr}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def _read_table(out: Path, path: str) -> pl.DataFrame:
@@ -179,7 +183,8 @@ def write_index_html(index: dict, out) -> str:
         if len(shown) < len(HEADLINE_SHOWN):
             parts.append(f"<p class=\"caption\">Model: {html.escape(str(hl['model'][0]))}.</p>")
         table_rows = [[r[c] for c, _ in shown] for r in [*rows, paper_row()]]
-        parts.append(_html_table([h for _, h in shown], table_rows, {"model", "evictor"}))  # every row, no inner scroll
+        parts.append(_html_table([h for _, h in shown], table_rows, {"model", "evictor"},  # every row, no inner scroll
+                                 css_class="headline"))
         parts.append(f'<p class="caption">{html.escape(HEADLINE_CAPTION)} Sources: {html.escape(paper_sources())}.</p>')
     parts.append("<nav><ul>" + "".join(f'<li><a href="#{o["name"]}">{html.escape(o["source"])} — '
                                        f'{html.escape(o["name"])}</a></li>' for o in figures + tables)
