@@ -438,3 +438,33 @@ def test_the_gate_convention_the_collector_writes_is_the_one_d_is_checked_with(t
     man["gate"]["convention"] = "deployed"
     _write_manifest_text(run, json.dumps(man))
     assert_problem(validate_paths([str(run)]), f, 0, "deployed")  # the last part's first row
+
+
+def test_a_flipped_bit_in_a_parquet_footer_is_a_problem_not_a_traceback(tmp_path):
+    """A bit flipped in a part's footer (Thrift metadata) can leave pyarrow's schema read intact but
+    fail DuckDB's view over the file ("TProtocolException: Invalid data", found by the long fuzz
+    campaign): validate names the file as unreadable, whatever byte of the footer is hit."""
+    import numpy as np
+
+    from pagestats import testing
+
+    run = testing.synthetic_logs(models={"m": (6, 3)}, context_lengths=(512,), tasks=("niah_multikey_3", "vt"),
+                                 n_inputs=3, evictors=("snapkv", "h2o"), budgets=(0.25, 0.5, 1.0), k_max=32,
+                                 with_text=False, seed=3).write(tmp_path / "logs", n_shards=2)[0]
+    part = sorted((run / "outcomes").iterdir())[1]
+    clean = part.read_bytes()
+    footer = int.from_bytes(clean[-8:-4], "little")
+    start = len(clean) - 8 - footer
+    positions = sorted({*np.linspace(start, len(clean) - 9, 48).astype(int).tolist(), 1674})
+    failed_in_duckdb = 0
+    for i in positions:
+        for bit in (0, 4):
+            data = bytearray(clean)
+            data[i] ^= 1 << bit
+            part.write_bytes(bytes(data))
+            problems = validate_paths([str(run)])  # raises nothing: every outcome is a list of problems
+            assert problems and any(str(part) == p.file for p in problems)
+            failed_in_duckdb += any("cannot read parquet file" in p.message for p in problems)
+    part.write_bytes(clean)
+    assert validate_paths([str(run)]) == []
+    assert failed_in_duckdb > 0  # the kind the campaign found is among them
