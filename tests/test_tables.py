@@ -14,7 +14,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from pagestats import defaults, io, replay, report, tables, testing
+from pagestats import defaults, io, replay, report, tables, testing, metrics
 from pagestats.replay.policies import FixedTau, TaskOracle, ZScored
 from pagestats.report.table_entries import TABLES
 
@@ -657,3 +657,35 @@ def test_per_layer_table_is_rho_of_each_arm_on_common_inputs():
             assert r["rho_ratio"] == pytest.approx(r["rho_per_layer"] / r["rho_single"])
         else:
             assert r["rho_ratio"] is None
+
+
+def test_remaining_deltas_table_by_brute_force(syn, gated):
+    """Table 29: the capacity-bound rows are Table 28's cluster bootstrap per task (same rng draw),
+    the calibrated rows Table 28's on the calibrated outcomes, the showcase rows the MK3 accuracy at
+    b = 1/16 with statsmodels' Wilson interval, and p_adjusted is BH (statsmodels) across every
+    bootstrap row."""
+    from statsmodels.stats.multitest import multipletests
+    from statsmodels.stats.proportion import proportion_confint
+
+    ev = "snapkv"
+    table = tables.remaining_deltas_table(gated, gated, rng=np.random.default_rng(7), evictor=ev, budget=0.125,
+                                          n_boot=200)
+    assert list(dict.fromkeys(table["row"])) == ["calibrated τ (Table 20)", "capacity-bound task",
+                                                 "showcase, plain at b = 0.125", "showcase, gated at b = 0.125"]
+    sub = gated.filter((pl.col("evictor") == ev) & (pl.col("budget") < 1))
+    ref = metrics.delta_bootstrap(sub, by=["model", "context_length", "evictor"], rng=np.random.default_rng(7),
+                                  n_boot=200).sort("model", "context_length")
+    cal = table.filter(pl.col("row") == "calibrated τ (Table 20)")
+    assert cal["estimate"].to_list() == pytest.approx(ref["delta"].to_list(), abs=1e-12)
+    assert cal["low"].to_list() == pytest.approx(ref["low"].to_list(), abs=1e-12)
+    show = table.filter(pl.col("row") == "showcase, gated at b = 0.125")
+    for r in rows_of(show):
+        cell = sub.filter((pl.col("model") == r["model"]) & (pl.col("context_length") == r["context_length"])
+                          & (pl.col("task") == "niah_multikey_3") & (pl.col("budget") == 0.125))
+        k, n = int(cell["score_gated"].sum()), cell.height
+        low, high = proportion_confint(k, n, method="wilson")
+        assert (r["estimate"], r["n_inputs"]) == (pytest.approx(k / n), n)
+        assert (r["low"], r["high"]) == (pytest.approx(low, abs=1e-12), pytest.approx(high, abs=1e-12))
+    tested = table.filter(pl.col("p_value").is_not_null() & pl.col("p_value").is_not_nan())
+    assert tested["p_adjusted"].to_list() == pytest.approx(
+        multipletests(tested["p_value"].to_numpy(), method="fdr_bh")[1].tolist(), abs=1e-12)

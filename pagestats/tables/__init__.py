@@ -40,6 +40,7 @@ from pagestats.tables.effects import (
     delta_matrix_table,
     draw_replicates_table,
     oracle_gap_table,
+    remaining_deltas_table,
 )
 from pagestats.tables.partition import (
     MULTIKEY_TASKS,
@@ -68,7 +69,7 @@ __all__ = [
     "Layout", "LAYOUTS",
     "format_interval", "display_frame", "markdown_table", "to_gt", "to_markdown", "write_table",
     "task_means", "ordering_margin",
-    "recovery_table", "per_layer_table", "random_control_table", "drop_by_task_table", "distractor_sweep_table", "scaling_table", "prediction_band", "preregistered_table",
+    "recovery_table", "per_layer_table", "random_control_table", "remaining_deltas_table", "drop_by_task_table", "distractor_sweep_table", "scaling_table", "prediction_band", "preregistered_table",
     "harm_table", "delta_matrix_table", "delta_by_task_table", "budget_axis_table", "oracle_gap_table",
     "best_evictor_table", "cross_cell_table", "compression_table", "batching_table", "bootstrap_table",
     "draw_replicates_table", "auc_table", "signal_ablation_table", "tau_variants_table", "calibration_table", "head_pair_table", "k_sweep_table",
@@ -142,9 +143,10 @@ LAYOUTS: dict[str, Layout] = {
                               {"Δ [95% CI]": ("delta", "low", "high")}, decimals=4,
                               notes=(f"Cluster bootstrap over inputs ({defaults.N_BOOTSTRAP} replicates), 2.5–97.5 percentiles; "
                                      f"Benjamini–Hochberg at q = {defaults.FDR_Q} across cells.",)),
-    "tab29_bootstrap_capacity": Layout("Table 29 — cluster-bootstrap intervals, capacity-bound tasks",
-                                       {"Δ [95% CI]": ("delta", "low", "high")}, decimals=4,
-                                       notes=(f"Cluster bootstrap over inputs, BH at q = {defaults.FDR_Q} across rows.",)),
+    "tab29_remaining_deltas": Layout("Table 29 — 95% intervals for the remaining headline numbers",
+                                     {"estimate [95% CI]": ("estimate", "low", "high")}, decimals=4,
+                                     notes=(f"Δ rows: cluster bootstrap over inputs, BH at q = {defaults.FDR_Q} across "
+                                            "the bootstrap rows; showcase rows: accuracy with a Wilson interval.",)),
     "tab30_draws": Layout("Table 30 — input-draw replicates of Δ", {}, notes=("SD with ddof = 1.",)),
     "tabN1_pilot_sensitivity": Layout("New — z-scored gate vs the pilot definition", {},
                                       notes=("closed_call: fewer than half of the task's inputs open; flips: differs from "

@@ -389,3 +389,75 @@ def draw_replicates_table(gated: pl.DataFrame, draws: pl.DataFrame, *, evictor: 
         pl.len().over(grp).cast(pl.Int64).alias("n_draws"),
     )
     return out.select(*grp, "draw", "delta", "n_inputs", "mean", "sd", "range", "n_draws").sort([*grp, "draw"])
+
+
+def remaining_deltas_table(gated: pl.DataFrame, calibrated: pl.DataFrame | None, *, rng: np.random.Generator,
+                           evictor: str | None = None, budget: float = defaults.HEADLINE_BUDGET,
+                           showcase_task: str = "niah_multikey_3", n_boot: int = defaults.N_BOOTSTRAP,
+                           confidence_level: float = defaults.CONFIDENCE_LEVEL, q: float = defaults.FDR_Q) -> pl.DataFrame:
+    """Table 29: 95% intervals for the remaining headline numbers, as far as the logs hold them.
+
+    Three kinds of row (``row``), for the headline evictor:
+
+    * ``calibrated τ (Table 20)``: Δ per (model, context) with the midpoint τ of Eq. 5 (the
+      ``calibrated`` gated outcomes; none when it is ``None``), cluster bootstrap;
+    * ``capacity-bound task``: Δ per (model, context, task) on each capacity-bound task, cluster
+      bootstrap (the paper's NIAH-MK3 rows);
+    * ``showcase, plain`` / ``showcase, gated``: accuracy of each arm on ``showcase_task`` at
+      ``budget`` (the paper's Mistral NIAH-MK3 cell, §4 and Fig. 3: 0.00 plain, 0.89 gated),
+      Wilson score interval on the inputs' scores (their sum as the count of successes).
+
+    Returns
+    -------
+    polars.DataFrame
+        ``row, model, context_length, evictor, task, estimate, low, high, interval`` ("cluster
+        bootstrap" or "Wilson"), ``n_inputs``, ``p_value`` and ``p_adjusted`` (Benjamini–Hochberg
+        across every bootstrap row of the table; null for Wilson rows), ``excludes_zero``.
+        The paper's cross-architecture and DBTrimKV rows need models and an arm the collector
+        does not log (Tables 16 and 19).
+
+    References
+    ----------
+    PAGE App. A.7.2, Table 29 ("95% CIs for the remaining headline deltas ... The Mistral NIAH-MK3
+    showcase entries are Wilson score intervals on N=100").
+    """
+    from pagestats import stats
+
+    sub, ev = one_evictor(gated, evictor)
+    sub = sub.filter(pl.col("budget") < 1.0)
+    cols = ["row", "model", "context_length", "evictor", "task", "estimate", "low", "high", "interval", "n_inputs",
+            "p_value"]
+    parts = []
+    kinds = [("capacity-bound task", sub.filter(pl.col("task_class") == defaults.CAPACITY_BOUND),
+              [*MODEL_CELL, "evictor", "task"])]
+    if calibrated is not None:
+        cal, _ = one_evictor(calibrated, ev)
+        kinds.insert(0, ("calibrated τ (Table 20)", cal.filter(pl.col("budget") < 1.0), [*MODEL_CELL, "evictor"]))
+    for label, frame, by in kinds:
+        if frame.height == 0:
+            continue
+        boot = metrics.delta_bootstrap(frame, by=by, rng=rng, n_boot=n_boot, confidence_level=confidence_level, q=q)
+        parts.append(boot.with_columns(pl.lit(label).alias("row"), pl.lit("cluster bootstrap").alias("interval"),
+                                       *([] if "task" in by else [pl.lit(None, pl.String).alias("task")]))
+                     .rename({"delta": "estimate"}).select(cols).sort(by))
+    show = sub.filter((pl.col("task") == showcase_task) & (pl.col("budget") == budget))
+    binary = show.select(pl.col("score_plain", "score_gated").is_in([0.0, 1.0]).all()).row(0) == (True, True)
+    if show.height and binary:  # a Wilson interval counts successes: 0/1 scores
+        for arm in ("plain", "gated"):
+            acc = show.group_by(*MODEL_CELL, "evictor", "task").agg(
+                pl.col(f"score_{arm}").sum().alias("k"), pl.len().alias("n"), pl.col(f"score_{arm}").mean().alias("estimate"))
+            iv = stats.wilson(acc["k"].to_numpy(), acc["n"].to_numpy(), confidence_level)
+            parts.append(acc.with_columns(pl.lit(f"showcase, {arm} at b = {budget}").alias("row"),
+                                          pl.Series("low", iv.low), pl.Series("high", iv.high),
+                                          pl.lit("Wilson").alias("interval"), pl.col("n").alias("n_inputs"),
+                                          pl.lit(None, pl.Float64).alias("p_value")).select(cols)
+                         .sort(*MODEL_CELL))
+    if not parts:
+        return pl.DataFrame(schema={c: pl.String for c in cols})
+    out = pl.concat(parts, how="vertical_relaxed")
+    tested = out["p_value"].is_not_null() & out["p_value"].is_not_nan()
+    adjusted = np.full(out.height, np.nan)
+    if tested.any():
+        adjusted[tested.to_numpy()] = stats.bh(out.filter(tested)["p_value"].to_numpy(), q).adjusted
+    return out.with_columns(pl.Series("p_adjusted", adjusted).fill_nan(None).cast(pl.Float64),
+                            ((pl.col("low") > 0) | (pl.col("high") < 0)).alias("excludes_zero"))
