@@ -17,6 +17,7 @@ import numpy as np
 import polars as pl
 
 from pagestats.columns import MATRIX_CELL, MODEL_CELL, TASK_CELL, WHATIF_CELL
+from pagestats.io.database import is_database
 from pagestats import formulas
 from pagestats.replay import FixedTau, Policy, ProfileSpec
 from pagestats.replay import sql as replay_sql
@@ -217,7 +218,7 @@ def whatif_table(logs, policy: Policy = FixedTau(), profile: ProfileSpec = Profi
             raise ValueError(f"draws takes pooled or one of the logged input draws {present}, got {draws!r}")
         mode = draws if draws not in (None, "pooled") else ("split" if draws is None and len(present) > 1 else None)
         pair_draws = replay_sql.decide(con, logs, policy, profile)
-        if hasattr(logs, "cursor") and con.sql("SELECT count(DISTINCT run_id) FROM inputs").fetchall()[0][0] > 1:
+        if is_database(logs) and con.sql("SELECT count(DISTINCT run_id) FROM inputs").fetchall()[0][0] > 1:
             table = _run_by_run(con, pair_draws, mode)  # out of core: one join per run
         else:
             table = con.sql(whatif_query(pair_draws, mode)).pl()

@@ -152,6 +152,12 @@ class LogDB:
         self.con.close()
 
 
+
+def is_database(logs) -> bool:
+    """Whether ``logs`` is a :class:`LogDB` (read in SQL, out of core) rather than in-memory frames:
+    the one test every stage that has two engines makes."""
+    return isinstance(logs, LogDB)
+
 def _validated(paths: list[str], mode: str, memory_limit: str, temp_directory: str | None, revalidate: bool):
     """The :class:`~pagestats.io.load.Checked` of valid logs (:class:`LogError` otherwise).
 

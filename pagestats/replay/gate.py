@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import polars as pl
 
 from pagestats.columns import input_key, with_task_class
+from pagestats.io.database import is_database
 from pagestats.formulas import N_KEPT_GATED, SCORE_GATED
 from pagestats.replay.policies import POLICY_TYPES, CustomPolicy, FixedTau, Policy
 from pagestats.replay.spec import ProfileSpec, _require, profile_drop, profile_drop_by_draw
@@ -170,7 +171,7 @@ def pilot_composition(logs, policy: Policy, profile: ProfileSpec = ProfileSpec()
         pilot inputs; the mean over head-pair draws); empty for a policy without a pilot.
     """
     cols = ["model", "context_length", "run_id", "task"]
-    if hasattr(logs, "cursor"):
+    if is_database(logs):
         from pagestats.replay import sql
 
         con = sql.connect(logs)

@@ -41,6 +41,7 @@ import polars as pl
 
 from pagestats.columns import require_columns, with_task_class
 from pagestats.io import duck
+from pagestats.io.database import is_database
 from pagestats.replay.gate import decide_all
 from pagestats.formulas import GATE_RULE
 from pagestats.replay.policies import (
@@ -84,7 +85,7 @@ def connect(logs) -> duckdb.DuckDBPyConnection:
     reference; their outcome rows are checked for duplicates here, as the metrics check
     their frames.
     """
-    if hasattr(logs, "cursor"):
+    if is_database(logs):
         return logs.cursor()
     inputs = with_task_class(logs.inputs)
     require_columns(inputs, INPUT_COLUMNS, "inputs")
@@ -103,7 +104,7 @@ def connect(logs) -> duckdb.DuckDBPyConnection:
 def _per_input(con, logs, profile: ProfileSpec):
     """The logs as :func:`pagestats.replay.gate` reads them: in-memory logs as they are; for a
     database, the per-input frame with the per-layer lists the spec needs (and ``topk`` for k)."""
-    if not hasattr(logs, "cursor"):
+    if not is_database(logs):
         return logs
     lists = ["agreement"]
     if profile.pairs_fraction is not None and profile.k is None:

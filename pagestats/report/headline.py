@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from pagestats import defaults, metrics
+from pagestats import defaults, formulas, metrics
 from pagestats.columns import MATRIX_CELL, MODEL_CELL
 from pagestats.report.context import Context
 from pagestats.report.paper import PAPER_VALUES
@@ -53,15 +53,17 @@ def headline(ctx: Context) -> pl.DataFrame:
     by = list(MATRIX_CELL) + (["pair_draw"] if "pair_draw" in rows.columns else [])
     boot = metrics.delta_bootstrap(rows.filter(pl.col("pair_draw") == 0) if "pair_draw" in rows.columns else rows,
                                    list(MATRIX_CELL), rng=np.random.default_rng(defaults.BOOTSTRAP_SEED))
-    kept = pl.col("n_kept_gated") / pl.col("n_tokens")
+    kept = formulas.expr(formulas.kept_fraction("n_kept_gated"))  # the formulas every stage shares
+
+    def harm(arm: str) -> pl.Expr:  # harm rate: harm events / rows (Table 27)
+        return formulas.expr(formulas.harm_count(f"score_{arm}")) / pl.len()
+
     pooled = rows.group_by(by).agg(kept.mean().alias("kept_kv"),
-                                   (pl.col("score_plain") < pl.col("score_full")).mean().alias("harm_plain_all"),
-                                   (pl.col("score_gated") < pl.col("score_full")).mean().alias("harm_gated_all"))
+                                   harm("plain").alias("harm_plain_all"), harm("gated").alias("harm_gated_all"))
     at_b = rows.filter(pl.col("budget") == defaults.HEADLINE_BUDGET)
     capacity = at_b.filter(pl.col("task_class") == defaults.CAPACITY_BOUND).group_by(by).agg(
         pl.len().alias("n_capacity"),
-        (pl.col("score_plain") < pl.col("score_full")).mean().alias("harm_plain"),
-        (pl.col("score_gated") < pl.col("score_full")).mean().alias("harm_gated"))
+        harm("plain").alias("harm_plain"), harm("gated").alias("harm_gated"))
     memory = at_b.group_by(by).agg(kept.mean().alias("kept_kv_budget"),
                                    kept.filter(pl.col("gate_open")).mean().alias("kept_open"))
     opened = metrics.p_open(rows, by).select(*by, "p_open")
