@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 
 from pagestats import profile, schema
 from pagestats.io.guard import Refused, check_regular, read_manifest
-from pagestats.io.validation.manifest import BIN_CONVENTIONS, parse_bins, safe_relative_path
+from pagestats.io.validation.manifest import BIN_CONVENTIONS, listed_files, parse_bins
 from pagestats.io.validation.problems import MAX_ROWS_PER_RULE, ExclusionError, Problem, value_text
 
 __all__ = ["DeploymentRun", "DeploymentRunError", "check_deployment", "deployment_refusal", "is_deployment_dir",
@@ -202,26 +202,8 @@ def _manifest_problems(run_dir: str, manifest, bad) -> dict | None:
         bad(f"manifest deployment.entry is not one of {list(ENTRIES)}")
     out.update(w=gate["w"], k=gate["k"], bin_fraction=fraction, convention=gate.get("convention", convention),
                tau=float(tau))
-    files = {}
-    entries = manifest.get("files", [])
-    if not isinstance(entries, list):
-        bad("manifest files is not a list")
-        entries = []
-    for i, entry in enumerate(entries):
-        if not isinstance(entry, Mapping) or "path" not in entry:
-            bad(f"files[{i}] is not an object with a path")
-            continue
-        rel = safe_relative_path(run_dir, entry["path"])
-        if rel is None or rel.split("/")[0] != "inputs":
-            bad(f"files[{i}].path {entry['path']!r} is not a file under inputs/ of the run "
-                "(a deployment run has no outcomes or topk)")
-            continue
-        if rel in files:
-            bad(f"files[{i}].path {rel!r} is listed twice")
-            continue
-        if not (_is_int(entry.get("rows")) and entry["rows"] >= 0):
-            bad(f"files[{i}] ({rel}) has rows {entry.get('rows')!r}, not a row count")
-        files[rel] = {**entry, "index": i}
+    files = listed_files(manifest, run_dir, bad, tables=("inputs",),
+                         where=" (a deployment run has no outcomes or topk)")
     out["files"] = files
     return out
 

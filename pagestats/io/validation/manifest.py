@@ -49,6 +49,40 @@ class RunInfo:
     files: dict[str, dict] = field(default_factory=dict)  # normalised relative path → entry
 
 
+
+def listed_files(manifest: Mapping, run_dir: str, bad, tables=schema.TABLES, where: str = "") -> dict[str, dict]:
+    """The manifest's ``files[]`` by relative path, each entry with its ``index``; every entry that is
+    not an object with a path inside the run under one of ``tables``, is listed twice, or lacks a
+    row count or a sha256 is reported through ``bad`` (one line each; ``where`` says why only those
+    tables). Shared by collection and deployment runs, so that both read ``files[]`` by one rule."""
+    files: dict[str, dict] = {}
+    entries = manifest.get("files", [])
+    if not isinstance(entries, list):
+        bad("manifest files is not a list")
+        entries = []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, Mapping) or "path" not in entry:
+            bad(f"files[{i}] is not an object with a path")
+            continue
+        rel = safe_relative_path(run_dir, entry["path"])
+        if rel is None:
+            bad(f"files[{i}].path {entry['path']!r} escapes the run directory (or is not a relative path)")
+            continue
+        if rel.split("/")[0] not in tables:
+            bad(f"files[{i}].path {rel!r} is not under {'/, '.join(tables)}/{where}")
+            continue
+        if rel in files:
+            bad(f"files[{i}].path {rel!r} is listed twice")
+            continue
+        rows, digest = entry.get("rows"), entry.get("sha256")
+        if not (_is_int(rows) and rows >= 0):
+            bad(f"files[{i}] ({rel}) has rows {_short(rows) if 'rows' in entry else 'missing'}, not a row count")
+        if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+            bad(f"files[{i}] ({rel}) has sha256 {_short(digest) if 'sha256' in entry else 'missing'}, not 64 "
+                "lowercase hexadecimal digits")
+        files[rel] = {**entry, "index": i}
+    return files
+
 def parse_bins(bins) -> tuple[float, str]:
     """Interpret the manifest's ``gate.bins``: a bin fraction, a convention name, or both.
 
@@ -278,32 +312,7 @@ def check_manifest(run_dir: str | os.PathLike, manifest, manifest_path: str) -> 
     if mode not in defaults.MODES:
         bad(f"manifest mode {_short(mode)} is not one of {list(defaults.MODES)}")
         mode = str(mode)  # a run of no known mode: no --mode selects it
-    files: dict[str, dict] = {}
-    entries = manifest.get("files", [])
-    if not isinstance(entries, list):
-        bad("manifest files is not a list")
-        entries = []
-    for i, entry in enumerate(entries):
-        if not isinstance(entry, Mapping) or "path" not in entry:
-            bad(f"files[{i}] is not an object with a path")
-            continue
-        rel = safe_relative_path(run_dir, entry["path"])
-        if rel is None:
-            bad(f"files[{i}].path {entry['path']!r} escapes the run directory (or is not a relative path)")
-            continue
-        if rel.split("/")[0] not in schema.TABLES:
-            bad(f"files[{i}].path {rel!r} is not under {'/, '.join(schema.TABLES)}/")
-            continue
-        if rel in files:
-            bad(f"files[{i}].path {rel!r} is listed twice")
-            continue
-        rows, digest = entry.get("rows"), entry.get("sha256")
-        if not (_is_int(rows) and rows >= 0):
-            bad(f"files[{i}] ({rel}) has rows {_short(rows) if 'rows' in entry else 'missing'}, not a row count")
-        if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
-            bad(f"files[{i}] ({rel}) has sha256 {_short(digest) if 'sha256' in entry else 'missing'}, not 64 "
-                "lowercase hexadecimal digits")
-        files[rel] = {**entry, "index": i}
+    files = listed_files(manifest, run_dir, bad)
 
     info = RunInfo(
         run_id=run_id,
