@@ -603,3 +603,20 @@ def test_table31_reads_the_control_run_alone(tmp_path):
             best = sub.group_by("run_id", "input_id").agg(pl.col("score_plain").max(), pl.col("score_full").first())
             assert r[f"rho_{arm}"] == pytest.approx((best["score_plain"] > best["score_full"]).mean(), abs=1e-12)
             assert r["n"] == best.height
+
+
+def test_a_very_long_model_name_still_makes_file_names(tmp_path):
+    """A 300-letter model name (found by the long fuzz campaign: `File name too long` in Fig. 3's
+    per-cell file) gives figure files under 255 bytes, distinct per cell."""
+    import dataclasses
+
+    name = "x" * 300
+    syn = testing.synthetic_logs(**{**SMALL, "context_lengths": (4096, 8192)})
+    logs = io.load([str(r) for r in syn.write(tmp_path / "logs")])
+    logs = dataclasses.replace(logs, **{t: getattr(logs, t).with_columns(pl.lit(name).alias("model"))
+                                        for t in ("inputs", "outcomes")})  # relabelled, as the campaign did
+    index = report.build_report(logs, tmp_path / "out",
+                                formats=("png",), entries=[e for e in FIGURES if e.name == "fig03_accuracy_vs_budget"])
+    files = json.loads(Path(index).with_name("index.json").read_text())["outputs"][0]["files"]
+    assert len(files) == 2 and len(set(files)) == 2
+    assert all(len(Path(f).name.encode()) < 255 for f in files)

@@ -23,6 +23,8 @@ bar on stderr counts the entries.
 
 from __future__ import annotations
 
+import hashlib
+
 import dataclasses
 import json
 import os
@@ -125,8 +127,19 @@ def _run_entry(entry: Entry, ctx: Context, out: Path, formats: Sequence[str] = F
     return outcome
 
 
+#: Bytes of a file-name part made from names in the logs; a longer part is cut and given a hash of
+#: the whole (a name of any length from a manifest must still make a file name under 255 bytes).
+MAX_PART_BYTES = 80
+
+
 def _safe(part: str) -> str:
-    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in str(part))
+    """A file-name part from a label (model, context): letters, digits, ``-_.``; at most
+    :data:`MAX_PART_BYTES` bytes, a longer one cut to 64 bytes plus 10 hex digits of its sha256."""
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in str(part))
+    if len(safe.encode()) <= MAX_PART_BYTES:
+        return safe
+    digest = hashlib.sha256(str(part).encode()).hexdigest()[:10]
+    return safe.encode()[:64].decode(errors="ignore") + "-" + digest
 
 
 def _describe(value) -> dict | str:
