@@ -110,6 +110,17 @@ def calibrate(logs, policy, *, model: str | None = None, files=None) -> Gate:
         sample = rows.filter(mask)["drop"].to_numpy().astype(float)
         pilot.update({"mu": float(sample.mean()), "sigma": float(sample.std(ddof=1)), "theta": float(policy.theta_z),
                       "n": int(len(sample)), "split": policy.pilot, "seed": int(policy.seed)})
+    if isinstance(policy, Midpoint):  # the two sample means of Eq. 5, from the policy's own pilot flags
+        from pagestats import defaults
+
+        sample = rows.filter(pl.col("pilot"))
+        capacity = (pl.col("task").is_in(list(policy.capacity_tasks)) if policy.capacity_tasks is not None
+                    else pl.col("task_class") == defaults.CAPACITY_BOUND)
+        cap, dil = sample.filter(capacity), sample.filter(~capacity)
+        pilot.update({"capacity_mean": float(cap["drop"].mean()), "dilution_mean": float(dil["drop"].mean()),
+                      "n_capacity": cap.height, "n_dilution": dil.height,
+                      "tasks": {"capacity": sorted(cap["task"].unique().to_list()),
+                                "dilution": sorted(dil["task"].unique().to_list())}})
     file_paths = files if files is not None else [f.path for f in logs.files]
     return Gate(tau=tau, policy=kinds[type(policy)], model=model, n_layers=_n_layers(manifests), pilot=pilot,
                 logs_sha256=logs_sha256(file_paths),

@@ -225,3 +225,27 @@ def collected_dir(manifest, inputs):
 
 
 _RUN_DIRS: dict = {}
+
+
+def test_calibrate_midpoint_records_its_two_sample_means(tmp_path):
+    """A midpoint gate file records what τ = (D̄_C + D̄_D)/2 came from (Eq. 5): the mean D of the
+    first 20 NIAH-MK3 and the first 20 VT inputs, their counts and tasks."""
+    import polars as pl
+
+    from pagestats import testing
+    from pagestats.cli import main as pagestats_main
+
+    syn = testing.synthetic_logs(models={"m": (6, 3)}, context_lengths=(4096,), tasks=("niah_multikey_3", "vt", "fwe"),
+                                 n_inputs=25, evictors=("snapkv",), budgets=(0.5, 1.0), with_topk=False,
+                                 with_text=False)
+    runs = [str(r) for r in syn.write(tmp_path / "logs")]
+    out = tmp_path / "gate.json"
+    assert pagestats_main(["calibrate", *runs, "--policy", "midpoint", "--out", str(out)]) == 0
+    gate = Gate.from_file(out)
+    first = {t: syn.inputs.filter(pl.col("task") == t).sort("input_id", "run_id").head(20)["drop"].mean()
+             for t in ("niah_multikey_3", "vt")}
+    assert gate.pilot["capacity_mean"] == pytest.approx(first["niah_multikey_3"], abs=1e-12)
+    assert gate.pilot["dilution_mean"] == pytest.approx(first["vt"], abs=1e-12)
+    assert (gate.pilot["n_capacity"], gate.pilot["n_dilution"]) == (20, 20)
+    assert gate.pilot["tasks"] == {"capacity": ["niah_multikey_3"], "dilution": ["vt"]}
+    assert gate.tau == pytest.approx((first["niah_multikey_3"] + first["vt"]) / 2, abs=1e-12)
