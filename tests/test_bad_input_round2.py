@@ -23,7 +23,7 @@ from pagestats import escape, schema, testing
 from pagestats.cli import main
 from pagestats.io import validate_paths
 
-from test_io import assert_problem, messages, refresh_manifest, write_run
+from logbuild import assert_problem, messages, refresh_manifest, write_run
 
 SMALL = dict(models={"m": (6, 3)}, context_lengths=(512,), tasks=("niah_multikey_3", "vt"), n_inputs=3,
              evictors=("snapkv", "h2o"), budgets=(0.25, 0.5, 1.0), with_topk=False, with_text=False, seed=1)

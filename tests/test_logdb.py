@@ -20,7 +20,7 @@ from pagestats.replay import CustomPolicy, FixedTau, Midpoint, ProfileSpec, Task
 from pagestats.testing import synthetic_logs
 from pagestats.whatif import WHATIF_COLUMNS, whatif_table
 
-from test_whatif import _brute_whatif
+from brute import brute_whatif
 
 KEY = ["run_id", "task", "input_id"]
 
@@ -59,7 +59,7 @@ def test_whatif_out_of_core_equals_in_memory_and_brute_force(written, policy, pr
     got = whatif_table(db, policy, profile)
     assert isinstance(db, LogDB) and got.columns == list(WHATIF_COLUMNS)
     assert_frame_equal(got, whatif_table(logs, policy, profile), abs_tol=1e-12, rel_tol=0)
-    ref = _brute_whatif(logs, policy, profile)
+    ref = brute_whatif(logs, policy, profile)
     assert got.height == len(ref) == 2 * 3 * 2 * 3  # models × tasks × evictors × budgets (one context)
     for row, exp in zip(got.rows(), ref):
         assert row[:6] == tuple(exp[:5]) + (int(exp[5]),)

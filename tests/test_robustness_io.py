@@ -21,7 +21,7 @@ from pagestats import schema
 from pagestats.io import ExclusionError, load, validate_paths
 from pagestats.io.guard import MAX_JSON_DEPTH, MAX_MANIFEST_BYTES
 
-from test_io import H, K_MAX, L, N_INPUTS, TASKS, assert_problem, messages, refresh_manifest, write_run
+from logbuild import H, K_MAX, L, N_INPUTS, TASKS, assert_problem, messages, refresh_manifest, write_run
 
 N_INPUTS_ALL = len(TASKS) * N_INPUTS
 

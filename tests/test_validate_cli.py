@@ -9,7 +9,7 @@ import sys
 
 from pagestats.cli import main
 
-from test_io import input_row, outcome_row, write_run
+from logbuild import input_row, outcome_row, write_run
 
 
 def test_validate_ok_exit_zero(tmp_path, capsys):

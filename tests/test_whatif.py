@@ -18,6 +18,8 @@ from pagestats.replay import FixedTau, Midpoint, ProfileSpec, RecalibratedTau, T
 from pagestats.cli import parse_layers, policy_from_args, profile_from_args
 from pagestats.whatif import WHATIF_COLUMNS, whatif_table
 
+from brute import brute_whatif
+
 
 def tiny_logs():
     """2 tasks × 2 inputs, L = 3 (bins {0}, {2}), so D = a_0 − a_2 exactly in float32."""
@@ -77,33 +79,6 @@ def test_whatif_extremes_and_oracle():
     assert orc.filter(pl.col("task") == "niah_multikey_3")["p_open"].to_list() == [0.0, 0.0]
 
 
-def _brute_whatif(logs, policy, profile=ProfileSpec()):
-    """Row-by-row Python loop over gated outcomes; averages over head-pair draws."""
-    out = gated_outcomes(logs, policy, profile)
-    if "pair_draw" not in out.columns:
-        out = out.with_columns(pl.lit(0).alias("pair_draw"))
-    acc = {}
-    for r in out.iter_rows(named=True):
-        cell = (r["model"], r["context_length"], r["evictor"], r["task"], r["budget"])
-        d = acc.setdefault(cell, {}).setdefault(r["pair_draw"], [])
-        d.append(r)
-    table = []
-    for cell in sorted(acc):
-        per_draw = []
-        for rows in acc[cell].values():
-            n = len(rows)
-            full = sum(r["score_full"] for r in rows) / n
-            plain = sum(r["score_plain"] for r in rows) / n
-            gated = sum(r["score_gated"] for r in rows) / n
-            per_draw.append([
-                n, full, plain, gated, gated - plain,
-                sum(r["score_plain"] < r["score_full"] for r in rows) / n,
-                sum(r["score_gated"] < r["score_full"] for r in rows) / n,
-                sum(r["gate_open"] for r in rows) / n,
-                sum(r["n_kept_gated"] / r["n_tokens"] for r in rows) / n,
-            ])  # fmt: skip
-        table.append((*cell, *np.mean(per_draw, axis=0)))
-    return table
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +109,7 @@ def synth():
 )
 def test_whatif_matches_brute_force(synth, policy, profile):
     table = whatif_table(synth, policy, profile)
-    ref = _brute_whatif(synth, policy, profile)
+    ref = brute_whatif(synth, policy, profile)
     assert table.height == len(ref)
     for row, exp in zip(table.rows(), ref):
         assert row[:6] == tuple(exp[:5]) + (int(exp[5]),)
@@ -170,7 +145,7 @@ def test_whatif_over_several_runs_out_of_core_is_evaluated_run_by_run(tmp_path, 
     finally:
         db.close()
     assert len(calls) == 1
-    ref = _brute_whatif(load(runs), policy, profile)
+    ref = brute_whatif(load(runs), policy, profile)
     assert table.height == len(ref)
     for row, exp in zip(table.rows(), ref):
         assert row[:6] == tuple(exp[:5]) + (int(exp[5]),)
