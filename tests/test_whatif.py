@@ -9,12 +9,11 @@ import math
 from contextlib import redirect_stdout
 from types import SimpleNamespace
 
-import numpy as np
 import polars as pl
 import pytest
 
 from pagestats import defaults
-from pagestats.replay import FixedTau, Midpoint, ProfileSpec, RecalibratedTau, TaskOracle, ZScored, gated_outcomes
+from pagestats.replay import FixedTau, Midpoint, ProfileSpec, RecalibratedTau, TaskOracle, ZScored
 from pagestats.cli import parse_layers, policy_from_args, profile_from_args
 from pagestats.whatif import WHATIF_COLUMNS, whatif_table
 
