@@ -521,11 +521,22 @@ def test_tau_sensitivity_says_when_there_is_no_plateau():
     assert any(p.get_width() > 0 for p in fig.axes[0].patches)  # the shaded band
 
 
-@pytest.mark.parametrize("case", ["hand_gated", "shipped_clash"])
-def test_rho_vs_headroom_labels_do_not_overlap(case):
+def _labelled_scatter(data: pl.DataFrame):
+    """Fig. 9's point labels (``scaling._label_points``) on a bare scatter of ``data``: (figure, axis)."""
     from pagestats.figures import _style as st
     from pagestats.figures.scaling import _label_points
 
+    with st.style():
+        fig, (axis,) = st.panels(1, None, row_height=2.0)
+        axis.scatter(data["headroom"].to_numpy(), data["rho"].to_numpy())
+        axis.set_xlim(0, 1.05)
+        axis.set_ylim(-0.01, 0.5)
+        _label_points(axis, data)
+    return fig, axis
+
+
+@pytest.mark.parametrize("case", ["hand_gated", "shipped_clash"])
+def test_rho_vs_headroom_labels_do_not_overlap(case):
     if case == "hand_gated":  # 2 models × 2 contexts × 8 tasks: 32 labelled points, many close together
         g = hand_gated(seed=5, contexts=(4096, 16384), evictors=("snapkv",), n=8)
         fig = F.rho_vs_headroom(g)
@@ -536,12 +547,7 @@ def test_rho_vs_headroom_labels_do_not_overlap(case):
                              "context_length": [512, 1024, 1024, 512, 512, 1024],
                              "headroom": [0.0, 0.003, 0.930, 0.945, 0.99, 1.0],
                              "rho": [0.0, 0.0, 0.121, 0.108, 0.0, 0.0]})
-        with st.style():
-            fig, (axis,) = st.panels(1, None, row_height=2.0)
-            axis.scatter(data["headroom"].to_numpy(), data["rho"].to_numpy())
-            axis.set_xlim(0, 1.05)
-            axis.set_ylim(-0.01, 0.5)
-            _label_points(axis, data)
+        fig, axis = _labelled_scatter(data)
         n_points = data.height
     fig.canvas.draw()
     boxes = [t.get_window_extent() for t in fig.axes[0].texts]
@@ -927,17 +933,9 @@ def test_rho_vs_headroom_one_label_per_pile_and_clear_of_markers():
 
 
 def test_rho_vs_headroom_pile_label_names_each_cell_once():
-    from pagestats.figures import _style as st
-    from pagestats.figures.scaling import _label_points
-
     data = pl.DataFrame({"task": ["niah_single_1", "niah_single_1", "vt"], "context_length": [512, 1024, 512],
                          "headroom": [0.0, 0.0, 0.6], "rho": [0.0, 0.0, 0.2]})
-    with st.style():
-        fig, (axis,) = st.panels(1, None, row_height=2.0)
-        axis.scatter(data["headroom"].to_numpy(), data["rho"].to_numpy())
-        axis.set_xlim(0, 1.05)
-        axis.set_ylim(-0.01, 0.5)
-        _label_points(axis, data)
+    _, axis = _labelled_scatter(data)
     assert sorted(t.get_text() for t in axis.texts) == ["S1 512, 1K", "vt 512"]
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import re
 
+from pagestats.defaults import HEADLINE_BATCH as _B  # the headline's batch size (Table 23)
+
 #: tidy name → (header, meaning).
 COLUMNS: dict[str, tuple[str, str]] = {
     "model": ("model", "model name from the run manifest"),
@@ -257,7 +259,7 @@ FORMULAS_BY_TABLE: dict[str, dict[str, str]] = {
                           "kept_kv_gated": "p_open * COALESCE(kept_kv_open, 0) + (1 - p_open)"},
     "tab23_batching": {"compression": "1 / provisioned"},
     "headline": {"compression": "1 / kept_kv_budget",
-                 "compression_batch": "1 / ((1 - POWER(p_open, 8)) + POWER(p_open, 8) * COALESCE(kept_open, 0))"},
+                 "compression_batch": f"1 / ((1 - POWER(p_open, {_B})) + POWER(p_open, {_B}) * COALESCE(kept_open, 0))"},
 }
 
 
