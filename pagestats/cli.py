@@ -892,7 +892,8 @@ def _main(argv: list[str] | None = None) -> int:
                                  policy=args.parsed_policy, headline_evictor=args.headline_evictor,
                                  **({"formats": ("png",)} if args.no_pdf else {}))
         except HeadlineEvictorError as err:  # the one error of an option that needs the logs to check
-            print(one_line(f"error: {err}"), file=sys.stderr)
+            print(one_line(f"error: --headline-evictor {err.evictor!r} is not logged; the logs hold "
+                           f"{', '.join(err.logged) or 'no evictor'}"), file=sys.stderr)
             return 2
         print(one_line(os.path.join(os.path.dirname(index), "index.html")))  # the page to open; index.md beside it
         return 0

@@ -30,7 +30,11 @@ Requirement = Callable[["Context"], "str | None"]
 
 
 class HeadlineEvictorError(ValueError):
-    """The headline evictor asked for is not an evictor of the logs."""
+    """The headline evictor asked for is not an evictor of the logs (``evictor``; ``logged``: those they hold)."""
+
+    def __init__(self, evictor: str, logged: list[str]):
+        self.evictor, self.logged = evictor, logged
+        super().__init__(f"headline evictor {evictor!r} is not logged; the logs hold {', '.join(logged) or 'no evictor'}")
 
 
 class Context:
@@ -53,8 +57,7 @@ class Context:
         self.dilution_rule = dilution_rule or defaults.DILUTION_RULE
         logged = sorted(set(self.logs.outcomes["evictor"].to_list()))
         if headline_evictor is not None and headline_evictor not in logged:
-            raise HeadlineEvictorError(f"--headline-evictor {headline_evictor!r} is not logged; the logs hold "
-                                       f"{', '.join(logged) or 'no evictor'}")
+            raise HeadlineEvictorError(headline_evictor, logged)
         self._headline_evictor = headline_evictor
 
     @functools.cached_property
