@@ -69,6 +69,18 @@ class Context:
         return replay.gated_outcomes(self.logs, self.policy, self.profile)
 
     @functools.cached_property
+    def midpoint_outcomes(self) -> tuple[pl.DataFrame | None, pl.DataFrame]:
+        """``(gated outcomes of the headline evictor at the paper's midpoint τ, the cells without its
+        sample)`` (Eq. 5; :meth:`pagestats.replay.Midpoint.applicable`), computed once for Tables 20
+        and 29; the outcomes are ``None`` when no cell holds the sample."""
+        mid = replay.Midpoint()
+        logs, short = mid.applicable(self.logs)
+        if logs.inputs.height == 0:
+            return None, short
+        return replay.gated_outcomes(logs, mid, self.profile, evictor=self.headline_evictor,
+                                     columns=replay.DELTA_COLUMNS), short
+
+    @functools.cached_property
     def control_outcomes(self) -> pl.DataFrame:
         """The control runs' outcomes with their full-KV scores (Table 31 reads only the plain and
         full-KV arms, which no gate policy changes: the fixed τ decides the unused gated arm)."""

@@ -135,20 +135,13 @@ def _needs_midpoint_cell(ctx) -> str | None:
 
 def _tab29(ctx, rng):
     """Table 29 from the report's gated outcomes and, where the midpoint sample exists, Table 20's."""
-    mid = Midpoint()
-    logs, _ = mid.applicable(ctx.logs)
-    ev = ctx.headline_evictor
-    calibrated = (replay.gated_outcomes(logs, mid, ctx.profile, evictor=ev, columns=replay.DELTA_COLUMNS)
-                  if logs.inputs.height else None)
-    return remaining_deltas_table(ctx.gated, calibrated, rng=rng, evictor=ev)
+    calibrated, _ = ctx.midpoint_outcomes
+    return remaining_deltas_table(ctx.gated, calibrated, rng=rng, evictor=ctx.headline_evictor)
 
 
 def _tab20(ctx):
-    mid = Midpoint()  # the paper's recipe (App. A.3.4, Table 7): 20 NIAH-MK3 and 20 VT inputs per cell
-    logs, short = mid.applicable(ctx.logs)
-    ev = ctx.headline_evictor
-    calibrated = replay.gated_outcomes(logs, mid, ctx.profile, evictor=ev, columns=replay.DELTA_COLUMNS)
-    return cross_cell_table(ctx.gated, calibrated, evictor=ev, notes=short)
+    calibrated, short = ctx.midpoint_outcomes  # the paper's recipe: 20 NIAH-MK3 and 20 VT inputs per cell
+    return cross_cell_table(ctx.gated, calibrated, evictor=ctx.headline_evictor, notes=short)
 
 
 def _tab21(ctx) -> pl.DataFrame:
