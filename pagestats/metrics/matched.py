@@ -99,9 +99,10 @@ def _cell_arrays(part: pl.DataFrame):
 def _delta_matched(weights, budgets, plain, kept_plain, gated, kept_gated) -> tuple[np.ndarray, ...]:
     """Δ_matched per resample (rows of ``weights``: input counts) and the means it is built from."""
     total = weights.sum(axis=1, keepdims=True)
-    mp, kp = weights @ plain / total, weights @ kept_plain / total
+    mp, kp = stats.weighted_sums(weights, plain) / total, stats.weighted_sums(weights, kept_plain) / total
     evicted = budgets < 1.0
-    mg, kg = (weights @ gated / total)[:, evicted], (weights @ kept_gated / total)[:, evicted]
+    mg = (stats.weighted_sums(weights, gated) / total)[:, evicted]
+    kg = (stats.weighted_sums(weights, kept_gated) / total)[:, evicted]
     matched = frontier_accuracy(kp, mp, kg)
     return (mg - matched).mean(axis=1), mg.mean(axis=1), kg.mean(axis=1), matched.mean(axis=1), \
         (mg - mp[:, evicted]).mean(axis=1)

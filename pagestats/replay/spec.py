@@ -180,7 +180,8 @@ def profile_statistic(agreement: np.ndarray, layer_idx: np.ndarray, spec: Profil
     if spec.statistic == "slope":
         x = layer_idx.astype(np.float64)
         xc = x - x.mean()
-        return (a.astype(np.float64) @ xc) / (xc @ xc)
+        # einsum, not BLAS: sums in one fixed order whatever the thread count (bit-identical reruns)
+        return np.einsum("...l,l->...", a.astype(np.float64), xc) / np.einsum("l,l->", xc, xc)
     if spec.statistic == "decreasing_fraction":
         return (np.diff(a.astype(np.float64), axis=-1) < 0).mean(axis=-1)
     raise ValueError(f"unknown profile statistic {spec.statistic!r}")  # pragma: no cover
@@ -329,7 +330,7 @@ def _model_statistic(logs, sub: pl.DataFrame, model: str, spec: ProfileSpec) -> 
     out = np.empty((spec.draws, sub.height))
     for start in range(0, sub.height, _CHUNK):
         blk = jac[start : start + _CHUNK].astype(np.float64)
-        agreement = np.moveaxis(blk @ weights, -1, 0)  # (draws, n, L)
+        agreement = np.einsum("nlp,pd->dnl", blk, weights)  # (draws, n, L); no BLAS: fixed sum order
         out[:, start : start + blk.shape[0]] = profile_statistic(agreement, layer_idx, spec)
     return out
 

@@ -17,6 +17,7 @@ from pagestats.stats.bootstrap import (
     BootstrapResult,
     bootstrap_pvalue,
     cluster_bootstrap,
+    weighted_sums,
 )
 from pagestats.stats.fit import BinomialFitResult, FitResult, binomial_origin_fit, through_origin_fit
 from pagestats.stats.multitest import BHResult, bh
@@ -33,6 +34,7 @@ __all__ = [
     "bootstrap_pvalue",
     "cluster_bootstrap",
     "through_origin_fit",
+    "weighted_sums",
     "binomial_origin_fit",
     "BinomialFitResult",
     "wilson",

@@ -136,6 +136,28 @@ def _shared_index_replicates(means: np.ndarray, n_boot: int, rng: np.random.Gene
     return out
 
 
+def weighted_sums(weights: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """``weights @ values`` summed in one fixed order, whatever the BLAS and its thread count.
+
+    A BLAS product splits its sums over threads, so the last bits of a replicate would depend on
+    ``OMP_NUM_THREADS`` and a rerun on another machine could write another CSV. ``numpy.einsum``
+    (without ``optimize``) never calls BLAS: each sum runs in one thread, in index order.
+
+    Parameters
+    ----------
+    weights : numpy.ndarray, shape (R, n)
+        Resample counts (or any weights), one row per replicate.
+    values : numpy.ndarray, shape (n,) or (n, m)
+
+    Returns
+    -------
+    numpy.ndarray, shape (R,) or (R, m), float64
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    v = np.asarray(values, dtype=np.float64)
+    return np.einsum("rn,n->r", w, v) if v.ndim == 1 else np.einsum("rn,nm->rm", w, v)
+
+
 def _count_replicates(
     values: np.ndarray, counts: np.ndarray, n_boot: int, rng: np.random.Generator, chunk_size: int
 ) -> np.ndarray:
@@ -153,7 +175,7 @@ def _count_replicates(
     out = np.empty((values.shape[1], n_boot))
     for start in range(0, n_boot, rows):
         k = min(rows, n_boot - start)
-        out[:, start : start + k] = (rng.multinomial(n, p, size=k) @ values).T / n
+        out[:, start : start + k] = weighted_sums(rng.multinomial(n, p, size=k), values).T / n
     return out
 
 

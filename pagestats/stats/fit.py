@@ -49,15 +49,15 @@ def through_origin_fit(x, y) -> FitResult:
         raise ValueError("through_origin_fit: no points")
     if not (np.all(np.isfinite(xa)) and np.all(np.isfinite(ya))):
         raise ValueError("through_origin_fit: x and y must be finite")
-    sxx = float(xa @ xa)
+    sxx = float(np.einsum("i,i->", xa, xa))
     if sxx == 0.0:
         raise ValueError("through_origin_fit: every x is 0, the slope is undefined")
-    slope = float(xa @ ya) / sxx
+    slope = float(np.einsum("i,i->", xa, ya)) / sxx
     resid = ya - slope * xa
-    sse = float(resid @ resid)
+    sse = float(np.einsum("i,i->", resid, resid))
     n = int(xa.size)
     se = float(np.sqrt(sse / (n - 1) / sxx)) if n > 1 else float("nan")
-    syy = float(ya @ ya)
+    syy = float(np.einsum("i,i->", ya, ya))
     r2 = 1.0 - sse / syy if syy > 0 else float("nan")
     return FitResult(slope=slope, se=se, n=n, r2=r2)
 
