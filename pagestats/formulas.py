@@ -56,3 +56,14 @@ def kept_fraction(kept: str) -> str:
 def expr(sql: str) -> pl.Expr:
     """The polars expression of a formula."""
     return pl.sql_expr(sql)
+
+
+def evicted(alias: str = "") -> str:
+    """The rows of an eviction budget, ``b < 1`` (b = 1 is the full cache, §3): the budgets every
+    ``max_b`` (Eq. 1) and every mean over budgets reads (Tables 2, 12, 13). ``alias`` qualifies the
+    column (``evicted("o")`` is ``o.budget < 1``)."""
+    return f"{alias}.budget < 1" if alias else "budget < 1"
+
+
+#: The polars filter of :func:`evicted`: ``frame.filter(formulas.EVICTED)``.
+EVICTED = expr(evicted())
