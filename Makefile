@@ -18,7 +18,7 @@ TORCH_INDEX ?=
 # kvpress-env: kvpress pins transformers < 5.3, so its presses (kvpress:<Press> evictors) are tested in
 # their own venv; `make test` runs the kvpress tests and the core collector tests there too.
 KVPRESS_VENV ?= .venv-kvpress
-KVPRESS_TESTS ?= tests/test_kvpress.py tests/test_perhead.py tests/test_query_agnostic.py tests/test_deploy_kvpress.py
+KVPRESS_TESTS ?= tests/collectors/test_kvpress.py tests/collectors/test_perhead.py tests/collectors/test_query_agnostic.py tests/deploy/test_deploy_kvpress.py
 
 .PHONY: report test recollect bench gpu-env kvpress-env clean readme-numbers
 

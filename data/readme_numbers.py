@@ -4,7 +4,7 @@ report's own (its headline: :func:`pagestats.report.headline.headline`).
 Run ``.venv/bin/python data/readme_numbers.py`` (``make readme-numbers``) after the logs change: it
 rewrites every block of README.md between ``<!-- readme-numbers:NAME -->`` and
 ``<!-- /readme-numbers -->``. ``--check`` changes nothing and exits 1 when a block differs from what
-the logs give (``tests/test_shipped_data.py`` runs it).
+the logs give (``tests/io/test_shipped_data.py`` runs it).
 
 Blocks: ``calibration`` (the z-scored pilot's τ and the k sweep's τ), ``query-aware-512``, ``query-aware-1024`` and ``query-agnostic-512``: per evictor, the harm rate
 plain → gated over every task and budget b < 1 and on the capacity-bound tasks at b = 1/16 (Table 27's cell), Δ at matched memory (Table N3)

@@ -1,5 +1,5 @@
 """Brute-force references written in plain Python loops, shared by the what-if tests
-(tests/test_whatif.py, tests/test_logdb.py) so that no test file imports another."""
+(tests/replay/test_whatif.py, tests/io/test_logdb.py) so that no test file imports another."""
 
 from __future__ import annotations
 

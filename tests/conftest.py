@@ -34,6 +34,8 @@ import tempfile
 
 import pytest
 
+from tinymodels import TINY_CONFIG, make_tiny_model as _make_tiny_model
+
 _SESSION_CACHE: list[str] = []
 
 
@@ -54,40 +56,6 @@ def validation_cache(tmp_path_factory, monkeypatch):
     folder = tmp_path_factory.mktemp("pagestats-cache")
     monkeypatch.setenv("PAGESTATS_CACHE_DIR", str(folder))
     return folder
-
-TINY_CONFIG = dict(
-    vocab_size=512,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=4096,
-    bos_token_id=1,
-    eos_token_id=2,
-    pad_token_id=0,
-)
-
-
-def _make_tiny_model(family: str = "llama", *, seed: int = 0, attn_impl: str = "sdpa", **overrides):
-    import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
-
-    configs = {"llama": LlamaConfig, "qwen2": Qwen2Config}
-    if family not in configs:
-        raise ValueError(f"unknown tiny model family {family!r}; choose from {sorted(configs)}")
-    config = configs[family](**{**TINY_CONFIG, **overrides})
-    config._attn_implementation = attn_impl
-    generator_state = torch.random.get_rng_state()
-    try:
-        torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    finally:
-        torch.random.set_rng_state(generator_state)
-    if attn_impl != model.config._attn_implementation:
-        model.set_attn_implementation(attn_impl)
-    return model.eval()
-
 
 @pytest.fixture
 def make_tiny_model():

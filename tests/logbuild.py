@@ -1,4 +1,4 @@
-"""Hand-built schema-v1 runs for the io tests (tests/test_io.py and the robustness, bad-input and
+"""Hand-built schema-v1 runs for the io tests (tests/io/test_load_and_rules.py and the robustness, bad-input and
 validate-CLI tests that break them): 2 tasks × 3 inputs × 2 evictors × the 9 budgets, L = 6, H = 4,
 written with the shared writers of pagestats.schema, and the assertions on the problems a rule
 reports. A module of its own so that no test file imports another."""

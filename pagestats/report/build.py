@@ -64,7 +64,7 @@ def catalogue() -> tuple[Entry, ...]:
 
 #: The paper's numbered items that no entry reproduces, and why: each names what is missing (data, an
 #: arm, a model, a GPU). With :func:`catalogue` it accounts for Tables 1–32 and Figures 1–11
-#: (``tests/test_report.py`` checks it).
+#: (``tests/report/test_report.py`` checks it).
 NOT_REPRODUCED: dict[str, str] = {
     "Figure 1": "a schematic of the method, not a measurement",
     "Table 11": "needs LongBench subtasks, which the collector does not generate (RULER-style tasks only)",

@@ -12,7 +12,7 @@ import pathlib
 import subprocess
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 BLOCKED = ("import runpy, sys\n"
            "sys.modules['duckdb'] = None\n"
            "sys.modules['polars'] = None\n"

@@ -24,13 +24,9 @@ EVICTORS = ("snapkv", "h2o", "streamingllm", "pyramidkv", "snapkv-perhead")
 def text_model_dir(model_dir, tmp_path_factory):
     """A tiny Llama whose vocabulary is the tokenizer's (every id decodes to text, so arms differ in
     their logged predictions), with peaked attention, beside model_dir's tokenizer."""
-    import sys
-    from pathlib import Path
-
     from transformers import AutoTokenizer
 
-    sys.path.insert(0, str(Path(__file__).parent))
-    from conftest import _make_tiny_model
+    from tinymodels import make_tiny_model as _make_tiny_model
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     d = tmp_path_factory.mktemp("tiny_text")

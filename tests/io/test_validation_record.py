@@ -249,7 +249,7 @@ def test_whatif_at_a_fixed_tau_imports_no_scipy_or_matplotlib(runs, warm):
     cmd = [sys.executable, "-X", "importtime", "-m", "pagestats.cli", "whatif", runs[0], "--format", "csv"]
     if warm:
         subprocess.run(cmd, check=True, capture_output=True)
-    done = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
+    done = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
     imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
     assert "pagestats.whatif" in imported and (UNCHANGED in done.stderr) == warm
     assert not {m for m in imported if m.split(".")[0] in ("scipy", "matplotlib", "statsmodels", "great_tables")}

@@ -30,7 +30,7 @@ from pagestats.gatefile import Gate  # noqa: E402
 from pagestats.io.deployment import read_deployment  # noqa: E402
 from pagestats.monitor import monitor  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MODEL = "tiny"
 PEAKED = dict(initializer_range=0.2)  # peaked attention: D varies between prompts
 
@@ -68,10 +68,7 @@ def family(request):
 @pytest.fixture(scope="module")
 def deployed(family, tmp_path_factory):
     """A gate file from 12 pilot prompts and a deployment log of 8 others (one shorter than w)."""
-    import sys as _sys
-
-    _sys.path.insert(0, str(Path(__file__).parent))
-    from conftest import _make_tiny_model
+    from tinymodels import make_tiny_model as _make_tiny_model
 
     model = _make_tiny_model(family, **PEAKED)
     root = tmp_path_factory.mktemp(f"deploy-{family}")
@@ -198,7 +195,7 @@ def test_validate_names_a_tampered_deployment_log(deployed, tmp_path, capsys):
 RESUME = textwrap.dedent("""
     import sys, torch
     sys.path.insert(0, {tests!r})
-    from conftest import _make_tiny_model
+    from tinymodels import make_tiny_model as _make_tiny_model
     from collectors.deploy import gated_generate
     model = _make_tiny_model({family!r}, initializer_range=0.2)
     class Tok:
@@ -286,10 +283,7 @@ def _write_log(model, path: Path, gate: Gate, decisions) -> None:
 
 @pytest.fixture(scope="module")
 def drift_logs(tmp_path_factory):
-    import sys as _sys
-
-    _sys.path.insert(0, str(Path(__file__).parent))
-    from conftest import _make_tiny_model
+    from tinymodels import make_tiny_model as _make_tiny_model
 
     model = _make_tiny_model("llama")
     rng = np.random.default_rng(7)

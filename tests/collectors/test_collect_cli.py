@@ -216,7 +216,7 @@ def test_local_model_is_labelled_by_its_directory_name(reference, model_dir):
 
 def test_slurm_array_script_collects_the_same_run(model_dir, reference, tmp_path):
     """docs/slurm_collect.sh, run as array tasks 0 and 1 of 2 (CPU, the tiny model), equals one process."""
-    script = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "slurm_collect.sh")
+    script = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "docs", "slurm_collect.sh")
     out = tmp_path / "run"
     for index in (0, 1):
         env = {**os.environ, "SLURM_ARRAY_TASK_ID": str(index), "SLURM_ARRAY_TASK_COUNT": "2",

@@ -11,7 +11,7 @@ import pytest
 
 from pagestats import io, profile, replay
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 RUNS = sorted(str(m.parent) for m in DATA.glob("*/manifest.json"))
 
 

@@ -15,7 +15,7 @@ or it is refused, before any weights exist, by the one-line error of
 :func:`collectors.model.check_architecture`. Nothing is downloaded.
 
 The table of docs/COLLECTION.md ("Model families") is generated from :data:`FAMILIES`
-(``python tests/test_families.py`` prints it) and checked against it here.
+(``python tests/collectors/test_families.py`` prints it) and checked against it here.
 """
 
 from __future__ import annotations
@@ -394,8 +394,8 @@ def family_table() -> str:
 
 
 def test_docs_table_is_the_matrix():
-    text = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "COLLECTION.md").read_text()
-    assert family_table() in text, "docs/COLLECTION.md's family table is stale: python tests/test_families.py"
+    text = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "COLLECTION.md").read_text()
+    assert family_table() in text, "docs/COLLECTION.md's family table is stale: python tests/collectors/test_families.py"
 
 
 if __name__ == "__main__":

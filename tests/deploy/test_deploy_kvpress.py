@@ -292,13 +292,9 @@ PRESS_EVICTORS = {
 def _family_dir(model_dir, tmp_path_factory, family):
     """A saved tiny model of ``family`` whose vocabulary is the tokenizer's (every id decodes to text, so
     the logged predictions differ between arms), peaked attention, beside model_dir's tokenizer."""
-    import sys
-    from pathlib import Path
-
     from transformers import AutoTokenizer
 
-    sys.path.insert(0, str(Path(__file__).parent))
-    from conftest import _make_tiny_model
+    from tinymodels import make_tiny_model as _make_tiny_model
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     d = tmp_path_factory.mktemp(f"tiny_{family}")

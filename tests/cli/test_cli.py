@@ -13,7 +13,7 @@ import pytest
 import pagestats
 from pagestats.cli import _parser, main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_version(capsys):

@@ -1,6 +1,6 @@
 """Issue 12, the reader: every bad input gets one named line and nothing corrupt passes.
 
-Each test builds a small valid run (the builder of ``test_io``: 2 tasks × 3 inputs, L = 6,
+Each test builds a small valid run (the builder of ``test_load_and_rules``: 2 tasks × 3 inputs, L = 6,
 H = 4, k_max = 8), breaks it the way one example of the issue did, and checks that
 :func:`pagestats.io.validate_paths` answers with a problem naming the right file, without an
 exception. Files edited on purpose get a fresh manifest (``refresh_manifest``), so that the

@@ -241,7 +241,7 @@ def test_whatif_is_bit_identical_whatever_the_row_order(synth, tmp_path):
     from pathlib import Path
 
     policy = ZScored(pilot_n=5, pilot="first")
-    data = Path(__file__).resolve().parents[1] / "data"
+    data = Path(__file__).resolve().parents[2] / "data"
     shipped = ps_io.load([str(data / r) for r in ("smollm2-512-ruler-limits", "smollm2-512-niah_multivalue-ruler-limits",
                                                    "smollm2-512-fwe-ruler-limits")])  # scores in fractions
     ref = whatif_table(shipped, policy)

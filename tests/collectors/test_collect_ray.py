@@ -19,7 +19,7 @@ from collectors.ray_launcher import launch
 from collectors.writer import CRASH_ENV, RunMismatchError
 from pagestats import schema
 
-ROOT = str(pathlib.Path(__file__).resolve().parents[1])  # Ray workers import this checkout's collectors
+ROOT = str(pathlib.Path(__file__).resolve().parents[2])  # Ray workers import this checkout's collectors
 TIMINGS = {"prefill_ms", "gate_ms", "decode_ms"}
 RUN = ["--tasks", "niah_single_1,niah_multikey_2", "--context-length", "640", "--n", "3",
        "--evictors", "snapkv,streamingllm", "--budgets", "0.25,1.0", "--max-new-tokens", "4", "--allow-cut-answers",
