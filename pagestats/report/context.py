@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from pagestats import defaults, metrics, replay
+from pagestats import defaults, formulas, metrics, replay
 from pagestats.columns import headline_evictor, with_task_class
 from pagestats.replay import FixedTau, ProfileSpec
 
@@ -108,7 +108,7 @@ class Context:
         rows, _ = metrics.equal_inputs(self.gated, by=["model", "context_length"])
         by = ["model", "context_length", "evictor"]
         both = (rows.group_by(by).agg((pl.col("budget") == 1.0).any().alias("full"),
-                                      (pl.col("budget") < 1.0).any().alias("evicted"))
+                                      formulas.EVICTED.any().alias("evicted"))
                 .filter(pl.col("full") & pl.col("evicted")).select(by))
         if both.height == 0:
             return pl.DataFrame(schema={**rows.select(by).schema, "n_inputs": pl.Int64,
@@ -188,7 +188,7 @@ def first_draw(logs):
     inputs = logs.inputs
     if "draw" not in inputs.columns or inputs.height == 0:
         return logs
-    evicted = (logs.outcomes.filter(pl.col("budget") < 1.0).select("run_id", "task", "input_id").unique()
+    evicted = (logs.outcomes.filter(formulas.EVICTED).select("run_id", "task", "input_id").unique()
                .with_columns(pl.lit(True).alias("_evicted")))
     rank = (inputs.join(evicted, on=["run_id", "task", "input_id"], how="left")
             .group_by("model", "context_length", "draw").agg(pl.col("_evicted").any().fill_null(False))
@@ -278,7 +278,7 @@ def needs_full_budget(ctx: Context) -> str | None:
 
 
 def needs_eviction_budgets(ctx: Context) -> str | None:
-    if ctx.logs.outcomes.filter(pl.col("budget") < 1.0).height == 0:
+    if ctx.logs.outcomes.filter(formulas.EVICTED).height == 0:
         return "no eviction budgets b < 1 in the outcomes"
     return None
 

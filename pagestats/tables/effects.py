@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 import polars as pl
 
-from pagestats import defaults, metrics
+from pagestats import defaults, formulas, metrics
 from pagestats.columns import MATRIX_CELL, MODEL_CELL, require_columns
 from pagestats.tables._common import group_tau, one_evictor
 
@@ -113,7 +113,7 @@ def budget_axis_table(gated: pl.DataFrame) -> pl.DataFrame:
     """
     by = [*MATRIX_CELL, "budget"]
     require_columns(gated, [*by, "score_full", "score_plain", "score_gated"], "budget_axis_table")
-    rows, _ = metrics.equal_inputs(gated.filter(pl.col("budget") < 1.0))  # evictors on the same inputs
+    rows, _ = metrics.equal_inputs(gated.filter(formulas.EVICTED))  # evictors on the same inputs
     acc = rows.group_by(by).agg(
         pl.col("score_full").mean().alias("acc_full"), pl.col("score_plain").mean().alias("acc_plain"),
         pl.col("score_gated").mean().alias("acc_gated"),
@@ -170,7 +170,7 @@ def best_evictor_table(gated: pl.DataFrame) -> pl.DataFrame:
     """
     require_columns(gated, [*MATRIX_CELL, "budget", "score_plain", "score_gated"], "best_evictor_table")
     gated, _ = metrics.equal_inputs(gated)  # the best evictor is chosen on the same inputs for all
-    acc = gated.filter(pl.col("budget") < 1.0).group_by(list(MATRIX_CELL)).agg(
+    acc = gated.filter(formulas.EVICTED).group_by(list(MATRIX_CELL)).agg(
         pl.col("score_plain").mean().alias("plain"), pl.col("score_gated").mean().alias("gated"))
     acc = acc.sort([*MODEL_CELL, "evictor"])
     out = acc.group_by(list(MODEL_CELL), maintain_order=True).agg(
@@ -280,7 +280,7 @@ def batching_table(gated: pl.DataFrame, *, evictor: str | None = None, budget: f
         p_all_open, provisioned, compression``.
     """
     sub, ev = one_evictor(gated, evictor)
-    evict = sub.filter(pl.col("budget") < 1.0)
+    evict = sub.filter(formulas.EVICTED)
     if evict.height == 0:
         raise ValueError("batching_table: no eviction budgets b < 1")
     b = float(evict["budget"].min()) if budget is None else float(budget)
@@ -424,7 +424,7 @@ def remaining_deltas_table(gated: pl.DataFrame, calibrated: pl.DataFrame | None,
     from pagestats import stats
 
     sub, ev = one_evictor(gated, evictor)
-    sub = sub.filter(pl.col("budget") < 1.0)
+    sub = sub.filter(formulas.EVICTED)
     cols = ["row", "model", "context_length", "evictor", "task", "estimate", "low", "high", "interval", "n_inputs",
             "p_value"]
     parts = []
@@ -432,7 +432,7 @@ def remaining_deltas_table(gated: pl.DataFrame, calibrated: pl.DataFrame | None,
               [*MODEL_CELL, "evictor", "task"])]
     if calibrated is not None:
         cal, _ = one_evictor(calibrated, ev)
-        kinds.insert(0, ("calibrated τ (Table 20)", cal.filter(pl.col("budget") < 1.0), [*MODEL_CELL, "evictor"]))
+        kinds.insert(0, ("calibrated τ (Table 20)", cal.filter(formulas.EVICTED), [*MODEL_CELL, "evictor"]))
     for label, frame, by in kinds:
         if frame.height == 0:
             continue

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import polars as pl
 
-from pagestats import defaults, metrics, stats
+from pagestats import defaults, formulas, metrics, stats
 from pagestats.columns import MODEL_CELL, require_columns
 from pagestats.tables._common import as_list, group_tau, one_evictor, task_means
 
@@ -302,7 +302,7 @@ def harm_table(gated: pl.DataFrame, *, evictor: str | None = None, by=("task", "
     """
     by = as_list(by)
     sub, ev = one_evictor(gated, evictor)
-    sub = sub.filter(pl.col("budget") < 1.0)
+    sub = sub.filter(formulas.EVICTED)
     keys = [*by, "budget"]
     g = metrics.harm_rate(sub, by=by, arm="gated", confidence_level=confidence_level).rename(
         {"harm": "harm_gated", "low": "gated_low", "high": "gated_high"})
@@ -365,7 +365,7 @@ def random_control_table(gated: pl.DataFrame, *, scored: str = "snapkv", control
     arms = {"snapkv": scored, "random": control}
     rho = _paired_rho(gated, arms, confidence_level)
     keys = ["model", "context_length", "task_class", "task"]
-    acc = [one_evictor(gated, ev)[0].filter(pl.col("budget") < 1.0).group_by(keys).agg(
+    acc = [one_evictor(gated, ev)[0].filter(formulas.EVICTED).group_by(keys).agg(
         pl.col("score_full").mean().alias("acc_full"), pl.col("score_plain").mean().alias(f"acc_{name}"))
         for name, ev in arms.items()]
     out = rho.join(acc[0], on=keys).join(acc[1].drop("acc_full"), on=keys)
