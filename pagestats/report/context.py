@@ -20,6 +20,7 @@ import polars as pl
 
 from pagestats import defaults, formulas, metrics, replay
 from pagestats.columns import headline_evictor, with_task_class
+from pagestats.schema import INPUT_KEY
 from pagestats.replay import FixedTau, ProfileSpec
 
 #: A requirement: ``None`` when the context satisfies it, else the one-line skip reason.
@@ -188,16 +189,16 @@ def first_draw(logs):
     inputs = logs.inputs
     if "draw" not in inputs.columns or inputs.height == 0:
         return logs
-    evicted = (logs.outcomes.filter(formulas.EVICTED).select("run_id", "task", "input_id").unique()
+    evicted = (logs.outcomes.filter(formulas.EVICTED).select(INPUT_KEY).unique()
                .with_columns(pl.lit(True).alias("_evicted")))
-    rank = (inputs.join(evicted, on=["run_id", "task", "input_id"], how="left")
+    rank = (inputs.join(evicted, on=list(INPUT_KEY), how="left")
             .group_by("model", "context_length", "draw").agg(pl.col("_evicted").any().fill_null(False))
             .sort("model", "context_length", ~pl.col("_evicted"), "draw")
             .group_by("model", "context_length", maintain_order=True).first().select("model", "context_length", "draw"))
     kept = inputs.join(rank, on=["model", "context_length", "draw"], how="semi")
     if kept.height == inputs.height:
         return logs
-    key = ["run_id", "task", "input_id"]
+    key = list(INPUT_KEY)
     keys = kept.select(key)
     return dataclasses.replace(
         logs, inputs=kept, outcomes=logs.outcomes.join(keys, on=key, how="semi"),

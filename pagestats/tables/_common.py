@@ -113,6 +113,12 @@ class LogsView:
     topk: pl.DataFrame | None = None
 
 
+def pilot_need(pilot_n: int, split: str) -> int:
+    """The inputs a group needs for a pilot of ``pilot_n`` drawn as ``split``: one more for a
+    ``"held-out"`` pilot, which must leave an input to evaluate (App. A.3.4)."""
+    return pilot_n + 1 if split == "held-out" else pilot_n
+
+
 def inputs_per(logs, by: Sequence[str]) -> pl.DataFrame:
     """``by`` and ``n``: the number of distinct inputs (:data:`~pagestats.schema.INPUT_KEY`) of each group of ``logs``."""
     return logs.inputs.group_by(list(by)).agg(pl.struct(*INPUT_KEY).n_unique().alias("n"))
@@ -134,7 +140,8 @@ def gate_at(logs, spec: replay.ProfileSpec, recalibrate: str, tau: float, pilot_
     """
     sizes = inputs_per(logs, ["model"])
     cells = logs.inputs.select(*MODEL_CELL).unique()
-    small = sizes.filter(pl.col("n") <= pilot_n) if recalibrate == "z" else sizes.head(0)
+    small = (sizes.filter(pl.col("n") < pilot_need(pilot_n, defaults.PILOT_SPLIT)) if recalibrate == "z"
+             else sizes.head(0))
     out = []
     if small.height < sizes.height:
         policy = replay.recalibrate(FixedTau(tau), recalibrate, pilot_n=pilot_n)

@@ -16,6 +16,7 @@ import polars as pl
 
 from pagestats import defaults, formulas, metrics
 from pagestats.columns import MATRIX_CELL, MODEL_CELL, require_columns
+from pagestats.schema import INPUT_KEY
 from pagestats.tables._common import group_tau, one_evictor
 
 __all__ = [
@@ -149,7 +150,7 @@ def oracle_gap_table(gated: pl.DataFrame, gated_oracle: pl.DataFrame) -> pl.Data
     gated, _ = metrics.equal_inputs(gated)
     gated_oracle, _ = metrics.equal_inputs(gated_oracle)
     gap = metrics.oracle_gap(gated, gated_oracle, by=MATRIX_CELL)
-    key = ["run_id", "task", "input_id", *MATRIX_CELL]
+    key = [*INPUT_KEY, *MATRIX_CELL]
     a = gated.select(*key, "gate_open").unique()
     b = gated_oracle.select(*key, pl.col("gate_open").alias("_oracle")).unique()
     same = a.join(b, on=key).group_by(list(MATRIX_CELL)).agg((pl.col("gate_open") == pl.col("_oracle")).all().alias("same_decisions"))
@@ -372,9 +373,9 @@ def draw_replicates_table(gated: pl.DataFrame, draws: pl.DataFrame, *, evictor: 
         raise ValueError("draw_replicates_table: some runs have no draw")
     # Compare like with like: a replicate run may cover only some tasks, so each cell keeps
     # the tasks that every one of its draws has (the others are left out of this table only).
-    n_draws = sub.group_by(MATRIX_CELL).agg(pl.col("draw").n_unique().alias("_all"))
+    input_draws = sub.group_by(MATRIX_CELL).agg(pl.col("draw").n_unique().alias("_all"))
     common = (sub.group_by([*MATRIX_CELL, "task"]).agg(pl.col("draw").n_unique().alias("_n"))
-              .join(n_draws, on=MATRIX_CELL).filter(pl.col("_n") == pl.col("_all")).select(*MATRIX_CELL, "task"))
+              .join(input_draws, on=MATRIX_CELL).filter(pl.col("_n") == pl.col("_all")).select(*MATRIX_CELL, "task"))
     sub = sub.join(common, on=[*MATRIX_CELL, "task"], how="semi")
     by = [*MATRIX_CELL, "draw"]
     parts = [metrics.delta(sub, by=by).with_columns(pl.lit("all tasks").alias("subset"))]

@@ -14,6 +14,7 @@ import polars as pl
 
 from pagestats import defaults, formulas, metrics, stats
 from pagestats.columns import MODEL_CELL, require_columns
+from pagestats.schema import INPUT_KEY
 from pagestats.tables._common import as_list, group_tau, one_evictor, task_means
 
 __all__ = [
@@ -379,7 +380,7 @@ def _paired_rho(gated: pl.DataFrame, arms: dict[str, str], confidence_level: flo
     task): ``n`` and, per arm name, ``rho_<name>``, ``<name>_low``, ``<name>_high``."""
     keys = ["model", "context_length", "task_class", "task"]
     subs = [one_evictor(gated, ev)[0] for ev in arms.values()]
-    unit = ["run_id", "task", "input_id"]
+    unit = list(INPUT_KEY)
     both = subs[0].select(unit).unique().join(subs[1].select(unit).unique(), on=unit)  # the inputs both arms hold
     out = []
     for sub, name in zip(subs, arms):

@@ -15,7 +15,7 @@ from pagestats import defaults, metrics, replay
 from pagestats.columns import MODEL_CELL
 from pagestats.replay.policies import PILOT_SPLITS, ZScored
 from pagestats.schema import INPUT_KEY
-from pagestats.tables._common import group_tau, inputs_per, logged_evictor
+from pagestats.tables._common import group_tau, inputs_per, logged_evictor, pilot_need
 
 __all__ = ["pilot_sensitivity_table"]
 
@@ -27,8 +27,7 @@ def _pilot_label(by: Sequence[str]) -> str:
 def _pilot_fits(logs, pilot_by: Sequence[str], pilot_n: int, split: str) -> bool:
     """Whether every pilot group of the logs has the inputs a pilot of ``pilot_n`` needs (one more
     for a held-out pilot, which must leave an input to evaluate)."""
-    need = pilot_n + 1 if split == "held-out" else pilot_n
-    return bool((inputs_per(logs, pilot_by)["n"] >= need).all())
+    return bool((inputs_per(logs, pilot_by)["n"] >= pilot_need(pilot_n, split)).all())
 
 
 def pilot_sensitivity_table(logs, *, pilots: Sequence[str] = PILOT_SPLITS,
