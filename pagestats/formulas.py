@@ -47,6 +47,11 @@ def recovered(score: str) -> str:
 #: Gate-open rows (p_open's numerator; Tables 12, 22).
 OPEN_COUNT = "sum(CAST(gate_open AS BIGINT))"
 
+#: A degenerate gate, over a cell's ``p_open``: it opens on none or on all of the cell's inputs, so
+#: Δ measures the threshold, not the signal ("its gate-open fraction is 0.00. The gate has silently
+#: become full-KV fallback", App. A.3.1).
+DEGENERATE = "p_open = 0 OR p_open = 1"
+
 
 def kept_fraction(kept: str) -> str:
     """Per-row kept-KV fraction ``n_kept / n_tokens`` of an arm (App. A.6.2, Table 22)."""

@@ -132,8 +132,10 @@ def target_runs(logs, context_length: int, evictor: str) -> list[str]:
     measurement a band at that context is checked on."""
     import polars as pl
 
+    from pagestats import formulas
+
     runs = logs.inputs.filter(pl.col("context_length") == int(context_length)).select("run_id").unique()
-    rows = logs.outcomes.filter((pl.col("evictor") == evictor) & (pl.col("budget") < 1.0)).join(runs, on="run_id")
+    rows = logs.outcomes.filter((pl.col("evictor") == evictor) & formulas.EVICTED).join(runs, on="run_id")
     return sorted(rows["run_id"].unique().to_list())
 
 

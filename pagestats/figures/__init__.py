@@ -2,7 +2,9 @@
 
 Every figure function takes the data first and everything else keyword-only, accepts
 ``ax=`` (one Axes, or a sequence of Axes for small multiples) and returns the ``Figure`` it
-drew on, which a notebook displays inline.
+drew on, which a notebook displays inline. :func:`cell_label` is the short label of a
+(model, context[, evictor]) cell that every figure titles its panels with (and the report names
+its per-cell figure files by).
 Figures are built on ``matplotlib.figure.Figure`` with the Agg canvas — no ``pyplot``,
 nothing to close — and share the single-column style of :mod:`pagestats.figures._style`.
 
@@ -23,7 +25,7 @@ new        :func:`decision_frontier`              :func:`decision_frontier_data`
 =========  =====================================  ===================================
 """
 
-from pagestats.figures._style import COLUMN_WIDTH, save_figure, style
+from pagestats.figures._style import COLUMN_WIDTH, cell_label, save_figure, style
 from pagestats.figures.accuracy import (
     accuracy_by_budget_data,
     accuracy_vs_budget,
@@ -56,6 +58,7 @@ from pagestats.figures.scaling import rho_vs_headroom, scaling_data
 
 __all__ = [
     "COLUMN_WIDTH",
+    "cell_label",
     "save_figure",
     "style",
     "accuracy_by_budget_data",

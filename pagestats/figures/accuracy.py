@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from pagestats import metrics
+from pagestats import formulas, metrics
 from pagestats.columns import MATRIX_CELL, with_task_class
 from pagestats.figures import _style as st
 from pagestats.figures._frames import (
@@ -165,7 +165,7 @@ def frontier_data(gated: pl.DataFrame, *, by=MATRIX_CELL) -> pl.DataFrame:
     require(gated, ("budget", "n_tokens", "gate_open", "score_full", "score_plain", "score_gated",
                     "n_kept_plain", "n_kept_gated"), "frontier_data")
     keys = present(gated, by)
-    evicted = gated.filter(pl.col("budget") < 1.0)
+    evicted = gated.filter(formulas.EVICTED)
     if evicted.height == 0:
         raise ValueError("frontier_data: no eviction budgets b < 1")
     points = []

@@ -27,7 +27,7 @@ from __future__ import annotations
 import duckdb
 import polars as pl
 
-from pagestats import schema
+from pagestats import formulas, schema
 from pagestats.io import duck
 from pagestats.io.discovery import log_format
 from pagestats.io.upgrades import V2_COLUMNS
@@ -105,7 +105,7 @@ def _rows(con, files, *, arms: bool) -> str:
         "pred": "prediction", "stop_reason": "stop_reason", "n_generated": "n_generated"})
     evicted = (f"SELECT i.run, o.run_id, o.task, o.input_id, o.arm, o.budget, o.stop_reason, o.n_generated, o.pred, "
                f"i.\"references\" FROM ({outcomes}) o JOIN ({inputs}) i USING (run_id, task, input_id) "
-               f"WHERE o.budget < 1")
+               f"WHERE {formulas.evicted('o')}")
     return f"{full} UNION ALL {evicted}"
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from pagestats import stats
+from pagestats import formulas, stats
 from pagestats.columns import input_key, require_columns
 
 _ARMS = {"plain": ("score_plain", "n_kept_plain"), "gated": ("score_gated", "n_kept_gated")}
@@ -52,7 +52,7 @@ def _outcome_rows(frame: pl.DataFrame, by, cols, what: str, *, include_full: boo
     key = [*_unit_key(frame), "budget"]
     if frame.select(key).is_duplicated().any():
         raise ValueError(f"{what}: duplicate rows for the same (input, evictor, budget)")
-    return (frame if include_full else frame.filter(pl.col("budget") < 1.0)), by
+    return (frame if include_full else frame.filter(formulas.EVICTED)), by
 
 
 def _with_wilson(df: pl.DataFrame, name: str, confidence_level: float) -> pl.DataFrame:

@@ -25,7 +25,8 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from pagestats import defaults, stats
+from pagestats import defaults, formulas, stats
+from pagestats.schema import INPUT_KEY
 
 __all__ = ["frontier_accuracy", "matched_memory"]
 
@@ -80,10 +81,13 @@ def frontier_accuracy(kept: np.ndarray, accuracy: np.ndarray, query: np.ndarray)
 
 
 def _cell_arrays(part: pl.DataFrame):
-    """Per input × budget matrices of one cell (inputs in key order, budgets ascending)."""
-    key = ["run_id", "task", "input_id"]
+    """Per input × budget matrices of one cell (inputs in key order, budgets ascending), after the
+    budgets and which of them are eviction budgets (:data:`pagestats.formulas.EVICTED`)."""
+    key = list(INPUT_KEY)
     part = part.sort([*key, "budget"])
-    budgets = np.sort(part["budget"].unique().to_numpy())
+    budgets = part.select(pl.col("budget").unique().sort())
+    evicted = budgets.select(formulas.EVICTED).to_series().to_numpy()
+    budgets = budgets.to_series().to_numpy()
     n = part.select(key).n_unique()
     if part.height != n * budgets.size:
         raise ValueError("matched_memory: a cell's inputs do not all carry the same budgets")
@@ -91,16 +95,18 @@ def _cell_arrays(part: pl.DataFrame):
     def mat(expr):
         return part.select(expr).to_series().to_numpy().astype(np.float64).reshape(n, budgets.size)
 
-    tokens = pl.col("n_tokens")
-    return (budgets, mat(pl.col("score_plain")), mat(pl.col("n_kept_plain") / tokens), mat(pl.col("score_gated")),
-            mat(pl.col("n_kept_gated") / tokens))
+    def kept(arm):
+        return formulas.expr(formulas.kept_fraction(f"n_kept_{arm}"))
+
+    return (budgets, evicted, mat(pl.col("score_plain")), mat(kept("plain")), mat(pl.col("score_gated")),
+            mat(kept("gated")))
 
 
-def _delta_matched(weights, budgets, plain, kept_plain, gated, kept_gated) -> tuple[np.ndarray, ...]:
-    """Δ_matched per resample (rows of ``weights``: input counts) and the means it is built from."""
+def _delta_matched(weights, evicted, plain, kept_plain, gated, kept_gated) -> tuple[np.ndarray, ...]:
+    """Δ_matched per resample (rows of ``weights``: input counts) and the means it is built from
+    (``evicted``: which budgets, columns of the matrices, are eviction budgets)."""
     total = weights.sum(axis=1, keepdims=True)
     mp, kp = stats.weighted_sums(weights, plain) / total, stats.weighted_sums(weights, kept_plain) / total
-    evicted = budgets < 1.0
     mg = (stats.weighted_sums(weights, gated) / total)[:, evicted]
     kg = (stats.weighted_sums(weights, kept_gated) / total)[:, evicted]
     matched = frontier_accuracy(kp, mp, kg)
@@ -137,13 +143,13 @@ def matched_memory(frame: pl.DataFrame, by=("model", "context_length", "evictor"
     replicates = []
     alpha = 1.0 - confidence_level
     for part in frame.partition_by(by, maintain_order=True):
-        budgets, plain, kept_plain, gated, kept_gated = _cell_arrays(part)
+        budgets, evicted, plain, kept_plain, gated, kept_gated = _cell_arrays(part)
         n = plain.shape[0]
-        if not (budgets < 1.0).any() or not (budgets == 1.0).any():
+        if not evicted.any() or not (budgets == 1.0).any():
             raise ValueError("matched_memory: a cell needs budget 1.0 (the full cache) and budgets b < 1")
-        point = _delta_matched(np.ones((1, n)), budgets, plain, kept_plain, gated, kept_gated)
+        point = _delta_matched(np.ones((1, n)), evicted, plain, kept_plain, gated, kept_gated)
         counts = rng.multinomial(n, np.full(n, 1.0 / n), size=n_boot).astype(np.float64)
-        boot = _delta_matched(counts, budgets, plain, kept_plain, gated, kept_gated)[0]
+        boot = _delta_matched(counts, evicted, plain, kept_plain, gated, kept_gated)[0]
         replicates.append(boot)
         low, high = np.quantile(boot, [alpha / 2, 1 - alpha / 2])
         rows.append({**part.select(by).row(0, named=True), "n_inputs": n, "kept_kv_gated": float(point[2][0]),

@@ -155,7 +155,9 @@ def auc_by_signal(
     -------
     polars.DataFrame
         ``by`` columns, ``auc``, ``low``, ``high`` (DeLong), ``n_capacity``,
-        ``n_dilution``; ``auc`` and its interval are null in a group lacking either class.
+        ``n_dilution``, ``p_value`` (two-sided Mann–Whitney test of AUC = 0.5, on the same U:
+        :func:`pagestats.stats.auc`); ``auc``, its interval and ``p_value`` are null in a group
+        lacking either class.
     """
     by = _by(frame, by, "auc_by_signal")
     key = input_key(frame)
@@ -173,11 +175,12 @@ def auc_by_signal(
     for part in inputs.sort(by).partition_by(by, maintain_order=True) if inputs.height else []:
         lab = part["_cap"].to_numpy().astype(bool)
         row = part.select(by).row(0, named=True)
-        row.update(n_capacity=int(lab.sum()), n_dilution=int((~lab).sum()), auc=None, low=None, high=None)
+        row.update(n_capacity=int(lab.sum()), n_dilution=int((~lab).sum()), auc=None, low=None, high=None,
+                   p_value=None)
         if lab.any() and (~lab).any():
             r = stats.auc(part[statistic].to_numpy(), lab, confidence_level)
-            row.update(auc=r.estimate, low=r.low, high=r.high)
+            row.update(auc=r.estimate, low=r.low, high=r.high, p_value=r.p_value)
         rows.append(row)
     schema = {**{c: frame.schema[c] for c in by}, "auc": pl.Float64, "low": pl.Float64, "high": pl.Float64,
-              "n_capacity": pl.Int64, "n_dilution": pl.Int64}
+              "n_capacity": pl.Int64, "n_dilution": pl.Int64, "p_value": pl.Float64}
     return pl.DataFrame(rows, schema=schema, orient="row") if rows else pl.DataFrame(schema=schema)

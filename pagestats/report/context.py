@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from pagestats import defaults, metrics, replay
+from pagestats import defaults, formulas, metrics, replay
 from pagestats.columns import headline_evictor, with_task_class
+from pagestats.schema import INPUT_KEY
 from pagestats.replay import FixedTau, ProfileSpec
 
 #: A requirement: ``None`` when the context satisfies it, else the one-line skip reason.
@@ -108,7 +109,7 @@ class Context:
         rows, _ = metrics.equal_inputs(self.gated, by=["model", "context_length"])
         by = ["model", "context_length", "evictor"]
         both = (rows.group_by(by).agg((pl.col("budget") == 1.0).any().alias("full"),
-                                      (pl.col("budget") < 1.0).any().alias("evicted"))
+                                      formulas.EVICTED.any().alias("evicted"))
                 .filter(pl.col("full") & pl.col("evicted")).select(by))
         if both.height == 0:
             return pl.DataFrame(schema={**rows.select(by).schema, "n_inputs": pl.Int64,
@@ -188,16 +189,16 @@ def first_draw(logs):
     inputs = logs.inputs
     if "draw" not in inputs.columns or inputs.height == 0:
         return logs
-    evicted = (logs.outcomes.filter(pl.col("budget") < 1.0).select("run_id", "task", "input_id").unique()
+    evicted = (logs.outcomes.filter(formulas.EVICTED).select(INPUT_KEY).unique()
                .with_columns(pl.lit(True).alias("_evicted")))
-    rank = (inputs.join(evicted, on=["run_id", "task", "input_id"], how="left")
+    rank = (inputs.join(evicted, on=list(INPUT_KEY), how="left")
             .group_by("model", "context_length", "draw").agg(pl.col("_evicted").any().fill_null(False))
             .sort("model", "context_length", ~pl.col("_evicted"), "draw")
             .group_by("model", "context_length", maintain_order=True).first().select("model", "context_length", "draw"))
     kept = inputs.join(rank, on=["model", "context_length", "draw"], how="semi")
     if kept.height == inputs.height:
         return logs
-    key = ["run_id", "task", "input_id"]
+    key = list(INPUT_KEY)
     keys = kept.select(key)
     return dataclasses.replace(
         logs, inputs=kept, outcomes=logs.outcomes.join(keys, on=key, how="semi"),
@@ -278,7 +279,7 @@ def needs_full_budget(ctx: Context) -> str | None:
 
 
 def needs_eviction_budgets(ctx: Context) -> str | None:
-    if ctx.logs.outcomes.filter(pl.col("budget") < 1.0).height == 0:
+    if ctx.logs.outcomes.filter(formulas.EVICTED).height == 0:
         return "no eviction budgets b < 1 in the outcomes"
     return None
 

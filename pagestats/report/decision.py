@@ -11,7 +11,7 @@ import weakref
 import numpy as np
 import polars as pl
 
-from pagestats import defaults, metrics, replay
+from pagestats import defaults, formulas, metrics, replay
 from pagestats.figures import decision_frontier, decision_frontier_data
 from pagestats.report.context import Context
 from pagestats.schema import INPUT_KEY
@@ -33,7 +33,7 @@ def decision_data(ctx: Context) -> pl.DataFrame:
         tau0 = ctx.fixed_tau if ctx.fixed_tau is not None else defaults.TAU
         keys = ("model", "context_length", "evictor", "budget")
         # the evictors of a (model, context) on the same inputs, as Table 2 (metrics.equal_inputs)
-        gated, _ = metrics.equal_inputs(ctx.gated.filter(pl.col("budget") < 1.0))
+        gated, _ = metrics.equal_inputs(ctx.gated.filter(formulas.EVICTED))
         units = gated.select(*INPUT_KEY, "evictor").unique()
         logs = dataclasses.replace(ctx.logs, outcomes=ctx.logs.outcomes.join(units, on=[*INPUT_KEY, "evictor"], how="semi"))
         curve = replay.tau_curve(logs, decision_taus(tau0), ctx.profile, by=keys)

@@ -13,11 +13,12 @@ from collections.abc import Sequence
 import numpy as np
 import polars as pl
 
-from pagestats import defaults, replay
+from pagestats import defaults, formulas, replay
 from pagestats.figures import (
     accuracy_vs_budget,
     accuracy_vs_kept_kv,
     agreement_profile,
+    cell_label,
     delta_matrix,
     delta_of_f,
     drop_by_task,
@@ -26,7 +27,6 @@ from pagestats.figures import (
     rho_vs_headroom,
     tau_sensitivity,
 )
-from pagestats.figures._style import cell_label
 from pagestats.report.decision import decision_figure
 from pagestats.report.context import (
     Context,
@@ -43,7 +43,7 @@ from pagestats.report.context import (
 def _per_cell(ctx: Context, frame: pl.DataFrame, keys: Sequence[str], draw) -> list[tuple[str, object]]:
 
     parts = []
-    evicted = frame.filter(pl.col("budget") < 1.0) if "budget" in frame.columns else frame
+    evicted = frame.filter(formulas.EVICTED) if "budget" in frame.columns else frame
     for cell in evicted.select(keys).unique().sort(keys).to_dicts():  # a full-KV-only cell has no curve
         part = cell_label(cell).replace(" ", "-")
         parts.append((part, draw(cell)))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 
+from pagestats import formulas
 from pagestats.defaults import HEADLINE_BATCH as _B  # the headline's batch size (Table 23)
 
 #: tidy name → (header, meaning).
@@ -244,7 +245,7 @@ FORMULAS: dict[str, str] = {
     "closed_call": "p_open < 0.5",
     "smallest": "rank = 1",
     "identical": "p_open_rest = 1",
-    "degenerate": "p_open = 0 OR p_open = 1",
+    "degenerate": formulas.DEGENERATE,
     "tau_calibrated": "(mean_drop_capacity + mean_drop_dilution) / 2",
     "winner": "CASE WHEN delta_calibrated > delta_fixed THEN 'calibrated' "
               "WHEN delta_calibrated < delta_fixed THEN 'fixed' ELSE 'tie' END",

@@ -46,26 +46,28 @@ def headline(ctx: Context) -> pl.DataFrame:
     the harm rates over every task and budget b < 1 (how much each evictor loses overall). p_open =
     share of the cell's inputs on which the gate opens.
     """
-    rows = ctx.gated.filter(pl.col("budget") < 1.0)
+    rows = ctx.gated.filter(formulas.EVICTED)
     if rows.height == 0:
         return pl.DataFrame()
     rows, _ = metrics.equal_inputs(rows, by=list(MODEL_CELL))
     by = list(MATRIX_CELL) + (["pair_draw"] if "pair_draw" in rows.columns else [])
     boot = metrics.delta_bootstrap(rows.filter(pl.col("pair_draw") == 0) if "pair_draw" in rows.columns else rows,
                                    list(MATRIX_CELL), rng=np.random.default_rng(defaults.BOOTSTRAP_SEED))
-    kept = formulas.expr(formulas.kept_fraction("n_kept_gated"))  # the formulas every stage shares
 
-    def harm(arm: str) -> pl.Expr:  # harm rate: harm events / rows (Table 27)
-        return formulas.expr(formulas.harm_count(f"score_{arm}")) / pl.len()
+    def harm(frame: pl.DataFrame, arm: str, name: str) -> pl.DataFrame:
+        """The arm's harm rate (Table 27) over every budget of ``frame``: harmed rows / rows."""
+        per_budget = metrics.harm_rate(frame, by, arm).group_by(by).agg(pl.col("k", "n").sum())
+        return per_budget.select(*by, (pl.col("k") / pl.col("n")).alias(name), pl.col("n"))
 
-    pooled = rows.group_by(by).agg(kept.mean().alias("kept_kv"),
-                                   harm("plain").alias("harm_plain_all"), harm("gated").alias("harm_gated_all"))
+    pooled = (metrics.kept_kv(rows, by).select(*by, "kept_kv")
+              .join(harm(rows, "plain", "harm_plain_all").drop("n"), on=by)
+              .join(harm(rows, "gated", "harm_gated_all").drop("n"), on=by))
     at_b = rows.filter(pl.col("budget") == defaults.HEADLINE_BUDGET)
-    capacity = at_b.filter(pl.col("task_class") == defaults.CAPACITY_BOUND).group_by(by).agg(
-        pl.len().alias("n_capacity"),
-        harm("plain").alias("harm_plain"), harm("gated").alias("harm_gated"))
-    memory = at_b.group_by(by).agg(kept.mean().alias("kept_kv_budget"),
-                                   kept.filter(pl.col("gate_open")).mean().alias("kept_open"))
+    capacity_rows = at_b.filter(pl.col("task_class") == defaults.CAPACITY_BOUND)
+    capacity = (harm(capacity_rows, "plain", "harm_plain").rename({"n": "n_capacity"})
+                .join(harm(capacity_rows, "gated", "harm_gated").drop("n"), on=by))
+    memory = metrics.kept_kv(at_b, by).select(*by, pl.col("kept_kv").alias("kept_kv_budget"),
+                                              pl.col("kept_kv_open").alias("kept_open"))
     opened = metrics.p_open(rows, by).select(*by, "p_open")
     per = (pooled.join(opened, on=by).join(capacity, on=by, how="left").join(memory, on=by, how="left")
            .with_columns(pl.col("n_capacity").fill_null(0)))

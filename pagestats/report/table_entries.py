@@ -14,6 +14,7 @@ import polars as pl
 
 from pagestats import defaults, replay
 from pagestats.columns import with_task_class
+from pagestats.schema import INPUT_KEY
 from pagestats.replay.policies import Midpoint, TaskOracle
 from pagestats.report.decision import decision_table
 from pagestats.report.paper import PAPER_VALUES
@@ -108,7 +109,7 @@ def _needs_prediction_fit(ctx) -> str | None:
 
 
 def _needs_pilot(ctx) -> str | None:
-    sizes = ctx.logs.inputs.group_by("model").agg(pl.struct("run_id", "task", "input_id").n_unique().alias("n"))
+    sizes = ctx.logs.inputs.group_by("model").agg(pl.struct(*INPUT_KEY).n_unique().alias("n"))
     small = sizes.filter(pl.col("n") <= defaults.PILOT_N)
     if small.height:
         return (f"the reference z-scored pilot holds out {defaults.PILOT_N} inputs per model; "

@@ -22,6 +22,7 @@ class AUCResult(_Result):
     n_capacity: int
     n_dilution: int
     confidence_level: float
+    p_value: float
     method: str = "Mann-Whitney U/(n1·n2); DeLong interval"
 
 
@@ -50,6 +51,9 @@ def auc(scores, capacity_bound, confidence_level: float = defaults.CONFIDENCE_LE
     ``V10_i = (R_i − R_i^dil)/n_cap`` and ``V01_j = 1 − (R_j − R_j^cap)/n_dil`` (midranks
     in the pooled sample and within the class), ``se² = s²(V10)/n_dil + s²(V01)/n_cap``,
     normal interval clipped to [0, 1]; degenerate (zero width) at AUC 0 or 1.
+    ``p_value``: the two-sided Mann–Whitney test of AUC = 0.5 on the same U (asymptotic with
+    tie correction when the samples are large, exact otherwise); two-sided because the
+    orientation of a signal is chosen after looking (Table 5).
     """
     level = _check_level(confidence_level)
     s = np.asarray(scores, dtype=np.float64).ravel()
@@ -64,8 +68,8 @@ def auc(scores, capacity_bound, confidence_level: float = defaults.CONFIDENCE_LE
     n_cap, n_dil = cap.size, dil.size
     if n_cap == 0 or n_dil == 0:
         raise ValueError(f"auc needs both classes (capacity-bound: {n_cap}, dilution-prone: {n_dil})")
-    u = _sps.mannwhitneyu(dil, cap, alternative="two-sided").statistic
-    est = float(u) / (n_cap * n_dil)
+    test = _sps.mannwhitneyu(dil, cap, alternative="two-sided")
+    est = float(test.statistic) / (n_cap * n_dil)
     ranks = _sps.rankdata(np.concatenate([dil, cap]))
     v10 = (ranks[:n_dil] - _sps.rankdata(dil)) / n_cap
     v01 = 1.0 - (ranks[n_dil:] - _sps.rankdata(cap)) / n_dil
@@ -80,4 +84,5 @@ def auc(scores, capacity_bound, confidence_level: float = defaults.CONFIDENCE_LE
         n_capacity=int(n_cap),
         n_dilution=int(n_dil),
         confidence_level=level,
+        p_value=float(test.pvalue),
     )

@@ -4,8 +4,11 @@ this package, in :mod:`pagestats.report.table_entries`; nothing here imports :mo
 
 Modules follow the data flow: :mod:`~pagestats.tables.partition` (ρ, D per task, scaling,
 pre-registration, harm), :mod:`~pagestats.tables.effects` (Δ matrix, budgets, oracle,
-compression, bootstrap, draws), :mod:`~pagestats.tables.signal` (signal ablation,
-calibration, head-pair / layer subsampling, pilot sensitivity). :mod:`~pagestats.tables._render`
+compression, bootstrap, draws), and the gate signal: :mod:`~pagestats.tables.ablation` (signal
+ablation), :mod:`~pagestats.tables.calibration` (τ variants, midpoint calibration),
+:mod:`~pagestats.tables.subsampling` (k sweep, head-pair / layer subsampling) and
+:mod:`~pagestats.tables.pilot` (pilot sensitivity). :mod:`~pagestats.tables._common` holds the
+helpers they share (the ordering margin, the gate at a recalibrated τ); :mod:`~pagestats.tables._render`
 holds every formatting decision; :data:`LAYOUTS` names the layout of each table.
 
 Examples
@@ -54,16 +57,10 @@ from pagestats.tables.partition import (
     recovery_table,
     scaling_table,
 )
-from pagestats.tables.signal import (
-    auc_table,
-    calibration_table,
-    head_pair_table,
-    k_sweep_table,
-    layer_subset_table,
-    pilot_sensitivity_table,
-    signal_ablation_table,
-    tau_variants_table,
-)
+from pagestats.tables.ablation import auc_table, signal_ablation_table
+from pagestats.tables.calibration import calibration_table, tau_variants_table
+from pagestats.tables.pilot import pilot_sensitivity_table
+from pagestats.tables.subsampling import head_pair_table, k_sweep_table, layer_subset_table
 
 __all__ = [
     "Layout", "LAYOUTS",

@@ -1,9 +1,9 @@
-"""Small pure helpers shared by the table modules.
+"""Small helpers shared by the table modules.
 
 Only what the engine (:mod:`pagestats.metrics`, :mod:`pagestats.stats`) does not provide
 lives here: per-task means of a per-input statistic, the class *ordering margin* of
-Tables 6, 9 and 10, and the selection of one evictor's rows. Everything else is called
-from the engine.
+Tables 6, 9 and 10, the selection of one evictor's rows, and the gate at a recalibrated τ
+beside every sweep of D (:func:`gate_at`, App. A.3.1). Everything else is called from the engine.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from pagestats import defaults
+from pagestats import defaults, formulas, metrics, replay
 from pagestats.columns import MODEL_CELL, headline_evictor, input_key, require_columns
+from pagestats.replay.policies import FixedTau
 from pagestats.schema import INPUT_KEY
 
 
@@ -110,3 +111,62 @@ class LogsView:
 
     inputs: pl.DataFrame
     topk: pl.DataFrame | None = None
+
+
+def pilot_need(pilot_n: int, split: str) -> int:
+    """The inputs a group needs for a pilot of ``pilot_n`` drawn as ``split``: one more for a
+    ``"held-out"`` pilot, which must leave an input to evaluate (App. A.3.4)."""
+    return pilot_n + 1 if split == "held-out" else pilot_n
+
+
+def inputs_per(logs, by: Sequence[str]) -> pl.DataFrame:
+    """``by`` and ``n``: the number of distinct inputs (:data:`~pagestats.schema.INPUT_KEY`) of each group of ``logs``."""
+    return logs.inputs.group_by(list(by)).agg(pl.struct(*INPUT_KEY).n_unique().alias("n"))
+
+
+def gate_at(logs, spec: replay.ProfileSpec, recalibrate: str, tau: float, pilot_n: int) -> pl.DataFrame:
+    """Per (model, context): the gate at the fixed τ carried to the statistic of ``spec``
+    (:func:`pagestats.replay.recalibrate`, App. A.3.1: "any sweep of a parameter that rescales D
+    must recalibrate τ alongside it").
+
+    Returns
+    -------
+    polars.DataFrame
+        ``model, context_length``, ``tau_gate`` (τ of the cell: its value when constant, as
+        :func:`group_tau`, else the mean over inputs and head-pair draws), ``p_open`` (over inputs
+        and draws, :func:`pagestats.metrics.p_open`), ``degenerate`` (:data:`pagestats.formulas.DEGENERATE`)
+        and ``recalibration`` (what was done). A model with too few inputs for the held-out pilot
+        of ``pilot_n`` (``recalibrate="z"``) has null numbers and a ``recalibration`` saying why.
+    """
+    sizes = inputs_per(logs, ["model"])
+    cells = logs.inputs.select(*MODEL_CELL).unique()
+    small = (sizes.filter(pl.col("n") < pilot_need(pilot_n, defaults.PILOT_SPLIT)) if recalibrate == "z"
+             else sizes.head(0))
+    out = []
+    if small.height < sizes.height:
+        policy = replay.recalibrate(FixedTau(tau), recalibrate, pilot_n=pilot_n)
+        fit = logs if small.height == 0 else LogsView(logs.inputs.join(small.select("model"), on="model", how="anti"),
+                                                      getattr(logs, "topk", None))
+        # draw by draw (head-pair draws, Table 9): per cell the sums that τ's mean and p_open need
+        t = pl.col("tau")
+        per_draw = [gate.group_by(list(MODEL_CELL)).agg(
+            t.sum().alias("_tau_sum"), t.min().alias("_tau_min"), t.max().alias("_tau_max"), pl.len().alias("_n_rows"),
+        ).join(metrics.p_open(gate, by=MODEL_CELL).select(*MODEL_CELL, "k", "n"), on=list(MODEL_CELL))
+            for gate in replay.gate_by_draw(fit, policy, spec)]
+        sums = pl.concat(per_draw).group_by(list(MODEL_CELL)).agg(
+            pl.col("_tau_sum", "_n_rows", "k", "n").sum(), pl.col("_tau_min").min(), pl.col("_tau_max").max())
+        out.append(sums.select(
+            *MODEL_CELL,
+            pl.when(pl.col("_tau_min") == pl.col("_tau_max")).then(pl.col("_tau_min"))
+            .otherwise(pl.col("_tau_sum") / pl.col("_n_rows")).alias("tau_gate"),
+            (pl.col("k") / pl.col("n")).alias("p_open"),
+        ).with_columns(formulas.expr(formulas.DEGENERATE).alias("degenerate"),
+                       pl.lit(f"{recalibrate} (fixed τ = {tau})").alias("recalibration")))
+    if small.height:
+        out.append(cells.join(small.select("model"), on="model").with_columns(
+            pl.lit(None, pl.Float64).alias("tau_gate"), pl.lit(None, pl.Float64).alias("p_open"),
+            pl.lit(None, pl.Boolean).alias("degenerate"),
+            pl.format("not computed: the held-out pilot of {} inputs needs more than the model's {}",
+                      pl.lit(pilot_n), pl.col("model").replace_strict(small["model"], small["n"], return_dtype=pl.Int64))
+            .alias("recalibration")))
+    return pl.concat(out, how="vertical_relaxed").select(*MODEL_CELL, "tau_gate", "p_open", "degenerate", "recalibration")

@@ -14,8 +14,9 @@ from collections.abc import Sequence
 import numpy as np
 import polars as pl
 
-from pagestats import defaults, metrics
+from pagestats import defaults, formulas, metrics
 from pagestats.columns import MATRIX_CELL, MODEL_CELL, require_columns
+from pagestats.schema import INPUT_KEY
 from pagestats.tables._common import group_tau, one_evictor
 
 __all__ = [
@@ -113,7 +114,7 @@ def budget_axis_table(gated: pl.DataFrame) -> pl.DataFrame:
     """
     by = [*MATRIX_CELL, "budget"]
     require_columns(gated, [*by, "score_full", "score_plain", "score_gated"], "budget_axis_table")
-    rows, _ = metrics.equal_inputs(gated.filter(pl.col("budget") < 1.0))  # evictors on the same inputs
+    rows, _ = metrics.equal_inputs(gated.filter(formulas.EVICTED))  # evictors on the same inputs
     acc = rows.group_by(by).agg(
         pl.col("score_full").mean().alias("acc_full"), pl.col("score_plain").mean().alias("acc_plain"),
         pl.col("score_gated").mean().alias("acc_gated"),
@@ -149,7 +150,7 @@ def oracle_gap_table(gated: pl.DataFrame, gated_oracle: pl.DataFrame) -> pl.Data
     gated, _ = metrics.equal_inputs(gated)
     gated_oracle, _ = metrics.equal_inputs(gated_oracle)
     gap = metrics.oracle_gap(gated, gated_oracle, by=MATRIX_CELL)
-    key = ["run_id", "task", "input_id", *MATRIX_CELL]
+    key = [*INPUT_KEY, *MATRIX_CELL]
     a = gated.select(*key, "gate_open").unique()
     b = gated_oracle.select(*key, pl.col("gate_open").alias("_oracle")).unique()
     same = a.join(b, on=key).group_by(list(MATRIX_CELL)).agg((pl.col("gate_open") == pl.col("_oracle")).all().alias("same_decisions"))
@@ -170,7 +171,7 @@ def best_evictor_table(gated: pl.DataFrame) -> pl.DataFrame:
     """
     require_columns(gated, [*MATRIX_CELL, "budget", "score_plain", "score_gated"], "best_evictor_table")
     gated, _ = metrics.equal_inputs(gated)  # the best evictor is chosen on the same inputs for all
-    acc = gated.filter(pl.col("budget") < 1.0).group_by(list(MATRIX_CELL)).agg(
+    acc = gated.filter(formulas.EVICTED).group_by(list(MATRIX_CELL)).agg(
         pl.col("score_plain").mean().alias("plain"), pl.col("score_gated").mean().alias("gated"))
     acc = acc.sort([*MODEL_CELL, "evictor"])
     out = acc.group_by(list(MODEL_CELL), maintain_order=True).agg(
@@ -280,7 +281,7 @@ def batching_table(gated: pl.DataFrame, *, evictor: str | None = None, budget: f
         p_all_open, provisioned, compression``.
     """
     sub, ev = one_evictor(gated, evictor)
-    evict = sub.filter(pl.col("budget") < 1.0)
+    evict = sub.filter(formulas.EVICTED)
     if evict.height == 0:
         raise ValueError("batching_table: no eviction budgets b < 1")
     b = float(evict["budget"].min()) if budget is None else float(budget)
@@ -372,9 +373,9 @@ def draw_replicates_table(gated: pl.DataFrame, draws: pl.DataFrame, *, evictor: 
         raise ValueError("draw_replicates_table: some runs have no draw")
     # Compare like with like: a replicate run may cover only some tasks, so each cell keeps
     # the tasks that every one of its draws has (the others are left out of this table only).
-    n_draws = sub.group_by(MATRIX_CELL).agg(pl.col("draw").n_unique().alias("_all"))
+    input_draws = sub.group_by(MATRIX_CELL).agg(pl.col("draw").n_unique().alias("_all"))
     common = (sub.group_by([*MATRIX_CELL, "task"]).agg(pl.col("draw").n_unique().alias("_n"))
-              .join(n_draws, on=MATRIX_CELL).filter(pl.col("_n") == pl.col("_all")).select(*MATRIX_CELL, "task"))
+              .join(input_draws, on=MATRIX_CELL).filter(pl.col("_n") == pl.col("_all")).select(*MATRIX_CELL, "task"))
     sub = sub.join(common, on=[*MATRIX_CELL, "task"], how="semi")
     by = [*MATRIX_CELL, "draw"]
     parts = [metrics.delta(sub, by=by).with_columns(pl.lit("all tasks").alias("subset"))]
@@ -424,7 +425,7 @@ def remaining_deltas_table(gated: pl.DataFrame, calibrated: pl.DataFrame | None,
     from pagestats import stats
 
     sub, ev = one_evictor(gated, evictor)
-    sub = sub.filter(pl.col("budget") < 1.0)
+    sub = sub.filter(formulas.EVICTED)
     cols = ["row", "model", "context_length", "evictor", "task", "estimate", "low", "high", "interval", "n_inputs",
             "p_value"]
     parts = []
@@ -432,7 +433,7 @@ def remaining_deltas_table(gated: pl.DataFrame, calibrated: pl.DataFrame | None,
               [*MODEL_CELL, "evictor", "task"])]
     if calibrated is not None:
         cal, _ = one_evictor(calibrated, ev)
-        kinds.insert(0, ("calibrated τ (Table 20)", cal.filter(pl.col("budget") < 1.0), [*MODEL_CELL, "evictor"]))
+        kinds.insert(0, ("calibrated τ (Table 20)", cal.filter(formulas.EVICTED), [*MODEL_CELL, "evictor"]))
     for label, frame, by in kinds:
         if frame.height == 0:
             continue

@@ -12,8 +12,9 @@ from collections.abc import Sequence
 
 import polars as pl
 
-from pagestats import defaults, metrics, stats
+from pagestats import defaults, formulas, metrics, stats
 from pagestats.columns import MODEL_CELL, require_columns
+from pagestats.schema import INPUT_KEY
 from pagestats.tables._common import as_list, group_tau, one_evictor, task_means
 
 __all__ = [
@@ -302,7 +303,7 @@ def harm_table(gated: pl.DataFrame, *, evictor: str | None = None, by=("task", "
     """
     by = as_list(by)
     sub, ev = one_evictor(gated, evictor)
-    sub = sub.filter(pl.col("budget") < 1.0)
+    sub = sub.filter(formulas.EVICTED)
     keys = [*by, "budget"]
     g = metrics.harm_rate(sub, by=by, arm="gated", confidence_level=confidence_level).rename(
         {"harm": "harm_gated", "low": "gated_low", "high": "gated_high"})
@@ -365,7 +366,7 @@ def random_control_table(gated: pl.DataFrame, *, scored: str = "snapkv", control
     arms = {"snapkv": scored, "random": control}
     rho = _paired_rho(gated, arms, confidence_level)
     keys = ["model", "context_length", "task_class", "task"]
-    acc = [one_evictor(gated, ev)[0].filter(pl.col("budget") < 1.0).group_by(keys).agg(
+    acc = [one_evictor(gated, ev)[0].filter(formulas.EVICTED).group_by(keys).agg(
         pl.col("score_full").mean().alias("acc_full"), pl.col("score_plain").mean().alias(f"acc_{name}"))
         for name, ev in arms.items()]
     out = rho.join(acc[0], on=keys).join(acc[1].drop("acc_full"), on=keys)
@@ -379,7 +380,7 @@ def _paired_rho(gated: pl.DataFrame, arms: dict[str, str], confidence_level: flo
     task): ``n`` and, per arm name, ``rho_<name>``, ``<name>_low``, ``<name>_high``."""
     keys = ["model", "context_length", "task_class", "task"]
     subs = [one_evictor(gated, ev)[0] for ev in arms.values()]
-    unit = ["run_id", "task", "input_id"]
+    unit = list(INPUT_KEY)
     both = subs[0].select(unit).unique().join(subs[1].select(unit).unique(), on=unit)  # the inputs both arms hold
     out = []
     for sub, name in zip(subs, arms):

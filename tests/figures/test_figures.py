@@ -498,7 +498,7 @@ def _named_rows(label):
 
 def test_rho_vs_headroom_labels_every_point():
     from pagestats.figures._frames import short_task
-    from pagestats.figures._style import cell_label
+    from pagestats.figures import cell_label
 
     g = hand_gated(seed=5, contexts=(4096, 16384), evictors=("snapkv",), n=8)
     fig = F.rho_vs_headroom(g)
@@ -914,7 +914,7 @@ def test_rho_vs_headroom_one_label_per_pile_and_clear_of_markers():
     texts = " ".join(t.get_text() for t in labels)
     several = ["model", "context_length"]
     from pagestats.figures._frames import short_task
-    from pagestats.figures._style import cell_label
+    from pagestats.figures import cell_label
 
     for row in data.iter_rows(named=True):  # every row is named in some label
         cell = cell_label({k: row[k] for k in several})
