@@ -2,7 +2,7 @@
 
 The gate evicts iff D ≥ τ (PAGE §3, Eq. 2). τ is computed by the very policy object ``whatif`` uses
 (:mod:`pagestats.replay.policies`: ``FixedTau``, ``ZScored`` — τ = μ + θ_z σ on an unlabelled pilot,
-App. A.3.4 —, ``Midpoint`` — Eq. 5), on the validated inputs of the logs (:func:`pagestats.io.load.load`),
+App. A.3.4 —, ``Midpoint`` — Eq. 5), on the validated inputs of the logs (:func:`pagestats.io.load`),
 so the τ a deployed :class:`collectors.deploy.GatedPress` uses is the one ``whatif`` used for the same
 policy. The file records what τ depends on (:class:`pagestats.gatefile.Gate`): the model, D's window
 w, k, bin fraction and convention (read from the manifests, which must agree), the pilot's μ and σ
@@ -52,11 +52,11 @@ def _n_layers(manifests: dict):
 
 
 def calibrate(logs, policy, *, model: str | None = None, files=None) -> Gate:
-    """The gate of ``policy`` on ``logs`` (a :class:`pagestats.io.load.Logs`), for one model.
+    """The gate of ``policy`` on ``logs`` (a :class:`pagestats.io.Logs`), for one model.
 
     Parameters
     ----------
-    logs : pagestats.io.load.Logs
+    logs : pagestats.io.Logs
         Validated logs.
     policy : FixedTau, ZScored or Midpoint
         As ``pagestats whatif`` builds it (:func:`pagestats.cli.policy_from_args`).

@@ -33,7 +33,7 @@ from pagestats.io import (
     open_logs,
 )
 from pagestats.io.duck import MEMORY_LIMIT
-from pagestats.io.load import checked_runs
+from pagestats.io.validate import checked_runs
 from pagestats.io.validation.problems import one_line
 from pagestats.prereg import PreregistrationError, freeze_band, verified_band
 from pagestats.replay import (

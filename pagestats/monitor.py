@@ -237,7 +237,7 @@ def table_text(report: MonitorReport) -> str:
 
 def only_deployments(paths) -> bool:
     """Whether ``paths`` name deployment runs and nothing else (``pagestats validate`` then checks them
-    here; logs that mix them with collection runs are checked by :func:`pagestats.io.load.checked_runs`)."""
+    here; logs that mix them with collection runs are checked by :func:`pagestats.io.validate.checked_runs`)."""
     from pagestats.io.deployment import split_deployments
 
     kept, dirs = split_deployments(paths)

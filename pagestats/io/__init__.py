@@ -1,4 +1,4 @@
-"""Reading schema-v1 logs: discover runs and files, read them through DuckDB, validate every rule.
+"""Reading the logs (docs/SCHEMA.md): discover runs and files, read them through DuckDB, validate every rule.
 
 :func:`load` returns a :class:`Logs` (polars frames of the ``inputs``, ``outcomes`` and
 ``topk`` tables, the manifests, the files read with their sha256, the exclusions);
@@ -9,17 +9,26 @@ the same way and views them in place as an in-memory :class:`LogDB`. Submodules:
 :mod:`~pagestats.io.discovery` (which runs and files ``LOGS`` names),
 :mod:`~pagestats.io.read` (inspection and DuckDB reading), :mod:`~pagestats.io.upgrades`
 (schema-version steps), :mod:`~pagestats.io.validation` (the rules),
-:mod:`~pagestats.io.load` (``load``, ``validate_paths``, exclusions),
+:mod:`~pagestats.io.logs` (the :class:`Logs` and :class:`FileRecord` containers),
+:mod:`~pagestats.io.exclusions` (what is left out and why),
+:mod:`~pagestats.io.files` (the file-level stage loading and validation share),
+:mod:`~pagestats.io.load` (``load``), :mod:`~pagestats.io.validate` (``validate_paths``:
+streaming validation),
 :mod:`~pagestats.io.database` (:func:`index_logs` / :func:`open_logs`: validated logs as a
 DuckDB database of views over their files, :class:`LogDB`, for queries out of core),
 :mod:`~pagestats.io.compact` (:func:`compact_run`: a run's parts merged into few files),
 :mod:`~pagestats.io.record` (validation records: logs that passed every rule are not checked
-again while their files are unchanged).
+again while their files are unchanged), :mod:`~pagestats.io.deployment` (deployment runs),
+:mod:`~pagestats.io.decoding` (why decodes stopped), :mod:`~pagestats.io.duck` (every DuckDB
+connection).
 """
 
 from pagestats.io.compact import compact_run
 from pagestats.io.database import LogDB, index_logs, logs_in_place, open_logs
-from pagestats.io.load import HEAVY_COLUMNS, FileRecord, Logs, load, only_parquet, validate_paths
+from pagestats.io.files import only_parquet
+from pagestats.io.load import load
+from pagestats.io.logs import HEAVY_COLUMNS, FileRecord, Logs
+from pagestats.io.validate import validate_paths
 from pagestats.io.validation.problems import ExclusionError, LogError, Problem
 
 __all__ = [

@@ -22,7 +22,7 @@ import pyarrow.compute  # noqa: F401  (pa.compute)
 
 from pagestats import schema
 from pagestats.io.discovery import log_format
-from pagestats.io.load import validate_paths
+from pagestats.io.validate import validate_paths
 from pagestats.io.validation.problems import LogError
 
 

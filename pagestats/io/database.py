@@ -33,10 +33,11 @@ import polars as pl
 
 from pagestats import defaults, schema
 from pagestats.io import duck
-from pagestats.io.duck import MEMORY_LIMIT
-from pagestats.io.load import HEAVY_COLUMNS, FileRecord, Logs, checked_runs
 from pagestats.io.discovery import log_format
+from pagestats.io.duck import MEMORY_LIMIT
+from pagestats.io.logs import HEAVY_COLUMNS, FileRecord, Logs
 from pagestats.io.read import _literal_name
+from pagestats.io.validate import checked_runs
 from pagestats.io.validation.problems import LogError, Problem
 
 #: Tables that are views over the log files.
@@ -111,7 +112,7 @@ class LogDB:
         The line saying which runs of another mode :func:`index_logs` left out (empty when
         none, and on a database opened again with :func:`open_logs`).
     notes : list of str
-        Lines about the validation itself (:attr:`pagestats.io.load.Checked.notes`: the rules
+        Lines about the validation itself (:attr:`pagestats.io.validate.Checked.notes`: the rules
         skipped on files unchanged since they passed; a record not read or written).
     """
 
@@ -159,9 +160,9 @@ def is_database(logs) -> bool:
     return isinstance(logs, LogDB)
 
 def _validated(paths: list[str], mode: str, memory_limit: str, temp_directory: str | None, revalidate: bool):
-    """The :class:`~pagestats.io.load.Checked` of valid logs (:class:`LogError` otherwise).
+    """The :class:`~pagestats.io.validate.Checked` of valid logs (:class:`LogError` otherwise).
 
-    Every rule runs as DuckDB queries over the files (:func:`pagestats.io.load.checked_runs`),
+    Every rule runs as DuckDB queries over the files (:func:`pagestats.io.validate.checked_runs`),
     run by run when every file lies in a named run directory, without holding the rows; runs
     unchanged since they passed are not checked again unless ``revalidate``.
     """

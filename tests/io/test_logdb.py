@@ -203,7 +203,8 @@ def test_delta_bootstrap_table_bit_identical(written):
 
 def test_validate_paths_run_by_run_finds_the_same_problems(tmp_path):
     from pagestats.io import validate_paths
-    from pagestats.io.load import _load, _runs_apart
+    from pagestats.io.load import _load
+    from pagestats.io.validate import _runs_apart
 
     s = synthetic_logs(models={"a": (6, 4), "b": (6, 4), "c": (6, 4)}, n_inputs=3, tasks=("niah_multikey_3", "vt"),
                        evictors=("snapkv",), budgets=(0.5, 1.0), with_topk=False, seed=6)  # fmt: skip

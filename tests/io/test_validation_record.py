@@ -19,7 +19,8 @@ from polars.testing import assert_frame_equal
 
 from pagestats import schema
 from pagestats.cli import main
-from pagestats.io import load, record
+from pagestats.io import exclusions, load, record, validate
+from pagestats.io import files as io_files
 from pagestats.testing import synthetic_logs
 
 load_module = importlib.import_module("pagestats.io.load")  # the module (pagestats.io.load is also the function)
@@ -36,15 +37,18 @@ def runs(tmp_path):
 
 @pytest.fixture
 def rules(monkeypatch):
-    """Counts the calls of the row rules (``check_tables``) in the loader, calling the real ones."""
+    """Counts the calls of the row rules (``check_tables``) in the loader and in streaming
+    validation, calling the real ones."""
     calls = []
     real = load_module.check_tables
+    assert validate.check_tables is real
 
     def counted(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(load_module, "check_tables", counted)
+    monkeypatch.setattr(validate, "check_tables", counted)
     return calls
 
 
@@ -198,10 +202,10 @@ def test_the_validator_digest_covers_every_module_the_rules_run_in():
 def test_a_racily_clean_file_is_hashed_again(runs):
     """A change within the timestamp granularity keeps a file's identity; the recorded start
     time makes lookup hash such a file, and only that catches the change."""
-    checked = load_module.check_paths([runs[0]])
+    checked = validate.check_paths([runs[0]])
     assert not checked.problems and not checked.reused
-    disc = load_module._discover([runs[0]])
-    files, manifests = load_module._record_key(disc, load_module._of_mode(disc, None))
+    disc = io_files._discover([runs[0]])
+    files, manifests = io_files._record_key(disc, exclusions._of_mode(disc, None))
     path = record.record_path(files)
     assert record.lookup(files, manifests)[0] is not None
     part = os.path.realpath(_part(runs[0]))

@@ -1,4 +1,4 @@
-"""The validation rules of log schema v1, one module per table (the reader rules of
+"""The validation rules of the log schema, one module per table (the reader rules of
 ``docs/SCHEMA.md``): :mod:`~pagestats.io.validation.manifest`, :mod:`~pagestats.io.validation.inputs`,
 :mod:`~pagestats.io.validation.outcomes`, :mod:`~pagestats.io.validation.topk`;
 :mod:`~pagestats.io.validation.tables` runs them all on a run's tables (DuckDB relations) and

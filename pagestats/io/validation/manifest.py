@@ -1,4 +1,4 @@
-"""Manifest rules of log schema v1: :func:`check_manifest` and the :class:`RunInfo` it yields.
+"""Manifest rules of the log schema: :func:`check_manifest` and the :class:`RunInfo` it yields.
 
 A run's ``manifest.json`` must be a JSON object with every key of
 :data:`pagestats.schema.MANIFEST_KEYS` and of the ``model``, ``gate`` and ``protection``

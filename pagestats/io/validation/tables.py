@@ -1,4 +1,4 @@
-"""Validation rules of log schema v1 (docs/SCHEMA.md), as DuckDB queries over the tables.
+"""Validation rules of the log schema (docs/SCHEMA.md), as DuckDB queries over the tables.
 
 :mod:`pagestats.io` discovers the files and exposes them to a DuckDB connection as the
 relations ``inputs``, ``outcomes`` and ``topk`` (views over the files when validating, so
