@@ -262,18 +262,18 @@ def _report_1m(argv: list[str]) -> int:
         at["shape"] = f"{n:,} inputs = 8 tasks × {n // 8:,}; L=12, H=4; 4096; snapkv; 9 budgets"
         step("query", [py, __file__, "--query", str(tmp / "query.json"), run])
         db = tmp / "logs.duckdb"
-        step("index", [py, "-m", "pagestats.cli", "index", run, "--db", str(db)])
-        step("report_db", [py, "-m", "pagestats.cli", "report", "--db", str(db), "--out", str(tmp / "report_db")],
+        step("index", [py, "-m", "pagestats", "index", run, "--db", str(db)])
+        step("report_db", [py, "-m", "pagestats", "report", "--db", str(db), "--out", str(tmp / "report_db")],
              args.timeout)
         _progress(at["report_db"], tmp)
         if args.reference_tree:
             ref = pathlib.Path(args.reference_tree).resolve()
             at["reference_tree"] = f"{ref} at {_head(ref)}"
-            step("report_db_reference", [py, "-m", "pagestats.cli", "report", "--db", str(db), "--out",
+            step("report_db_reference", [py, "-m", "pagestats", "report", "--db", str(db), "--out",
                                          str(tmp / "report_db_reference")], args.timeout, cwd=ref)
             _progress(at["report_db_reference"], tmp)
         if args.also_logs:
-            step("report_logs", [py, "-m", "pagestats.cli", "report", run, "--out", str(tmp / "report_logs")],
+            step("report_logs", [py, "-m", "pagestats", "report", run, "--out", str(tmp / "report_logs")],
                  args.timeout)
             _progress(at["report_logs"], tmp)
         q = at["query"]
@@ -365,9 +365,9 @@ def main() -> int:
             if size in query_sizes:
                 at["query"] = _measured([py, __file__, "--query", str(tmp / f"query{size}.json"), *runs],
                                         tmp / f"query{size}.out")
-            at["validate"] = _measured([py, "-m", "pagestats.cli", "validate", *runs], tmp / f"validate{size}.out",
+            at["validate"] = _measured([py, "-m", "pagestats", "validate", *runs], tmp / f"validate{size}.out",
                                        cache=tmp / f"cache-validate{size}", timeout_s=args.timeout)
-            whatif = [py, "-m", "pagestats.cli", "whatif", *runs, "--draws", "pooled", "--format", "csv"]
+            whatif = [py, "-m", "pagestats", "whatif", *runs, "--draws", "pooled", "--format", "csv"]
             if size in warm_sizes:  # the record validate wrote: whatif skips the rules
                 at["whatif"] = w = _measured(whatif, tmp / f"whatif{size}.csv", cache=tmp / f"cache-validate{size}",
                                              timeout_s=args.timeout)
@@ -381,9 +381,9 @@ def main() -> int:
                 if w["returncode"] == 0 and not w["skipped_rules"]:
                     result["failures"].append("1M whatif_warm did not reuse the validation record")
                 db = tmp / "logs1.duckdb"
-                at["index"] = _measured([py, "-m", "pagestats.cli", "index", *runs, "--db", str(db)], tmp / "index1.out",
+                at["index"] = _measured([py, "-m", "pagestats", "index", *runs, "--db", str(db)], tmp / "index1.out",
                                         cache=tmp / "cache-index1")
-                whatif_db = [py, "-m", "pagestats.cli", "whatif", "--db", str(db), "--format", "csv"]
+                whatif_db = [py, "-m", "pagestats", "whatif", "--db", str(db), "--format", "csv"]
                 at["whatif_db"] = _measured(whatif_db, tmp / "whatif_db1.csv")
                 if "query" in at and args.repeats > 0:
                     at["rounds"] = _rounds(py, runs, tmp, args.repeats, whatif, whatif_db)
@@ -412,7 +412,7 @@ def main() -> int:
             write_result(args.out, _with_earlier(args.out, result), {})  # so far, in case a later size fails
         if not args.no_report and "1M" in result:  # last: it may run until the timeout
             at = result["1M"]
-            at["report"] = _measured([py, "-m", "pagestats.cli", "report", "--db", str(tmp / "logs1.duckdb"), "--out",
+            at["report"] = _measured([py, "-m", "pagestats", "report", "--db", str(tmp / "logs1.duckdb"), "--out",
                                       str(tmp / "report")], tmp / "report.out", timeout_s=args.report_timeout)
             if at["report"]["returncode"] != 0:
                 result["failures"].append(f"1M report: exit {at['report']['returncode']}"

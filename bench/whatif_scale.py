@@ -10,7 +10,7 @@ its peak RSS and CPU time are its own and not the largest of all children):
    (8 default tasks × 125,000; one model L=12, H=4; RULER 4K; evictor snapkv; the 9 default
    budgets; fast path, no top-k, no text) and writes it under ``bench/tmp/`` (gitignored);
    a second run of 10,000 inputs (8 × 1,250, same shape, seed 1) is written next to it.
-2. ``whatif_1M``: ``python -m pagestats.cli whatif RUN --format csv`` (default fixed τ);
+2. ``whatif_1M``: ``python -m pagestats whatif RUN --format csv`` (default fixed τ);
    the CSV is checked: exactly :data:`pagestats.whatif.WHATIF_COLUMNS`, 8 tasks × 9 budgets
    = 72 rows, ``n_inputs`` = 125,000 in every row.
 3. Baselines in the same run:
@@ -24,7 +24,7 @@ its peak RSS and CPU time are its own and not the largest of all children):
 
    Ratios: ``whatif_1M / scan`` and ``whatif_1M / (100 × whatif_10k)`` (< 1 means the
    fixed costs dominate at 10k and the engine scales at worst linearly).
-4. ``validate_1M``: ``python -m pagestats.cli validate RUN`` (time, peak RSS, exit code).
+4. ``validate_1M``: ``python -m pagestats validate RUN`` (time, peak RSS, exit code).
 
 Wall times on a shared machine are inflated by load; the load average at start and end and
 each subprocess's CPU time (user + system) are recorded next to them. A failure (non-zero
@@ -205,7 +205,7 @@ def main() -> int:
 
         for name, n in (("1M", N_PER_TASK), ("10k", N_PER_TASK_SMALL)):
             out = tmp / f"whatif_{name}.csv"
-            m = _measured([py, "-m", "pagestats.cli", "whatif", str(runs[name]), "--format", "csv"], out)
+            m = _measured([py, "-m", "pagestats", "whatif", str(runs[name]), "--format", "csv"], out)
             if m["returncode"] == 0:
                 m["csv_check"] = _check_csv(out.read_text(), n)
                 if not m["csv_check"]["ok"]:
@@ -224,7 +224,7 @@ def main() -> int:
         result["startup"] = m
         print("startup", json.dumps(m), flush=True)
 
-        m = _measured([py, "-m", "pagestats.cli", "validate", str(runs["1M"])], tmp / "validate_1M.out")
+        m = _measured([py, "-m", "pagestats", "validate", str(runs["1M"])], tmp / "validate_1M.out")
         m["n_problem_lines"] = len((tmp / "validate_1M.out").read_text().splitlines())
         if m["returncode"] != 0:
             result["failures"].append(

@@ -1,4 +1,4 @@
-"""``pagestats calibrate``: freeze the gate that ``whatif`` replays into a ``gate.json``.
+"""The gate that ``whatif`` replays, frozen into a ``gate.json`` (the command: :mod:`pagestats.cli.calibrate`).
 
 The gate evicts iff D ≥ τ (PAGE §3, Eq. 2). τ is computed by the very policy object ``whatif`` uses
 (:mod:`pagestats.replay.policies`: ``FixedTau``, ``ZScored`` — τ = μ + θ_z σ on an unlabelled pilot,
@@ -33,6 +33,26 @@ def logs_sha256(files) -> str:
     return digest.hexdigest()
 
 
+class ModelChoiceError(ValueError):
+    """The logs hold several models and :func:`calibrate` was given none (a gate is for one model)."""
+
+    def __init__(self, models: list[str]):
+        self.models = list(models)
+        super().__init__(f"calibrate: the logs hold {len(self.models)} models ({', '.join(self.models)}); "
+                         "choose one")
+
+
+class ThresholdCountError(ValueError):
+    """The policy gives the model other than one τ (a pilot grouped finer than the model): a deployed
+    gate has one."""
+
+    def __init__(self, policy: str, model: str, taus: list[float]):
+        self.policy, self.model, self.taus = policy, model, sorted(taus)
+        super().__init__(f"calibrate: policy {policy} gives {len(taus)} thresholds for model {model!r} "
+                         f"({', '.join(f'{t:.6g}' for t in self.taus)}); a deployed gate has one: calibrate "
+                         "per model (a pilot pooled per model) or on one context")
+
+
 def _statistic(manifests: dict) -> dict:
     stats = {}
     for run_id, manifest in manifests.items():
@@ -59,7 +79,7 @@ def calibrate(logs, policy, *, model: str | None = None, files=None) -> Gate:
     logs : pagestats.io.Logs
         Validated logs.
     policy : FixedTau, ZScored or Midpoint
-        As ``pagestats whatif`` builds it (:func:`pagestats.cli.policy_from_args`).
+        As ``pagestats whatif`` builds it (:func:`pagestats.cli.options.policy_from_args`).
     model : str, optional
         The model to calibrate for; required when the logs hold several.
     files : sequence of paths, optional
@@ -71,10 +91,13 @@ def calibrate(logs, policy, *, model: str | None = None, files=None) -> Gate:
 
     Raises
     ------
+    ModelChoiceError
+        Several models and none chosen.
+    ThresholdCountError
+        A τ that is not one number for the model (a z pilot grouped finer than the model: calibrate
+        with ``pilot_by=("model",)``).
     ValueError
-        One line: several models and none chosen, an unknown model, a policy without a threshold,
-        statistics that differ between runs, or a τ that is not one number for the model (a z or
-        midpoint pilot grouped finer than the model: calibrate with ``--pilot-by model``).
+        One line: an unknown model, a policy without a threshold, or statistics that differ between runs.
     """
     from pagestats.replay.policies import FixedTau, Midpoint, ZScored
 
@@ -85,7 +108,7 @@ def calibrate(logs, policy, *, model: str | None = None, files=None) -> Gate:
     models = sorted(inputs["model"].unique().to_list())
     if model is None:
         if len(models) != 1:
-            raise ValueError(f"calibrate: the logs hold {len(models)} models ({', '.join(models)}); choose one with --model")
+            raise ModelChoiceError(models)
         model = models[0]
     elif model not in models:
         raise ValueError(f"calibrate: no inputs of model {model!r} in the logs (they hold {', '.join(models)})")
@@ -96,9 +119,7 @@ def calibrate(logs, policy, *, model: str | None = None, files=None) -> Gate:
     rows = decided.filter(pl.col("model") == model)
     taus = rows["tau"].drop_nulls().unique().to_list()
     if len(taus) != 1:
-        raise ValueError(f"calibrate: policy {policy.name} gives {len(taus)} thresholds for model {model!r} "
-                         f"({', '.join(f'{t:.6g}' for t in sorted(taus))}); a deployed gate has one: "
-                         "calibrate per model (--pilot-by model) or on one context")
+        raise ThresholdCountError(policy.name, model, taus)
     tau = float(taus[0])
     drops = rows["drop"].to_numpy().astype(float)
     pilot: dict = {"drops": [float(d) for d in drops], "p_open": float(np.mean(drops >= tau)), "n_inputs": int(len(drops)),
@@ -125,61 +146,3 @@ def calibrate(logs, policy, *, model: str | None = None, files=None) -> Gate:
     return Gate(tau=tau, policy=kinds[type(policy)], model=model, n_layers=_n_layers(manifests), pilot=pilot,
                 logs_sha256=logs_sha256(file_paths),
                 created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **statistic)
-
-
-# --------------------------------------------------------------------------- command line
-
-def add_parser(sub) -> None:
-    """The ``pagestats calibrate LOGS --policy fixed|z|midpoint ... --out gate.json`` subparser (docs/CLI.md)."""
-    from pagestats import defaults
-    from pagestats.cli import MAX_PILOT, MAX_SEED, add_midpoint_tasks, number
-    from pagestats.replay.policies import PILOT_SPLITS
-
-    p = sub.add_parser("calibrate", help="freeze the gate of a whatif policy into gate.json for GatedPress")
-    p.add_argument("logs", nargs="+", metavar="LOGS", help="run directories, parquet/jsonl files or globs")
-    p.add_argument("--out", required=True, metavar="FILE", help="the gate file to write (gate.json)")
-    p.add_argument("--model", default=None, help="the model to calibrate for (default: the logs' only model; required when they hold several)")
-    pol = p.add_mutually_exclusive_group()
-    pol.add_argument("--tau", type=number(-1.0, 1.0, name="--tau"), help=f"fixed threshold τ (default: {defaults.TAU})")
-    pol.add_argument("--policy", choices=["fixed", "z", "midpoint"], help="gate policy (default: fixed, τ = 0.07)")
-    p.add_argument("--theta", type=number(-1e3, 1e3, name="--theta"), default=None,
-                   help=f"θ_z of the z-scored policy (default: {defaults.THETA_Z})")
-    add_midpoint_tasks(p)
-    p.add_argument("--pilot", type=number(1, MAX_PILOT, integer=True, name="--pilot"), default=None,
-                   help=f"pilot size (default {defaults.PILOT_N})")
-    p.add_argument("--pilot-split", choices=list(PILOT_SPLITS), default=None,
-                   help=f"which inputs form the pilot (default {defaults.PILOT_SPLIT})")
-    p.add_argument("--seed", type=number(0, MAX_SEED, integer=True, name="--seed"), default=None,
-                   help="seed of the pilot hash (default: 0)")
-
-
-def main(args) -> int:
-    """Run ``pagestats calibrate``: exit 0 with the gate written, 1 on bad logs, 2 on bad usage."""
-    import sys
-
-    from pagestats.cli import one_line, policy_from_args
-    from pagestats.io import ExclusionError, LogError, load
-
-    try:
-        policy = policy_from_args(args)
-    except ValueError as err:
-        print(one_line(f"error: {err}"), file=sys.stderr)
-        return 2
-    try:
-        logs = load(args.logs)
-    except ExclusionError as err:
-        print(one_line(f"error: {'; '.join(p.message for p in err.problems)}"), file=sys.stderr)
-        return 2
-    except LogError as err:
-        print(one_line(f"error: bad logs: {'; '.join(p.message for p in err.problems[:3])}"), file=sys.stderr)
-        return 1
-    try:
-        gate = calibrate(logs, policy, model=args.model)
-        gate.write(args.out)
-    except (ValueError, OSError) as err:
-        print(one_line(f"error: {err}"), file=sys.stderr)
-        return 2
-    print(one_line(f"gate: τ = {gate.tau!r} ({policy.name}) for model {gate.model}, w={gate.window}, k={gate.k}, "
-                   f"bins={gate.bin_fraction:.6g} {gate.convention}; p_open {gate.pilot['p_open']:.3f} on "
-                   f"{gate.pilot['n_inputs']} inputs; written to {args.out}"), file=sys.stderr)
-    return 0

@@ -1,4 +1,5 @@
-"""``pagestats monitor``: a deployed gate's log against its calibration (docs/CLI.md, "Monitor a deployed gate").
+"""A deployed gate's log against its calibration (the command: :mod:`pagestats.cli.monitor`; docs/CLI.md,
+"Monitor a deployed gate").
 
 A gate calibrated offline (``pagestats calibrate``) evicts iff D ≥ τ (PAGE §3, Eq. 2). τ holds only
 while the deployed traffic's D is distributed as the calibration inputs' D was: the z-scored policy
@@ -30,7 +31,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -42,7 +42,7 @@ from pagestats.gatefile import Gate
 if TYPE_CHECKING:  # statsmodels and SciPy are imported by monitor() only: the CLI's other commands never load them
     from pagestats.stats import Interval
 
-__all__ = ["ALPHA", "DRIFT_KINDS", "MonitorReport", "monitor", "only_deployments"]
+__all__ = ["ALPHA", "DRIFT_KINDS", "MonitorReport", "monitor", "only_deployments", "table_text"]
 
 #: Default level of the KS test of D against the calibration D (``--alpha``).
 ALPHA = 0.01
@@ -232,100 +232,11 @@ def table_text(report: MonitorReport) -> str:
     return "\n".join(terminal(f"{name:<{width}}  {value}") for name, value in rows)
 
 
-# --------------------------------------------------------------------------- command line
-
-
 def only_deployments(paths) -> bool:
     """Whether ``paths`` name deployment runs and nothing else (``pagestats validate`` then checks them
-    here; logs that mix them with collection runs are checked by :func:`pagestats.io.validate.checked_runs`)."""
+    as such, :func:`pagestats.io.deployment.check_deployment`; logs that mix them with collection runs are
+    checked by :func:`pagestats.io.validate.checked_runs`)."""
     from pagestats.io.deployment import split_deployments
 
     kept, dirs = split_deployments(paths)
     return bool(dirs) and not kept
-
-
-def add_parser(sub) -> None:
-    """The ``pagestats monitor DIR --gate gate.json`` subparser (docs/CLI.md)."""
-    from pagestats.cli import number
-
-    p = sub.add_parser("monitor", help="compare a deployed gate's log (collectors.deploy log_dir) with its gate file: "
-                       "p_open, compression, τ, and a KS test of D; one warning line per drift kind")
-    p.add_argument("run", metavar="DIR", help="a deployment run: the log_dir of GatedPress / gated_generate")
-    p.add_argument("--gate", required=True, metavar="FILE", help="the gate file the deployment was calibrated as "
-                   "(`pagestats calibrate --out`)")
-    p.add_argument("--alpha", type=number(0.0, 1.0, name="--alpha"), default=ALPHA,
-                   help="level of the two-sample KS test of D against the calibration D, in (0, 1)")
-    p.add_argument("--format", choices=["table", "json"], default="table", help="output on stdout")
-    p.add_argument("--strict", action="store_true", help="exit 1 when a drift warning is printed (default: exit 0)")
-
-
-def _bad_logs(err, run: str) -> str:
-    shown = "; ".join(str(p) for p in err.problems[:3])
-    more = f"; {len(err.problems) - 3} more" if len(err.problems) > 3 else ""
-    return (f"error: {len(err.problems)} problem{'s' if len(err.problems) != 1 else ''} in the deployment log: "
-            f"{shown}{more}; run `pagestats validate {run}` for the full list")
-
-
-def main(args) -> int:
-    """``pagestats monitor`` (exit 0, or 1 with ``--strict`` and a drift warning; 1 on bad logs; 2 on bad
-    usage), and ``pagestats validate`` of deployment runs only (exit 0 valid, 1 with one line per problem)."""
-    import json
-
-    from pagestats.io import LogError
-    from pagestats.io.deployment import check_deployment, is_deployment_dir, split_deployments
-    from pagestats.io.validation.problems import one_line
-
-    if args.command == "validate":
-        problems, lines = [], []
-        for path in split_deployments(args.logs)[1]:
-            run, found = check_deployment(path)
-            problems += found
-            lines += [run.summary()] if run is not None else []
-        for problem in problems:
-            print(problem)
-        if problems:
-            return 1
-        for line in lines:
-            print(one_line(line), file=sys.stderr)
-        print(one_line(f"ok: {', '.join(args.logs)}"), file=sys.stderr)
-        return 0
-    path = args.run
-    if not 0.0 < args.alpha < 1.0:
-        print(one_line(f"error: --alpha {args.alpha!r} is not in (0, 1)"), file=sys.stderr)
-        return 2
-    if not os.path.isdir(path):
-        print(one_line(f"error: {path}: no such directory (monitor reads a deployment run, the log_dir of "
-                       "collectors.deploy)"), file=sys.stderr)
-        return 2
-    if not is_deployment_dir(path):
-        print(one_line(f"error: {path} is not a deployment run (no manifest.json whose kind is 'deployment'); "
-                       "monitor reads the log_dir of collectors.deploy's GatedPress / gated_generate"), file=sys.stderr)
-        return 2
-    try:
-        gate = Gate.from_file(args.gate)
-    except ValueError as err:
-        print(one_line(f"error: {err}"), file=sys.stderr)
-        return 2
-    try:
-        report = monitor(path, gate, alpha=args.alpha, gate_file=args.gate)
-    except LogError as err:
-        print(one_line(_bad_logs(err, path)), file=sys.stderr)
-        return 1
-    except ValueError as err:
-        print(one_line(f"error: {err}"), file=sys.stderr)
-        return 2
-    if report.ks_pvalue is None:
-        print(one_line(f"note: no input of {path} was decided by D (every prompt was shorter than w = "
-                       f"{report.window}): p_open and the D test need one"), file=sys.stderr)
-    for line in report.warnings:
-        print(one_line(line), file=sys.stderr)
-    if args.format == "json":
-        print(json.dumps(report.to_dict(), indent=2, allow_nan=False))
-    else:
-        print(table_text(report))
-    if args.strict and report.warnings:
-        n = len(report.warnings)
-        print(one_line(f"error: --strict: {n} drift warning{'s' if n != 1 else ''} ({', '.join(report.drift)})"),
-              file=sys.stderr)
-        return 1
-    return 0

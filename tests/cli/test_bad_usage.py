@@ -12,7 +12,8 @@ import polars as pl
 import pytest
 
 from pagestats import io, report, schema, testing
-from pagestats.cli import MAX_DRAWS, main
+from pagestats.cli import main
+from pagestats.cli.options import MAX_DRAWS
 from pagestats.report.table_entries import TABLES
 
 SMALL = dict(models={"m": (6, 3)}, context_lengths=(512,), tasks=("niah_multikey_3", "vt"), n_inputs=3,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import pagestats
-from pagestats.cli import _parser, main
+from pagestats.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,7 +24,7 @@ def test_version(capsys):
 
 
 def _subparsers():
-    parser = _parser()
+    parser = build_parser()
     action = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
     return action.choices
 
@@ -47,7 +47,7 @@ def test_every_option_has_help_with_its_default():
 
 def test_help_runs_for_every_command():
     for name in _subparsers():
-        out = subprocess.run([sys.executable, "-m", "pagestats.cli", name, "--help"], capture_output=True, text=True,
+        out = subprocess.run([sys.executable, "-m", "pagestats", name, "--help"], capture_output=True, text=True,
                              cwd=ROOT)
         assert out.returncode == 0 and "usage: pagestats" in out.stdout, out.stderr
 

@@ -40,7 +40,7 @@ def test_validate_subprocess(tmp_path):
     bad = write_run(tmp_path / "bad", "r2")
     f = bad / "outcomes" / "part-0001.parquet"
     f.write_bytes(f.read_bytes()[:100])
-    cmd = [sys.executable, "-m", "pagestats.cli", "validate"]
+    cmd = [sys.executable, "-m", "pagestats", "validate"]
     ok = subprocess.run([*cmd, str(good)], capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     res = subprocess.run([*cmd, str(good), str(tmp_path / "bad" / "*")], capture_output=True, text=True, timeout=120)

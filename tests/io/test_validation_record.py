@@ -250,7 +250,7 @@ def test_cache_dir_follows_the_environment(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("warm", [False, True])
 def test_whatif_at_a_fixed_tau_imports_no_scipy_or_matplotlib(runs, warm):
-    cmd = [sys.executable, "-X", "importtime", "-m", "pagestats.cli", "whatif", runs[0], "--format", "csv"]
+    cmd = [sys.executable, "-X", "importtime", "-m", "pagestats", "whatif", runs[0], "--format", "csv"]
     if warm:
         subprocess.run(cmd, check=True, capture_output=True)
     done = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])

@@ -14,7 +14,7 @@ import pytest
 
 from pagestats import defaults
 from pagestats.replay import FixedTau, Midpoint, ProfileSpec, RecalibratedTau, TaskOracle, ZScored
-from pagestats.cli import parse_layers, policy_from_args, profile_from_args
+from pagestats.cli.options import parse_layers, policy_from_args, profile_from_args
 from pagestats.whatif import WHATIF_COLUMNS, whatif_table
 
 from brute import brute_whatif

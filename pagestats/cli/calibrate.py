@@ -1,0 +1,79 @@
+"""``pagestats calibrate LOGS --policy fixed|z|midpoint ... --out gate.json``: freeze the gate that
+``whatif`` replays into a gate file for ``collectors.deploy.GatedPress`` (docs/CLI.md,
+:func:`pagestats.calibrate.calibrate`)."""
+
+from __future__ import annotations
+
+import sys
+
+from pagestats import defaults
+from pagestats.calibrate import ModelChoiceError, ThresholdCountError, calibrate
+from pagestats.cli.logs import exclusion_line
+from pagestats.cli.options import MAX_PILOT, MAX_SEED, add_midpoint_tasks, number, policy_from_args
+from pagestats.io import ExclusionError, LogError, load
+from pagestats.io.validation.problems import one_line
+from pagestats.replay.policies import PILOT_SPLITS
+
+
+def add_parser(sub) -> None:
+    """The ``pagestats calibrate`` subparser."""
+    p = sub.add_parser("calibrate", help="freeze the gate of a whatif policy into gate.json for GatedPress")
+    p.add_argument("logs", nargs="+", metavar="LOGS", help="run directories, parquet/jsonl files or globs")
+    p.add_argument("--out", required=True, metavar="FILE", help="the gate file to write (gate.json)")
+    p.add_argument("--model", default=None, help="the model to calibrate for (default: the logs' only model; required when they hold several)")
+    pol = p.add_mutually_exclusive_group()
+    pol.add_argument("--tau", type=number(-1.0, 1.0, name="--tau"), help=f"fixed threshold τ (default: {defaults.TAU})")
+    pol.add_argument("--policy", choices=["fixed", "z", "midpoint"], help="gate policy (default: fixed, τ = 0.07)")
+    p.add_argument("--theta", type=number(-1e3, 1e3, name="--theta"), default=None,
+                   help=f"θ_z of the z-scored policy (default: {defaults.THETA_Z})")
+    add_midpoint_tasks(p)
+    p.add_argument("--pilot", type=number(1, MAX_PILOT, integer=True, name="--pilot"), default=None,
+                   help=f"pilot size (default {defaults.PILOT_N})")
+    p.add_argument("--pilot-split", choices=list(PILOT_SPLITS), default=None,
+                   help=f"which inputs form the pilot (default {defaults.PILOT_SPLIT})")
+    p.add_argument("--seed", type=number(0, MAX_SEED, integer=True, name="--seed"), default=None,
+                   help="seed of the pilot hash (default: 0)")
+
+
+def usage_problem(args) -> str | None:
+    """Nothing beyond the shared checks (the policy is parsed by :func:`run`)."""
+    return None
+
+
+def _calibration_error(err: Exception) -> str:
+    """The error line of a gate that cannot be calibrated, in the command's options."""
+    if isinstance(err, ModelChoiceError):
+        return (f"error: calibrate: the logs hold {len(err.models)} models ({', '.join(err.models)}); "
+                "choose one with --model")
+    if isinstance(err, ThresholdCountError):
+        return (f"error: calibrate: policy {err.policy} gives {len(err.taus)} thresholds for model {err.model!r} "
+                f"({', '.join(f'{t:.6g}' for t in err.taus)}); a deployed gate has one: "
+                "calibrate per model (--pilot-by model) or on one context")
+    return f"error: {err}"
+
+
+def run(args) -> int:
+    """Exit 0 with the gate written, 1 on bad logs, 2 on bad usage."""
+    try:
+        policy = policy_from_args(args)
+    except ValueError as err:
+        print(one_line(f"error: {err}"), file=sys.stderr)
+        return 2
+    try:
+        logs = load(args.logs)
+    except ExclusionError as err:
+        print(exclusion_line(err), file=sys.stderr)
+        return 2
+    except LogError as err:
+        print(one_line(f"error: bad logs: {'; '.join(p.message for p in err.problems[:3])}"), file=sys.stderr)
+        return 1
+    try:
+        gate = calibrate(logs, policy, model=args.model)
+        gate.write(args.out)
+    except (ValueError, OSError) as err:
+        print(one_line(_calibration_error(err)), file=sys.stderr)
+        return 2
+    print(one_line(f"gate: τ = {gate.tau!r} ({policy.name}) for model {gate.model}, w={gate.window}, k={gate.k}, "
+                   f"bins={gate.bin_fraction:.6g} {gate.convention}; p_open {gate.pilot['p_open']:.3f} on "
+                   f"{gate.pilot['n_inputs']} inputs; written to {args.out}"), file=sys.stderr)
+    return 0

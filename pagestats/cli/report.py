@@ -1,0 +1,100 @@
+"""``pagestats report LOGS --out DIR``: every table and figure plus an index with file hashes
+(docs/CLI.md, :mod:`pagestats.report`); prints the path of the page to open."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from pagestats import defaults, replay
+from pagestats.cli.logs import decode_warnings, open_for, print_lines, strict_failure
+from pagestats.cli.options import MAX_SEED, add_logs, add_policy, database_problem, number, policy_from_args
+from pagestats.cli.prereg import band_problem
+from pagestats.io.validation.problems import one_line
+from pagestats.prereg import PreregistrationError, verified_band
+from pagestats.replay import FixedTau
+
+
+def add_parser(sub) -> None:
+    """The ``pagestats report`` subparser."""
+    p = sub.add_parser("report", help="write every table and figure plus an index with file hashes")
+    add_logs(p)
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--prereg", default=None, metavar="BAND.json",
+                   help="Table 21 checks this frozen band (pagestats prereg freeze) (default: none, Table 21 is a "
+                   "post-hoc illustration)")
+    p.add_argument("--prereg-sha256", default=None, metavar="HEX", help="the sha256 printed when the band was frozen (default: none; required with --prereg)")
+    p.add_argument("--no-pdf", action="store_true",
+                   help="write the figures as PNG only, without their PDF copies (about twice as fast; default: PNG "
+                   "and PDF)")
+    p.add_argument("--dilution-rule", choices=["task-class", "rho"], default=defaults.DILUTION_RULE,
+                   help="rows Fig. 9's scaling slope is fitted on: the dilution-prone task class or measured ρ ≥ 0.05 "
+                   f"(default: {defaults.DILUTION_RULE}; Table 25 shows both)")
+    add_policy(p)
+    p.add_argument("--seed", type=number(0, MAX_SEED, integer=True, name="--seed"), default=None,
+                   help="seed of the pilot hash of a random/held-out pilot (default: 0)")
+    p.add_argument("--headline-evictor", default=None, metavar="EVICTOR",
+                   help="the evictor of the headline sentences and of the single-evictor figures and tables "
+                   f"(default: {defaults.HEADLINE_EVICTOR} when logged, else the first in name order)")
+
+
+def usage_problem(args) -> str | None:
+    """Why the options cannot run (one line), before any log is read: ``--db``, the policy (kept on
+    ``args`` as ``parsed_policy``), ``--out`` and the band to check (read, its sha256 compared)."""
+    from pagestats.report.write import out_problem  # matplotlib: imported only for `report`
+
+    problem = database_problem(args)
+    if problem:
+        return problem
+    if (args.prereg is None) != (args.prereg_sha256 is None):
+        return "--prereg and --prereg-sha256 go together"
+    try:
+        args.parsed_policy = policy_from_args(args)
+    except ValueError as err:
+        return str(err)
+    problem = out_problem(args.out)
+    if problem or args.prereg is None:
+        return problem
+    return band_problem(args.prereg, args.prereg_sha256)
+
+
+def run(args) -> int:
+    """Exit 0 with the report written, 1 on bad logs (or ``--strict`` and cut answers), 2 on bad usage."""
+    opened = open_for(args)
+    if isinstance(opened, int):
+        return opened
+    logs, excluded = opened
+    print_lines(excluded)
+    from pagestats.report import build_report  # matplotlib and great_tables: imported only for `report`
+    from pagestats.report.context import HeadlineEvictorError, first_draw
+
+    limit_lines = decode_warnings(logs.files, logs.manifests)
+    for line in limit_lines:
+        print(one_line(line), file=sys.stderr)
+    if args.strict and limit_lines:
+        print(strict_failure(limit_lines), file=sys.stderr)
+        return 1
+    logs = logs if args.db is None else logs.load()
+    if not isinstance(args.parsed_policy, FixedTau):  # a pilot or a sample the logs may not hold
+        try:
+            replay.gate(first_draw(logs), args.parsed_policy)
+        except ValueError as err:
+            print(one_line(f"error: {err}"), file=sys.stderr)
+            return 2
+    prereg = None
+    if args.prereg is not None:
+        try:
+            prereg = verified_band(logs, args.prereg, args.prereg_sha256)
+        except (PreregistrationError, OSError) as err:
+            print(one_line(f"error: {err}"), file=sys.stderr)
+            return 2
+    try:
+        index = build_report(logs, out=args.out, prereg=prereg, dilution_rule=args.dilution_rule,
+                             policy=args.parsed_policy, headline_evictor=args.headline_evictor,
+                             **({"formats": ("png",)} if args.no_pdf else {}))
+    except HeadlineEvictorError as err:  # the one error of an option that needs the logs to check
+        print(one_line(f"error: --headline-evictor {err.evictor!r} is not logged; the logs hold "
+                       f"{', '.join(err.logged) or 'no evictor'}"), file=sys.stderr)
+        return 2
+    print(one_line(os.path.join(os.path.dirname(index), "index.html")))  # the page to open; index.md beside it
+    return 0

@@ -1,0 +1,182 @@
+"""``pagestats whatif LOGS``: replay the gate under a policy (docs/CLI.md, :mod:`pagestats.whatif`).
+
+``--format csv`` prints exactly :data:`pagestats.whatif.WHATIF_COLUMNS` at full float precision; the
+table format prints the summary of ``--by``. Stderr says what was left out, the pilot that set τ, the
+degenerate cells, and the answers the decode limit may have cut.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import polars as pl
+
+from pagestats import defaults
+from pagestats.cli.logs import decode_warnings, open_for, strict_failure
+from pagestats.cli.options import (
+    MAX_DRAWS,
+    MAX_K,
+    MAX_SEED,
+    add_logs,
+    add_policy,
+    comma_list,
+    database_problem,
+    input_draws,
+    number,
+    policy_from_args,
+    profile_from_args,
+)
+from pagestats.columns import MATRIX_CELL
+from pagestats.escape import csv_frame
+from pagestats.io.validation.problems import one_line
+from pagestats.replay import RECALIBRATE_MODES, FixedTau, pilot_composition
+
+
+def add_parser(sub) -> None:
+    """The ``pagestats whatif`` subparser."""
+    p = sub.add_parser("whatif", help="replay the gate under a policy and print the per-cell table")
+    add_logs(p)
+    add_policy(p)
+    p.add_argument("--recalibrate", choices=list(RECALIBRATE_MODES), default="none",
+                   help="re-derive a fixed τ on the changed statistic: z = keep τ's z-position in the pilot, "
+                   "midpoint = Eq. 5 (App. A.3.1: a sweep that rescales D must recalibrate τ; default: none)")
+    p.add_argument("--layers", default=None, help="layer subset: all, first-half, second-half, every-2, "
+                   "every-4, early-only, first-last, or a comma list / a:b range of layer indices "
+                   "(default: all layers)")
+    p.add_argument("--pairs-fraction", type=number(0.0, 1.0, name="--pairs-fraction"), default=None, help="fraction of head pairs kept per draw (default: every pair)")
+    p.add_argument("--draws", type=input_draws, default=None, metavar="pooled|N",
+                   help="input draws (inputs.draw): N keeps draw N, pooled pools them on purpose (default: one "
+                   "row per draw, with a draw column, when the logs hold more than one)")
+    p.add_argument("--pair-draws", type=number(1, MAX_DRAWS, integer=True, name="--pair-draws"), default=None,
+                   help=f"random head-pair draws, averaged (default: {defaults.PAIR_DRAWS}; at most {MAX_DRAWS})")
+    p.add_argument("--seed", type=number(0, MAX_SEED, integer=True, name="--seed"), default=None,
+                   help="seed of the head-pair draws / pilot hash (default: 0)")
+    p.add_argument("--k", type=number(1, MAX_K, integer=True, name="--k"), default=None, help="top-k set size, k ≤ k_max (needs topk logs; default: the logged k)")
+    p.add_argument("--bins", default=None, help="bin fraction, decimal or fraction such as 1/4 (default: 1/3)")
+    p.add_argument("--strict-bins", action="store_true", help="strict-thirds late bin (Table 24; default: the deployed equal-size bins)")
+    p.add_argument("--format", choices=["csv", "table"], default="table",
+                   help="table: the summary of --by for reading; csv: the per-cell table (every column "
+                   "at full precision) on stdout")
+    p.add_argument("--by", default=None, metavar="KEYS",
+                   help="group keys of the summary (--format table), a comma list of model, context_length, "
+                   f"evictor, task, budget (default: {','.join(MATRIX_CELL)})")
+    p.add_argument("--evictor", default=None, metavar="E1,E2", help="show only these evictors (default: all)")
+    p.add_argument("--task", default=None, metavar="T1,T2", help="show only these tasks (default: all)")
+    p.add_argument("--context", default=None, metavar="N1,N2",
+                   help="show only these context lengths (default: all); the replay still sees every input")
+    p.add_argument("-o", "--output", default=None, metavar="FILE",
+                   help="also write the per-cell table to FILE: .csv, .parquet or .json (default: none)")
+
+
+def _by(args) -> list[str]:
+    """The ``whatif --by`` keys (the matrix cell when not given)."""
+    return comma_list(args.by, name="--by") if args.by is not None else list(MATRIX_CELL)
+
+
+def usage_problem(args) -> str | None:
+    """Why the options cannot run (one line), before any log is read: ``--db``, ``--by``, ``-o``
+    (:mod:`pagestats.targets`), the policy and profile (kept on ``args`` as ``parsed_policy`` and
+    ``parsed_profile``) and the filters."""
+    from pagestats.columns import WHATIF_CELL
+    from pagestats.targets import file_problem
+    from pagestats.whatif import WHATIF_FORMATS
+
+    problem = database_problem(args)
+    if problem:
+        return problem
+    if args.format == "csv" and args.by is not None:
+        return "--by groups the summary of --format table; --format csv prints every cell"
+    by = _by(args)
+    if not by or any(k not in WHATIF_CELL for k in by) or len(set(by)) != len(by):
+        return f"--by takes distinct keys among {', '.join(WHATIF_CELL)}; got {','.join(by) or 'nothing'}"
+    if args.output is not None:
+        problem = file_problem(args.output, "-o", suffixes=WHATIF_FORMATS)
+        if problem:
+            return problem
+    try:
+        args.parsed_policy, args.parsed_profile = policy_from_args(args), profile_from_args(args)
+    except ValueError as err:
+        return str(err)
+    for name, kind in (("evictor", str), ("task", str), ("context", int)):
+        try:
+            comma_list(getattr(args, name), kind, f"--{name}")
+        except ValueError as err:
+            return str(err)
+    return None
+
+
+def run(args) -> int:
+    """Exit 0 with the table, 1 on bad logs (or ``--strict`` and cut answers), 2 on bad usage."""
+    from pagestats.whatif import degenerate_messages, filter_whatif, whatif_summary, write_whatif
+
+    opened = open_for(args)
+    if isinstance(opened, int):
+        return opened
+    logs, excluded = opened
+    try:
+        policy, profile = args.parsed_policy, args.parsed_profile
+        table, pilot = _replayed(logs, policy, profile, args.draws)
+        warnings = degenerate_messages(table, profile, args.recalibrate)
+        table = filter_whatif(table, evictor=comma_list(args.evictor), task=comma_list(args.task),
+                              context_length=comma_list(args.context, int, "--context"))
+        summary = None if args.format == "csv" else whatif_summary(table, by=_by(args))
+        if args.output:
+            write_whatif(table, args.output)
+    except (ValueError, TypeError, OSError) as err:  # bad option values: one line, no traceback
+        print(one_line(f"error: {err}"), file=sys.stderr)
+        return 2
+    limit_lines = decode_warnings(logs.files, logs.manifests)
+    for line in [*excluded, *pilot_lines(pilot), *warnings, *limit_lines]:
+        print(one_line(line), file=sys.stderr)
+    if args.strict and limit_lines:
+        print(strict_failure(limit_lines), file=sys.stderr)
+        return 1
+    if args.output:
+        print(one_line(f"wrote {table.height} rows × {table.width} columns to {args.output}"), file=sys.stderr)
+    if args.format == "csv":
+        sys.stdout.write(csv_frame(table).write_csv(float_precision=None))
+    else:
+        print(_summary_text(summary))
+    return 0
+
+
+def _replayed(logs, policy, profile, draws) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The what-if table (:func:`pagestats.whatif.whatif_table`) and the calibration pilot
+    (:func:`pagestats.replay.pilot_composition`; nothing for a fixed τ, which has no pilot).
+
+    The two compute the gate decisions each: the one place to change when the library hands both
+    from one replay.
+    """
+    from pagestats.whatif import whatif_table
+
+    table = whatif_table(logs, policy=policy, profile=profile, draws=draws)
+    pilot = pl.DataFrame() if isinstance(policy, FixedTau) else pilot_composition(logs, policy, profile)
+    return table, pilot
+
+
+def pilot_lines(pilot: pl.DataFrame) -> list[str]:
+    """Stderr lines of a calibration pilot (:func:`pagestats.replay.pilot_composition`): the τ it
+    set and its inputs per task, per context and per run, per pilot group."""
+    if pilot.height == 0:
+        return []
+    lines = []
+    for (model,), part in pilot.group_by(["model"], maintain_order=True):
+        taus = ", ".join(f"{t:.6g}" for t in part["tau"].unique(maintain_order=True).to_list())
+        held = "held out of the evaluation" if part["held_out"].any() else "evaluated with the rest"
+        lines.append(f"pilot {model}: τ = {taus}; {int(part['n_pilot'].sum())} inputs, {held}")
+        for col in ("task", "context_length", "run_id"):
+            counts = part.group_by(col).agg(pl.col("n_pilot").sum()).sort(col)
+            lines.append(f"pilot {model} by {col}: " + ", ".join(f"{k}={n}" for k, n in counts.iter_rows()))
+    return lines
+
+
+def _summary_text(summary: pl.DataFrame) -> str:
+    """The ``whatif`` summary as a compact text table, with one line saying what it shows."""
+    body = csv_frame(summary.with_columns(pl.col(pl.Float64).round(3)))  # names escaped for the terminal
+    # the full names (a kvpress evictor with its parameters is long): no truncation, no wrapping
+    with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=-1, fmt_str_lengths=1000, tbl_hide_dataframe_shape=True,
+                   tbl_hide_column_data_types=True, tbl_formatting="ASCII_MARKDOWN", float_precision=3):
+        text = str(body)
+    scope = "every budget" if "budget" in summary.columns else "budgets b < 1"
+    return (f"{text}\nmean over inputs and {scope} per {', '.join(summary.columns[:summary.columns.index('n_inputs')])}; "
+            "the per-cell table: --format csv or -o FILE")
