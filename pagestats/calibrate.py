@@ -104,7 +104,7 @@ def calibrate(logs, policy, *, model: str | None = None, files=None) -> Gate:
     pilot: dict = {"drops": [float(d) for d in drops], "p_open": float(np.mean(drops >= tau)), "n_inputs": int(len(drops)),
                    "policy_name": policy.name}
     if isinstance(policy, ZScored):
-        from pagestats.replay.policies import pilot_mask
+        from pagestats.replay.pilot import pilot_mask
 
         mask = pilot_mask(rows, policy.pilot_by, policy.pilot_n, policy.pilot, policy.seed)
         sample = rows.filter(mask)["drop"].to_numpy().astype(float)
@@ -133,7 +133,7 @@ def add_parser(sub) -> None:
     """The ``pagestats calibrate LOGS --policy fixed|z|midpoint ... --out gate.json`` subparser (docs/CLI.md)."""
     from pagestats import defaults
     from pagestats.cli import MAX_PILOT, MAX_SEED, add_midpoint_tasks, number
-    from pagestats.replay.policies import PILOT_SPLITS
+    from pagestats.replay.pilot import PILOT_SPLITS
 
     p = sub.add_parser("calibrate", help="freeze the gate of a whatif policy into gate.json for GatedPress")
     p.add_argument("logs", nargs="+", metavar="LOGS", help="run directories, parquet/jsonl files or globs")

@@ -16,7 +16,8 @@ from scipy import stats as _sps
 
 from pagestats import defaults, metrics, replay, stats
 from pagestats.columns import MODEL_CELL
-from pagestats.replay.policies import PILOT_SPLITS, FixedTau, Midpoint, ZScored, pilot_mask
+from pagestats.replay.pilot import PILOT_SPLITS, pilot_mask
+from pagestats.replay.policies import FixedTau, Midpoint, ZScored
 from pagestats.replay.spec import resolve_layers
 from pagestats.schema import INPUT_KEY
 from pagestats.tables._common import (
