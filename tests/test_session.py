@@ -155,3 +155,13 @@ def test_bad_arguments(written):
         Replay(logs, "z").decisions()
     with pytest.raises(ValueError, match="FixedTau.tau must be a number"):
         whatif_with_pilot(logs, FixedTau(float(np.nan)))
+
+
+def test_pilot_composition_of_in_memory_logs_registers_no_outcome_rows(written):
+    logs, _ = written
+    with Replay(logs, ZScored(pilot_n=8, seed=3)) as session:
+        assert session.pilot_composition().height
+        names = {r[0] for r in session._connection().sql("SHOW TABLES").fetchall()}
+        assert "inputs" in names and "outcomes" not in names
+        assert replay_whatif(session).height  # the what-if asks for them: registered then
+        assert "outcomes" in {r[0] for r in session.con.sql("SHOW TABLES").fetchall()}

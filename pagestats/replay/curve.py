@@ -110,9 +110,10 @@ def tau_curve(
     if bad:
         raise ValueError(f"tau_curve: cannot group by {bad}")
     with Replay(logs, profile=profile) as session:
+        con = session.con
         groups = [*by, *session.drops()]
-        session.con.register("_thresholds", pl.DataFrame({"tau": taus, "_ord": np.arange(taus.size, dtype=np.int64)}))
-        out = session.con.sql(tau_curve_query(groups)).pl()
+        con.register("_thresholds", pl.DataFrame({"tau": taus, "_ord": np.arange(taus.size, dtype=np.int64)}))
+        out = con.sql(tau_curve_query(groups)).pl()
     if out.height == 0:
         raise ValueError("tau_curve: no outcome rows with budget < 1 to replay")
     return out.with_columns(pl.col("n_inputs").cast(pl.Int64), *(pl.col(c).cast(pl.Float64) for c in TAU_CURVE_COLUMNS

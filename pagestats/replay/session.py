@@ -104,26 +104,35 @@ class Replay:
             self._done[name] = compute()
         return self._done[name]
 
-    @property
-    def con(self):
-        """The session's DuckDB connection, with the relations of the class docstring."""
+    def _connection(self):
+        """The connection with ``inputs`` (and ``topk`` on a database): what D and the decisions read.
+        In-memory outcome rows are registered only when a query asks for them (:attr:`con`), so
+        that the pilot composition of in-memory logs copies none."""
         if self._con is None:
             if self.out_of_core:
                 self._con = self.logs.cursor()
             else:
                 con = duck.connect(threads=1)  # one thread: the same sums, to the last bit, on every call
                 try:
-                    sql.register_logs(con, self.logs)
+                    sql.register_inputs(con, self.logs)
                 except BaseException:
                     con.close()
                     raise
                 self._con = con
         return self._con
 
+    @property
+    def con(self):
+        """The session's DuckDB connection, with the relations of the class docstring."""
+        con = self._connection()
+        if not self.out_of_core:
+            self._once("outcomes", lambda: sql.register_outcomes(con, self.logs))
+        return con
+
     def frames(self):
         """The logs as the polars engine reads them: in-memory logs as they are; for a database,
         the per-input frame with the per-layer lists the profile spec needs."""
-        return self._once("frames", lambda: sql.per_input(self.con, self.logs, self.profile)
+        return self._once("frames", lambda: sql.per_input(self._connection(), self.logs, self.profile)
                           if self.out_of_core else self.logs)
 
     def dropped(self) -> pl.DataFrame:
@@ -137,8 +146,8 @@ class Replay:
         """
         def make():
             if self.profile == ProfileSpec():
-                return sql.logged_drops(self.con)
-            return sql.register_drops(self.con, self.dropped())
+                return sql.logged_drops(self._connection())
+            return sql.register_drops(self._connection(), self.dropped())
 
         return self._once("drops", make)
 
@@ -152,7 +161,7 @@ class Replay:
         ``pilot``), computed once; the draw columns and the SQL condition of a held-out row."""
         def make():
             draws = self.drops()
-            return draws, sql.decide_rows(self.con, self.policy)
+            return draws, sql.decide_rows(self._connection(), self.policy)
 
         return self._once("decided", make)
 
@@ -160,9 +169,9 @@ class Replay:
         """Create the relations ``decisions`` and ``held_out``; return their draw columns."""
         def make():
             if not self.in_sql:  # Python code: decided by polars, joined back
-                return sql.register_decisions(self.con, self.decisions())
+                return sql.register_decisions(self._connection(), self.decisions())
             draws, held = self._decided()
-            sql.decide(self.con, draws, held)
+            sql.decide(self._connection(), draws, held)
             return draws
 
         return self._once("decide", make)
@@ -185,7 +194,7 @@ class Replay:
         """:func:`pilot_composition` of this replay: the pilot's rows are read from the decisions
         in SQL (:meth:`decide`), so only they reach polars."""
         draws = self.decide()
-        con = self.con
+        con = self._connection()
         pilot = sql.pilot_rows(con, draws) if isinstance(self.policy, PILOT_POLICIES) else sql.no_pilot_rows(con)
         cols = list(PILOT_COLUMNS[:4])
         draws = [c for c in ("pair_draw",) if c in pilot.columns]

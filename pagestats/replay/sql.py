@@ -4,8 +4,8 @@ that no per-(input, budget) row is built in Python.
 
 Every function here works on a connection of a :class:`pagestats.replay.Replay`, on which
 ``inputs`` and ``outcomes`` name the logs' tables (the relations of its docstring, the
-contract between the session and this module): :func:`register_logs` registers in-memory
-frames by reference (zero-copy Arrow); a :class:`pagestats.io.LogDB`'s cursor has them as
+contract between the session and this module): :func:`register_inputs` and
+:func:`register_outcomes` register in-memory frames by reference (zero-copy Arrow); a :class:`pagestats.io.LogDB`'s cursor has them as
 views over its parquet files (out of core). The session chooses what runs where:
 
 * D (the relation ``drops``, :func:`logged_drops`) is the logged ``drop`` under the default
@@ -62,22 +62,27 @@ _META = ", ".join(c for c in INPUT_COLUMNS if c != "drop")
 _INPUT_META = ", ".join(c for c in INPUT_COLUMNS if c not in (*INPUT_KEY, "drop"))
 
 
-def register_logs(con, logs) -> None:
-    """Register the in-memory frames of ``logs`` (``inputs`` and ``outcomes`` polars frames) on
-    ``con`` by reference, as the relations ``inputs`` and ``outcomes``.
+def register_inputs(con, logs) -> None:
+    """Register the in-memory ``inputs`` frame of ``logs`` on ``con`` by reference, as the relation
+    ``inputs`` (:data:`INPUT_COLUMNS`, and ``draw`` when logged).
 
-    Their outcome rows are checked for duplicates here, as the metrics check their frames. The
-    rows are registered in key order and read on one thread, so every sum adds its terms in one
-    order and a rerun is bit-identical.
+    The rows are registered in key order and read on one thread, so every sum adds its terms in
+    one order and a rerun is bit-identical.
     """
     inputs = with_task_class(logs.inputs)
     require_columns(inputs, INPUT_COLUMNS, "inputs")
+    con.register("inputs", inputs.select(*INPUT_COLUMNS, *(["draw"] if "draw" in inputs.columns else []))
+                 .sort(INPUT_KEY))
+
+
+def register_outcomes(con, logs) -> None:
+    """Register the in-memory ``outcomes`` frame of ``logs`` on ``con`` by reference, in key
+    order, as the relation ``outcomes`` (:data:`OUTCOME_COLUMNS`). Its rows are checked for
+    duplicates here, as the metrics check their frames."""
     require_columns(logs.outcomes, OUTCOME_COLUMNS, "outcomes")
     outcomes = logs.outcomes.select(OUTCOME_COLUMNS)
     if outcomes.select(pl.struct(*INPUT_KEY, "evictor", "budget").is_duplicated().any()).item():
         raise ValueError("outcomes: duplicate rows for the same (input, evictor, budget)")
-    con.register("inputs", inputs.select(*INPUT_COLUMNS, *(["draw"] if "draw" in inputs.columns else []))
-                 .sort(INPUT_KEY))
     con.register("outcomes", outcomes.sort(*INPUT_KEY, "evictor", "budget"))
 
 
