@@ -125,7 +125,7 @@ def calibrate(logs, policy, *, model: str | None = None, files=None) -> Gate:
     pilot: dict = {"drops": [float(d) for d in drops], "p_open": float(np.mean(drops >= tau)), "n_inputs": int(len(drops)),
                    "policy_name": policy.name}
     if isinstance(policy, ZScored):
-        from pagestats.replay.policies import pilot_mask
+        from pagestats.replay.pilot import pilot_mask
 
         mask = pilot_mask(rows, policy.pilot_by, policy.pilot_n, policy.pilot, policy.seed)
         sample = rows.filter(mask)["drop"].to_numpy().astype(float)

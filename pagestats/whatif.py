@@ -3,6 +3,11 @@ spec, one row per (model, context_length, evictor, task, budget), computed by on
 over in-memory logs or a :class:`pagestats.io.LogDB` (out of core); and the per-cell ρ, p_open
 (:func:`rates_table`) and Δ bootstrap (:func:`delta_bootstrap_table`) computed the same way.
 
+Every query reads the relations of a :class:`pagestats.replay.Replay` (``inputs``,
+``outcomes``, ``decisions``, ``held_out``; its docstring): :func:`replay_whatif` is the table of
+one replay, so that :func:`whatif_with_pilot` gives the table and the calibration pilot of
+``pagestats whatif`` from one set of decisions.
+
 References
 ----------
 PAGE paper, §3 (Eq. 2); §4 (Table 2 matrix cells); Table 27 (harm rate); App. A.3.4–A.3.5
@@ -16,12 +21,10 @@ import re
 import numpy as np
 import polars as pl
 
-from pagestats.columns import MATRIX_CELL, MODEL_CELL, TASK_CELL, WHATIF_CELL
-from pagestats.io.database import is_database
 from pagestats import formulas
-from pagestats.replay import FixedTau, Policy, ProfileSpec
-from pagestats.replay import sql as replay_sql
+from pagestats.columns import MATRIX_CELL, MODEL_CELL, TASK_CELL, WHATIF_CELL
 from pagestats.formulas import N_KEPT_GATED, SCORE_GATED
+from pagestats.replay import FixedTau, Policy, ProfileSpec, Replay
 from pagestats.schema import INPUT_KEY
 from pagestats.escape import csv_frame
 
@@ -56,7 +59,8 @@ def whatif_query(draws: list[str], input_draws: str | int | None = None, *, tabl
     :func:`pagestats.replay.gated_outcomes`. ``input_draws``: ``"split"`` adds the input draw
     (``inputs.draw``) to the cell keys, an integer keeps only that draw's inputs, ``None``
     pools whatever is there. ``tables`` renames the relations read (``outcomes``,
-    ``decisions``, ``inputs``, ``held_out``; see :func:`whatif_table` for the run-by-run evaluation).
+    ``decisions``, ``inputs``, ``held_out``, the relations of a :class:`~pagestats.replay.Replay`;
+    see :func:`replay_whatif` for the run-by-run evaluation).
     """
     return _over_draws(_per_draw(draws, input_draws, tables), draws, input_draws)
 
@@ -194,7 +198,7 @@ def whatif_table(logs, policy: Policy = FixedTau(), profile: ProfileSpec = Profi
     Pr[A(b, x) < full_score(x)] (:func:`~pagestats.metrics.harm_rate`, Table 27); ``p_open``
     (:func:`~pagestats.metrics.p_open`); ``kept_kv`` = mean n_kept/n_tokens of the gated arm
     (:func:`~pagestats.metrics.kept_kv`). One DuckDB query computes them all
-    (:func:`whatif_query`, over the decisions of :func:`pagestats.replay.sql.decide`), so only
+    (:func:`whatif_query`, over the decisions of a :class:`~pagestats.replay.Replay`), so only
     the result rows reach Python; over a :class:`~pagestats.io.LogDB` of several runs it is
     evaluated run by run and pooled (:func:`_run_by_run`), so that memory grows with the
     largest run. With head-pair draws (``profile.pairs_fraction``) each
@@ -211,20 +215,33 @@ def whatif_table(logs, policy: Policy = FixedTau(), profile: ProfileSpec = Profi
     gate, the "gated" arm is plain full-KV fallback (or plain eviction), and Δ measures the
     threshold, not the profile (App. A.3.1). :func:`degenerate_messages` says why.
     """
-    con = replay_sql.connect(logs)
-    try:
-        present = input_draws(con)
-        if draws not in (None, "pooled") and (isinstance(draws, bool) or draws not in present):
-            raise ValueError(f"draws takes pooled or one of the logged input draws {present}, got {draws!r}")
-        mode = draws if draws not in (None, "pooled") else ("split" if draws is None and len(present) > 1 else None)
-        pair_draws = replay_sql.decide(con, logs, policy, profile)
-        if is_database(logs) and con.sql("SELECT count(DISTINCT run_id) FROM inputs").fetchall()[0][0] > 1:
-            table = _run_by_run(con, pair_draws, mode)  # out of core: one join per run
-        else:
-            table = con.sql(whatif_query(pair_draws, mode)).pl()
-        cells = con.sql(DEGENERATE_QUERY).pl()
-    finally:
-        con.close()
+    with Replay(logs, policy, profile) as session:
+        return replay_whatif(session, draws=draws)
+
+
+def whatif_with_pilot(logs, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec(), *,
+                      draws: str | int | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """What ``pagestats whatif`` prints: the :func:`whatif_table` and the calibration pilot
+    (:func:`pagestats.replay.pilot_composition`) of one :class:`~pagestats.replay.Replay`, so
+    that the decisions are computed once for both."""
+    with Replay(logs, policy, profile) as session:
+        return replay_whatif(session, draws=draws), session.pilot_composition()
+
+
+def replay_whatif(session: Replay, *, draws: str | int | None = None) -> pl.DataFrame:
+    """:func:`whatif_table` of the replay ``session`` (its decisions, made once: :meth:`Replay.decide
+    <pagestats.replay.Replay.decide>`)."""
+    con = session.con
+    present = input_draws(con)
+    if draws not in (None, "pooled") and (isinstance(draws, bool) or draws not in present):
+        raise ValueError(f"draws takes pooled or one of the logged input draws {present}, got {draws!r}")
+    mode = draws if draws not in (None, "pooled") else ("split" if draws is None and len(present) > 1 else None)
+    pair_draws = session.decide()
+    if session.out_of_core and con.sql("SELECT count(DISTINCT run_id) FROM inputs").fetchall()[0][0] > 1:
+        table = _run_by_run(con, pair_draws, mode)  # out of core: one join per run
+    else:
+        table = con.sql(whatif_query(pair_draws, mode)).pl()
+    cells = con.sql(DEGENERATE_QUERY).pl()
     if draws == "pooled" and len(present) > 1:
         table = table.with_columns(pl.lit(None, pl.Int64).alias("draw"))  # null: the draws are pooled
     orphans = table.filter(pl.col("model").is_null())
@@ -280,7 +297,7 @@ def whatif_summary(table: pl.DataFrame, by=MATRIX_CELL) -> pl.DataFrame:
         raise ValueError(f"by takes distinct keys among {', '.join(WHATIF_CELL)}; got {','.join(by) or 'nothing'}")
     if "draw" in table.columns and table["draw"].null_count() < table.height and "draw" not in by:
         by = [*by, "draw"]  # input draws are summarised apart unless pooled on purpose (--draws pooled)
-    rows = table if "budget" in by else table.filter(pl.col("budget") < 1.0)
+    rows = table if "budget" in by else table.filter(formulas.EVICTED)
     if rows.height == 0:
         raise ValueError("no rows with an eviction budget b < 1 to summarise")
     weight = pl.col("n_inputs").cast(pl.Float64)
@@ -334,7 +351,7 @@ def _gated_rows(draws: list[str], where: str = "TRUE") -> str:
         SELECT d.model, d.context_length, d.task_class, o.evictor, o.task, o.budget, o.run_id, o.input_id{draw},
             d.full_score AS score_full, o.score AS score_plain, {SCORE_GATED} AS score_gated, gate_open
         FROM outcomes o JOIN decisions d USING ({", ".join(INPUT_KEY)})
-        WHERE o.budget < 1 AND {where}"""
+        WHERE {formulas.evicted("o")} AND {where}"""
 
 
 def _by(by, draws: list[str]) -> list[str]:
@@ -370,9 +387,8 @@ def rates_table(
     from pagestats import defaults, stats
 
     level = defaults.CONFIDENCE_LEVEL if confidence_level is None else confidence_level
-    con = replay_sql.connect(logs)
-    try:
-        draws = replay_sql.decide(con, logs, policy, profile)
+    with Replay(logs, policy, profile) as session:
+        con, draws = session.con, session.decide()
         by = _by(by, draws)
         g = ", ".join(by)
         unit = ", ".join(dict.fromkeys([*by, *INPUT_KEY, *draws, "evictor"]))
@@ -389,8 +405,6 @@ def rates_table(
             SELECT {g}, 'p_open', {formulas.OPEN_COUNT}, count(*) FROM inputs GROUP BY {g}
             ORDER BY {g}, metric"""
         out = con.sql(query).pl().with_columns(pl.col("k").cast(pl.Int64), pl.col("n").cast(pl.Int64))
-    finally:
-        con.close()
     iv = stats.wilson(out["k"].to_numpy(), out["n"].to_numpy(), level) if out.height else None
     return out.with_columns(
         *(pl.Series(c, np.atleast_1d(getattr(iv, c)) if iv else [], dtype=pl.Float64)
@@ -420,11 +434,10 @@ def delta_bootstrap_table(
         As :func:`pagestats.metrics.delta_bootstrap`.
     """
     from pagestats import defaults
-    from pagestats.metrics.delta import _bootstrap_table
+    from pagestats.metrics.delta import bootstrap_table  # NumPy and SciPy: only for the bootstrap
 
-    con = replay_sql.connect(logs)
-    try:
-        draws = replay_sql.decide(con, logs, policy, profile)
+    with Replay(logs, policy, profile) as session:
+        con, draws = session.con, session.decide()
         by = _by(by, draws)
         unit = [*INPUT_KEY, *draws, "evictor"]
         rows = _gated_rows(draws, " AND ".join(f"{c} IS NOT DISTINCT FROM ${c}" for c in by) or "TRUE")
@@ -445,9 +458,7 @@ def delta_bootstrap_table(
             matrices.append(part["_d"].to_numpy().reshape(n_units, n_budgets))
             if shared_inputs:
                 inputs.append(part.select(*INPUT_KEY, *draws).unique(maintain_order=True))
-    finally:
-        con.close()
-    return _bootstrap_table(
+    return bootstrap_table(
         keys, matrices, inputs, dict(cells.schema), rng=rng,
         n_boot=defaults.N_BOOTSTRAP if n_boot is None else n_boot,
         confidence_level=defaults.CONFIDENCE_LEVEL if confidence_level is None else confidence_level,

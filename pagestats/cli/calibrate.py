@@ -12,7 +12,7 @@ from pagestats.cli.logs import exclusion_line
 from pagestats.cli.options import MAX_PILOT, MAX_SEED, add_midpoint_tasks, number, policy_from_args
 from pagestats.io import ExclusionError, LogError, load
 from pagestats.io.validation.problems import one_line
-from pagestats.replay.policies import PILOT_SPLITS
+from pagestats.replay.pilot import PILOT_SPLITS
 
 
 def add_parser(sub) -> None:

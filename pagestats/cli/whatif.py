@@ -29,7 +29,7 @@ from pagestats.cli.options import (
 from pagestats.columns import MATRIX_CELL
 from pagestats.escape import csv_frame
 from pagestats.io.validation.problems import one_line
-from pagestats.replay import RECALIBRATE_MODES, FixedTau, pilot_composition
+from pagestats.replay import RECALIBRATE_MODES
 
 
 def add_parser(sub) -> None:
@@ -107,7 +107,7 @@ def usage_problem(args) -> str | None:
 
 def run(args) -> int:
     """Exit 0 with the table, 1 on bad logs (or ``--strict`` and cut answers), 2 on bad usage."""
-    from pagestats.whatif import degenerate_messages, filter_whatif, whatif_summary, write_whatif
+    from pagestats.whatif import degenerate_messages, filter_whatif, whatif_summary, whatif_with_pilot, write_whatif
 
     opened = open_for(args)
     if isinstance(opened, int):
@@ -115,7 +115,7 @@ def run(args) -> int:
     logs, excluded = opened
     try:
         policy, profile = args.parsed_policy, args.parsed_profile
-        table, pilot = _replayed(logs, policy, profile, args.draws)
+        table, pilot = whatif_with_pilot(logs, policy, profile, draws=args.draws)  # one replay: decided once
         warnings = degenerate_messages(table, profile, args.recalibrate)
         table = filter_whatif(table, evictor=comma_list(args.evictor), task=comma_list(args.task),
                               context_length=comma_list(args.context, int, "--context"))
@@ -138,20 +138,6 @@ def run(args) -> int:
     else:
         print(_summary_text(summary))
     return 0
-
-
-def _replayed(logs, policy, profile, draws) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """The what-if table (:func:`pagestats.whatif.whatif_table`) and the calibration pilot
-    (:func:`pagestats.replay.pilot_composition`; nothing for a fixed τ, which has no pilot).
-
-    The two compute the gate decisions each: the one place to change when the library hands both
-    from one replay.
-    """
-    from pagestats.whatif import whatif_table
-
-    table = whatif_table(logs, policy=policy, profile=profile, draws=draws)
-    pilot = pl.DataFrame() if isinstance(policy, FixedTau) else pilot_composition(logs, policy, profile)
-    return table, pilot
 
 
 def pilot_lines(pilot: pl.DataFrame) -> list[str]:

@@ -184,13 +184,33 @@ def delta_bootstrap(
         cells.append(part["_d"].to_numpy().reshape(n_units, n_budgets))
         if shared_inputs:
             inputs.append(part.select(input_key(part)).unique(maintain_order=True))
-    return _bootstrap_table(keys, cells, inputs, {c: frame.schema[c] for c in by}, rng=rng, n_boot=n_boot,
-                            confidence_level=confidence_level, q=q, shared_inputs=shared_inputs)
+    return bootstrap_table(keys, cells, inputs, {c: frame.schema[c] for c in by}, rng=rng, n_boot=n_boot,
+                           confidence_level=confidence_level, q=q, shared_inputs=shared_inputs)
 
 
-def _bootstrap_table(keys, cells, inputs, by_schema, *, rng, n_boot, confidence_level, q, shared_inputs):
+def bootstrap_table(keys, cells, inputs, by_schema, *, rng, n_boot, confidence_level, q, shared_inputs):
     """The bootstrap, BH and result frame of :func:`delta_bootstrap` from its per-cell matrices
-    (also fed by :func:`pagestats.whatif.delta_bootstrap_table`, which reads them from DuckDB)."""
+    (also fed by :func:`pagestats.whatif.delta_bootstrap_table`, which reads them from DuckDB).
+
+    Parameters
+    ----------
+    keys : list of polars.DataFrame
+        One row per cell: its ``by`` values.
+    cells : list of numpy.ndarray
+        Per cell, the (n_inputs × n_budgets) matrix of paired differences gated − plain
+        (App. A.7.2), rows in unit order.
+    inputs : list of polars.DataFrame
+        Per cell, its input keys in row order (read only when ``shared_inputs``).
+    by_schema : dict
+        The ``by`` columns' dtypes (the schema of a result without cells).
+    rng, n_boot, confidence_level, q, shared_inputs
+        As :func:`delta_bootstrap`.
+
+    Returns
+    -------
+    polars.DataFrame
+        As :func:`delta_bootstrap`.
+    """
     if shared_inputs and any(not x.equals(inputs[0]) for x in inputs[1:]):
         raise ValueError("delta_bootstrap: shared_inputs=True but the cells do not hold the same inputs")
     if not cells:

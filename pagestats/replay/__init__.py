@@ -1,10 +1,17 @@
 """Offline replay of the PAGE gate from logs: recompute D under any profile spec, apply any
 policy, and substitute the full-KV outcome where the gate closes (Eq. 2).
 
+:mod:`~pagestats.replay.session` — :class:`Replay`, one replay (logs, policy, profile) with the
+engine chosen once and D and the decisions computed once; :func:`gated_outcomes`,
+:func:`pilot_composition`, :func:`decide_all` are one call of it.
 :mod:`~pagestats.replay.spec` — :class:`ProfileSpec` and :func:`profile_drop` (D recomputed
 from the stored profile with the collector's own definitions, so the default spec reproduces
-the logged ``drop`` bit for bit); :mod:`~pagestats.replay.policies` — how τ is chosen;
-:mod:`~pagestats.replay.gate` — :func:`gate` (:func:`gate_by_draw`: one head-pair draw at a time) and :func:`gated_outcomes`;
+the logged ``drop`` bit for bit); :mod:`~pagestats.replay.policies` — how τ is chosen, with
+:mod:`~pagestats.replay.pilot` (the calibration pilot, :func:`pilot_mask`) and
+:mod:`~pagestats.replay.calibration` (τ from the pilot, in SQL) written over
+:mod:`~pagestats.replay.sqltext`; the two engines: :mod:`~pagestats.replay.gate` (polars:
+:func:`gate`, :func:`gate_by_draw` one head-pair draw at a time, :func:`gated_from_decisions`)
+and :mod:`~pagestats.replay.sql` (DuckDB: the relations ``drops`` and ``decisions``);
 :mod:`~pagestats.replay.curve` — :func:`tau_curve`, a whole threshold sweep in one pass.
 
 References
@@ -19,16 +26,13 @@ from pagestats.replay.gate import (
     DELTA_COLUMNS,
     GATE_COLUMNS,
     GATED_OUTCOME_COLUMNS,
-    decide_all,
     decide_each,
     gate,
     gate_by_draw,
     gated_from_decisions,
-    gated_outcomes,
-    pilot_composition,
 )
+from pagestats.replay.pilot import PILOT_SPLITS, pilot_mask
 from pagestats.replay.policies import (
-    PILOT_SPLITS,
     POLICY_TYPES,
     RECALIBRATE_MODES,
     CustomPolicy,
@@ -38,9 +42,9 @@ from pagestats.replay.policies import (
     RecalibratedTau,
     TaskOracle,
     ZScored,
-    pilot_mask,
     recalibrate,
 )
+from pagestats.replay.session import PILOT_COLUMNS, Replay, decide_all, gated_outcomes, pilot_composition
 from pagestats.replay.spec import (
     LAYER_SUBSETS,
     STATISTICS,
@@ -55,6 +59,7 @@ __all__ = [
     "GATED_OUTCOME_COLUMNS",
     "GATE_COLUMNS",
     "LAYER_SUBSETS",
+    "PILOT_COLUMNS",
     "PILOT_SPLITS",
     "POLICY_TYPES",
     "RECALIBRATE_MODES",
@@ -66,6 +71,7 @@ __all__ = [
     "Policy",
     "ProfileSpec",
     "RecalibratedTau",
+    "Replay",
     "TaskOracle",
     "ZScored",
     "decide_all",

@@ -7,8 +7,9 @@ import numpy as np
 import polars as pl
 
 from pagestats import defaults, formulas
-from pagestats.replay import sql as replay_sql
+from pagestats.replay.session import Replay
 from pagestats.replay.spec import ProfileSpec
+from pagestats.replay.sqltext import sql_string
 from pagestats.schema import INPUT_KEY
 
 TAU_CURVE_COLUMNS = ("tau", "n_inputs", "p_open", "delta", "fp_rate", "fn_rate", "kept_kv")
@@ -17,12 +18,9 @@ GROUP_COLUMNS = ("model", "context_length", "evictor", "task", "task_class", "bu
                  "n_tokens", "full_score")  # fmt: skip
 
 
-def _sql_string(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
 def tau_curve_query(groups: list[str]) -> str:
-    """The curve as one DuckDB query over ``outcomes``, ``drops`` and ``_thresholds(tau, _ord)``.
+    """The curve as one DuckDB query over ``outcomes``, ``drops`` (the relations of a
+    :class:`~pagestats.replay.Replay`) and ``_thresholds(tau, _ord)``.
 
     Per input: D, its class, Σ(A_full − A_plain), Σ kept fraction and the row count over the
     rows with b < 1. Per group and distinct D: running sums in D order. For each threshold an
@@ -39,11 +37,11 @@ def tau_curve_query(groups: list[str]) -> str:
     WITH rows AS (
         SELECT o.run_id, o.task, o.input_id, o.evictor, o.budget, o.n_kept, o.score, d.model, d.context_length,
             d.task_class, d.n_tokens, d.full_score, d."drop"{", d.pair_draw" if "pair_draw" in groups else ""}
-        FROM outcomes o JOIN drops d USING ({", ".join(INPUT_KEY)}) WHERE o.budget < 1
+        FROM outcomes o JOIN drops d USING ({", ".join(INPUT_KEY)}) WHERE {formulas.evicted("o")}
     ), units AS (
         SELECT {unit}, any_value("drop") AS "drop", 1 AS n,
-            CAST(any_value(task_class) = {_sql_string(defaults.CAPACITY_BOUND)} AS DOUBLE) AS cap,
-            CAST(any_value(task_class) = {_sql_string(defaults.DILUTION_PRONE)} AS DOUBLE) AS dil,
+            CAST(any_value(task_class) = {sql_string(defaults.CAPACITY_BOUND)} AS DOUBLE) AS cap,
+            CAST(any_value(task_class) = {sql_string(defaults.DILUTION_PRONE)} AS DOUBLE) AS dil,
             sum(full_score - score) AS gain, sum({formulas.kept_fraction("n_kept")}) AS kept,
             CAST(count(*) AS DOUBLE) AS n_rows
         FROM rows GROUP BY {unit}
@@ -111,13 +109,11 @@ def tau_curve(
     bad = [c for c in by if c not in GROUP_COLUMNS]
     if bad:
         raise ValueError(f"tau_curve: cannot group by {bad}")
-    con = replay_sql.connect(logs)
-    try:
-        groups = [*by, *replay_sql.drops(con, logs, profile)]
+    with Replay(logs, profile=profile) as session:
+        con = session.con
+        groups = [*by, *session.drops()]
         con.register("_thresholds", pl.DataFrame({"tau": taus, "_ord": np.arange(taus.size, dtype=np.int64)}))
         out = con.sql(tau_curve_query(groups)).pl()
-    finally:
-        con.close()
     if out.height == 0:
         raise ValueError("tau_curve: no outcome rows with budget < 1 to replay")
     return out.with_columns(pl.col("n_inputs").cast(pl.Int64), *(pl.col(c).cast(pl.Float64) for c in TAU_CURVE_COLUMNS

@@ -1,9 +1,11 @@
-"""The gate rule applied to logs: D under a profile spec (:mod:`pagestats.replay.spec`), τ from a
+"""The replay's polars engine: D under a profile spec (:mod:`pagestats.replay.spec`), τ from a
 policy (:mod:`pagestats.replay.policies`), and the full-KV outcome substituted where the gate
-closes (Eq. 2).
+closes (Eq. 2), on the per-input frames of in-memory logs.
 
-``gate`` gives the decision per input; ``gated_outcomes`` expands it to every (evictor,
-budget) arm.
+``gate`` gives the decision per input (:func:`decided`: with the held-out pilot marked);
+:func:`gated_from_decisions` expands decisions to every (evictor, budget) arm.
+:class:`pagestats.replay.Replay` calls it for its per-input frames
+(:func:`pagestats.replay.decide_all`, :func:`pagestats.replay.gated_outcomes`).
 
 References
 ----------
@@ -17,7 +19,6 @@ from collections.abc import Iterator
 import polars as pl
 
 from pagestats.columns import input_key, with_task_class
-from pagestats.io.database import is_database
 from pagestats.formulas import N_KEPT_GATED, SCORE_GATED
 from pagestats.replay.policies import POLICY_TYPES, CustomPolicy, FixedTau, Policy
 from pagestats.replay.spec import ProfileSpec, _require, profile_drop, profile_drop_by_draw
@@ -35,7 +36,7 @@ GATED_OUTCOME_COLUMNS = (
     "score_gated", "n_kept_plain", "n_kept_gated",
 )  # fmt: skip
 #: The gated columns that Δ, p_open and their paired bootstrap read (:mod:`pagestats.metrics`): what a
-#: table asks :func:`gated_outcomes` for (``columns=``) when it needs no more, to bound its memory.
+#: table asks :func:`pagestats.replay.gated_outcomes` for (``columns=``) when it needs no more, to bound its memory.
 DELTA_COLUMNS = (
     "run_id", "task", "input_id", "pair_draw", "model", "context_length", "task_class",
     "evictor", "budget", "tau", "gate_open", "score_plain", "score_gated",
@@ -93,14 +94,15 @@ def _with_held_out(decided: pl.DataFrame, policy: Policy) -> pl.DataFrame:
     return out.select([*(c for c in GATE_COLUMNS if c in out.columns), "held_out"])
 
 
-def decide_all(logs, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec()) -> pl.DataFrame:
-    """:func:`gate` for every input, a held-out pilot included, with ``held_out`` (Boolean)
-    marking the inputs that set τ and are left out of every evaluated number."""
-    return _with_held_out(_decide(logs, policy, profile), policy)
+def decided(logs, policy: Policy, profile: ProfileSpec, prof: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Every input's decision, a held-out pilot included, with ``held_out`` (Boolean) marking the
+    inputs that set τ and are left out of every evaluated number: the frame of
+    :func:`pagestats.replay.decide_all` (``prof``: D per input, default :func:`profile_drop`)."""
+    return _with_held_out(_decide(logs, policy, profile, prof), policy)
 
 
 def decide_each(logs, policies, profile: ProfileSpec = ProfileSpec()) -> Iterator[pl.DataFrame]:
-    """:func:`decide_all` of each policy of ``policies`` in turn, D under ``profile`` and the
+    """:func:`pagestats.replay.decide_all` of each policy of ``policies`` in turn, D under ``profile`` and the
     inputs' columns computed once for all of them (Table N1 compares 19 pilot definitions).
     The frames are in the same row order (the order of :func:`profile_drop`)."""
     prof, meta = profile_drop(logs, profile), _input_meta(logs)
@@ -157,42 +159,6 @@ def gate_by_draw(logs, policy: Policy = FixedTau(), profile: ProfileSpec = Profi
         yield from decided(block)
 
 
-def pilot_composition(logs, policy: Policy, profile: ProfileSpec = ProfileSpec()) -> pl.DataFrame:
-    """The calibration pilot of ``policy``: how many inputs per (model, context_length,
-    run_id, task), whether they are held out, and the τ they set (§3 "Calibration").
-
-    ``logs`` may be a :class:`pagestats.io.LogDB`: the pilot is then drawn in SQL
-    (:func:`pagestats.replay.sql.pilot_rows`) and only its rows reach polars.
-
-    Returns
-    -------
-    polars.DataFrame
-        ``model, context_length, run_id, task, n_pilot, held_out, tau`` (τ of the group's
-        pilot inputs; the mean over head-pair draws); empty for a policy without a pilot.
-    """
-    cols = ["model", "context_length", "run_id", "task"]
-    if is_database(logs):
-        from pagestats.replay import sql
-
-        con = sql.connect(logs)
-        try:
-            pilot = sql.pilot_rows(con, logs, policy, profile)
-        finally:
-            con.close()
-    else:
-        decided = _decide(logs, policy, profile)
-        if "pilot" not in decided.columns:
-            decided = decided.with_columns(pl.lit(False).alias("pilot"))
-        pilot = decided.filter(pl.col("pilot"))
-    draws = [c for c in ("pair_draw",) if c in pilot.columns]
-    tau = pl.col("tau")  # one τ per group and draw: its value, not a float mean of equal values
-    taus = pilot.group_by([*cols, *draws]).agg(pl.when(tau.min() == tau.max()).then(tau.first()).otherwise(tau.mean()))
-    out = pilot.group_by(cols).agg(pl.struct(INPUT_KEY).n_unique().cast(pl.Int64).alias("n_pilot")).join(
-        taus.group_by(cols).agg(tau.mean()), on=cols, how="left", nulls_equal=True)
-    return out.with_columns(pl.lit(bool(getattr(policy, "held_out", False))).alias("held_out")).select(
-        *cols, "n_pilot", "held_out", "tau").sort(cols)
-
-
 def _outcome_rows(outcomes: pl.DataFrame, decisions: pl.DataFrame) -> pl.DataFrame:
     _require(outcomes, [*INPUT_KEY, "evictor", "budget", "n_kept", "score"], "outcomes")
     rows = outcomes.select(*INPUT_KEY, "evictor", "budget", "n_kept", "score").join(
@@ -206,37 +172,13 @@ def _outcome_rows(outcomes: pl.DataFrame, decisions: pl.DataFrame) -> pl.DataFra
     return rows
 
 
-def gated_outcomes(logs, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec(), *,
-                   evictor: str | None = None, columns=None) -> pl.DataFrame:
-    """Per (input, evictor, budget): plain, full and gated outcomes under ``policy`` (Eq. 2).
-
-    The gated outcome is the plain outcome where the gate opens, else the full-KV outcome
-    (``full_score``) with ``n_kept_gated = n_tokens``.
-
-    Parameters
-    ----------
-    evictor : str, optional
-        Only this evictor's outcome rows (a table of one evictor need not gate the others).
-    columns : sequence of str, optional
-        Only these of :data:`GATED_OUTCOME_COLUMNS` (a table that reads a few holds narrow rows).
-
-    Returns
-    -------
-    polars.DataFrame
-        Columns :data:`GATED_OUTCOME_COLUMNS` (``pair_draw`` only with head-pair draws; only
-        ``columns`` when given), sorted by input key, [pair_draw], evictor, budget.
-    """
-    outcomes = logs.outcomes if evictor is None else logs.outcomes.filter(pl.col("evictor") == evictor)
-    return gated_from_decisions(outcomes, decide_all(logs, policy, profile), columns)
-
-
 #: The columns of the decisions that the gated arm (Eq. 2) and the orphan check read.
 _GATED_READS = ("model", "full_score", "n_tokens", "gate_open")
 
 
 def gated_from_decisions(outcomes: pl.DataFrame, decided: pl.DataFrame, columns=None) -> pl.DataFrame:
-    """:func:`gated_outcomes` of the outcome rows ``outcomes`` under the decisions ``decided``
-    (a :func:`decide_all` frame: every input of the outcomes, ``held_out`` marking the inputs
+    """:func:`pagestats.replay.gated_outcomes` of the outcome rows ``outcomes`` under the decisions ``decided``
+    (a :func:`decided` frame: every input of the outcomes, ``held_out`` marking the inputs
     left out of the evaluated rows); only ``columns`` of :data:`GATED_OUTCOME_COLUMNS` when given."""
     if columns is not None:
         unknown = sorted(set(columns) - set(GATED_OUTCOME_COLUMNS))

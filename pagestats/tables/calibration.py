@@ -13,7 +13,8 @@ import polars as pl
 
 from pagestats import defaults, metrics, replay
 from pagestats.columns import MODEL_CELL
-from pagestats.replay.policies import FixedTau, Midpoint, RecalibratedTau, TaskOracle, ZScored, pilot_mask
+from pagestats.replay.pilot import pilot_mask
+from pagestats.replay.policies import FixedTau, Midpoint, RecalibratedTau, TaskOracle, ZScored
 from pagestats.tables._common import logged_evictor
 
 __all__ = ["calibration_table", "tau_variants_table"]

@@ -13,7 +13,8 @@ import polars as pl
 
 from pagestats import defaults, metrics, replay
 from pagestats.columns import MODEL_CELL
-from pagestats.replay.policies import PILOT_SPLITS, ZScored
+from pagestats.replay.pilot import PILOT_SPLITS
+from pagestats.replay.policies import ZScored
 from pagestats.schema import INPUT_KEY
 from pagestats.tables._common import group_tau, inputs_per, logged_evictor, pilot_need
 

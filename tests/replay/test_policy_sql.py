@@ -1,7 +1,7 @@
 """The calibrating policies decided in SQL (z-scored, recalibrated τ, midpoint): the pilot, its
 moments and τ from :mod:`pagestats.replay.policies` against a brute-force loop over the rows
 written here (BLAKE2b order, first-n order, Python means and sample SDs), on the in-memory
-path (``policy.decide``) and out of core (:func:`pagestats.replay.sql.decide` on a LogDB,
+path (``policy.decide``) and out of core (:meth:`pagestats.replay.Replay.decide` on a LogDB,
 where no per-input frame is read)."""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pagestats.replay import (
     Midpoint,
     ProfileSpec,
     RecalibratedTau,
+    Replay,
     ZScored,
     pilot_composition,
     pilot_mask,
@@ -230,14 +231,11 @@ def test_out_of_core_decisions_read_no_per_input_frame(written, policy, monkeypa
     def no_frame(*args, **kwargs):
         raise AssertionError("the per-input frame was read")
 
-    monkeypatch.setattr(sql, "_per_input", no_frame)
-    con = sql.connect(db)
-    try:
-        assert sql.decide(con, db, policy) == []
-        got = con.sql("SELECT * FROM decisions ORDER BY run_id, task, input_id").pl()
-        held = set(con.sql("SELECT * FROM held_out").fetchall())
-    finally:
-        con.close()
+    monkeypatch.setattr(sql, "per_input", no_frame)
+    with Replay(db, policy) as session:
+        assert session.decide() == []
+        got = session.con.sql("SELECT * FROM decisions ORDER BY run_id, task, input_id").pl()
+        held = set(session.con.sql("SELECT * FROM held_out").fetchall())
     assert held == (members if policy.held_out else set())
     want = [r for r in sorted(rows, key=lambda r: tuple(r[c] for c in KEY)) if tuple(r[c] for c in KEY) not in held]
     assert got.height == len(want)
@@ -257,12 +255,10 @@ def test_out_of_core_decisions_read_no_per_input_frame(written, policy, monkeypa
 def test_head_pair_draws_out_of_core_equal_in_memory(written):
     logs, db = written
     policy, profile = ZScored(pilot_n=10, seed=1), ProfileSpec(pairs_fraction=0.5, draws=3, seed=2)
-    con = sql.connect(db)
-    try:
-        assert sql.decide(con, db, policy, profile) == ["pair_draw"]
-        got = con.sql("SELECT run_id, task, input_id, pair_draw, tau, gate_open FROM decisions ORDER BY ALL").pl()
-    finally:
-        con.close()
+    with Replay(db, policy, profile) as session:
+        assert session.decide() == ["pair_draw"]
+        got = session.con.sql("SELECT run_id, task, input_id, pair_draw, tau, gate_open FROM decisions "
+                              "ORDER BY ALL").pl()
     from pagestats.replay import gate
 
     mem = gate(logs, policy, profile).select(*KEY, "pair_draw", "tau", "gate_open").sort(*KEY, "pair_draw")

@@ -1,0 +1,260 @@
+"""One replay of the gate: the logs, a policy and a profile spec, with the engine chosen once
+and D and the decisions computed once (§3, Eq. 2 and Eq. 3).
+
+A :class:`Replay` holds one DuckDB connection and gives what the analyses downstream read: the
+per-input decisions (:meth:`Replay.decisions`), the gated outcomes (:meth:`Replay.gated_outcomes`),
+the calibration pilot (:meth:`Replay.pilot_composition`) and the relations ``drops`` and
+``decisions`` that the what-if (:mod:`pagestats.whatif`) and the τ curve
+(:func:`pagestats.replay.tau_curve`) aggregate in SQL. :func:`gated_outcomes` and
+:func:`pilot_composition` and :func:`decide_all` are one call of a :class:`Replay` each.
+
+References
+----------
+PAGE paper, §3 (Eq. 2 gate rule, Eq. 3 D; "Calibration"); App. A.3.4–A.3.5 (the what-ifs).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from pagestats.io import duck
+from pagestats.io.database import is_database
+from pagestats.replay import sql
+from pagestats.replay.gate import decided, gated_from_decisions
+from pagestats.replay.policies import PILOT_POLICIES, SQL_POLICIES, FixedTau, Policy
+from pagestats.replay.spec import ProfileSpec, profile_drop
+from pagestats.schema import INPUT_KEY
+
+#: The columns of :meth:`Replay.pilot_composition`.
+PILOT_COLUMNS = ("model", "context_length", "run_id", "task", "n_pilot", "held_out", "tau")
+
+
+class Replay:
+    """The gate replayed on ``logs`` under ``policy`` and ``profile``, computed once.
+
+    Parameters
+    ----------
+    logs : pagestats.io.Logs or pagestats.io.LogDB
+        In-memory logs (any object with ``inputs`` and ``outcomes`` polars frames), or a
+        database of views over the parquet files (out of core).
+    policy : Policy
+        How τ is chosen (default fixed τ = 0.07).
+    profile : ProfileSpec
+        How D is recomputed (default: the logged D).
+
+    Notes
+    -----
+    The engine is chosen here, once. The per-input frames (:meth:`decisions`,
+    :meth:`gated_outcomes`) are polars (:mod:`pagestats.replay.gate`) on the in-memory frames,
+    or on the per-input frame a :class:`~pagestats.io.LogDB` gives (:func:`pagestats.replay.sql.per_input`).
+    The aggregates run in DuckDB (:mod:`pagestats.replay.sql`): a policy of
+    :data:`~pagestats.replay.policies.SQL_POLICIES` is decided there, a
+    :class:`~pagestats.replay.policies.CustomPolicy` (Python code) by polars and joined back.
+    D, the decisions and the connection are made on first use and kept: the what-if and
+    the pilot composition of one session read the same decisions.
+
+    The connection (:attr:`con`, one thread for in-memory logs, so that every sum adds its
+    terms in one order and a rerun is bit-identical; a cursor on a :class:`~pagestats.io.LogDB`)
+    holds these relations, the contract between the session and the queries that read it:
+
+    ``inputs``, ``outcomes`` (and ``topk`` on a :class:`~pagestats.io.LogDB`)
+        The logs' tables: :data:`pagestats.replay.sql.INPUT_COLUMNS` (and ``draw`` when
+        logged) and :data:`pagestats.replay.sql.OUTCOME_COLUMNS`, registered by reference in
+        key order (in-memory logs) or the database's views.
+    ``drops`` (after :meth:`drops`)
+        One row per input (and head-pair draw ``pair_draw``): the input columns and D under
+        ``profile``.
+    ``decisions`` (after :meth:`decide`)
+        :data:`pagestats.replay.sql.DECISION_COLUMNS`: ``drops`` with ``tau`` and
+        ``gate_open``, the evaluated inputs only.
+    ``held_out`` (after :meth:`decide`)
+        ``run_id, task, input_id`` of the inputs a held-out pilot used to set τ, left out of
+        every evaluated number (empty without one).
+
+    Other relations on it are the engine's own (names starting with ``_``); a query that adds
+    its own gives them names of its own, starting with ``_`` too.
+    """
+
+    def __init__(self, logs, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec()):
+        if not isinstance(profile, ProfileSpec):
+            raise TypeError(f"profile must be a ProfileSpec, got {type(profile).__name__}")
+        self.logs, self.policy, self.profile = logs, policy, profile
+        #: Whether ``logs`` is a :class:`~pagestats.io.LogDB` (read in SQL, out of core).
+        self.out_of_core = is_database(logs)
+        #: Whether the policy is decided in SQL (else by polars, and joined back).
+        self.in_sql = isinstance(policy, SQL_POLICIES)
+        self._con = None
+        self._done: dict[str, object] = {}
+
+    def __enter__(self) -> Replay:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection (the relations go with it; the polars frames are kept)."""
+        if self._con is not None:
+            self._con.close()
+            self._con = None
+            self._done = {k: v for k, v in self._done.items() if k in ("frames", "dropped", "decisions")}
+
+    def _once(self, name: str, compute):
+        if name not in self._done:
+            self._done[name] = compute()
+        return self._done[name]
+
+    def _connection(self):
+        """The connection with ``inputs`` (and ``topk`` on a database): what D and the decisions read.
+        In-memory outcome rows are registered only when a query asks for them (:attr:`con`), so
+        that the pilot composition of in-memory logs copies none."""
+        if self._con is None:
+            if self.out_of_core:
+                self._con = self.logs.cursor()
+            else:
+                con = duck.connect(threads=1)  # one thread: the same sums, to the last bit, on every call
+                try:
+                    sql.register_inputs(con, self.logs)
+                except BaseException:
+                    con.close()
+                    raise
+                self._con = con
+        return self._con
+
+    @property
+    def con(self):
+        """The session's DuckDB connection, with the relations of the class docstring."""
+        con = self._connection()
+        if not self.out_of_core:
+            self._once("outcomes", lambda: sql.register_outcomes(con, self.logs))
+        return con
+
+    def frames(self):
+        """The logs as the polars engine reads them: in-memory logs as they are; for a database,
+        the per-input frame with the per-layer lists the profile spec needs."""
+        return self._once("frames", lambda: sql.per_input(self._connection(), self.logs, self.profile)
+                          if self.out_of_core else self.logs)
+
+    def dropped(self) -> pl.DataFrame:
+        """D per input (and head-pair draw) under the profile spec (:func:`pagestats.replay.profile_drop`)."""
+        return self._once("dropped", lambda: profile_drop(self.frames(), self.profile))
+
+    def drops(self) -> list[str]:
+        """Create the relation ``drops``; return its draw columns (``["pair_draw"]`` or ``[]``).
+
+        The default profile reads the logged D in SQL; any other spec joins :meth:`dropped` back.
+        """
+        def make():
+            if self.profile == ProfileSpec():
+                return sql.logged_drops(self._connection())
+            return sql.register_drops(self._connection(), self.dropped())
+
+        return self._once("drops", make)
+
+    def decisions(self) -> pl.DataFrame:
+        """:func:`pagestats.replay.decide_all`: every input's decision, a held-out pilot included,
+        with ``held_out`` marking the inputs that set τ (polars, computed once)."""
+        return self._once("decisions", lambda: decided(self.frames(), self.policy, self.profile, self.dropped()))
+
+    def _decided(self) -> tuple[list[str], str]:
+        """The decisions in SQL (``_decided``: every row of ``drops`` with ``tau``, ``gate_open``,
+        ``pilot``), computed once; the draw columns and the SQL condition of a held-out row."""
+        def make():
+            draws = self.drops()
+            return draws, sql.decide_rows(self._connection(), self.policy)
+
+        return self._once("decided", make)
+
+    def decide(self) -> list[str]:
+        """Create the relations ``decisions`` and ``held_out``; return their draw columns."""
+        def make():
+            if not self.in_sql:  # Python code: decided by polars, joined back
+                return sql.register_decisions(self._connection(), self.decisions())
+            draws, held = self._decided()
+            sql.decide(self._connection(), draws, held)
+            return draws
+
+        return self._once("decide", make)
+
+    def outcomes(self, evictor: str | None = None) -> pl.DataFrame:
+        """The outcome rows (of one evictor when given) as a polars frame."""
+        if not self.out_of_core:
+            outcomes = self.logs.outcomes
+            return outcomes if evictor is None else outcomes.filter(pl.col("evictor") == evictor)
+        where, params = ("", None) if evictor is None else (" WHERE evictor = $evictor", {"evictor": evictor})
+        order = ", ".join([*INPUT_KEY, "evictor", "budget"])
+        return self.con.sql(f"SELECT {', '.join(sql.OUTCOME_COLUMNS)} FROM outcomes{where} ORDER BY {order}",
+                            params=params).pl()
+
+    def gated_outcomes(self, *, evictor: str | None = None, columns=None) -> pl.DataFrame:
+        """:func:`gated_outcomes` of this replay (over :meth:`decisions`)."""
+        return gated_from_decisions(self.outcomes(evictor), self.decisions(), columns)
+
+    def pilot_composition(self) -> pl.DataFrame:
+        """:func:`pilot_composition` of this replay: the pilot's rows are read from the decisions
+        in SQL (:meth:`decide`), so only they reach polars."""
+        draws = self.decide()
+        con = self._connection()
+        pilot = sql.pilot_rows(con, draws) if isinstance(self.policy, PILOT_POLICIES) else sql.no_pilot_rows(con)
+        cols = list(PILOT_COLUMNS[:4])
+        draws = [c for c in ("pair_draw",) if c in pilot.columns]
+        tau = pl.col("tau")  # one τ per group and draw: its value, not a float mean of equal values
+        taus = pilot.group_by([*cols, *draws]).agg(
+            pl.when(tau.min() == tau.max()).then(tau.first()).otherwise(tau.mean()))
+        out = pilot.group_by(cols).agg(pl.struct(INPUT_KEY).n_unique().cast(pl.Int64).alias("n_pilot")).join(
+            taus.group_by(cols).agg(tau.mean()), on=cols, how="left", nulls_equal=True)
+        return out.with_columns(pl.lit(bool(getattr(self.policy, "held_out", False))).alias("held_out")).select(
+            *PILOT_COLUMNS).sort(cols)
+
+
+def decide_all(logs, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec()) -> pl.DataFrame:
+    """:func:`pagestats.replay.gate` for every input, a held-out pilot included, with ``held_out``
+    (Boolean) marking the inputs that set τ and are left out of every evaluated number
+    (:meth:`Replay.decisions`)."""
+    with Replay(logs, policy, profile) as session:
+        return session.decisions()
+
+
+def gated_outcomes(logs, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec(), *,
+                   evictor: str | None = None, columns=None) -> pl.DataFrame:
+    """Per (input, evictor, budget): plain, full and gated outcomes under ``policy`` (Eq. 2).
+
+    The gated outcome is the plain outcome where the gate opens, else the full-KV outcome
+    (``full_score``) with ``n_kept_gated = n_tokens``.
+
+    Parameters
+    ----------
+    logs : pagestats.io.Logs or pagestats.io.LogDB
+    evictor : str, optional
+        Only this evictor's outcome rows (a table of one evictor need not gate the others).
+    columns : sequence of str, optional
+        Only these of :data:`~pagestats.replay.gate.GATED_OUTCOME_COLUMNS` (a table that reads
+        a few holds narrow rows).
+
+    Returns
+    -------
+    polars.DataFrame
+        Columns :data:`~pagestats.replay.gate.GATED_OUTCOME_COLUMNS` (``pair_draw`` only with
+        head-pair draws; only ``columns`` when given), sorted by input key, [pair_draw],
+        evictor, budget.
+    """
+    with Replay(logs, policy, profile) as session:
+        return session.gated_outcomes(evictor=evictor, columns=columns)
+
+
+def pilot_composition(logs, policy: Policy, profile: ProfileSpec = ProfileSpec()) -> pl.DataFrame:
+    """The calibration pilot of ``policy``: how many inputs per (model, context_length,
+    run_id, task), whether they are held out, and the τ they set (§3 "Calibration").
+
+    The pilot is drawn in SQL (:meth:`Replay.pilot_composition`; out of core for a
+    :class:`pagestats.io.LogDB`) and only its rows reach polars.
+
+    Returns
+    -------
+    polars.DataFrame
+        :data:`PILOT_COLUMNS`: ``model, context_length, run_id, task, n_pilot, held_out, tau``
+        (τ of the group's pilot inputs; the mean over head-pair draws); empty for a policy
+        without a pilot.
+    """
+    with Replay(logs, policy, profile) as session:
+        return session.pilot_composition()
