@@ -175,7 +175,7 @@ def grouped_sdpa_forward(module, query, key, value, attention_mask, dropout: flo
     groups = getattr(module, "num_key_value_groups", 1)
     if query.shape[2] != 1 or groups == 1 or any(kwargs.get(k) is not None for k in STOCK_ATTENTION_KEYWORDS):
         return stock_kernel("sdpa")(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                       is_causal=is_causal, **kwargs)
+                                    is_causal=is_causal, **kwargs)
     b, h, _, d = query.shape
     out = torch.nn.functional.scaled_dot_product_attention(
         query.reshape(b, h // groups, groups, d), key, value, attn_mask=attention_mask,

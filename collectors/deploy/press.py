@@ -66,6 +66,7 @@ def _patch_masked_keys(name: str, base: str) -> None:
 
 @functools.cache
 def gated_press_class():
+    """The :class:`GatedPress` class, a subclass of kvpress's ``BasePress`` built once, on first use."""
     BasePress, is_prefilling = _import_kvpress()
 
     @dataclass
