@@ -42,7 +42,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # the repository's collectors, also when run as a script
 
 from collectors import capture, signals  # noqa: E402
-from collectors.model import cache_keyword  # noqa: E402
+from collectors.hf import cache_keyword  # noqa: E402
 from collectors.sweep import run_sweep  # noqa: E402
 from pagestats import defaults  # noqa: E402
 
@@ -201,7 +201,7 @@ def measure_model(name, model, device, plan, deadline):
 @torch.no_grad()
 def measure_sweep(model, device, plan):
     """33-arm sweep (capture with H2O accumulation + gate + every arm) / (stock prefill + full-KV decode)."""
-    from collectors.sweep import decode_arms
+    from collectors.decode import decode_arms
 
     n_tokens, steps = plan["sweep_tokens"], plan["max_new_tokens"]
     ids = torch.randint(10, model.config.vocab_size, (1, n_tokens), generator=torch.Generator().manual_seed(1)).to(device)

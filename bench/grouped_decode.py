@@ -3,7 +3,7 @@
 One decode step of a padded batch of arms, per layer: the stock kernel
 (``transformers.integrations.sdpa_attention.sdpa_attention_forward``, which copies every KV
 head's cache once per query head with ``repeat_kv`` whenever it gets a mask) against
-:func:`collectors.capture.grouped_sdpa_forward` (the G query heads of a KV head as G rows of
+:func:`collectors.hf.grouped_sdpa_forward` (the G query heads of a KV head as G rows of
 one SDPA call), at SmolLM2-135M's shapes (9 query heads, 3 KV heads, head_dim 64), batch 16 and
 the cache lengths of the shipped runs. Both on one thread, interleaved, the median of
 ``--repeats`` timings of ``--calls`` calls each; the largest difference of their outputs is
@@ -11,7 +11,7 @@ recorded beside the ratio.
 
 With ``--real``, also end to end on the embedded SmolLM2-135M (no download): one prefill of a
 1,024-token random prompt, then 16 evicted arms (snapkv and h2o at 8 budgets) decoded for 12
-tokens by :func:`collectors.sweep.decode_arms`, grouped, stock, grouped again; the CPU time of
+tokens by :func:`collectors.decode.decode_arms`, grouped, stock, grouped again; the CPU time of
 each and whether the three give the same tokens.
 
 Usage: ``python bench/grouped_decode.py [--repeats 5] [--calls 20] [--real]``; writes
@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _results import write_result  # noqa: E402
 
-from collectors.capture import grouped_sdpa_forward  # noqa: E402
+from collectors.hf import grouped_sdpa_forward  # noqa: E402
 
 
 class _Attention(torch.nn.Module):
@@ -97,7 +97,7 @@ def _real() -> dict:
     """decode_arms on SmolLM2 at 1,024 tokens: grouped, stock (grouped_decode switched off), grouped."""
     import contextlib
 
-    from collectors import capture, sweep
+    from collectors import capture, decode
     from collectors.evict import kept_positions
     from collectors.model import load_model
 
@@ -108,16 +108,16 @@ def _real() -> dict:
             for b in (0.0625, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875)]
     out = {"model": info["name"], "decode_attn_impl": info["decode_attn_impl"], "prompt_tokens": 1024,
            "arms": len(kept), "new_tokens": 12}
-    tokens, grouped = {}, sweep.grouped_decode
+    tokens, grouped = {}, decode.grouped_decode
     for label in ("grouped", "stock", "grouped_again"):
-        sweep.grouped_decode = (lambda m: contextlib.nullcontext()) if label == "stock" else grouped
+        decode.grouped_decode = (lambda m: contextlib.nullcontext()) if label == "stock" else grouped
         try:
             wall, cpu = time.perf_counter(), time.process_time()
-            tokens[label] = sweep.decode_arms(model, pf, kept, max_new_tokens=12)
+            tokens[label] = decode.decode_arms(model, pf, kept, max_new_tokens=12)
             out[f"{label}_cpu_s"] = round(time.process_time() - cpu, 2)
             out[f"{label}_wall_s"] = round(time.perf_counter() - wall, 2)
         finally:
-            sweep.grouped_decode = grouped
+            decode.grouped_decode = grouped
     out["same_tokens"] = tokens["grouped"] == tokens["stock"] == tokens["grouped_again"]
     out["stock_over_grouped_cpu"] = round(out["stock_cpu_s"] / out["grouped_cpu_s"], 2)
     return out

@@ -29,9 +29,10 @@ import numpy as np
 import torch
 
 from collectors import capture
+from collectors.decode import decode_arms
 from collectors.evict import kept_positions
 from collectors.model import load_model
-from collectors.sweep import decode_arms, run_sweep
+from collectors.sweep import run_sweep
 from pagestats import defaults
 
 from _results import write_result

@@ -40,12 +40,13 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import sys
 import time
 from dataclasses import dataclass, field
 
 import torch
 
+from collectors import hf
+from collectors.presses import NEEDS_ATTENTIONS, press_scores
 from pagestats import defaults
 
 #: Prefix of the attention-implementation names this module registers.
@@ -240,21 +241,9 @@ def accumulated_probabilities(module, query, key, attention_mask, scaling, query
 # --------------------------------------------------------------------------- registration
 
 
-def _stock_attention(base: str, module):
-    from transformers import AttentionInterface
-
-    if base == "eager":
-        # "eager" is each model's own function, defined in its modeling module.
-        fn = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
-        if fn is None:
-            raise RuntimeError(f"{type(module).__name__} has no eager_attention_forward to delegate to")
-        return fn
-    return AttentionInterface._global_mapping[base]
-
-
 def _make_capture_function(base: str):
     def capture_attention_forward(module, query, key, value, attention_mask, *args, **kwargs):
-        output = _stock_attention(base, module)(module, query, key, value, attention_mask, *args, **kwargs)
+        output = hf.stock_attention(base, module)(module, query, key, value, attention_mask, *args, **kwargs)
         recorder = _ACTIVE.get()
         if recorder is None:
             return output
@@ -305,19 +294,14 @@ def install(base: str = "sdpa") -> str:
         The implementation name, ``"pagestats_capture_<base>"``, to pass to
         ``model.set_attn_implementation``.
     """
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
-
     if base.startswith(CAPTURE_PREFIX):
         return base
-    if base != "eager" and base not in AttentionInterface._global_mapping:
+    if base != "eager" and base not in hf.kernel_names():
         raise ValueError(f"unknown stock attention implementation {base!r}")
-    if base not in AttentionMaskInterface._global_mapping:
+    if not hf.has_mask(base):
         raise ValueError(f"no mask function is registered for attention implementation {base!r}")
     name = f"{CAPTURE_PREFIX}{base}"
-    if name not in AttentionInterface._global_mapping:
-        AttentionInterface.register(name, _make_capture_function(base))
-        AttentionMaskInterface.register(name, AttentionMaskInterface._global_mapping[base])
+    hf.register_kernel(name, _make_capture_function(base), mask_of=base)
     return name
 
 
@@ -330,7 +314,7 @@ def capture_attention(model, *, window: int = defaults.WINDOW, accumulate: bool 
     kernel and restored on exit; the recorder is visible only inside the ``with`` block.
     """
     recorder = Recorder(window=window, accumulate=accumulate, query_chunk=query_chunk, snapkv_window=snapkv_window)
-    previous = model.config._attn_implementation
+    previous = hf.attn_implementation(model)
     base = previous[len(CAPTURE_PREFIX):] if previous.startswith(CAPTURE_PREFIX) else previous
     name = install(base)
     if previous != name:
@@ -342,74 +326,6 @@ def capture_attention(model, *, window: int = defaults.WINDOW, accumulate: bool 
         _ACTIVE.reset(token)
         if previous != name:
             model.set_attn_implementation(previous)
-
-
-#: Attention implementation of the decode steps (:func:`grouped_decode`) for an ``sdpa`` model
-#: with grouped-query attention.
-GROUPED_SDPA = "pagestats_grouped_sdpa"
-
-
-def decode_attn_impl(attn_impl: str, n_heads: int, n_kv_heads: int) -> str:
-    """The attention implementation the eviction arms decode with (recorded in the manifest's
-    ``model.decode_attn_impl``): :data:`GROUPED_SDPA` for an ``sdpa`` model whose query heads
-    share KV heads, else ``attn_impl`` itself."""
-    return GROUPED_SDPA if attn_impl == "sdpa" and n_kv_heads < n_heads else attn_impl
-
-
-#: Attention keywords that change the attention itself (logit soft-capping, attention sinks, additive
-#: position bias): a grouped decode step that carries one goes to the stock kernel.
-STOCK_ATTENTION_KEYWORDS = ("softcap", "s_aux", "position_bias")
-
-
-def grouped_sdpa_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
-                         is_causal=None, **kwargs):
-    """SDPA of one new token per row, grouped-query, without copying K and V per query head.
-
-    transformers' ``sdpa`` kernel expands every KV head to its G query heads
-    (``repeat_kv``: a copy of the whole cache, per layer and per decode step) whenever it is
-    given a mask, which the batched arms always are (left padding). A decode step has one query
-    per row, so the G query heads of KV head j can instead be the G *rows* of one SDPA call
-    against K_j, V_j: query (B, H, 1, d) → (B, H_kv, G, d), query head j·G + g reading KV head
-    j (``repeat_kv``'s order), and the row's key mask (B, 1, 1, n) broadcast over the G rows.
-    The result is the same attention up to float rounding (the reductions run in another order;
-    ~1e-7 in float32). Calls with more than one query per row (a prefill, the question step of
-    the query-agnostic mode), models without grouping, and calls that carry an attention keyword
-    the stock kernel would act on (:data:`STOCK_ATTENTION_KEYWORDS`: ``softcap``, ``s_aux``,
-    ``position_bias``) go to the stock ``sdpa`` kernel, which uses or refuses them as it would
-    without the collector.
-    """
-    from transformers import AttentionInterface
-
-    groups = getattr(module, "num_key_value_groups", 1)
-    if query.shape[2] != 1 or groups == 1 or any(kwargs.get(k) is not None for k in STOCK_ATTENTION_KEYWORDS):
-        return AttentionInterface._global_mapping["sdpa"](module, query, key, value, attention_mask, dropout=dropout,
-                                                          scaling=scaling, is_causal=is_causal, **kwargs)
-    b, h, _, d = query.shape
-    out = torch.nn.functional.scaled_dot_product_attention(
-        query.reshape(b, h // groups, groups, d), key, value, attn_mask=attention_mask,
-        dropout_p=dropout if module.training else 0.0, scale=scaling)
-    return out.reshape(b, h, 1, d).transpose(1, 2).contiguous(), None
-
-
-@contextlib.contextmanager
-def grouped_decode(model):
-    """Context manager: an ``sdpa`` model decodes through :func:`grouped_sdpa_forward` (the
-    model's implementation is restored on exit); any other model is left as it is."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
-
-    previous = model.config._attn_implementation
-    if previous != "sdpa":
-        yield
-        return
-    if GROUPED_SDPA not in AttentionInterface._global_mapping:
-        AttentionInterface.register(GROUPED_SDPA, grouped_sdpa_forward)
-        AttentionMaskInterface.register(GROUPED_SDPA, AttentionMaskInterface._global_mapping["sdpa"])
-    model.set_attn_implementation(GROUPED_SDPA)
-    try:
-        yield
-    finally:
-        model.set_attn_implementation(previous)
 
 
 def prefill(model, input_ids, *, window: int = defaults.WINDOW, accumulate: bool = False, query_chunk: int = 256,
@@ -436,10 +352,6 @@ def prefill(model, input_ids, *, window: int = defaults.WINDOW, accumulate: bool
     -------
     Prefill
     """
-    from transformers import DynamicCache
-
-    from collectors.model import cache_keyword
-
     input_ids = torch.as_tensor(input_ids)
     if input_ids.ndim == 1:
         input_ids = input_ids[None]
@@ -449,20 +361,18 @@ def prefill(model, input_ids, *, window: int = defaults.WINDOW, accumulate: bool
     input_ids = input_ids.to(device=device, dtype=torch.long)
     # Full (unbounded) cache layers for every layer. A sliding layer's mask still applies its window,
     # so the prefill (logits, capture) is the model's own whatever the window; the eviction arms
-    # decode from this cache only where every window covers the run (sweep.check_decode_windows).
-    cache = DynamicCache()
+    # decode from this cache only where every window covers the run (decode.check_decode_windows).
+    cache = hf.dynamic_cache()
     with contextlib.ExitStack() as stack:
         stack.enter_context(torch.no_grad())
         rec = stack.enter_context(capture_attention(model, window=window, accumulate=accumulate,
                                                     query_chunk=query_chunk, snapkv_window=snapkv_window))
         scored = None
         if presses:
-            from collectors.presses import NEEDS_ATTENTIONS, press_scores
-
             rec.full_attention = any(spec.press in NEEDS_ATTENTIONS for spec in presses)
             scored = stack.enter_context(press_scores(model, presses, cache, rec))
         start = time.perf_counter()
-        out = model(input_ids=input_ids, **{cache_keyword(model): cache}, use_cache=True, logits_to_keep=1)
+        out = model(input_ids=input_ids, **{hf.cache_keyword(model): cache}, use_cache=True, logits_to_keep=1)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         prefill_ms = (time.perf_counter() - start) * 1e3

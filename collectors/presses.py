@@ -15,7 +15,7 @@ what kvpress itself keeps, computed inside the collector's ONE prefill:
   ``torch.topk`` — no sink or recent protection beyond what the press's scores build in.
 
 So every budget is a top-n of one set of scores, and one prefill serves every arm; the kept sets are
-per layer and KV head, with the same count in each (gathered by :mod:`collectors.sweep`).
+per layer and KV head, with the same count in each (gathered by :mod:`collectors.decode`).
 
 kvpress is an optional dependency (``pip install "pagestats[kvpress]"``); it supports transformers
 releases before 5.3, so it lives in its own environment (``make kvpress-env``).
@@ -27,6 +27,8 @@ import contextlib
 from dataclasses import dataclass
 
 import torch
+
+from collectors import hf
 
 #: Prefix of evictor names that are kvpress presses.
 PREFIX = "kvpress:"
@@ -148,11 +150,6 @@ def kept_positions(layer_scores, budget: float) -> torch.LongTensor:
     return torch.sort(torch.stack(rows).cpu(), dim=-1).values
 
 
-def _language_model(model):
-    inner = model.model
-    return inner.language_model if hasattr(inner, "language_model") else inner
-
-
 @contextlib.contextmanager
 def press_scores(model, specs, cache, recorder):
     """Context manager: hooks that score every press of ``specs`` in each attention layer's forward.
@@ -167,7 +164,7 @@ def press_scores(model, specs, cache, recorder):
     for _, press, _ in presses:
         press.post_init_from_model(model)
     store: dict[str, dict[int, torch.Tensor]] = {evictor: {} for evictor, _, _ in presses}
-    language_model = _language_model(model)
+    language_model = hf.language_model(model)
 
     def hook(module, args, kwargs, output):
         hidden_states = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]

@@ -84,11 +84,10 @@ class _Progress:
 
 def _run_shard(cfg: CollectConfig, index: int, shards: int, progress) -> dict:
     """Body of one shard's Ray task (transformers' own loading bars are off: the driver shows one bar)."""
-    from transformers.utils import logging as hf_logging
-
+    from collectors.hf import disable_progress_bars
     from collectors.run import run_collection
 
-    hf_logging.disable_progress_bar()
+    disable_progress_bars()
 
     shard_cfg = dataclasses.replace(cfg, shard=(index, shards), progress=False)
     summary = run_collection(shard_cfg, on_progress=lambda done, total: progress.report.remote(index, done))

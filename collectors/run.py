@@ -20,18 +20,14 @@ with a progress bar (inputs/s and ETA).
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
-import functools
-import platform
 import time
 from dataclasses import asdict, dataclass, field
-from unittest import mock
-
-from pagestats import defaults
 
 from collectors import tasks as T
-from collectors.writer import RunWriter, run_id_for, shard_items, work_items
+from collectors.hf import hf_progress
+from collectors.writer import RunWriter, run_id_for, shard_items, software_versions, work_items
+from pagestats import defaults
 
 
 class AuditError(RuntimeError):
@@ -196,19 +192,6 @@ def evictor_parameters(cfg: CollectConfig) -> dict:
     return out
 
 
-def software_versions() -> dict:
-    import importlib.metadata as md
-
-    def v(name):
-        try:
-            return md.version(name)
-        except md.PackageNotFoundError:
-            return None
-
-    return {"python": platform.python_version(), "torch": v("torch"), "transformers": v("transformers"),
-            "pagestats": v("pagestats"), "kvpress": v("kvpress")}
-
-
 def build_manifest(cfg: CollectConfig, model_info: dict) -> dict:
     """The manifest of docs/SCHEMA.md (``files`` is filled by the writer) plus ``parameters``."""
     params = run_parameters(cfg, model_info)
@@ -316,24 +299,6 @@ def positions_needed(cfg: CollectConfig) -> int:
     return int(cfg.context_length) + max(cfg.tokens_to_generate(t) for t in cfg.tasks)
 
 
-@contextlib.contextmanager
-def _hf_progress(enabled: bool):
-    """transformers' own progress bars follow ``--no-progress`` while the model loads, and are put
-    back as they were afterwards: its logging switch ("Loading weights") and the plain tqdm bar of
-    its GGUF reader ("Converting and de-quantizing GGUF tensors")."""
-    from transformers import modeling_gguf_pytorch_utils as gguf_utils
-    from transformers.utils import logging as hf_logging
-
-    was = hf_logging.is_progress_bar_enabled()
-    with contextlib.ExitStack() as stack:
-        if not enabled:
-            hf_logging.disable_progress_bar()
-            stack.callback(hf_logging.enable_progress_bar if was else lambda: None)
-            if hasattr(gguf_utils, "tqdm"):  # the module's own bar (not behind the logging switch)
-                stack.enter_context(mock.patch.object(gguf_utils, "tqdm", functools.partial(gguf_utils.tqdm, disable=True)))
-        yield
-
-
 def run_collection(cfg: CollectConfig, *, loaded=None, on_progress=None) -> RunSummary:
     """Collect this shard's unfinished inputs into ``cfg.out``.
 
@@ -351,7 +316,7 @@ def run_collection(cfg: CollectConfig, *, loaded=None, on_progress=None) -> RunS
     # Input files first: a missing --qa-file stops the run before any weights are read.
     files = {t: qa_file_for(t, cfg.qa_files) for t in cfg.tasks}
     if loaded is None:
-        with _hf_progress(cfg.progress):
+        with hf_progress(cfg.progress):
             loaded = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, attn_impl=cfg.attn_impl,
                                 name=cfg.model_name, positions=positions_needed(cfg))
     else:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import platform
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -353,3 +354,18 @@ def _columns(rows: list[dict], table: str) -> dict:
             cols[name] = pa.array([], type=schema.arrow_schema(table).field(name).type) if name != "signals" else None
     cols = {k: v for k, v in cols.items() if v is not None}
     return cols
+
+
+def software_versions() -> dict:
+    """The versions a manifest records (``software``): Python, torch, transformers, pagestats, kvpress
+    (``None`` for a package that is not installed)."""
+    import importlib.metadata as md
+
+    def v(name):
+        try:
+            return md.version(name)
+        except md.PackageNotFoundError:
+            return None
+
+    return {"python": platform.python_version(), "torch": v("torch"), "transformers": v("transformers"),
+            "pagestats": v("pagestats"), "kvpress": v("kvpress")}

@@ -249,10 +249,10 @@ def test_no_progress_silences_the_gguf_readers_own_bar(capfd, progress):
     logging switch: ``--no-progress`` silences it too while the model loads, and puts it back."""
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
-    from collectors.run import _hf_progress
+    from collectors.hf import hf_progress
 
     original = gguf_utils.tqdm
-    with _hf_progress(progress):
+    with hf_progress(progress):
         list(gguf_utils.tqdm(range(3), desc="de-quantizing probe"))
     assert ("de-quantizing probe" in capfd.readouterr().err) == progress
     assert gguf_utils.tqdm is original

@@ -9,7 +9,7 @@ Each family either runs, and then
   layers included),
 * one per-head eviction (``snapkv-perhead``) keeps the positions a brute-force selection over the
   eager attention keeps, and the batched arm decodes what a one-arm loop over
-  :func:`collectors.sweep.slice_cache` decodes,
+  :func:`collectors.decode.slice_cache` decodes,
 
 or it is refused, before any weights exist, by the one-line error of
 :func:`collectors.model.check_architecture`. Nothing is downloaded.
@@ -183,8 +183,8 @@ def _one_arm_decode(model, prefill, kept, n_new: int) -> list[int]:
     """Greedy decode of one arm, one token at a time, from ``slice_cache`` (no batch, no padding)."""
     import torch
 
-    from collectors.model import cache_keyword
-    from collectors.sweep import slice_cache
+    from collectors.decode import slice_cache
+    from collectors.hf import cache_keyword
 
     cache = slice_cache(prefill.past_key_values, kept)
     tokens = [int(torch.argmax(prefill.last_logits))]
@@ -296,7 +296,7 @@ def test_sinks_change_the_capture():
 ])
 def test_scope_reads_whole_words(name, refused):
     """The scope check matches whole CamelCase words: 'SeedOssMLP' holds no 'SSM'."""
-    from collectors.model import _non_softmax_name
+    from collectors.model.checks import _non_softmax_name
 
     assert _non_softmax_name(name) is refused
 
@@ -316,7 +316,7 @@ def test_grouped_decode_keeps_attention_keywords(keyword):
     import torch
     from transformers import AttentionInterface
 
-    from collectors.capture import STOCK_ATTENTION_KEYWORDS, grouped_sdpa_forward
+    from collectors.hf import STOCK_ATTENTION_KEYWORDS, grouped_sdpa_forward
 
     class Attention(torch.nn.Module):
         num_key_value_groups = 2

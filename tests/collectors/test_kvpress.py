@@ -18,7 +18,7 @@ kvpress = pytest.importorskip("kvpress")
 
 from collectors import capture, cli, presses  # noqa: E402
 from collectors.evict import kept_positions  # noqa: E402
-from collectors.model import cache_keyword  # noqa: E402
+from collectors.hf import cache_keyword  # noqa: E402
 from collectors.sweep import run_sweep  # noqa: E402
 
 PRESSES = {

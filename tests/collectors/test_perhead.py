@@ -7,7 +7,7 @@ References written here, independent of the collector's capture and cache gather
   heads of each KV group, and the top positions are picked by a plain Python sort;
 * decoding: the untouched full cache, with every evicted (layer, KV head, position) hidden by an
   additive −inf mask inside an eager attention function registered for the test, against decoding
-  from the per-head gathered cache of :mod:`collectors.sweep`.
+  from the per-head gathered cache of :mod:`collectors.decode`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ import torch
 
 from collectors import capture
 from collectors.evict import kept_positions, n_kept, scores
-from collectors.model import cache_keyword
-from collectors.sweep import decode_arms, run_sweep, slice_cache
+from collectors.decode import decode_arms, slice_cache
+from collectors.hf import cache_keyword
+from collectors.sweep import run_sweep
 
 SMALL = dict(n_sink=4, n_recent=8)
 WINDOW = 32

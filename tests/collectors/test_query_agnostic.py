@@ -13,7 +13,7 @@ import torch
 
 from collectors import capture
 from collectors.evict import kept_positions, n_kept
-from collectors.model import cache_keyword
+from collectors.hf import cache_keyword
 from collectors.sweep import run_sweep
 
 SMALL = dict(n_sink=4, n_recent=8)

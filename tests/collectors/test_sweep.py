@@ -13,9 +13,10 @@ import warnings
 import pytest
 import torch
 
-from collectors import capture
+from collectors import capture, decode, hf
+from collectors.decode import decode_arms, eos_token_ids, slice_cache
 from collectors.evict import kept_positions
-from collectors.sweep import ArmResult, decode_arms, eos_token_ids, run_sweep, slice_cache
+from collectors.sweep import ArmResult, run_sweep
 
 EVICTORS = ("snapkv", "h2o", "streamingllm", "streamingllm-fixed", "pyramidkv", "snapkv-perlayer")
 BUDGETS = (0.0625, 0.25, 0.5, 0.875, 1.0)
@@ -207,7 +208,7 @@ def test_grouped_sdpa_equals_transformers_sdpa_on_one_query(masked):
     mask = mask if masked else None
     module = Attn().eval()
     stock, _ = sdpa_attention_forward(module, q, k, v, mask, scaling=0.25)
-    grouped, _ = capture.grouped_sdpa_forward(module, q, k, v, mask, scaling=0.25)
+    grouped, _ = hf.grouped_sdpa_forward(module, q, k, v, mask, scaling=0.25)
     assert grouped.shape == stock.shape == (b, 1, 6, d)
     assert torch.allclose(grouped, stock, atol=1e-6, rtol=0)
     # a query-major check by hand: query head 4 reads KV head 1 (repeat_kv's order j·G + g)
@@ -216,7 +217,7 @@ def test_grouped_sdpa_equals_transformers_sdpa_on_one_query(masked):
     assert torch.allclose(grouped[:, 0, 4], ref[:, 0], atol=1e-6, rtol=0)
     wide = torch.randn(b, 6, 3, d, generator=gen)  # three queries per row: the stock kernel, bit for bit
     causal = None if mask is None else mask.expand(b, 1, 3, n)
-    assert torch.equal(capture.grouped_sdpa_forward(module, wide, k, v, causal, scaling=0.25)[0],
+    assert torch.equal(hf.grouped_sdpa_forward(module, wide, k, v, causal, scaling=0.25)[0],
                        sdpa_attention_forward(module, wide, k, v, causal, scaling=0.25)[0])
 
 
@@ -226,23 +227,21 @@ def test_grouped_decode_keeps_tokens_and_restores_the_model(make_tiny_model, fam
     not ``sdpa`` is left alone."""
     import contextlib
 
-    import collectors.sweep as sweep
-
     model = make_tiny_model(family)
     pf = capture.prefill(model, make_ids(140, seed=33), accumulate=True)
     kept = [kept_positions(e, pf, b, **SMALL) for e in ("snapkv", "h2o", "streamingllm") for b in (0.0625, 0.25, 0.5)]
     toks, logits = decode_arms(model, pf, kept, max_new_tokens=8, return_step_logits=True)
     assert model.config._attn_implementation == "sdpa"
-    monkeypatch.setattr(sweep, "grouped_decode", lambda m: contextlib.nullcontext())
+    monkeypatch.setattr(decode, "grouped_decode", lambda m: contextlib.nullcontext())
     ref_toks, ref_logits = decode_arms(model, pf, kept, max_new_tokens=8, return_step_logits=True)
     assert toks == ref_toks
     for got, ref in zip(logits, ref_logits):
         assert len(got) == len(ref) and all(torch.allclose(x, y, atol=1e-5, rtol=0) for x, y in zip(got, ref))
     eager = make_tiny_model(family, attn_impl="eager")
-    with capture.grouped_decode(eager):
+    with hf.grouped_decode(eager):
         assert eager.config._attn_implementation == "eager"
-    with capture.grouped_decode(model):
-        assert model.config._attn_implementation == capture.GROUPED_SDPA
+    with hf.grouped_decode(model):
+        assert model.config._attn_implementation == hf.GROUPED_SDPA
     assert model.config._attn_implementation == "sdpa"
-    assert capture.decode_attn_impl("sdpa", 4, 2) == capture.GROUPED_SDPA
-    assert capture.decode_attn_impl("sdpa", 4, 4) == "sdpa" and capture.decode_attn_impl("eager", 4, 2) == "eager"
+    assert hf.decode_attn_impl("sdpa", 4, 2) == hf.GROUPED_SDPA
+    assert hf.decode_attn_impl("sdpa", 4, 4) == "sdpa" and hf.decode_attn_impl("eager", 4, 2) == "eager"

@@ -364,7 +364,7 @@ def test_an_unknown_model_dtype_is_refused(run, dtype, capsys):
 
 
 def test_every_dtype_the_collector_writes_is_known():
-    from collectors.model import _DTYPES
+    from collectors.model.load import _DTYPES
 
     assert set(_DTYPES) == set(schema.MODEL_DTYPE_BYTES)
 

@@ -1,0 +1,122 @@
+"""The deployed gate's decision on one prefill: D, τ and whether the base evictor applies.
+
+Both entry points of :mod:`collectors.deploy` compute D exactly as the collector logs it — the
+window attention ā of :mod:`collectors.capture`, the top-k pair agreement a_ℓ and the drop D of
+:func:`collectors.signals.gate_signals` (Eq. 3) — and evict only when D ≥ τ (Eq. 2), once per
+input, at prefill (:func:`gate_decision`). The threshold comes as a number or as a calibrated
+:class:`pagestats.gatefile.Gate` (:func:`resolve_gate`). A prompt shorter than the window w keeps
+the full cache (ā would average fewer than w rows, but τ was calibrated on w-row windows):
+``reason = "short-prompt"`` and a :class:`ShortPromptWarning`.
+
+References
+----------
+PAGE paper §3 (gate, "Algorithm", Eq. 2; D, Eq. 3), App. F (bins).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from collectors import signals
+from pagestats import defaults
+from pagestats.gatefile import Gate
+
+
+class ShortPromptWarning(UserWarning):
+    """The prompt is shorter than the observation window: the full cache is kept."""
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    """What the gate decided for one input (``press.last``, ``GenerationResult.decision``).
+
+    Attributes
+    ----------
+    drop : float
+        D (Eq. 3), as :func:`collectors.signals.gate_signals` computes it.
+    gate_open : bool
+        D ≥ τ and the prompt is at least w tokens long (§3, Eq. 2).
+    tau : float
+    agreement : numpy.ndarray, (L,) float32
+        a_ℓ per layer.
+    n_tokens : int
+        T, the prompt length.
+    n_kept : int
+        Kept KV positions per layer and KV head, the mean over them rounded to the nearest int
+        (every press with one count per layer gives it exactly; ``kept_fraction`` is exact).
+    kept_fraction : float
+        Kept KV entries / (L · H_kv · T); 1.0 when the gate is closed.
+    reason : str
+        ``"open"`` (D ≥ τ), ``"closed"`` (D < τ) or ``"short-prompt"`` (T < w: full cache kept).
+    signals : dict
+        The collector's other prefill statistics (:data:`collectors.signals.SIGNAL_DOCS`).
+    gate_ms : float
+        Wall time of the agreement and D, milliseconds.
+    """
+
+    drop: float
+    gate_open: bool
+    tau: float
+    agreement: np.ndarray
+    n_tokens: int
+    n_kept: int
+    kept_fraction: float
+    reason: str
+    signals: dict = field(default_factory=dict)
+    gate_ms: float = 0.0
+
+
+def resolve_gate(tau, gate, window, k, bin_fraction, convention):
+    """(τ, Gate or None, w, k, f, convention) from either a τ or a :class:`Gate` (never both)."""
+    if isinstance(gate, (str, bytes)) or hasattr(gate, "__fspath__"):
+        gate = Gate.from_file(gate)
+    if (tau is None) == (gate is None):
+        raise ValueError("give exactly one of tau (a number) or gate (a Gate or a gate.json path)")
+    if gate is not None:
+        if not isinstance(gate, Gate):
+            raise ValueError(f"gate must be a pagestats.gatefile.Gate or a path, got {type(gate).__name__}")
+        gate.check(window=window, k=k, bin_fraction=bin_fraction, convention=convention)
+        return float(gate.tau), gate, gate.window, gate.k, gate.bin_fraction, gate.convention
+    if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not math.isfinite(float(tau)):
+        raise ValueError(f"tau must be a finite number, got {tau!r}")
+    window = defaults.WINDOW if window is None else window
+    k = defaults.TOP_K if k is None else k
+    bin_fraction = defaults.BIN_FRACTION if bin_fraction is None else bin_fraction
+    convention = defaults.BIN_CONVENTION if convention is None else convention
+    for name, value in (("window", window), ("k", k)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return float(tau), None, int(window), int(k), float(bin_fraction), str(convention)
+
+
+def gate_decision(window_attention, *, tau: float, window: int, k: int, bin_fraction: float, convention: str,
+                  n_kept=None, kept_fraction=None) -> GateDecision:
+    """The gate on one prefill's ā (L, H, T): D by :func:`collectors.signals.gate_signals`, open iff
+    D ≥ τ and T ≥ w (§3, Eq. 2).
+
+    ``n_kept`` / ``kept_fraction`` describe the open cache (the closed one keeps all T).
+    """
+    att = torch.as_tensor(window_attention)
+    n_tokens = int(att.shape[-1])
+    sig = signals.gate_signals(att, k=k, k_max=k, bin_fraction=bin_fraction, convention=convention)
+    short = n_tokens < window
+    gate_open = (not short) and sig.drop >= tau
+    reason = "short-prompt" if short else ("open" if gate_open else "closed")
+    if not gate_open:
+        n_kept, kept_fraction = n_tokens, 1.0
+    return GateDecision(drop=float(sig.drop), gate_open=bool(gate_open), tau=float(tau), agreement=sig.agreement,
+                        n_tokens=n_tokens, n_kept=int(n_tokens if n_kept is None else n_kept),
+                        kept_fraction=float(1.0 if kept_fraction is None else kept_fraction), reason=reason,
+                        signals=dict(sig.signals), gate_ms=float(sig.gate_ms))
+
+
+def warn_short_prompt(n_tokens: int, window: int) -> None:
+    """Warn (:class:`ShortPromptWarning`) that a prompt shorter than w keeps the full cache; attributed to
+    the caller of the entry point's hook or function that calls this."""
+    warnings.warn(f"prompt of {n_tokens} tokens is shorter than the gate's window w={window}: "
+                  "the full cache is kept (press.last.reason = 'short-prompt')", ShortPromptWarning, stacklevel=3)
