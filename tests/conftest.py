@@ -34,7 +34,7 @@ import tempfile
 
 import pytest
 
-from tinymodels import TINY_CONFIG, make_tiny_model as _make_tiny_model
+from tinymodels import TINY_CONFIG, byte_tokenizer, make_tiny_model as _make_tiny_model
 
 _SESSION_CACHE: list[str] = []
 
@@ -88,16 +88,7 @@ def tiny_input_ids():
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory):
     """A saved tiny Llama (vocabulary 512) beside a byte-level tokenizer with a small chat template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2}
-    for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):
-        vocab[ch] = len(vocab)
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    tok = byte_tokenizer()
     tok.chat_template = ("{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
                          "{% if add_generation_prompt %}<s>assistant\n{% endif %}")
     d = tmp_path_factory.mktemp("tiny_model")

@@ -40,3 +40,17 @@ def make_tiny_model(family: str = "llama", *, seed: int = 0, attn_impl: str = "s
     if attn_impl != model.config._attn_implementation:
         model.set_attn_implementation(attn_impl)
     return model.eval()
+
+
+def byte_tokenizer():
+    """A byte-level tokenizer (ids 0–2 are ``<pad>``, ``<s>``, ``</s>``; then the 256 byte symbols), no merges."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2}
+    for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab[ch] = len(vocab)
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
