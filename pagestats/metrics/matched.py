@@ -59,7 +59,7 @@ def frontier_accuracy(kept: np.ndarray, accuracy: np.ndarray, query: np.ndarray)
     before = np.concatenate([np.full((a.shape[0], 1), -np.inf), np.maximum.accumulate(a, axis=-1)[:, :-1]], axis=-1)
     pareto = a > before + FRONTIER_TOL  # scores above every point that keeps no more KV
     q = query[:, :, None]  # (R, Q, 1) against (R, 1, P)
-    kk, aa, pp = k[:, None, :], a[:, None, :], pareto[:, None, :]
+    kk, pp = k[:, None, :], pareto[:, None, :]
     left_ok = pp & (kk <= q)
     right_ok = pp & (kk >= q)
     n = k.shape[-1]
