@@ -86,7 +86,7 @@ def main() -> int:
     steps: list[dict] = []
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     db = io.open_logs(args.db)
-    logs = _measured("load", db.load, steps)
+    logs = _measured("load", lambda: db.load(categorical=True), steps)  # as `pagestats report --db` loads
     ctx = _measured("context", lambda: Context(logs), steps)
     _measured("gated", lambda: ctx.gated, steps)
     with tempfile.TemporaryDirectory(prefix="report_memory-") as out:

@@ -38,6 +38,20 @@ def require_columns(frame: pl.DataFrame, cols, what: str, *, non_empty: bool = F
         raise ValueError(f"{what}: the frame is empty")
 
 
+def names_like(frame: pl.DataFrame, like: pl.DataFrame) -> pl.DataFrame:
+    """``frame`` with each column that ``like`` holds as text or as a categorical, and ``frame`` the
+    other way, cast to ``like``'s type, so that the two frames join and stack (polars refuses a
+    String key beside a Categorical one). Used where a frame made from literals or read back from
+    SQL meets the report's frames, whose names are categorical
+    (:func:`pagestats.io.categorical_names`); the same object when nothing differs."""
+    def named(dtype) -> bool:
+        return dtype == pl.String or isinstance(dtype, pl.Categorical)
+
+    casts = {c: like.schema[c] for c, t in frame.schema.items()
+             if c in like.schema and t != like.schema[c] and named(t) and named(like.schema[c])}
+    return frame.cast(casts) if casts else frame
+
+
 def input_key(frame: pl.DataFrame) -> list[str]:
     """The columns that identify one input of ``frame``: :data:`INPUT_KEY`, plus ``pair_draw``
     when the frame holds several head-pair draws of D (App. A.3.5, Table 9)."""

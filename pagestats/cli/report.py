@@ -10,6 +10,7 @@ from pagestats import defaults, replay
 from pagestats.cli.logs import decode_warnings, open_for, print_lines, strict_failure
 from pagestats.cli.options import MAX_SEED, add_logs, add_policy, database_problem, number, policy_from_args
 from pagestats.cli.prereg import band_problem
+from pagestats.io.logs import categorical_names
 from pagestats.io.validation.problems import one_line
 from pagestats.prereg import PreregistrationError, verified_band
 from pagestats.replay import FixedTau
@@ -74,7 +75,8 @@ def run(args) -> int:
     if args.strict and limit_lines:
         print(strict_failure(limit_lines), file=sys.stderr)
         return 1
-    logs = logs if args.db is None else logs.load()
+    # the names as categoricals: the report holds every outcome row twice (io.categorical_names)
+    logs = categorical_names(logs) if args.db is None else logs.load(categorical=True)
     if not isinstance(args.parsed_policy, FixedTau):  # a pilot or a sample the logs may not hold
         try:
             replay.gate(first_draw(logs), args.parsed_policy)

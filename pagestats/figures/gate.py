@@ -7,7 +7,7 @@ import numpy as np
 import polars as pl
 
 from pagestats import defaults
-from pagestats.columns import MODEL_CELL, with_task_class
+from pagestats.columns import MODEL_CELL, names_like, with_task_class
 from pagestats.figures import _style as st
 from pagestats.figures._frames import cells, present, require, short_task, task_key, task_order, where
 from pagestats.profile import bin_layers
@@ -46,7 +46,7 @@ def drop_by_task_data(gate: pl.DataFrame) -> pl.DataFrame:
         ident = present(frame, ("run_id", "input_id")) + cell + ["task", "task_class"]
         frame = frame.group_by(ident).agg(pl.col("drop").mean())
     order = task_order(frame)
-    rank = pl.DataFrame({"task": order, "task_rank": list(range(len(order)))})
+    rank = names_like(pl.DataFrame({"task": order, "task_rank": list(range(len(order)))}), frame)
     group = cell + ["task"]
     out = (
         frame.select(*cell, "task", "task_class", *present(frame, ("run_id", "input_id")), "drop")

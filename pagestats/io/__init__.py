@@ -27,11 +27,12 @@ from pagestats.io.compact import compact_run
 from pagestats.io.database import LogDB, index_logs, logs_in_place, open_logs
 from pagestats.io.files import only_parquet
 from pagestats.io.load import load
-from pagestats.io.logs import HEAVY_COLUMNS, FileRecord, Logs
+from pagestats.io.logs import HEAVY_COLUMNS, NAME_COLUMNS, FileRecord, Logs, categorical_names
 from pagestats.io.validate import validate_paths
 from pagestats.io.validation.problems import ExclusionError, LogError, Problem
 
 __all__ = [
-    "HEAVY_COLUMNS", "ExclusionError", "FileRecord", "LogDB", "LogError", "Logs", "Problem", "compact_run", "index_logs",
+    "HEAVY_COLUMNS", "NAME_COLUMNS", "ExclusionError", "FileRecord", "LogDB", "LogError", "Logs", "Problem",
+    "categorical_names", "compact_run", "index_logs",
     "load", "logs_in_place", "only_parquet", "open_logs", "validate_paths",
 ]

@@ -35,7 +35,7 @@ from pagestats import defaults, schema
 from pagestats.io import duck
 from pagestats.io.discovery import log_format
 from pagestats.io.duck import MEMORY_LIMIT
-from pagestats.io.logs import HEAVY_COLUMNS, FileRecord, Logs
+from pagestats.io.logs import HEAVY_COLUMNS, FileRecord, Logs, categorical_frame
 from pagestats.io.read import _literal_name
 from pagestats.io.validate import checked_runs
 from pagestats.io.validation.problems import LogError, Problem
@@ -129,16 +129,21 @@ class LogDB:
         """A new cursor on the database (its own temporary objects, same settings)."""
         return self.con.cursor()
 
-    def load(self) -> Logs:
-        """The logs in memory as a :class:`Logs` (already validated; nothing is re-checked)."""
+    def load(self, *, categorical: bool = False) -> Logs:
+        """The logs in memory as a :class:`Logs` (already validated; nothing is re-checked).
+
+        ``categorical``: hold the name columns as categoricals (:func:`pagestats.io.categorical_names`),
+        each table cast as soon as it is read, so that no two tables are held as text at once.
+        """
         con = self.cursor()
         try:
             key = ", ".join(schema.INPUT_KEY)
 
             def read(table: str, order: str) -> pl.DataFrame:
                 names = [r[0] for r in con.sql(f"DESCRIBE {table}").fetchall() if r[0] not in HEAVY_COLUMNS]
-                return con.sql(f"SELECT {', '.join(chr(34) + n + chr(34) for n in names)} FROM {table} "
-                               f"ORDER BY {order}").pl()
+                frame = con.sql(f"SELECT {', '.join(chr(34) + n + chr(34) for n in names)} FROM {table} "
+                                f"ORDER BY {order}").pl()
+                return categorical_frame(frame) if categorical else frame
 
             inputs = read("inputs", key)
             outcomes = read("outcomes", f"{key}, evictor, budget")

@@ -1,9 +1,11 @@
 """The containers of loaded logs: :class:`Logs` (the tables of :func:`pagestats.io.load` as polars
 frames, with the manifests, the files read and what was left out) and :class:`FileRecord` (one file
-read, with its sha256); :data:`HEAVY_COLUMNS`, the text columns ``columns="analysis"`` leaves out."""
+read, with its sha256); :data:`HEAVY_COLUMNS`, the text columns ``columns="analysis"`` leaves out;
+:func:`categorical_names`, the logs with their name columns as categoricals (the report's memory)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import polars as pl
@@ -13,6 +15,40 @@ from pagestats.io.validation.problems import Problem
 
 #: Text columns left out by ``columns="analysis"`` (they can be huge).
 HEAVY_COLUMNS = ("prompt", "full_prediction", "prediction", "references")
+
+#: The columns of names (run, model, task, task class, evictor, stop reasons) that
+#: :func:`categorical_names` holds as :class:`polars.Categorical`.
+NAME_COLUMNS = ("run_id", "model", "task", "task_class", "evictor", "stop_reason", "full_stop_reason")
+
+
+def categorical_frame(frame: pl.DataFrame | None) -> pl.DataFrame | None:
+    """``frame`` with its text columns of :data:`NAME_COLUMNS` cast to :class:`polars.Categorical`
+    (the same object when it has none; ``None`` stays ``None``)."""
+    if frame is None:
+        return None
+    names = {c: pl.Categorical for c in NAME_COLUMNS if frame.schema.get(c) == pl.String}
+    return frame.cast(names) if names else frame
+
+
+def categorical_names(logs):
+    """``logs`` with the name columns (:data:`NAME_COLUMNS`) of its inputs, outcomes and top-k
+    tables held as :class:`polars.Categorical` (:func:`categorical_frame`); the same object when
+    none is text.
+
+    The report holds every outcome row and its gated copy for the whole run. At 1M inputs (9M
+    outcome rows) one column of 9M short names takes about 240 MiB as :class:`polars.String` and
+    36 MiB as a categorical (4 bytes a row), so the names were most of those frames' memory
+    (docs/PERFORMANCE.md, "The report over a big release"). A categorical sorts, groups, compares
+    and prints as its text, so every table is the same. Two rules keep it so: a frame made from
+    literals or read back from SQL meets these through :func:`pagestats.columns.names_like`
+    (polars joins no String key with a Categorical one), and a frame reaches SQL through
+    :func:`pagestats.io.duck.register`, which gives DuckDB the text (an ENUM would order names by
+    first appearance).
+    """
+    tables = {t: categorical_frame(getattr(logs, t)) for t in ("inputs", "outcomes", "topk")}
+    if all(tables[t] is getattr(logs, t) for t in tables):
+        return logs
+    return dataclasses.replace(logs, **tables)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import numpy as np
 import polars as pl
 
 from pagestats import defaults, formulas, schema
-from pagestats.columns import MATRIX_CELL
+from pagestats.columns import MATRIX_CELL, names_like
 from pagestats.metrics._frames import _arm, _outcome_rows
 
 __all__ = ["kept_kv", "compression", "static_batching", "kv_bytes_per_token", "full_cache_gib"]
@@ -150,7 +150,7 @@ def full_cache_gib(inputs: pl.DataFrame, manifests: dict) -> pl.DataFrame:
             raise ValueError(f"full_cache_gib: no manifest for run {run_id!r}")
         per_run.append({"run_id": run_id, "bytes_per_token": kv_bytes_per_token(manifest.get("model") or {})})
     frame = inputs.select("run_id", "model", "context_length", "n_tokens").join(
-        pl.DataFrame(per_run, schema={"run_id": pl.String, "bytes_per_token": pl.Int64}), on="run_id")
+        names_like(pl.DataFrame(per_run, schema={"run_id": pl.String, "bytes_per_token": pl.Int64}), inputs), on="run_id")
     out = frame.group_by("model", "context_length").agg(
         pl.col("bytes_per_token").n_unique().alias("_distinct"), pl.col("bytes_per_token").first(),
         pl.col("n_tokens").cast(pl.Float64).mean())

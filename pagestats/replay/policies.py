@@ -41,7 +41,7 @@ import numpy as np
 import polars as pl
 
 from pagestats import defaults
-from pagestats.columns import with_task_class
+from pagestats.columns import names_like, with_task_class
 from pagestats.formulas import GATE_RULE
 from pagestats.replay.calibration import decide_on_frame, standardised, store_calibration
 from pagestats.replay.pilot import frame_query, pilot_query
@@ -289,7 +289,7 @@ class Midpoint:
         """``logs`` (a :class:`pagestats.io.Logs` or another dataclass with ``inputs``,
         ``outcomes`` and ``topk``) restricted to the calibration groups where the recipe
         applies, and the :meth:`shortfall` rows (with their ``note``) of the groups left out."""
-        short = self.shortfall(with_task_class(logs.inputs))
+        short = names_like(self.shortfall(with_task_class(logs.inputs)), logs.inputs)  # read back from SQL
         kept = logs.inputs.join(short.filter(pl.col("note").is_null()).select(self.by), on=list(self.by), how="semi",
                                 nulls_equal=True)
         keys = kept.select(INPUT_KEY)

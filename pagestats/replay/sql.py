@@ -42,6 +42,7 @@ import polars as pl
 
 from pagestats.columns import require_columns, with_task_class
 from pagestats.formulas import GATE_RULE
+from pagestats.io import duck
 from pagestats.replay.calibration import decision_query
 from pagestats.replay.pilot import register_functions
 from pagestats.replay.policies import PILOT_POLICIES, FixedTau, Policy, RecalibratedTau
@@ -71,7 +72,7 @@ def register_inputs(con, logs) -> None:
     """
     inputs = with_task_class(logs.inputs)
     require_columns(inputs, INPUT_COLUMNS, "inputs")
-    con.register("inputs", inputs.select(*INPUT_COLUMNS, *(["draw"] if "draw" in inputs.columns else []))
+    duck.register(con, "inputs", inputs.select(*INPUT_COLUMNS, *(["draw"] if "draw" in inputs.columns else []))
                  .sort(INPUT_KEY))
 
 
@@ -83,7 +84,7 @@ def register_outcomes(con, logs) -> None:
     outcomes = logs.outcomes.select(OUTCOME_COLUMNS)
     if outcomes.select(pl.struct(*INPUT_KEY, "evictor", "budget").is_duplicated().any()).item():
         raise ValueError("outcomes: duplicate rows for the same (input, evictor, budget)")
-    con.register("outcomes", outcomes.sort(*INPUT_KEY, "evictor", "budget"))
+    duck.register(con, "outcomes", outcomes.sort(*INPUT_KEY, "evictor", "budget"))
 
 
 def per_input(con, logs, profile: ProfileSpec) -> SimpleNamespace:
@@ -114,7 +115,7 @@ def register_drops(con, frame: pl.DataFrame) -> list[str]:
     recomputed under a profile spec (:func:`pagestats.replay.profile_drop`), joined to the input
     columns; return its draw columns (``["pair_draw"]`` or ``[]``)."""
     draws = ["pair_draw"] if "pair_draw" in frame.columns else []
-    con.register("_dropped", frame)
+    duck.register(con, "_dropped", frame)
     meta = ", ".join(f"i.{c}" for c in INPUT_COLUMNS if c not in (*INPUT_KEY, "drop"))
     con.execute(
         f"CREATE OR REPLACE TEMP VIEW drops AS SELECT {_KEY}, {'pair_draw, ' if draws else ''}{meta}, "
@@ -172,11 +173,11 @@ def register_decisions(con, decided: pl.DataFrame) -> list[str]:
     :class:`~pagestats.replay.policies.CustomPolicy`), joined to the input columns; return the
     draw columns."""
     held = decided.filter(pl.col("held_out")).select(INPUT_KEY).unique()
-    con.register("_held_out", held)
+    duck.register(con, "_held_out", held)
     con.execute("CREATE OR REPLACE TEMP VIEW held_out AS SELECT * FROM _held_out")
     frame = decided.filter(~pl.col("held_out"))
     draws = ["pair_draw"] if "pair_draw" in frame.columns else []
-    con.register("_python_decisions", frame.select(*INPUT_KEY, *draws, "drop", "tau", "gate_open"))
+    duck.register(con, "_python_decisions", frame.select(*INPUT_KEY, *draws, "drop", "tau", "gate_open"))
     meta = ", ".join(f"i.{c}" for c in INPUT_COLUMNS if c not in (*INPUT_KEY, "drop"))
     con.execute(
         f"CREATE OR REPLACE TEMP VIEW decisions AS SELECT {_KEY}, {'pair_draw, ' if draws else ''}{meta}, "

@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 
 import pagestats
 from pagestats import defaults
+from pagestats.columns import names_like
 from pagestats.replay import ZScored, pilot_composition
 from pagestats.report.context import Context, Entry, needs_inputs
 from pagestats.report.headline import headline, headline_sentences
@@ -227,7 +228,7 @@ def _build_into(logs, out, *, policy=None, profile=None, entries: Sequence[Entry
     marks = ctx.decode_limited.group_by("model", "context_length").agg(
         pl.col("task").unique().sort().str.join(", ").alias("decode_limited"))
     if lead.height:
-        lead = lead.join(marks, on=["model", "context_length"], how="left").with_columns(
+        lead = lead.join(names_like(marks, lead), on=["model", "context_length"], how="left").with_columns(
             pl.col("decode_limited").fill_null(""))
     sentences = headline_sentences(lead, ctx.headline_evictor if logs.outcomes.height else None)
     sentences += [f"† At {r['context_length']} tokens ({r['model']}), the full-KV answers of {r['decode_limited']} "

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import polars as pl
 
 from pagestats import defaults, formulas, metrics, replay
-from pagestats.columns import headline_evictor, with_task_class
+from pagestats.io.logs import categorical_names
+from pagestats.columns import headline_evictor, names_like, with_task_class
 from pagestats.schema import INPUT_KEY
 from pagestats.replay import FixedTau, ProfileSpec
 
@@ -43,6 +44,7 @@ class Context:
     replays computed once (lazily) from them."""
 
     def __init__(self, logs, *, policy=None, profile=None, prereg=None, dilution_rule=None, headline_evictor=None):
+        logs = categorical_names(logs)
         #: the control runs (a :data:`~pagestats.defaults.CONTROL_EVICTORS` arm): Table 31 reads these alone
         logs, self.controls = split_controls(logs)
         #: every input draw of the other runs: Table 30 (seed replicates) reads these
@@ -116,8 +118,8 @@ class Context:
                                         **{c: pl.Float64 for c in ("kept_kv_gated", "acc_gated", "acc_plain_matched",
                                                                    "delta_matched", "low", "high", "delta_nominal",
                                                                    "p_value", "p_adjusted")}})
-        return metrics.matched_memory(rows.join(both, on=by, how="semi"), by=by,
-                                      rng=np.random.default_rng(defaults.BOOTSTRAP_SEED))
+        return names_like(metrics.matched_memory(rows.join(both, on=by, how="semi"), by=by,
+                                                 rng=np.random.default_rng(defaults.BOOTSTRAP_SEED)), rows)
 
     @functools.cached_property
     def decode_limited(self) -> pl.DataFrame:
@@ -132,7 +134,8 @@ class Context:
         if not files:
             return empty
         flagged = flagged_tasks(decode_profile(files, arms=False))
-        cells = self.logs.inputs.select("run_id", "model", "context_length").unique()
+        cells = self.logs.inputs.select("run_id", "model", "context_length").unique().cast(
+            {"run_id": pl.String, "model": pl.String})  # the flags' text, as the empty frame's
         return (flagged.join(cells, on="run_id").select("model", "context_length", "task", "run")
                 .unique().sort("model", "context_length", "task", "run")) if flagged.height else empty
 

@@ -12,6 +12,7 @@ import numpy as np
 import polars as pl
 
 from pagestats import defaults, formulas, metrics, replay
+from pagestats.columns import names_like
 from pagestats.figures import decision_frontier, decision_frontier_data
 from pagestats.report.context import Context
 from pagestats.schema import INPUT_KEY
@@ -36,7 +37,7 @@ def decision_data(ctx: Context) -> pl.DataFrame:
         gated, _ = metrics.equal_inputs(ctx.gated.filter(formulas.EVICTED))
         units = gated.select(*INPUT_KEY, "evictor").unique()
         logs = dataclasses.replace(ctx.logs, outcomes=ctx.logs.outcomes.join(units, on=[*INPUT_KEY, "evictor"], how="semi"))
-        curve = replay.tau_curve(logs, decision_taus(tau0), ctx.profile, by=keys)
+        curve = names_like(replay.tau_curve(logs, decision_taus(tau0), ctx.profile, by=keys), gated)  # SQL's text
         if "pair_draw" in curve.columns:
             curve = curve.group_by(*keys, "tau").agg(pl.col("delta", "kept_kv", "p_open").mean())
         accuracy = metrics.accuracy(gated, list(keys))

@@ -14,7 +14,7 @@ import numpy as np
 import polars as pl
 
 from pagestats import defaults, metrics, replay, stats
-from pagestats.columns import MODEL_CELL
+from pagestats.columns import MODEL_CELL, names_like
 from pagestats.replay.policies import FixedTau
 from pagestats.schema import INPUT_KEY
 from pagestats.tables._common import as_list, gate_at, ordering_margin, task_means
@@ -79,7 +79,7 @@ def auc_table(frames: Mapping[str, pl.DataFrame], by=MODEL_CELL, *, q: float = d
 
 def _mk_monotone(means: pl.DataFrame, by: list[str], tasks: Sequence[str]) -> pl.DataFrame:
     sub = means.filter(pl.col("task").is_in(list(tasks)))
-    order = pl.DataFrame({"task": list(tasks), "_pos": list(range(len(tasks)))})
+    order = names_like(pl.DataFrame({"task": list(tasks), "_pos": list(range(len(tasks)))}), sub)
     sub = sub.join(order, on="task").sort([*by, "_pos"])
     steps = pl.col("mean").diff().drop_nulls()
     out = sub.group_by(by).agg(pl.len().alias("_n"), (steps > 0).all().alias("_up"), (steps < 0).all().alias("_down"))

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import polars as pl
 
 from pagestats import defaults, formulas, metrics, stats
-from pagestats.columns import MODEL_CELL, require_columns
+from pagestats.columns import MODEL_CELL, names_like, require_columns
 from pagestats.schema import INPUT_KEY
 from pagestats.tables._common import as_list, group_tau, one_evictor, task_means
 
@@ -132,7 +132,8 @@ def distractor_sweep_table(gate: pl.DataFrame, tasks: Sequence[str] = MULTIKEY_T
     sub = gate.filter(pl.col("task").is_in(tasks))
     means = task_means(sub, "drop").rename({"mean": "mean_drop", "sd": "sd_drop"})
     opened = metrics.p_open(sub, by=(*MODEL_CELL, "task")).select(*MODEL_CELL, "task", "p_open")
-    order = pl.DataFrame({"task": tasks, "distractors": list(range(len(tasks)))}, schema={"task": pl.String, "distractors": pl.Int64})
+    order = names_like(pl.DataFrame({"task": tasks, "distractors": list(range(len(tasks)))},
+                                    schema={"task": pl.String, "distractors": pl.Int64}), sub)
     out = means.join(order, on="task").join(opened, on=[*MODEL_CELL, "task"]).sort([*MODEL_CELL, "distractors"])
     out = out.with_columns(pl.len().over(MODEL_CELL).alias("_n_tasks")).filter(pl.col("_n_tasks") == len(tasks))
     step = pl.col("mean_drop").diff().over(MODEL_CELL)
