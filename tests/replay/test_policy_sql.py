@@ -86,8 +86,8 @@ def _brute_moments(rows, by, pilot, col):
 
 def _check_decided(out, frame, rows, tau_of, pilot_of):
     assert out.select(frame.columns).equals(frame)  # row order and columns kept
-    assert out.columns == [*frame.columns, "pilot", "tau", "gate_open"]
-    for r, tau, open_, in_pilot in zip(rows, out["tau"], out["gate_open"], out["pilot"]):
+    assert out.columns == [*frame.columns, "in_pilot", "tau", "gate_open"]
+    for r, tau, open_, in_pilot in zip(rows, out["tau"], out["gate_open"], out["in_pilot"]):
         want = tau_of(r)
         assert tau == pytest.approx(want, rel=1e-12, abs=0)
         assert open_ == (r["drop"] >= tau)
@@ -100,7 +100,7 @@ def _check_decided(out, frame, rows, tau_of, pilot_of):
 def test_zscored_pilot_and_moments_by_brute_force(mode, by, draws):
     frame = _frame(seed=len(by) + draws, draws=draws)
     rows = frame.rows(named=True)
-    policy = ZScored(theta_z=-0.69, pilot_n=9, pilot_by=by, pilot=mode, seed=11)
+    policy = ZScored(theta_z=-0.69, pilot_n=9, pilot_by=by, pilot_split=mode, seed=11)
     pilot = _brute_pilot(rows, by, 9, mode, 11)
     assert len(pilot) == 9 * len({tuple(r[c] for c in by) for r in rows})
     moments = _brute_moments(rows, by, pilot, "drop")
@@ -123,7 +123,7 @@ def test_zscored_pilot_and_moments_by_brute_force(mode, by, draws):
 def test_recalibrated_tau_by_brute_force():
     frame = _frame(seed=4, draws=2)
     rows = frame.rows(named=True)
-    policy = RecalibratedTau(tau=0.07, pilot_n=6, pilot="random", seed=5)
+    policy = RecalibratedTau(tau=0.07, pilot_n=6, pilot_split="random", seed=5)
     pilot = _brute_pilot(rows, ("model",), 6, "random", 5)
     ref = _brute_moments(rows, ("model",), pilot, "reference_drop")
     new = _brute_moments(rows, ("model",), pilot, "drop")
@@ -145,7 +145,7 @@ def test_midpoint_by_brute_force(mode, draws):
     frame = _frame(seed=7 + draws, draws=draws)
     rows = frame.rows(named=True)
     by = ("model", "context_length")
-    policy = Midpoint(n=4, by=by, pilot=mode, seed=3, capacity_tasks=None, dilution_tasks=None)  # by class
+    policy = Midpoint(n=4, by=by, pilot_split=mode, seed=3, capacity_tasks=None, dilution_tasks=None)  # by class
     means, members = {}, set()
     for klass in (defaults.CAPACITY_BOUND, defaults.DILUTION_PRONE):
         part = [r for r in rows if r["task_class"] == klass]
@@ -171,25 +171,25 @@ def test_pilot_of_exactly_n_inputs_and_held_out_n_plus_one():
     frame = _frame(seed=2, n_inputs=2)  # 12 inputs per (model, context), 24 per model
     rows = frame.rows(named=True)
     for mode in ("first", "random"):  # a pilot of the whole group
-        out = ZScored(pilot_n=24, pilot=mode).decide(frame)
-        assert out["pilot"].all()
+        out = ZScored(pilot_n=24, pilot_split=mode).decide(frame)
+        assert out["in_pilot"].all()
         for m in ("a", "b"):
             d = [r["drop"] for r in rows if r["model"] == m]
             want = statistics.fmean(d) - 0.69 * statistics.stdev(d)
             assert out.filter(pl.col("model") == m)["tau"].to_list() == pytest.approx([want] * 24, rel=1e-12)
     with pytest.raises(ValueError, match=r"larger than the data: model=a has 24 input\(s\) and a held-out pilot "
                                          r"must leave one to evaluate"):
-        ZScored(pilot_n=24, pilot="held-out").decide(frame)
+        ZScored(pilot_n=24, pilot_split="held-out").decide(frame)
     with pytest.raises(ValueError, match=r"pilot of 25 inputs is larger than the data: model=a has 24 input\(s\)$"):
-        ZScored(pilot_n=25, pilot="first").decide(frame)
-    out = ZScored(pilot_n=23, pilot="held-out", seed=1).decide(frame)
-    left = out.filter(~pl.col("pilot"))
+        ZScored(pilot_n=25, pilot_split="first").decide(frame)
+    out = ZScored(pilot_n=23, pilot_split="held-out", seed=1).decide(frame)
+    left = out.filter(~pl.col("in_pilot"))
     assert left.height == 2 and sorted(left["model"].to_list()) == ["a", "b"]
     brute = _brute_pilot(rows, ("model",), 23, "held-out", 1)
     for r in left.rows(named=True):
         assert ((r["model"],), tuple(r[c] for c in KEY)) not in brute
     with pytest.raises(ValueError, match="fewer than 2 inputs"):
-        ZScored(pilot_n=1, pilot="first").decide(frame)
+        ZScored(pilot_n=1, pilot_split="first").decide(frame)
     with pytest.raises(ValueError, match="grouping columns"):
         ZScored(pilot_by=("nope",)).decide(frame)
 
@@ -206,8 +206,8 @@ def written(tmp_path_factory):
     db.close()
 
 
-@pytest.mark.parametrize("policy", [ZScored(pilot_n=10, seed=4), RecalibratedTau(pilot_n=8, pilot="first"),
-                                    Midpoint(n=4, pilot="random", seed=2, capacity_tasks=None, dilution_tasks=None)], ids=lambda p: p.name)
+@pytest.mark.parametrize("policy", [ZScored(pilot_n=10, seed=4), RecalibratedTau(pilot_n=8, pilot_split="first"),
+                                    Midpoint(n=4, pilot_split="random", seed=2, capacity_tasks=None, dilution_tasks=None)], ids=lambda p: p.name)
 def test_out_of_core_decisions_read_no_per_input_frame(written, policy, monkeypatch):
     logs, db = written
     rows = logs.inputs.select(*KEY, "model", "context_length", "task_class", "drop").rows(named=True)
@@ -222,7 +222,7 @@ def test_out_of_core_decisions_read_no_per_input_frame(written, policy, monkeypa
                 for g in means[defaults.CAPACITY_BOUND]}
     else:
         by = policy.pilot_by
-        pilot = _brute_pilot(rows, by, policy.pilot_n, policy.pilot, policy.seed)
+        pilot = _brute_pilot(rows, by, policy.pilot_n, policy.pilot_split, policy.seed)
         members = {u for _, u in pilot}
         m = _brute_moments(rows, by, pilot, "drop")  # the default profile: reference D = D, so τ' = τ
         taus = {g: (mu + policy.theta_z * sd if isinstance(policy, ZScored) else policy.tau)
@@ -254,7 +254,7 @@ def test_out_of_core_decisions_read_no_per_input_frame(written, policy, monkeypa
 
 def test_head_pair_draws_out_of_core_equal_in_memory(written):
     logs, db = written
-    policy, profile = ZScored(pilot_n=10, seed=1), ProfileSpec(pairs_fraction=0.5, draws=3, seed=2)
+    policy, profile = ZScored(pilot_n=10, seed=1), ProfileSpec(pairs_fraction=0.5, pair_draws=3, seed=2)
     with Replay(db, policy, profile) as session:
         assert session.decide() == ["pair_draw"]
         got = session.con.sql("SELECT run_id, task, input_id, pair_draw, tau, gate_open FROM decisions "
