@@ -16,7 +16,7 @@ peak RSS and CPU time are its own), at each size given by ``--sizes``:
   (72 rows × 14 columns at 1M);
 - ``validate``: ``pagestats validate RUNS`` (every rule, run by run, as DuckDB queries), cold:
   with an empty validation cache of its own (``PAGESTATS_CACHE_DIR``, docs/CLI.md);
-- ``whatif``: ``pagestats whatif RUNS --draws pooled --format csv``, cold (the first call on
+- ``whatif``: ``pagestats whatif RUNS --input-draws pooled --format csv``, cold (the first call on
   these files, with an empty cache of its own: every rule, then the what-if over the files in
   place; every run is one input draw, pooled as the query pools them); its CSV is compared
   with the baseline query's rows (every column, to 1e-12);
@@ -154,7 +154,7 @@ def _rounds(py: str, runs: list[str], tmp: pathlib.Path, n: int, whatif: list[st
 
 
 def _compare(csv_text: str, rows: list) -> dict:
-    """The what-if CSV against the baseline rows: same cells, every number to 1e-12 (``--draws
+    """The what-if CSV against the baseline rows: same cells, every number to 1e-12 (``--input-draws
     pooled`` over several runs adds a ``draw`` column, null)."""
     import polars as pl
 

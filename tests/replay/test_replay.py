@@ -247,7 +247,7 @@ def test_profile_statistics(logs):
 
 
 def test_spec_validation():
-    for bad in (dict(bin_fraction=0.7), dict(convention="loose"), dict(pairs_fraction=0.0), dict(draws=0), dict(k=0)):
+    for bad in (dict(bin_fraction=0.7), dict(convention="loose"), dict(pairs_fraction=0.0), dict(pair_draws=0), dict(k=0)):
         with pytest.raises(ValueError):
             ProfileSpec(**bad)
     assert ProfileSpec(layers=[3, 1]).layers == (1, 3)

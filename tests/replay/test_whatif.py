@@ -170,7 +170,7 @@ def test_args_to_policy_and_profile():
     assert policy_from_args(_args(policy="oracle")) == TaskOracle()
     assert profile_from_args(_args()) == ProfileSpec()
     spec = profile_from_args(_args(layers="0:3,7", pairs_fraction=0.1, pair_draws=5, seed=2, k=16, bins=0.25, strict_bins=True))
-    assert spec == ProfileSpec(layers=(0, 1, 2, 7), pairs_fraction=0.1, draws=5, seed=2, k=16, bin_fraction=0.25,
+    assert spec == ProfileSpec(layers=(0, 1, 2, 7), pairs_fraction=0.1, pair_draws=5, seed=2, k=16, bin_fraction=0.25,
                                convention="strict")  # fmt: skip
     assert parse_layers("every-4") == "every-4"
     with pytest.raises(ValueError, match="cannot read"):
