@@ -3,7 +3,7 @@ one hand-written DuckDB query, as ratios measured in the same run.
 
 Data: synthetic runs of 1,000,000 inputs each (8 default tasks × 125,000; one model L=12,
 H=4; RULER 4K; evictor snapkv; the 9 default budgets; no top-k, no text), one run per chunk
-(``draws=(i,)``, seed i, so run_ids differ), written by ``--generate`` in a child process
+(``input_draws=(i,)``, seed i, so run_ids differ), written by ``--generate`` in a child process
 each, so that a release of N million inputs is generated one million at a time; or the runs
 already in ``--logs DIR`` (used in draw order, never deleted). The data directory is
 ``--data DIR`` (default ``bench/tmp``); it is deleted at the end unless ``--keep``.
@@ -16,7 +16,7 @@ peak RSS and CPU time are its own), at each size given by ``--sizes``:
   (72 rows × 14 columns at 1M);
 - ``validate``: ``pagestats validate RUNS`` (every rule, run by run, as DuckDB queries), cold:
   with an empty validation cache of its own (``PAGESTATS_CACHE_DIR``, docs/CLI.md);
-- ``whatif``: ``pagestats whatif RUNS --draws pooled --format csv``, cold (the first call on
+- ``whatif``: ``pagestats whatif RUNS --input-draws pooled --format csv``, cold (the first call on
   these files, with an empty cache of its own: every rule, then the what-if over the files in
   place; every run is one input draw, pooled as the query pools them); its CSV is compared
   with the baseline query's rows (every column, to 1e-12);
@@ -92,7 +92,7 @@ def _generate(root: str, n_per_task: int, draw: int) -> None:
 
     logs = testing.synthetic_logs(
         models=(testing.ModelSpec("synthetic-12L4H", 12, 4),), context_lengths=(4096,), evictors=("snapkv",),
-        tasks=testing.SYNTHETIC_TASKS, n_inputs=n_per_task, draws=(draw,), with_topk=False, with_text=False,
+        tasks=testing.SYNTHETIC_TASKS, n_inputs=n_per_task, input_draws=(draw,), with_topk=False, with_text=False,
         seed=draw,
     )  # fmt: skip
     (run_dir,) = logs.write(root, n_shards=2)
@@ -154,7 +154,7 @@ def _rounds(py: str, runs: list[str], tmp: pathlib.Path, n: int, whatif: list[st
 
 
 def _compare(csv_text: str, rows: list) -> dict:
-    """The what-if CSV against the baseline rows: same cells, every number to 1e-12 (``--draws
+    """The what-if CSV against the baseline rows: same cells, every number to 1e-12 (``--input-draws
     pooled`` over several runs adds a ``draw`` column, null)."""
     import polars as pl
 
@@ -367,7 +367,7 @@ def main() -> int:
                                         tmp / f"query{size}.out")
             at["validate"] = _measured([py, "-m", "pagestats", "validate", *runs], tmp / f"validate{size}.out",
                                        cache=tmp / f"cache-validate{size}", timeout_s=args.timeout)
-            whatif = [py, "-m", "pagestats", "whatif", *runs, "--draws", "pooled", "--format", "csv"]
+            whatif = [py, "-m", "pagestats", "whatif", *runs, "--input-draws", "pooled", "--format", "csv"]
             if size in warm_sizes:  # the record validate wrote: whatif skips the rules
                 at["whatif"] = w = _measured(whatif, tmp / f"whatif{size}.csv", cache=tmp / f"cache-validate{size}",
                                              timeout_s=args.timeout)

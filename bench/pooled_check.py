@@ -1,6 +1,6 @@
 """Check a pooled what-if CSV over many runs against a hand-written query, run by run.
 
-``pagestats whatif RUN_1 … RUN_n --draws pooled --format csv`` over a release too big for one
+``pagestats whatif RUN_1 … RUN_n --input-draws pooled --format csv`` over a release too big for one
 join (the 100M bench of ``bench/duckdb_replay.py``: 100 runs of 1M inputs) is checked here
 against an independent computation: the fixed-τ what-if written by hand as one DuckDB query
 per run that returns, per cell, the input count and the SUMS of each per-input quantity
@@ -67,7 +67,7 @@ def pooled_reference(runs: list[str], tau: float) -> dict[tuple, dict[str, float
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("csv", help="the what-if CSV (`pagestats whatif RUNS --draws pooled --format csv`)")
+    ap.add_argument("csv", help="the what-if CSV (`pagestats whatif RUNS --input-draws pooled --format csv`)")
     ap.add_argument("runs", nargs="+", help="the run folders the CSV was made from")
     ap.add_argument("--tau", type=float, default=0.07, help="the fixed τ of the CSV (default 0.07)")
     ap.add_argument("--out", default="pooled_check", help="results name: bench/results/NAME.json")

@@ -2,7 +2,7 @@
 
 1. Head-pair subsampling (Table 9): 10 fractions × 20 draws over 10,000 inputs
    (one 28-layer, 12-head model, 66 pairs/layer), via ``profile_drop`` with
-   ``ProfileSpec(pairs_fraction=f, draws=20)``. Baseline in the same run: a per-input,
+   ``ProfileSpec(pairs_fraction=f, pair_draws=20)``. Baseline in the same run: a per-input,
    per-draw NumPy loop (mean of the kept pairs, then D) timed on ``N_BASE_PAIRS`` inputs and
    extrapolated linearly.
 2. k-sweep (App. A.3.1): k ∈ {8, 16, 32, 64, 128} over 1,000 inputs from stored top-128
@@ -62,7 +62,7 @@ def bench_pairs() -> dict:
     gen_s = time.perf_counter() - t0
     n = logs.inputs.height
     t0 = time.perf_counter()
-    results = {f: profile_drop(logs, ProfileSpec(pairs_fraction=f, draws=DRAWS, seed=0)) for f in FRACTIONS}
+    results = {f: profile_drop(logs, ProfileSpec(pairs_fraction=f, pair_draws=DRAWS, seed=0)) for f in FRACTIONS}
     fast_s = time.perf_counter() - t0
     rows = sum(r.height for r in results.values())
 
@@ -72,7 +72,7 @@ def bench_pairs() -> dict:
     t0 = time.perf_counter()
     base = {}
     for f in FRACTIONS:
-        subsets = pair_subsets(66, ProfileSpec(pairs_fraction=f, draws=DRAWS), MODEL.name)
+        subsets = pair_subsets(66, ProfileSpec(pairs_fraction=f, pair_draws=DRAWS), MODEL.name)
         vals = []
         for pj in sub["pair_jaccard"].to_list():
             jac = np.asarray(pj, dtype=np.float64).reshape(n_layers, -1)

@@ -92,7 +92,7 @@ def calibration(logs) -> str:
 
     said = []
     for split in ("held-out", "first"):
-        gate = replay.gate(logs, ZScored(pilot=split))
+        gate = replay.gate(logs, ZScored(pilot_split=split))
         said.append((float(gate["tau"].unique().item()), gate["gate_open"].mean(), gate.height))
     sweep = tables.k_sweep_table(Context(logs).logs)
     tau = {k: sweep.filter(pl.col("k") == k)["tau_gate"].unique().item() for k in (8, 16)}

@@ -214,17 +214,17 @@ def calibration_notebook():
                           "per (model, context), three pilot sizes. `flips` marks a task whose gate call (closed iff "
                           "fewer than half its inputs open) differs from the reference pilot (the default z-scored pilot: 100 held-out inputs per model)."),
         new_code_cell('sens = tables.pilot_sensitivity_table(logs, pilot_sizes=(20, 50, 100))\n'
-                      'sens.group_by("pilot", "pilot_by", "pilot_n").agg(\n'
+                      'sens.group_by("pilot_split", "pilot_by", "pilot_n").agg(\n'
                       '    pl.col("tau").mean().alias("mean_tau"), pl.col("flips").sum().alias("flipped_calls"),\n'
-                      '    pl.col("delta_cell").mean().alias("mean_delta")).sort("pilot", "pilot_by", "pilot_n")'),
+                      '    pl.col("delta_cell").mean().alias("mean_delta")).sort("pilot_split", "pilot_by", "pilot_n")'),
         new_code_cell('sens.filter(pl.col("n_flipping_definitions") > 0).select(\n'
                       '    "model", "context_length", "task", "n_flipping_definitions").unique().sort("model", "context_length", "task")'),
         new_code_cell('from matplotlib.figure import Figure\n\n'
-                      'per = sens.group_by("pilot", "pilot_by", "pilot_n").agg(pl.col("tau").mean()).sort("pilot_n")\n'
+                      'per = sens.group_by("pilot_split", "pilot_by", "pilot_n").agg(pl.col("tau").mean()).sort("pilot_n")\n'
                       'fig = Figure(figsize=(5.6, 2.4), layout="constrained")\n'
                       'ax = fig.subplots()\n'
-                      'for (pilot, pilot_by), g in per.group_by("pilot", "pilot_by", maintain_order=True):\n'
-                      '    ax.plot(g["pilot_n"], g["tau"], marker="o", label=f"{pilot} inputs, per {pilot_by}")\n'
+                      'for (pilot_split, pilot_by), g in per.group_by("pilot_split", "pilot_by", maintain_order=True):\n'
+                      '    ax.plot(g["pilot_n"], g["tau"], marker="o", label=f"{pilot_split} inputs, per {pilot_by}")\n'
                       'ax.axhline(0.07, color="0.5", linestyle=":", label="fixed τ = 0.07")\n'
                       'ax.set_xlabel("pilot size"); ax.set_ylabel("mean z-scored τ")\n'
                       'ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False)  # beside the lines\n'
@@ -244,7 +244,7 @@ def depth_notebook():
                       'agreement_profile(logs.inputs)    # Figure 5: a_ℓ per task, the early and late bins of D shaded'),
         new_code_cell('t10 = tables.layer_subset_table(logs)\n'
                       't10.pivot(on="layers", index=["model", "context_length"], values="margin")'),
-        new_code_cell('t9 = tables.head_pair_table(logs, fractions=(0.05, 0.25, 1.0), draws=5)\nt9'),
+        new_code_cell('t9 = tables.head_pair_table(logs, fractions=(0.05, 0.25, 1.0), pair_draws=5)\nt9'),
         new_markdown_cell("## Another k (from the stored top-k indices)"),
         new_code_cell('if logs.topk is not None and logs.topk.height:\n'
                       '    for k in (8, 16, 32):\n'

@@ -127,14 +127,14 @@ def calibrate(logs, policy, *, model: str | None = None, files=None) -> Gate:
     if isinstance(policy, ZScored):
         from pagestats.replay.pilot import pilot_mask
 
-        mask = pilot_mask(rows, policy.pilot_by, policy.pilot_n, policy.pilot, policy.seed)
+        mask = pilot_mask(rows, policy.pilot_by, policy.pilot_n, policy.pilot_split, policy.seed)
         sample = rows.filter(mask)["drop"].to_numpy().astype(float)
         pilot.update({"mu": float(sample.mean()), "sigma": float(sample.std(ddof=1)), "theta": float(policy.theta_z),
-                      "n": int(len(sample)), "split": policy.pilot, "seed": int(policy.seed)})
-    if isinstance(policy, Midpoint):  # the two sample means of Eq. 5, from the policy's own pilot flags
+                      "n": int(len(sample)), "split": policy.pilot_split, "seed": int(policy.seed)})
+    if isinstance(policy, Midpoint):  # the two sample means of Eq. 5, from the policy's own pilot membership (in_pilot)
         from pagestats import defaults
 
-        sample = rows.filter(pl.col("pilot"))
+        sample = rows.filter(pl.col("in_pilot"))
         capacity = (pl.col("task").is_in(list(policy.capacity_tasks)) if policy.capacity_tasks is not None
                     else pl.col("task_class") == defaults.CAPACITY_BOUND)
         cap, dil = sample.filter(capacity), sample.filter(~capacity)

@@ -51,19 +51,20 @@ WHATIF_COLUMNS = (
 GATE_FREE = ("n_inputs", "acc_full", "acc_plain", "harm_plain")
 
 
-def whatif_query(draws: list[str], input_draws: str | int | None = None, *, tables: dict[str, str] | None = None) -> str:
+def whatif_query(draw_columns: list[str], input_draws: str | int | None = None, *, tables: dict[str, str] | None = None) -> str:
     """The what-if as one DuckDB query over ``outcomes`` and ``decisions`` (one join).
 
     Every aggregate is a formula of :mod:`pagestats.formulas` and the gated arm is
     :data:`~pagestats.formulas.SCORE_GATED` / :data:`~pagestats.formulas.N_KEPT_GATED`,
     the same SQL text that polars evaluates in :mod:`pagestats.metrics` and
-    :func:`pagestats.replay.gated_outcomes`. ``input_draws``: ``"split"`` adds the input draw
+    :func:`pagestats.replay.gated_outcomes`. ``draw_columns``: the head-pair draw columns of
+    ``decisions`` (``["pair_draw"]``, or none). ``input_draws``: ``"split"`` adds the input draw
     (``inputs.draw``) to the cell keys, an integer keeps only that draw's inputs, ``None``
     pools whatever is there. ``tables`` renames the relations read (``outcomes``,
     ``decisions``, ``inputs``, ``held_out``, the relations of a :class:`~pagestats.replay.Replay`;
     see :func:`replay_whatif` for the run-by-run evaluation).
     """
-    return _over_draws(_per_draw(draws, input_draws, tables), draws, input_draws)
+    return _over_draws(_per_draw(draw_columns, input_draws, tables), draw_columns, input_draws)
 
 
 def _exact_mean(sql: str) -> str:
@@ -80,7 +81,7 @@ def _cell(input_draws) -> str:
     return ", ".join([*WHATIF_CELL, *(["draw"] if input_draws == "split" else [])])
 
 
-def _per_draw(draws: list[str], input_draws, tables: dict[str, str] | None = None) -> str:
+def _per_draw(draw_columns: list[str], input_draws, tables: dict[str, str] | None = None) -> str:
     """Per cell (and head-pair draw): ``n_inputs`` and the means of :data:`WHATIF_COLUMNS`,
     each over the cell's outcome rows (so that cells of disjoint row sets pool as means
     weighted by ``n_inputs``)."""
@@ -88,19 +89,19 @@ def _per_draw(draws: list[str], input_draws, tables: dict[str, str] | None = Non
     cell = _cell(input_draws)
     key = ", ".join(INPUT_KEY)
     held = " AND ".join(f"h.{c} = o.{c}" for c in INPUT_KEY)
-    draw = ", ".join(f"d.{c}" for c in draws)
+    draw = ", ".join(f"d.{c}" for c in draw_columns)
     acc = ", ".join(f"{_exact_mean(sql)} AS {name}" for name, sql in formulas.ACCURACY.items())
     draw_col = ", x.draw" if input_draws == "split" else ""
     draw_join = f" LEFT JOIN (SELECT {key}, draw FROM {t['inputs']}) x USING ({key})" if input_draws is not None else ""
     draw_where = f" AND x.draw = {int(input_draws)}" if isinstance(input_draws, int) else ""
     return f"""
-        SELECT {cell}{", " + ", ".join(draws) if draws else ""}, count(*) AS n_inputs, {acc},
+        SELECT {cell}{", " + ", ".join(draw_columns) if draw_columns else ""}, count(*) AS n_inputs, {acc},
             {formulas.harm_count("score_plain")} / count(*) AS harm_plain,
             {formulas.harm_count("score_gated")} / count(*) AS harm_gated,
             {formulas.OPEN_COUNT} / count(*) AS p_open,
             {_exact_mean(f"avg({formulas.kept_fraction('n_kept_gated')})")} AS kept_kv
         FROM (
-            SELECT d.model, d.context_length, o.evictor, o.task, o.budget{", " + draw if draws else ""}{draw_col},
+            SELECT d.model, d.context_length, o.evictor, o.task, o.budget{", " + draw if draw_columns else ""}{draw_col},
                 d.full_score AS score_full, o.score AS score_plain, {SCORE_GATED} AS score_gated,
                 {N_KEPT_GATED} AS n_kept_gated, n_tokens, gate_open
             FROM {t['outcomes']} o LEFT JOIN {t['decisions']} d USING ({key}){draw_join}
@@ -113,18 +114,18 @@ def _per_draw(draws: list[str], input_draws, tables: dict[str, str] | None = Non
 _MEANS = tuple(c for c in WHATIF_COLUMNS[6:] if c not in ("delta", "degenerate"))
 
 
-def _pooled(source: str, draws: list[str], input_draws) -> str:
+def _pooled(source: str, draw_columns: list[str], input_draws) -> str:
     """The per-draw rows of disjoint parts (runs) pooled: counts summed, means weighted by
     ``n_inputs`` (every mean of :func:`_per_draw` is over the cell's rows)."""
-    keys = ", ".join([*_cell(input_draws).split(", "), *draws])
+    keys = ", ".join([*_cell(input_draws).split(", "), *draw_columns])
     means = ", ".join(f"CAST(sum(CAST({c} * n_inputs AS DECIMAL(38, 18))) AS DOUBLE) / sum(n_inputs) AS {c}"
                       for c in _MEANS)
     return f"SELECT {keys}, sum(n_inputs) AS n_inputs, {means} FROM {source} GROUP BY {keys}"
 
 
-def _over_draws(per_draw: str, draws: list[str], input_draws) -> str:
+def _over_draws(per_draw: str, draw_columns: list[str], input_draws) -> str:
     cell = _cell(input_draws)
-    if not draws:
+    if not draw_columns:
         return f"{per_draw} ORDER BY {cell}"
     varying = [c for c in WHATIF_COLUMNS[6:] if c not in (*GATE_FREE, "delta", "degenerate")]
     return f"""
@@ -133,7 +134,7 @@ def _over_draws(per_draw: str, draws: list[str], input_draws) -> str:
         FROM ({per_draw}) GROUP BY ALL ORDER BY {cell}"""
 
 
-def _run_by_run(con, draws: list[str], input_draws) -> pl.DataFrame:
+def _run_by_run(con, draw_columns: list[str], input_draws) -> pl.DataFrame:
     """:func:`whatif_query` evaluated one run at a time and pooled.
 
     The join key starts with ``run_id``, so the join of ``outcomes`` with ``decisions``
@@ -152,9 +153,9 @@ def _run_by_run(con, draws: list[str], input_draws) -> pl.DataFrame:
         literal = "'" + str(run).replace("'", "''") + "'"
         for table in ("outcomes", "decisions", "inputs"):
             con.execute(f"CREATE OR REPLACE TEMP VIEW _run_{table} AS SELECT * FROM {table} WHERE run_id = {literal}")
-        parts.append(con.sql(_per_draw(draws, input_draws, tables)).pl())
+        parts.append(con.sql(_per_draw(draw_columns, input_draws, tables)).pl())
     duck.register(con, "_per_run", pl.concat(parts, how="vertical_relaxed"))
-    return con.sql(_over_draws(_pooled("_per_run", draws, input_draws), draws, input_draws)).pl()
+    return con.sql(_over_draws(_pooled("_per_run", draw_columns, input_draws), draw_columns, input_draws)).pl()
 
 
 #: Per (model, context_length): the gate-open fraction over the decisions (inputs × head-pair
@@ -166,7 +167,7 @@ DEGENERATE_QUERY = """
     FROM decisions GROUP BY ALL"""
 
 
-def input_draws(con) -> list[int]:
+def logged_input_draws(con) -> list[int]:
     """The input draws (``inputs.draw``, the seed of the input draw) of the logs on ``con``."""
     if "draw" not in [row[0] for row in con.sql("DESCRIBE inputs").fetchall()]:
         return []
@@ -174,7 +175,7 @@ def input_draws(con) -> list[int]:
 
 
 def whatif_table(logs, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec(), *,
-                 draws: str | int | None = None) -> pl.DataFrame:
+                 input_draws: str | int | None = None) -> pl.DataFrame:
     """Per (model, context_length, evictor, task, budget): accuracy, Δ, harm, p_open, kept-KV.
 
     Parameters
@@ -206,7 +207,7 @@ def whatif_table(logs, policy: Policy = FixedTau(), profile: ProfileSpec = Profi
     column is computed per draw and then averaged over the draws (equal weight);
     :data:`GATE_FREE` columns do not depend on the gate and equal the draw-free values.
 
-    ``draws`` says what to do with input draws (``inputs.draw``, e.g. a second draw of some
+    ``input_draws`` says what to do with input draws (``inputs.draw``, e.g. a second draw of some
     tasks): by default, when more than one is logged, each row is one draw's and a ``draw``
     column (last) says which; ``"pooled"`` pools them on purpose (``draw`` is then null);
     an integer keeps that draw's inputs only (the gate is still calibrated on every input).
@@ -217,33 +218,34 @@ def whatif_table(logs, policy: Policy = FixedTau(), profile: ProfileSpec = Profi
     threshold, not the profile (App. A.3.1). :func:`degenerate_messages` says why.
     """
     with Replay(logs, policy, profile) as session:
-        return replay_whatif(session, draws=draws)
+        return replay_whatif(session, input_draws=input_draws)
 
 
 def whatif_with_pilot(logs, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec(), *,
-                      draws: str | int | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
+                      input_draws: str | int | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
     """What ``pagestats whatif`` prints: the :func:`whatif_table` and the calibration pilot
     (:func:`pagestats.replay.pilot_composition`) of one :class:`~pagestats.replay.Replay`, so
     that the decisions are computed once for both."""
     with Replay(logs, policy, profile) as session:
-        return replay_whatif(session, draws=draws), session.pilot_composition()
+        return replay_whatif(session, input_draws=input_draws), session.pilot_composition()
 
 
-def replay_whatif(session: Replay, *, draws: str | int | None = None) -> pl.DataFrame:
+def replay_whatif(session: Replay, *, input_draws: str | int | None = None) -> pl.DataFrame:
     """:func:`whatif_table` of the replay ``session`` (its decisions, made once: :meth:`Replay.decide
     <pagestats.replay.Replay.decide>`)."""
     con = session.con
-    present = input_draws(con)
-    if draws not in (None, "pooled") and (isinstance(draws, bool) or draws not in present):
-        raise ValueError(f"draws takes pooled or one of the logged input draws {present}, got {draws!r}")
-    mode = draws if draws not in (None, "pooled") else ("split" if draws is None and len(present) > 1 else None)
-    pair_draws = session.decide()
+    present = logged_input_draws(con)
+    if input_draws not in (None, "pooled") and (isinstance(input_draws, bool) or input_draws not in present):
+        raise ValueError(f"input_draws takes pooled or one of the logged input draws {present}, got {input_draws!r}")
+    mode = (input_draws if input_draws not in (None, "pooled")
+            else ("split" if input_draws is None and len(present) > 1 else None))
+    draw_columns = session.decide()
     if session.out_of_core and con.sql("SELECT count(DISTINCT run_id) FROM inputs").fetchall()[0][0] > 1:
-        table = _run_by_run(con, pair_draws, mode)  # out of core: one join per run
+        table = _run_by_run(con, draw_columns, mode)  # out of core: one join per run
     else:
-        table = con.sql(whatif_query(pair_draws, mode)).pl()
+        table = con.sql(whatif_query(draw_columns, mode)).pl()
     cells = con.sql(DEGENERATE_QUERY).pl()
-    if draws == "pooled" and len(present) > 1:
+    if input_draws == "pooled" and len(present) > 1:
         table = table.with_columns(pl.lit(None, pl.Int64).alias("draw"))  # null: the draws are pooled
     orphans = table.filter(pl.col("model").is_null())
     if orphans.height:
@@ -297,7 +299,7 @@ def whatif_summary(table: pl.DataFrame, by=MATRIX_CELL) -> pl.DataFrame:
     if not by or unknown or len(set(by)) != len(by):
         raise ValueError(f"by takes distinct keys among {', '.join(WHATIF_CELL)}; got {','.join(by) or 'nothing'}")
     if "draw" in table.columns and table["draw"].null_count() < table.height and "draw" not in by:
-        by = [*by, "draw"]  # input draws are summarised apart unless pooled on purpose (--draws pooled)
+        by = [*by, "draw"]  # input draws are summarised apart unless pooled on purpose (--input-draws pooled)
     rows = table if "budget" in by else table.filter(formulas.EVICTED)
     if rows.height == 0:
         raise ValueError("no rows with an eviction budget b < 1 to summarise")
@@ -345,9 +347,9 @@ def write_whatif(table: pl.DataFrame, path) -> str:
     return str(path)
 
 
-def _gated_rows(draws: list[str], where: str = "TRUE") -> str:
+def _gated_rows(draw_columns: list[str], where: str = "TRUE") -> str:
     """Gated-outcome rows with b < 1 (the columns the formulas read), as a DuckDB subquery."""
-    draw = "".join(f", d.{c}" for c in draws)
+    draw = "".join(f", d.{c}" for c in draw_columns)
     return f"""
         SELECT d.model, d.context_length, d.task_class, o.evictor, o.task, o.budget, o.run_id, o.input_id{draw},
             d.full_score AS score_full, o.score AS score_plain, {SCORE_GATED} AS score_gated, gate_open
@@ -355,12 +357,12 @@ def _gated_rows(draws: list[str], where: str = "TRUE") -> str:
         WHERE {formulas.evicted("o")} AND {where}"""
 
 
-def _by(by, draws: list[str]) -> list[str]:
+def _by(by, draw_columns: list[str]) -> list[str]:
     by = [by] if isinstance(by, str) else list(by)
     bad = [c for c in by if c not in ("model", "context_length", "task_class", "evictor", "task", "run_id")]
     if bad:
         raise ValueError(f"cannot group by {bad}")
-    return [*by, *draws]
+    return [*by, *draw_columns]
 
 
 def rates_table(
@@ -389,16 +391,16 @@ def rates_table(
 
     level = defaults.CONFIDENCE_LEVEL if confidence_level is None else confidence_level
     with Replay(logs, policy, profile) as session:
-        con, draws = session.con, session.decide()
-        by = _by(by, draws)
+        con, draw_columns = session.con, session.decide()
+        by = _by(by, draw_columns)
         g = ", ".join(by)
-        unit = ", ".join(dict.fromkeys([*by, *INPUT_KEY, *draws, "evictor"]))
+        unit = ", ".join(dict.fromkeys([*by, *INPUT_KEY, *draw_columns, "evictor"]))
         query = f"""
             WITH units AS (
                 SELECT {unit}, {formulas.recovered("score_plain")} AS rec_plain,
                     {formulas.recovered("score_gated")} AS rec_gated, any_value(gate_open) AS gate_open
-                FROM ({_gated_rows(draws)}) GROUP BY {unit}
-            ), inputs AS (SELECT DISTINCT {", ".join(dict.fromkeys([*by, *INPUT_KEY, *draws]))}, gate_open FROM units)
+                FROM ({_gated_rows(draw_columns)}) GROUP BY {unit}
+            ), inputs AS (SELECT DISTINCT {", ".join(dict.fromkeys([*by, *INPUT_KEY, *draw_columns]))}, gate_open FROM units)
             SELECT {g}, 'rho_plain' AS metric, sum(CAST(rec_plain AS BIGINT)) AS k, count(*) AS n FROM units GROUP BY {g}
             UNION ALL
             SELECT {g}, 'rho_gated', sum(CAST(rec_gated AS BIGINT)), count(*) FROM units GROUP BY {g}
@@ -438,11 +440,11 @@ def delta_bootstrap_table(
     from pagestats.metrics.delta import bootstrap_table  # NumPy and SciPy: only for the bootstrap
 
     with Replay(logs, policy, profile) as session:
-        con, draws = session.con, session.decide()
-        by = _by(by, draws)
-        unit = [*INPUT_KEY, *draws, "evictor"]
-        rows = _gated_rows(draws, " AND ".join(f"{c} IS NOT DISTINCT FROM ${c}" for c in by) or "TRUE")
-        cells = con.sql(f"SELECT DISTINCT {', '.join(by)} FROM ({_gated_rows(draws)}) ORDER BY ALL").pl()
+        con, draw_columns = session.con, session.decide()
+        by = _by(by, draw_columns)
+        unit = [*INPUT_KEY, *draw_columns, "evictor"]
+        rows = _gated_rows(draw_columns, " AND ".join(f"{c} IS NOT DISTINCT FROM ${c}" for c in by) or "TRUE")
+        cells = con.sql(f"SELECT DISTINCT {', '.join(by)} FROM ({_gated_rows(draw_columns)}) ORDER BY ALL").pl()
         keys, matrices, inputs = [], [], []
         for i in range(cells.height):
             cell = cells.slice(i, 1)
@@ -458,7 +460,7 @@ def delta_bootstrap_table(
             keys.append(cell)
             matrices.append(part["_d"].to_numpy().reshape(n_units, n_budgets))
             if shared_inputs:
-                inputs.append(part.select(*INPUT_KEY, *draws).unique(maintain_order=True))
+                inputs.append(part.select(*INPUT_KEY, *draw_columns).unique(maintain_order=True))
     return bootstrap_table(
         keys, matrices, inputs, dict(cells.schema), rng=rng,
         n_boot=defaults.N_BOOTSTRAP if n_boot is None else n_boot,

@@ -27,7 +27,7 @@ def add_parser(sub) -> None:
     p.add_argument("--theta", type=number(-1e3, 1e3, name="--theta"), default=None,
                    help=f"θ_z of the z-scored policy (default: {defaults.THETA_Z})")
     add_midpoint_tasks(p)
-    p.add_argument("--pilot", type=number(1, MAX_PILOT, integer=True, name="--pilot"), default=None,
+    p.add_argument("--pilot-n", type=number(1, MAX_PILOT, integer=True, name="--pilot-n"), default=None,
                    help=f"pilot size (default {defaults.PILOT_N})")
     p.add_argument("--pilot-split", choices=list(PILOT_SPLITS), default=None,
                    help=f"which inputs form the pilot (default {defaults.PILOT_SPLIT})")

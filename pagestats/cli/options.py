@@ -117,12 +117,12 @@ fit_contexts.__name__ = "--fit-contexts"
 
 
 def input_draws(text: str):
-    """``--draws`` value: ``pooled`` or a draw number."""
+    """``--input-draws`` value: ``pooled`` or a draw number."""
     text = str(text).strip()
     if text == "pooled":
         return text
     if not re.fullmatch(r"[0-9]+", text):
-        raise argparse.ArgumentTypeError(f"--draws takes pooled or a draw number, got {text!r}")
+        raise argparse.ArgumentTypeError(f"--input-draws takes pooled or a draw number, got {text!r}")
     return int(text)
 
 
@@ -145,7 +145,7 @@ def _given(args, name: str) -> bool:
 def check_options(args) -> None:
     """Refuse options that the chosen policy and profile do not read (docs/CLI.md: exit 2).
 
-    ``--theta`` applies to ``--policy z``; ``--pilot``, ``--pilot-by`` and ``--pilot-split``
+    ``--theta`` applies to ``--policy z``; ``--pilot-n``, ``--pilot-by`` and ``--pilot-split``
     to a policy with a pilot (``--policy z`` or ``--recalibrate z``); ``--midpoint-tasks`` to
     ``--policy midpoint``; ``--pair-draws`` to ``--pairs-fraction``; ``--seed`` to a
     head-pair draw or a hashed pilot.
@@ -155,7 +155,7 @@ def check_options(args) -> None:
     has_pilot = name == "z" or recal == "z"
     if _given(args, "theta") and name != "z":
         raise ValueError(f"--theta applies to --policy z, not the {name} policy")
-    for opt in ("pilot", "pilot_by", "pilot_split"):
+    for opt in ("pilot_n", "pilot_by", "pilot_split"):
         if _given(args, opt) and not has_pilot:
             raise ValueError(f"--{opt.replace('_', '-')} applies to a pilot (--policy z or --recalibrate z), "
                              f"not the {name} policy")
@@ -177,7 +177,7 @@ def policy_from_args(args) -> Policy:
     """The gate policy named by the ``pagestats whatif`` options.
 
     ``--tau X`` → :class:`FixedTau` (X); ``--policy fixed`` or no flag → fixed τ = 0.07;
-    ``--policy z`` → :class:`ZScored` (``--theta``, ``--pilot``, ``--pilot-by``,
+    ``--policy z`` → :class:`ZScored` (``--theta``, ``--pilot-n``, ``--pilot-by``,
     ``--pilot-split``, ``--seed``); ``--policy midpoint`` → :class:`Midpoint` (the paper's
     samples, 20 NIAH-MK3 and 20 VT inputs, App. A.3.4 and Table 7; ``--midpoint-tasks CAP,DIL``
     names two other tasks, ``--midpoint-tasks class`` pools every capacity-bound against every
@@ -190,7 +190,7 @@ def policy_from_args(args) -> Policy:
     tau = getattr(args, "tau", None)
     name = getattr(args, "policy", None)
     seed = int(getattr(args, "seed", None) or 0)
-    pilot_n = int(getattr(args, "pilot", None) or defaults.PILOT_N)
+    pilot_n = int(getattr(args, "pilot_n", None) or defaults.PILOT_N)
     split = getattr(args, "pilot_split", None) or defaults.PILOT_SPLIT
     recal = getattr(args, "recalibrate", None) or "none"
     if tau is not None:
@@ -202,7 +202,7 @@ def policy_from_args(args) -> Policy:
     elif name == "z":
         theta = getattr(args, "theta", None)
         policy = ZScored(theta_z=defaults.THETA_Z if theta is None else float(theta), pilot_n=pilot_n,
-                         pilot_by=_pilot_by(args), pilot=split, seed=seed)
+                         pilot_by=_pilot_by(args), pilot_split=split, seed=seed)
     elif name == "midpoint":
         tasks = getattr(args, "midpoint_tasks", None)
         if tasks is None:
@@ -219,7 +219,7 @@ def policy_from_args(args) -> Policy:
         policy = TaskOracle()
     else:
         raise ValueError(f"unknown policy {name!r}; expected fixed, z, midpoint or oracle")
-    return recalibrate(policy, recal, pilot_n=pilot_n, pilot_by=_pilot_by(args), pilot=split, seed=seed)
+    return recalibrate(policy, recal, pilot_n=pilot_n, pilot_by=_pilot_by(args), pilot_split=split, seed=seed)
 
 
 def parse_layers(text: str | None):
@@ -264,7 +264,7 @@ def profile_from_args(args) -> ProfileSpec:
         bin_fraction=defaults.BIN_FRACTION if bins is None else parse_fraction(bins),
         convention="strict" if getattr(args, "strict_bins", False) else defaults.BIN_CONVENTION,
         pairs_fraction=getattr(args, "pairs_fraction", None),
-        draws=int(getattr(args, "pair_draws", None) or defaults.PAIR_DRAWS),
+        pair_draws=int(getattr(args, "pair_draws", None) or defaults.PAIR_DRAWS),
         seed=int(getattr(args, "seed", None) or 0),
         k=getattr(args, "k", None),
     )
@@ -340,7 +340,7 @@ def add_policy(p: argparse.ArgumentParser) -> None:
     p.add_argument("--theta", type=number(-1e3, 1e3, name="--theta"), default=None,
                    help=f"θ_z of the z-scored policy (default: {defaults.THETA_Z})")
     add_midpoint_tasks(p)
-    p.add_argument("--pilot", type=number(1, MAX_PILOT, integer=True, name="--pilot"), default=None,
+    p.add_argument("--pilot-n", type=number(1, MAX_PILOT, integer=True, name="--pilot-n"), default=None,
                    help=f"pilot size per group (default {defaults.PILOT_N})")
     p.add_argument(
         "--pilot-by",

@@ -44,7 +44,7 @@ def add_parser(sub) -> None:
                    "every-4, early-only, first-last, or a comma list / a:b range of layer indices "
                    "(default: all layers)")
     p.add_argument("--pairs-fraction", type=number(0.0, 1.0, name="--pairs-fraction"), default=None, help="fraction of head pairs kept per draw (default: every pair)")
-    p.add_argument("--draws", type=input_draws, default=None, metavar="pooled|N",
+    p.add_argument("--input-draws", type=input_draws, default=None, metavar="pooled|N",
                    help="input draws (inputs.draw): N keeps draw N, pooled pools them on purpose (default: one "
                    "row per draw, with a draw column, when the logs hold more than one)")
     p.add_argument("--pair-draws", type=number(1, MAX_DRAWS, integer=True, name="--pair-draws"), default=None,
@@ -115,7 +115,7 @@ def run(args) -> int:
     logs, excluded = opened
     try:
         policy, profile = args.parsed_policy, args.parsed_profile
-        table, pilot = whatif_with_pilot(logs, policy, profile, draws=args.draws)  # one replay: decided once
+        table, pilot = whatif_with_pilot(logs, policy, profile, input_draws=args.input_draws)  # one replay: decided once
         warnings = degenerate_messages(table, profile, args.recalibrate)
         table = filter_whatif(table, evictor=comma_list(args.evictor), task=comma_list(args.task),
                               context_length=comma_list(args.context, int, "--context"))

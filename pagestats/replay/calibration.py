@@ -52,38 +52,38 @@ def refuse_one_input_pilots(con) -> None:
 
 def decision_query(source: str, groups, pilot_on) -> str:
     """Every row of ``source`` with the threshold ``tau`` of its group (``groups`` columns of
-    ``_pilot_tau``) and ``pilot``: whether its input is a pilot input (``pilot_on`` columns of
+    ``_pilot_tau``) and ``in_pilot``: whether its input is a pilot input (``pilot_on`` columns of
     ``_pilot_units``), after a policy's ``calibrate``."""
-    return (f"SELECT s.*, t.tau, p._in IS NOT NULL AS pilot FROM {source} s "
+    return (f"SELECT s.*, t.tau, p._in IS NOT NULL AS in_pilot FROM {source} s "
             f"LEFT JOIN _pilot_tau t ON {join_on(groups, 's', 't')} "
             f"LEFT JOIN (SELECT DISTINCT {quoted(pilot_on)}, true AS _in FROM _pilot_units) p "
             f"ON {join_on(pilot_on, 's', 'p')}")
 
 
 def decide_on_frame(policy, frame: pl.DataFrame) -> pl.DataFrame:
-    """``frame`` with ``pilot``, ``tau`` and ``gate_open`` (:data:`GATE_RULE`) added, row order
+    """``frame`` with ``in_pilot``, ``tau`` and ``gate_open`` (:data:`GATE_RULE`) added, row order
     kept: ``policy.calibrate`` and :func:`decision_query` run by DuckDB on ``frame``."""
 
     def query(con, source):
         groups, pilot_on = policy.calibrate(con, source)
-        return f"SELECT pilot, tau FROM ({decision_query(source, groups, pilot_on)}) ORDER BY _row"
+        return f"SELECT in_pilot, tau FROM ({decision_query(source, groups, pilot_on)}) ORDER BY _row"
 
     decided = frame_query(frame, query)
-    out = frame.with_columns(decided["pilot"], decided["tau"].cast(pl.Float64))
+    out = frame.with_columns(decided["in_pilot"], decided["tau"].cast(pl.Float64))
     return out.with_columns(pl.sql_expr(GATE_RULE).alias("gate_open"))
 
 
 def standardised(policy, con, source: str, columns, moments: dict[str, str], tau_sql: str):
     """The calibration of :class:`~pagestats.replay.policies.ZScored` and
     :class:`~pagestats.replay.policies.RecalibratedTau`: the pilot of ``policy``
-    (``pilot_by``, ``pilot_n``, ``pilot``, ``seed``; small groups refused), the pilot moments of
+    (``pilot_by``, ``pilot_n``, ``pilot_split``, ``seed``; small groups refused), the pilot moments of
     ``moments`` (prefix → column) per pilot group and head-pair draw, and τ = ``tau_sql`` over
     them; returns what :meth:`~pagestats.replay.policies.ZScored.calibrate` returns."""
     by = group_columns(columns, policy.pilot_by, f"{type(policy).__name__}.pilot_by")
     groups = [*by, *draw_columns(columns)]
-    refuse_small_groups(con, source, by, policy.pilot_n, policy.pilot)
+    refuse_small_groups(con, source, by, policy.pilot_n, policy.pilot_split)
     stats = pilot_moments(source, "_pilot_units", by, groups, moments)
-    store_calibration(con, source, pilot_query(source, by, policy.pilot_n, policy.pilot, policy.seed),
+    store_calibration(con, source, pilot_query(source, by, policy.pilot_n, policy.pilot_split, policy.seed),
                       f"SELECT *, {tau_sql} AS tau FROM ({stats})")
     refuse_one_input_pilots(con)
     return groups, [*by, *INPUT_KEY]

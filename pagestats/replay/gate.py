@@ -68,7 +68,7 @@ def _decision_frame(logs, profile: ProfileSpec, policy: Policy, prof: pl.DataFra
 
 def _decide(logs, policy: Policy, profile: ProfileSpec, prof: pl.DataFrame | None = None,
             meta: pl.DataFrame | None = None) -> pl.DataFrame:
-    """Every input's decision, pilot inputs included (column ``pilot`` when the policy has one)."""
+    """Every input's decision, pilot inputs included (column ``in_pilot`` when the policy has one)."""
     if not hasattr(policy, "decide"):
         raise TypeError(f"policy must be one of {[t.__name__ for t in POLICY_TYPES]}, got {policy!r}")
     frame = _decision_frame(logs, profile, policy, prof, meta)
@@ -83,13 +83,13 @@ def _decide(logs, policy: Policy, profile: ProfileSpec, prof: pl.DataFrame | Non
 
 def _evaluated(decided: pl.DataFrame, policy: Policy) -> pl.DataFrame:
     """The decisions that are evaluated: all of them, less a held-out pilot."""
-    if getattr(policy, "held_out", False) and "pilot" in decided.columns:
-        return decided.filter(~pl.col("pilot"))
+    if getattr(policy, "held_out", False) and "in_pilot" in decided.columns:
+        return decided.filter(~pl.col("in_pilot"))
     return decided
 
 
 def _with_held_out(decided: pl.DataFrame, policy: Policy) -> pl.DataFrame:
-    held = pl.col("pilot") if getattr(policy, "held_out", False) and "pilot" in decided.columns else pl.lit(False)
+    held = pl.col("in_pilot") if getattr(policy, "held_out", False) and "in_pilot" in decided.columns else pl.lit(False)
     out = decided.with_columns(held.alias("held_out"))
     return out.select([*(c for c in GATE_COLUMNS if c in out.columns), "held_out"])
 
@@ -113,7 +113,7 @@ def decide_each(logs, policies, profile: ProfileSpec = ProfileSpec()) -> Iterato
 def gate(logs, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec()) -> pl.DataFrame:
     """Gate decision per input under ``policy``: open (evict) iff D ≥ τ (§3, Eq. 2).
 
-    A policy whose pilot is held out (``pilot="held-out"``, the z-scored default) sets τ
+    A policy whose pilot is held out (``pilot_split="held-out"``, the z-scored default) sets τ
     on its pilot inputs and leaves them out of the frame, so no evaluated number is
     computed on the inputs that set the threshold.
 

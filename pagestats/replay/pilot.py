@@ -22,7 +22,7 @@ from pagestats.io import duck
 from pagestats.replay.sqltext import group_columns, join_on, quoted, sql_string
 from pagestats.schema import INPUT_KEY
 
-#: Canonical order of inputs inside a calibration group for ``pilot="first"``: the first
+#: Canonical order of inputs inside a calibration group for the ``"first"`` pilot split: the first
 #: inputs of every task in turn (input_id first, task only as a tie-break), so that a pilot
 #: of n inputs is a balanced slice of the logged workload rather than n inputs of one task.
 PILOT_ORDER = ["input_id", "task", "run_id"]
@@ -64,14 +64,14 @@ def register_functions(con) -> None:
                             "BIGINT", type="arrow", side_effects=False)
 
 
-def _check_pilot(n: int, mode: str) -> None:
-    if mode not in PILOT_SPLITS:
-        raise ValueError(f"pilot split must be one of {PILOT_SPLITS}, got {mode!r}")
+def _check_pilot(n: int, split: str) -> None:
+    if split not in PILOT_SPLITS:
+        raise ValueError(f"pilot split must be one of {PILOT_SPLITS}, got {split!r}")
     if int(n) != n or n < 1:
         raise ValueError(f"pilot size must be a positive integer, got {n}")
 
 
-def pilot_query(source: str, by, n: int, mode: str = "first", seed: int = 0) -> str:
+def pilot_query(source: str, by, n: int, split: str = "first", seed: int = 0) -> str:
     """The calibration pilot of each ``by`` group of the relation ``source``, as DuckDB SQL.
 
     The query gives the distinct pilot inputs (``by`` columns, ``run_id, task, input_id``):
@@ -80,22 +80,22 @@ def pilot_query(source: str, by, n: int, mode: str = "first", seed: int = 0) -> 
     ``"held-out"``). A group of fewer inputs gives all of them (:func:`refuse_small_groups`
     refuses it). Needs :func:`register_functions` on the connection for a hashed pilot.
     """
-    _check_pilot(n, mode)
+    _check_pilot(n, split)
     by = list(by)
     units = quoted([*by, *INPUT_KEY])
     order = [f"{c} NULLS FIRST" for c in quoted(PILOT_ORDER).split(", ")]
-    if mode != "first":
+    if split != "first":
         order.insert(0, f"{PILOT_HASH_FUNCTION}({int(seed)}, run_id, task, input_id)")
     partition = f"PARTITION BY {quoted(by)} " if by else ""
     return (f"SELECT {units} FROM (SELECT DISTINCT {units} FROM {source}) "
             f"QUALIFY row_number() OVER ({partition}ORDER BY {', '.join(order)}) <= {int(n)}")
 
 
-def refuse_small_groups(con, source: str, by, n: int, mode: str) -> None:
+def refuse_small_groups(con, source: str, by, n: int, split: str) -> None:
     """Raise ``ValueError`` if a ``by`` group of ``source`` has fewer than ``n`` distinct inputs
     (``n`` + 1 for a held-out pilot, which must leave an input to evaluate)."""
     by = list(by)
-    need = n + 1 if mode == "held-out" else n
+    need = n + 1 if split == "held-out" else n
     units = f"SELECT DISTINCT {quoted([*by, *INPUT_KEY])} FROM {source}"
     if by:
         query = (f"SELECT {quoted(by)}, count(*) AS len FROM ({units}) GROUP BY ALL HAVING count(*) < {int(need)} "
@@ -107,7 +107,7 @@ def refuse_small_groups(con, source: str, by, n: int, mode: str) -> None:
         row = dict(zip([*by, "len"], small[0]))
         group = ", ".join(f"{c}={row[c]}" for c in by) or "all inputs"
         raise ValueError(f"pilot of {n} inputs is larger than the data: {group} has {row['len']} input(s)"
-                         + (" and a held-out pilot must leave one to evaluate" if mode == "held-out" else ""))
+                         + (" and a held-out pilot must leave one to evaluate" if split == "held-out" else ""))
 
 
 def frame_query(frame: pl.DataFrame, query, *, con=None) -> pl.DataFrame:
@@ -125,7 +125,7 @@ def frame_query(frame: pl.DataFrame, query, *, con=None) -> pl.DataFrame:
             con.close()
 
 
-def pilot_mask(frame: pl.DataFrame, by, n: int, mode: str = "first", seed: int = 0, *,
+def pilot_mask(frame: pl.DataFrame, by, n: int, split: str = "first", seed: int = 0, *,
                strict: bool = False) -> pl.Series:
     """Which rows of ``frame`` belong to the calibration pilot of their ``by`` group.
 
@@ -137,7 +137,7 @@ def pilot_mask(frame: pl.DataFrame, by, n: int, mode: str = "first", seed: int =
         Input-level grouping columns (e.g. ``("model",)``); one pilot per group.
     n : int
         Pilot size per group.
-    mode : {"first", "random", "held-out"}
+    split : {"first", "random", "held-out"}
         ``"first"``: the first ``n`` inputs in (input_id, task, run_id) order, i.e. the
         first inputs of every task in turn. ``"random"`` and ``"held-out"``: the ``n`` inputs
         of smallest :func:`pilot_hash` (a seeded uniform sample without replacement, the
@@ -159,16 +159,16 @@ def pilot_mask(frame: pl.DataFrame, by, n: int, mode: str = "first", seed: int =
     out of the pilot together. It is :func:`pilot_query` run by DuckDB on ``frame``, the
     query that also draws the pilot of the logs out of core (:mod:`pagestats.replay.sql`).
     """
-    _check_pilot(n, mode)
+    _check_pilot(n, split)
     by = group_columns(frame.columns, by, "pilot_mask")
     units = [*by, *INPUT_KEY]
 
     def query(con, source):
         if strict:
-            refuse_small_groups(con, source, by, n, mode)
-        return (f"SELECT p._in IS NOT NULL AS pilot FROM {source} s LEFT JOIN "
-                f"(SELECT *, true AS _in FROM ({pilot_query(source, by, n, mode, seed)})) p "
+            refuse_small_groups(con, source, by, n, split)
+        return (f"SELECT p._in IS NOT NULL AS in_pilot FROM {source} s LEFT JOIN "
+                f"(SELECT *, true AS _in FROM ({pilot_query(source, by, n, split, seed)})) p "
                 f"ON {join_on(units, 's', 'p')} "
                 f"ORDER BY s._row")
 
-    return frame_query(frame, query)["pilot"]
+    return frame_query(frame, query)["in_pilot"]

@@ -97,7 +97,7 @@ class ZScored:
     pilot_by : tuple of str
         Pilot groups: ``("model",)`` pools all contexts of a model, as the paper's
         per-model μ_M, σ_M; ``("model", "context_length")`` calibrates each cell.
-    pilot : {"held-out", "random", "first"}
+    pilot_split : {"held-out", "random", "first"}
         Which inputs form the pilot; see :func:`~pagestats.replay.pilot.pilot_mask`. The default ``"held-out"``
         draws them by a seeded hash of the input identity and leaves them out of every
         evaluated number, so the gate is never scored on the inputs that set it.
@@ -121,16 +121,16 @@ class ZScored:
     theta_z: float = defaults.THETA_Z
     pilot_n: int = defaults.PILOT_N
     pilot_by: tuple[str, ...] = ("model",)
-    pilot: str = defaults.PILOT_SPLIT
+    pilot_split: str = defaults.PILOT_SPLIT
     seed: int = 0
 
     @property
     def name(self) -> str:
-        return f"z(theta={self.theta_z!r}, pilot={self.pilot}:{self.pilot_n}, by={','.join(self.pilot_by)})"
+        return f"z(theta={self.theta_z!r}, pilot_split={self.pilot_split}, pilot_n={self.pilot_n}, by={','.join(self.pilot_by)})"
 
     @property
     def held_out(self) -> bool:
-        return self.pilot == "held-out"
+        return self.pilot_split == "held-out"
 
     def calibrate(self, con, source: str) -> tuple[list[str], list[str]]:
         """Draw the pilot of the relation ``source`` on the DuckDB connection ``con`` and set
@@ -157,7 +157,7 @@ class RecalibratedTau:
     ----------
     tau : float
         The threshold on the reference D (the paper: 0.07).
-    pilot_n, pilot_by, pilot, seed
+    pilot_n, pilot_by, pilot_split, seed
         The pilot, as for :class:`ZScored` (the same rule; ``"held-out"`` by default).
     """
 
@@ -167,16 +167,16 @@ class RecalibratedTau:
     tau: float = defaults.TAU
     pilot_n: int = defaults.PILOT_N
     pilot_by: tuple[str, ...] = ("model",)
-    pilot: str = defaults.PILOT_SPLIT
+    pilot_split: str = defaults.PILOT_SPLIT
     seed: int = 0
 
     @property
     def name(self) -> str:
-        return f"recalibrated(tau={self.tau!r}, pilot={self.pilot}:{self.pilot_n}, by={','.join(self.pilot_by)})"
+        return f"recalibrated(tau={self.tau!r}, pilot_split={self.pilot_split}, pilot_n={self.pilot_n}, by={','.join(self.pilot_by)})"
 
     @property
     def held_out(self) -> bool:
-        return self.pilot == "held-out"
+        return self.pilot_split == "held-out"
 
     def calibrate(self, con, source: str) -> tuple[list[str], list[str]]:
         """As :meth:`ZScored.calibrate`, with τ' = μ' + θ σ', θ = (τ − μ_ref)/σ_ref per pilot group
@@ -208,7 +208,7 @@ class Midpoint:
         capacity-bound task (NIAH-MK3)" and 20 from VT; :data:`pagestats.defaults.MIDPOINT_TASKS`).
         ``None`` for both pools by the ``task_class`` column instead: capacity-bound inputs vs
         dilution-prone inputs of any task.
-    pilot : {"first", "random"}
+    pilot_split : {"first", "random"}
         Which n inputs of each class; see :func:`~pagestats.replay.pilot.pilot_mask`.
     seed : int
 
@@ -229,7 +229,7 @@ class Midpoint:
     by: tuple[str, ...] = ("model", "context_length")
     capacity_tasks: tuple[str, ...] | None = defaults.MIDPOINT_TASKS[:1]
     dilution_tasks: tuple[str, ...] | None = defaults.MIDPOINT_TASKS[1:]
-    pilot: str = "first"
+    pilot_split: str = "first"
     seed: int = 0
 
     @property
@@ -240,7 +240,7 @@ class Midpoint:
 
     @property
     def held_out(self) -> bool:
-        return self.pilot == "held-out"
+        return self.pilot_split == "held-out"
 
     def _class_sql(self, tasks, klass: str) -> str:
         if tasks is not None:
@@ -315,7 +315,7 @@ class Midpoint:
         pilots, means = [], []
         for label, tasks, klass in self._classes():
             part = f"(SELECT * FROM {source} WHERE {self._class_sql(tasks, klass)})"
-            pilot = pilot_query(part, by, self.n, self.pilot, self.seed)
+            pilot = pilot_query(part, by, self.n, self.pilot_split, self.seed)
             pilots.append(f"SELECT '{label}' AS _class, * FROM ({pilot})")
             means.append(f'SELECT {quoted(groups)}, list_avg(list("drop" ORDER BY {quoted(INPUT_KEY)})) '
                          f"AS _mean_{label} "
@@ -397,7 +397,7 @@ RECALIBRATE_MODES = ("none", "z", "midpoint")
 
 
 def recalibrate(policy: Policy, mode: str, *, pilot_n: int = defaults.PILOT_N, pilot_by=("model",),
-                pilot: str = defaults.PILOT_SPLIT, seed: int = 0) -> Policy:
+                pilot_split: str = defaults.PILOT_SPLIT, seed: int = 0) -> Policy:
     """The policy whose threshold is re-derived on a changed statistic (App. A.3.1).
 
     ``"none"`` returns ``policy`` unchanged; ``"z"`` turns a :class:`FixedTau` into a
@@ -414,5 +414,5 @@ def recalibrate(policy: Policy, mode: str, *, pilot_n: int = defaults.PILOT_N, p
         raise ValueError(f"recalibrating ({mode}) applies to a fixed τ; {getattr(policy, 'name', policy)} "
                          "already derives its threshold from the statistic it gates on")
     if mode == "z":
-        return RecalibratedTau(tau=policy.tau, pilot_n=pilot_n, pilot_by=tuple(pilot_by), pilot=pilot, seed=seed)
+        return RecalibratedTau(tau=policy.tau, pilot_n=pilot_n, pilot_by=tuple(pilot_by), pilot_split=pilot_split, seed=seed)
     return Midpoint()

@@ -158,10 +158,10 @@ class Replay:
 
     def _decided(self) -> tuple[list[str], str]:
         """The decisions in SQL (``_decided``: every row of ``drops`` with ``tau``, ``gate_open``,
-        ``pilot``), computed once; the draw columns and the SQL condition of a held-out row."""
+        ``in_pilot``), computed once; the draw columns and the SQL condition of a held-out row."""
         def make():
-            draws = self.drops()
-            return draws, sql.decide_rows(self._connection(), self.policy)
+            draw_columns = self.drops()
+            return draw_columns, sql.decide_rows(self._connection(), self.policy)
 
         return self._once("decided", make)
 
@@ -170,9 +170,9 @@ class Replay:
         def make():
             if not self.in_sql:  # Python code: decided by polars, joined back
                 return sql.register_decisions(self._connection(), self.decisions())
-            draws, held = self._decided()
-            sql.decide(self._connection(), draws, held)
-            return draws
+            draw_columns, held = self._decided()
+            sql.decide(self._connection(), draw_columns, held)
+            return draw_columns
 
         return self._once("decide", make)
 
@@ -193,13 +193,13 @@ class Replay:
     def pilot_composition(self) -> pl.DataFrame:
         """:func:`pilot_composition` of this replay: the pilot's rows are read from the decisions
         in SQL (:meth:`decide`), so only they reach polars."""
-        draws = self.decide()
+        draw_columns = self.decide()
         con = self._connection()
-        pilot = sql.pilot_rows(con, draws) if isinstance(self.policy, PILOT_POLICIES) else sql.no_pilot_rows(con)
+        pilot = sql.pilot_rows(con, draw_columns) if isinstance(self.policy, PILOT_POLICIES) else sql.no_pilot_rows(con)
         cols = list(PILOT_COLUMNS[:4])
-        draws = [c for c in ("pair_draw",) if c in pilot.columns]
+        draw_columns = [c for c in ("pair_draw",) if c in pilot.columns]
         tau = pl.col("tau")  # one τ per group and draw: its value, not a float mean of equal values
-        taus = pilot.group_by([*cols, *draws]).agg(
+        taus = pilot.group_by([*cols, *draw_columns]).agg(
             pl.when(tau.min() == tau.max()).then(tau.first()).otherwise(tau.mean()))
         out = pilot.group_by(cols).agg(pl.struct(INPUT_KEY).n_unique().cast(pl.Int64).alias("n_pilot")).join(
             taus.group_by(cols).agg(tau.mean()), on=cols, how="left", nulls_equal=True)

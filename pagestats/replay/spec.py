@@ -65,12 +65,12 @@ class ProfileSpec:
         Equal-size bins (App. F) or strict thirds (Table 24).
     pairs_fraction : float, optional
         Keep a random fraction of the head pairs (Table 9): m = max(1, round(f·P)) of the
-        P = H(H−1)/2 pairs, drawn without replacement ``draws`` times. Within one draw the same
+        P = H(H−1)/2 pairs, drawn without replacement ``pair_draws`` times. Within one draw the same
         pairs are used for every layer and every input of a model; a_ℓ is the mean of the
         kept pairs' Jaccards (from ``pair_jaccard``, or from ``topk`` when ``k`` is set).
         Draws are seeded by (``seed``, model name), so a model's draws do not depend on which
         other models are loaded. The output gets a ``pair_draw`` column.
-    draws : int
+    pair_draws : int
         Number of head-pair draws (20 in Table 9).
     seed : int
         Seed of the head-pair draws.
@@ -91,7 +91,7 @@ class ProfileSpec:
     bin_fraction: float = defaults.BIN_FRACTION
     convention: str = defaults.BIN_CONVENTION
     pairs_fraction: float | None = None
-    draws: int = defaults.PAIR_DRAWS
+    pair_draws: int = defaults.PAIR_DRAWS
     seed: int = 0
     k: int | None = None
     statistic: str = "drop"
@@ -111,8 +111,8 @@ class ProfileSpec:
             raise ValueError(f"convention must be 'deployed' or 'strict', got {self.convention!r}")
         if self.pairs_fraction is not None and not 0 < self.pairs_fraction <= 1:
             raise ValueError(f"pairs_fraction must be in (0, 1], got {self.pairs_fraction}")
-        if int(self.draws) != self.draws or self.draws < 1:
-            raise ValueError(f"draws must be a positive integer, got {self.draws}")
+        if int(self.pair_draws) != self.pair_draws or self.pair_draws < 1:
+            raise ValueError(f"pair_draws must be a positive integer, got {self.pair_draws}")
         if self.k is not None and (int(self.k) != self.k or self.k < 1):
             raise ValueError(f"k must be a positive integer, got {self.k}")
         if not isinstance(self.statistic, str) or not self.statistic:
@@ -188,7 +188,7 @@ def profile_statistic(agreement: np.ndarray, layer_idx: np.ndarray, spec: Profil
 
 
 def pair_subsets(n_pairs_per_layer: int, spec: ProfileSpec, model: str) -> np.ndarray:
-    """Head-pair subsets of the ``spec.draws`` draws for ``model``: int array (draws, m).
+    """Head-pair subsets of the ``spec.pair_draws`` draws for ``model``: int array (draws, m).
 
     m = max(1, round(f·P)); each row is sorted, distinct, drawn without replacement from a
     generator seeded by (``spec.seed``, crc32(model)).
@@ -196,7 +196,7 @@ def pair_subsets(n_pairs_per_layer: int, spec: ProfileSpec, model: str) -> np.nd
     f = spec.pairs_fraction
     m = max(1, int(np.floor(f * n_pairs_per_layer + 0.5)))
     rng = np.random.default_rng([int(spec.seed), zlib.crc32(model.encode("utf-8"))])
-    return np.stack([np.sort(rng.choice(n_pairs_per_layer, size=m, replace=False)) for _ in range(spec.draws)])
+    return np.stack([np.sort(rng.choice(n_pairs_per_layer, size=m, replace=False)) for _ in range(spec.pair_draws)])
 
 
 def topk_pair_jaccard(indices: np.ndarray, k: int) -> np.ndarray:
@@ -324,10 +324,10 @@ def _model_statistic(logs, sub: pl.DataFrame, model: str, spec: ProfileSpec) -> 
     if spec.pairs_fraction is None:  # k replay, all pairs: a_ℓ as the collector stores it (float32)
         return profile_statistic(jac.mean(axis=-1).astype(np.float32), layer_idx, spec)
     subsets = pair_subsets(jac.shape[-1], spec, model)
-    weights = np.zeros((jac.shape[-1], spec.draws))
+    weights = np.zeros((jac.shape[-1], spec.pair_draws))
     for d, chosen in enumerate(subsets):
         weights[chosen, d] = 1.0 / subsets.shape[1]
-    out = np.empty((spec.draws, sub.height))
+    out = np.empty((spec.pair_draws, sub.height))
     for start in range(0, sub.height, _CHUNK):
         blk = jac[start : start + _CHUNK].astype(np.float64)
         agreement = np.einsum("nlp,pd->dnl", blk, weights)  # (draws, n, L); no BLAS: fixed sum order
@@ -434,5 +434,5 @@ def profile_drop_by_draw(logs, profile: ProfileSpec = ProfileSpec()) -> Iterator
     if not profile.has_draws:
         yield _drop_frame(inputs, parts)
         return
-    for draw in range(profile.draws):
+    for draw in range(profile.pair_draws):
         yield _drop_frame(inputs, parts, draw)

@@ -114,19 +114,19 @@ def register_drops(con, frame: pl.DataFrame) -> list[str]:
     """Create the relation ``drops`` on ``con`` from ``frame``, D per input (and head-pair draw)
     recomputed under a profile spec (:func:`pagestats.replay.profile_drop`), joined to the input
     columns; return its draw columns (``["pair_draw"]`` or ``[]``)."""
-    draws = ["pair_draw"] if "pair_draw" in frame.columns else []
+    draw_columns = ["pair_draw"] if "pair_draw" in frame.columns else []
     duck.register(con, "_dropped", frame)
     meta = ", ".join(f"i.{c}" for c in INPUT_COLUMNS if c not in (*INPUT_KEY, "drop"))
     con.execute(
-        f"CREATE OR REPLACE TEMP VIEW drops AS SELECT {_KEY}, {'pair_draw, ' if draws else ''}{meta}, "
+        f"CREATE OR REPLACE TEMP VIEW drops AS SELECT {_KEY}, {'pair_draw, ' if draw_columns else ''}{meta}, "
         f'd."drop" FROM _dropped d JOIN inputs i USING ({_KEY})'
     )
-    return draws
+    return draw_columns
 
 
 def decide_rows(con, policy: Policy) -> str:
     """Create ``_decided`` on ``con``: every row of ``drops`` with ``tau``, ``gate_open`` and
-    ``pilot``, decided in SQL by a policy of :data:`~pagestats.replay.policies.SQL_POLICIES`;
+    ``in_pilot``, decided in SQL by a policy of :data:`~pagestats.replay.policies.SQL_POLICIES`;
     return the SQL condition of a held-out row."""
     if not isinstance(policy, PILOT_POLICIES):  # a fixed τ or the task-label oracle: no pilot
         if isinstance(policy, FixedTau):
@@ -136,7 +136,7 @@ def decide_rows(con, policy: Policy) -> str:
             tau, rule = "CAST(NULL AS DOUBLE)", policy.rule
             if con.sql("SELECT count(*) FROM drops WHERE task_class IS NULL").fetchall()[0][0]:
                 raise ValueError("TaskOracle: task_class is null for some inputs")
-        con.execute(f"CREATE OR REPLACE TEMP VIEW _decided AS SELECT *, {rule} AS gate_open, false AS pilot "
+        con.execute(f"CREATE OR REPLACE TEMP VIEW _decided AS SELECT *, {rule} AS gate_open, false AS in_pilot "
                     f"FROM (SELECT *, {tau} AS tau FROM drops)")
         return "false"
     source = "drops"
@@ -150,19 +150,19 @@ def decide_rows(con, policy: Policy) -> str:
                 f"({decision_query(source, groups, pilot_on)})")
     if con.sql("SELECT count(*) FROM _decided WHERE gate_open IS NULL").fetchall()[0][0]:
         raise ValueError(f"policy {policy.name!r} left gate_open undecided for some inputs")
-    return "pilot" if policy.held_out else "false"
+    return "in_pilot" if policy.held_out else "false"
 
 
-def decide(con, draws: list[str], held: str) -> None:
+def decide(con, draw_columns: list[str], held: str) -> None:
     """Create the relations ``decisions`` and ``held_out`` on ``con`` from ``_decided``
-    (:func:`decide_rows`; ``held`` its condition of a held-out row, ``draws`` the draw columns
+    (:func:`decide_rows`; ``held`` its condition of a held-out row, ``draw_columns`` the head-pair draw columns
     of ``drops``).
 
     ``decisions`` has :data:`DECISION_COLUMNS` (``pair_draw`` only with head-pair draws), one
     row per evaluated input (and draw): the input's own columns with its D, τ and decision, so
     that a query joins the outcome rows to it once.
     """
-    cols = f"{_KEY}, {'pair_draw, ' if draws else ''}{_INPUT_META}, \"drop\", tau, gate_open"
+    cols = f"{_KEY}, {'pair_draw, ' if draw_columns else ''}{_INPUT_META}, \"drop\", tau, gate_open"
     con.execute(f"CREATE OR REPLACE TEMP VIEW decisions AS SELECT {cols} FROM _decided WHERE NOT ({held})")
     con.execute(f"CREATE OR REPLACE TEMP VIEW held_out AS SELECT DISTINCT {_KEY} FROM _decided WHERE {held}")
 
@@ -176,22 +176,22 @@ def register_decisions(con, decided: pl.DataFrame) -> list[str]:
     duck.register(con, "_held_out", held)
     con.execute("CREATE OR REPLACE TEMP VIEW held_out AS SELECT * FROM _held_out")
     frame = decided.filter(~pl.col("held_out"))
-    draws = ["pair_draw"] if "pair_draw" in frame.columns else []
-    duck.register(con, "_python_decisions", frame.select(*INPUT_KEY, *draws, "drop", "tau", "gate_open"))
+    draw_columns = ["pair_draw"] if "pair_draw" in frame.columns else []
+    duck.register(con, "_python_decisions", frame.select(*INPUT_KEY, *draw_columns, "drop", "tau", "gate_open"))
     meta = ", ".join(f"i.{c}" for c in INPUT_COLUMNS if c not in (*INPUT_KEY, "drop"))
     con.execute(
-        f"CREATE OR REPLACE TEMP VIEW decisions AS SELECT {_KEY}, {'pair_draw, ' if draws else ''}{meta}, "
+        f"CREATE OR REPLACE TEMP VIEW decisions AS SELECT {_KEY}, {'pair_draw, ' if draw_columns else ''}{meta}, "
         f'd."drop", d.tau, d.gate_open FROM _python_decisions d JOIN inputs i USING ({_KEY})'
     )
-    return draws
+    return draw_columns
 
 
-def pilot_rows(con, draws: list[str]) -> pl.DataFrame:
+def pilot_rows(con, draw_columns: list[str]) -> pl.DataFrame:
     """The rows of the calibration pilot in ``_decided`` (``model, context_length, run_id, task,
     input_id, [pair_draw], tau``) in input order."""
-    order = ", ".join([*INPUT_KEY, *draws])
-    return con.sql(f"SELECT model, context_length, run_id, task, input_id{', pair_draw' if draws else ''}, tau "
-                   f"FROM _decided WHERE pilot ORDER BY {order}").pl()
+    order = ", ".join([*INPUT_KEY, *draw_columns])
+    return con.sql(f"SELECT model, context_length, run_id, task, input_id{', pair_draw' if draw_columns else ''}, tau "
+                   f"FROM _decided WHERE in_pilot ORDER BY {order}").pl()
 
 
 def no_pilot_rows(con) -> pl.DataFrame:

@@ -187,7 +187,7 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "mean": ("mean Δ", "mean Δ over the draws"),
     "sd": ("SD of Δ", "standard deviation of Δ over the draws"),
     "range": ("range of Δ", "largest − smallest Δ over the draws"),
-    "pilot": ("pilot", "first or random inputs as the pilot"),
+    "pilot_split": ("pilot split", "how the pilot is drawn: first, random or held-out inputs"),
     "pilot_by": ("pilot per", "pilot pooled per model or per model × context"),
     "pilot_n": ("pilot size", "inputs in the pilot"),
     "closed_call": ("closed call", "fewer than half of the task's inputs open"),

@@ -59,7 +59,7 @@ def calibration_table(logs, *, tau: float = defaults.TAU, n: int = defaults.MIDP
     for label, tasks, klass in (("mean_drop_capacity", capacity_tasks, defaults.CAPACITY_BOUND),
                                 ("mean_drop_dilution", dilution_tasks, defaults.DILUTION_PRONE)):
         part = gate.filter(pl.col("task").is_in(list(tasks)) if tasks is not None else pl.col("task_class") == klass)
-        part = part.filter(pilot_mask(part, MODEL_CELL, n, mid.pilot, mid.seed))
+        part = part.filter(pilot_mask(part, MODEL_CELL, n, mid.pilot_split, mid.seed))
         pilot_means.append(part.group_by(list(MODEL_CELL)).agg(pl.col("drop").mean().alias(label)))
     out = pilot_means[0].join(pilot_means[1], on=list(MODEL_CELL))
     for frame, suffix in ((fixed, "fixed"), (cal, "calibrated")):

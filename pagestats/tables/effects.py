@@ -342,13 +342,13 @@ def bootstrap_table(gated: pl.DataFrame, *, rng: np.random.Generator, by=MATRIX_
     return out.with_columns(((pl.col("low") > 0) | (pl.col("high") < 0)).alias("excludes_zero"))
 
 
-def draw_replicates_table(gated: pl.DataFrame, draws: pl.DataFrame, *, evictor: str | None = None) -> pl.DataFrame:
+def draw_replicates_table(gated: pl.DataFrame, input_draws: pl.DataFrame, *, evictor: str | None = None) -> pl.DataFrame:
     """Table 30: Δ per input-draw replicate, with mean, SD (ddof=1) and range over draws.
 
     Parameters
     ----------
     gated : polars.DataFrame
-    draws : polars.DataFrame
+    input_draws : polars.DataFrame
         ``run_id`` → ``draw`` (e.g. ``logs.inputs.select("run_id", "draw").unique()``).
 
     Returns
@@ -366,16 +366,16 @@ def draw_replicates_table(gated: pl.DataFrame, draws: pl.DataFrame, *, evictor: 
     Within a cell only the tasks present in every draw are compared, since a replicate
     run may cover a subset of the tasks (e.g. the shipped second draw).
     """
-    require_columns(draws, ["run_id", "draw"], "draw_replicates_table")
+    require_columns(input_draws, ["run_id", "draw"], "draw_replicates_table")
     sub, ev = one_evictor(gated, evictor)
-    sub = sub.join(draws.select("run_id", "draw").unique(), on="run_id", how="left")
+    sub = sub.join(input_draws.select("run_id", "draw").unique(), on="run_id", how="left")
     if sub["draw"].null_count():
         raise ValueError("draw_replicates_table: some runs have no draw")
     # Compare like with like: a replicate run may cover only some tasks, so each cell keeps
     # the tasks that every one of its draws has (the others are left out of this table only).
-    input_draws = sub.group_by(MATRIX_CELL).agg(pl.col("draw").n_unique().alias("_all"))
+    draws_per_cell = sub.group_by(MATRIX_CELL).agg(pl.col("draw").n_unique().alias("_all"))
     common = (sub.group_by([*MATRIX_CELL, "task"]).agg(pl.col("draw").n_unique().alias("_n"))
-              .join(input_draws, on=MATRIX_CELL).filter(pl.col("_n") == pl.col("_all")).select(*MATRIX_CELL, "task"))
+              .join(draws_per_cell, on=MATRIX_CELL).filter(pl.col("_n") == pl.col("_all")).select(*MATRIX_CELL, "task"))
     sub = sub.join(common, on=[*MATRIX_CELL, "task"], how="semi")
     by = [*MATRIX_CELL, "draw"]
     parts = [metrics.delta(sub, by=by).with_columns(pl.lit("all tasks").alias("subset"))]

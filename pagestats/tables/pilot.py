@@ -31,7 +31,7 @@ def _pilot_fits(logs, pilot_by: Sequence[str], pilot_n: int, split: str) -> bool
     return bool((inputs_per(logs, pilot_by)["n"] >= pilot_need(pilot_n, split)).all())
 
 
-def pilot_sensitivity_table(logs, *, pilots: Sequence[str] = PILOT_SPLITS,
+def pilot_sensitivity_table(logs, *, pilot_splits: Sequence[str] = PILOT_SPLITS,
                             pilot_by: Sequence[Sequence[str]] = (("model",), ("model", "context_length")),
                             pilot_sizes: Sequence[int] = defaults.PILOT_SIZES, theta_z: float = defaults.THETA_Z,
                             seed: int = 0, evictor: str | None = None,
@@ -41,7 +41,7 @@ def pilot_sensitivity_table(logs, *, pilots: Sequence[str] = PILOT_SPLITS,
 
     The paper leaves the unlabelled pilot of the z-scored gate (App. A.3.4) undefined and
     notes (§4.1) that its Llama NIAH-MK3 call "flips under three of four plausible
-    definitions of the unlabeled pilot". This table replays every definition — pilot
+    definitions of the unlabeled pilot". This table replays every definition — pilot split
     ``"first"`` vs ``"random"`` vs ``"held-out"`` (:func:`pagestats.replay.pilot_mask`) ×
     pooled per model vs per (model, context) × pilot sizes — and reports, per cell and task,
     τ, the gate-open fraction, the gate's *call* on the task (closed iff fewer than half of
@@ -60,7 +60,7 @@ def pilot_sensitivity_table(logs, *, pilots: Sequence[str] = PILOT_SPLITS,
     Returns
     -------
     polars.DataFrame
-        ``pilot, pilot_by, pilot_n, model, context_length, task, task_class, evictor, tau``,
+        ``pilot_split, pilot_by, pilot_n, model, context_length, task, task_class, evictor, tau``,
         ``n_evaluated`` (inputs of the task evaluated, the same for every definition),
         ``n_left_out``, ``p_open`` (of the evaluated inputs), ``closed_call``, ``flips`` (call
         differs from the reference), ``n_flipping_definitions`` (over all definitions, per
@@ -89,13 +89,13 @@ def pilot_sensitivity_table(logs, *, pilots: Sequence[str] = PILOT_SPLITS,
         return out.with_columns((pl.col("p_open") < 0.5).alias("closed_call"), pl.lit(ev).alias("evictor"))
 
     definitions = []
-    for split in pilots:
+    for split in pilot_splits:
         for grp in pilot_by:
             for n in pilot_sizes:
                 if not _pilot_fits(logs, grp, int(n), split):
                     continue
                 definitions.append((split, _pilot_label(grp), int(n),
-                                    ZScored(theta_z=theta_z, pilot_n=int(n), pilot_by=tuple(grp), pilot=split, seed=seed)))
+                                    ZScored(theta_z=theta_z, pilot_n=int(n), pilot_by=tuple(grp), pilot_split=split, seed=seed)))
     if not definitions:
         raise ValueError("pilot_sensitivity_table: no pilot definition fits the logs")
     # two passes, so that one replay's gated rows are held at a time: every definition decides once (D computed
@@ -123,15 +123,15 @@ def pilot_sensitivity_table(logs, *, pilots: Sequence[str] = PILOT_SPLITS,
 
     ref = summarised(0, left[0]).select(*by_task, pl.col("closed_call").alias("_ref"))
     parts = [
-        summarised(i, lo).with_columns(pl.lit(split).alias("pilot"), pl.lit(label).alias("pilot_by"),
+        summarised(i, lo).with_columns(pl.lit(split).alias("pilot_split"), pl.lit(label).alias("pilot_by"),
                                        pl.lit(n, pl.Int64).alias("pilot_n"))
         for i, ((split, label, n, _), lo) in enumerate(zip(definitions, left[1:]), start=1)
     ]
     out = pl.concat(parts).join(ref, on=by_task, how="left")
     out = out.with_columns((pl.col("closed_call") != pl.col("_ref")).alias("flips"))
     out = out.with_columns(pl.col("flips").sum().over(by_task).cast(pl.Int64).alias("n_flipping_definitions"))
-    return out.select("pilot", "pilot_by", "pilot_n", *by_task, "evictor", "tau", "n_evaluated", "n_left_out", "p_open",
+    return out.select("pilot_split", "pilot_by", "pilot_n", *by_task, "evictor", "tau", "n_evaluated", "n_left_out", "p_open",
                       "closed_call",
                       "flips", "n_flipping_definitions", "delta_task", "delta_cell").sort(
-                          ["pilot", "pilot_by", "pilot_n", *by_task])
+                          ["pilot_split", "pilot_by", "pilot_n", *by_task])
 

@@ -55,10 +55,10 @@ def _pairs_per_layer(logs) -> pl.DataFrame:
         (pl.col("pair_jaccard").list.len().first() // pl.col("agreement").list.len().first()).cast(pl.Int64).alias("n_pairs"))
 
 
-def head_pair_table(logs, *, fractions: Sequence[float] = defaults.PAIR_FRACTIONS, draws: int = defaults.PAIR_DRAWS, seed: int = 0,
+def head_pair_table(logs, *, fractions: Sequence[float] = defaults.PAIR_FRACTIONS, pair_draws: int = defaults.PAIR_DRAWS, seed: int = 0,
                     profile: replay.ProfileSpec = replay.ProfileSpec(), recalibrate: str = "z", tau: float = defaults.TAU,
                     pilot_n: int = defaults.PILOT_N) -> pl.DataFrame:
-    """Table 9: head-pair subsampling — margin over ``draws`` random pair subsets per fraction.
+    """Table 9: head-pair subsampling — margin over ``pair_draws`` random pair subsets per fraction.
 
     Returns
     -------
@@ -79,7 +79,7 @@ def head_pair_table(logs, *, fractions: Sequence[float] = defaults.PAIR_FRACTION
     pairs = _pairs_per_layer(logs)
     parts = []
     for f in fractions:
-        spec = replay.ProfileSpec(**{**profile.__dict__, "pairs_fraction": float(f), "draws": int(draws), "seed": int(seed)})
+        spec = replay.ProfileSpec(**{**profile.__dict__, "pairs_fraction": float(f), "pair_draws": int(pair_draws), "seed": int(seed)})
         by = [*MODEL_CELL, "pair_draw"]  # one draw's gate rows at a time: its margin per cell
         margins = pl.concat([ordering_margin(task_means(gate, "drop", by=by), by=by)
                              for gate in replay.gate_by_draw(logs, FixedTau(), spec)]).sort(by)

@@ -266,7 +266,7 @@ def synthetic_logs(
     tasks: Sequence[str] = SYNTHETIC_TASKS,
     task_classes: Mapping[str, str] | None = None,
     n_inputs: int = 20,
-    draws: Sequence[int] = (0,),
+    input_draws: Sequence[int] = (0,),
     budgets: Sequence[float] = defaults.BUDGETS,
     k_max: int = 64,
     with_topk: bool = True,
@@ -298,7 +298,7 @@ def synthetic_logs(
         task → class; default :func:`pagestats.defaults.default_task_class`.
     n_inputs : int
         Inputs per (run, task).
-    draws : sequence of int
+    input_draws : sequence of int
         Input-draw seeds; each is a replicate run (App. A.7.3), recorded in ``draw``.
     budgets : sequence of float
         Nominal budgets in (0, 1]; must contain 1.0 (the full-KV audit arm).
@@ -329,7 +329,7 @@ def synthetic_logs(
     effect = effect or PlantedEffect()
     specs = _model_specs(models)
     contexts = _int_list(context_lengths, "context_lengths", minimum=1)
-    draws = _int_list(draws, "draws", minimum=0)
+    input_draws = _int_list(input_draws, "input_draws", minimum=0)
     evictors = _str_list(evictors, "evictors")
     tasks = _str_list(tasks, "tasks")
     classes = _task_classes(tasks, task_classes)
@@ -360,7 +360,7 @@ def synthetic_logs(
     inputs, outcomes, topk, manifests = [], [], [], {}
     for spec in specs:
         for ctx in contexts:
-            for draw in draws:
+            for draw in input_draws:
                 run_id = _run_id(spec.name, ctx, draw) + ("" if mode == defaults.MODE else "-agnostic")
                 if run_id in manifests:
                     raise ValueError(f"two runs map to the run_id {run_id!r}; rename the models")

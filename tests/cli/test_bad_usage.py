@@ -50,7 +50,7 @@ def _one_error_line(capsys) -> str:
     ["--tau", "0.0\u0667"], ["--layers", "\u0661,\u0662"], ["--layers", "99999999999999999999"],
     ["--pair-draws", "100000000"], ["--pair-draws", str(MAX_DRAWS + 1)], ["--pair-draws", "0"],
     ["--pairs-fraction", "nan"],
-    ["--k", "1e3"], ["--seed", "-1"], ["--pilot", "\u0664"], ["--bins", "1_0/3"],
+    ["--k", "1e3"], ["--seed", "-1"], ["--pilot-n", "\u0664"], ["--bins", "1_0/3"],
     ["--policy", "midpoint", "--midpoint-tasks", "vt,vt"], ["--ta", "0.1"], ["--form", "csv"],
 ])
 def test_bad_whatif_options_exit_2_with_one_line(run, capsys, option):
@@ -216,7 +216,7 @@ def test_decision_entries_skip_runs_that_disagree_on_the_cache_layout(tmp_path):
     """Two runs of one (model, context_length) whose manifests give different KV layouts: each is
     valid, but the GiB axis has no single value; the entries are skipped with the reason (the
     decision figure raised before)."""
-    syn = testing.synthetic_logs(**{**SMALL, "draws": (0, 1)})
+    syn = testing.synthetic_logs(**{**SMALL, "input_draws": (0, 1)})
     syn.inputs = syn.inputs.with_columns(pl.lit(0, dtype=syn.inputs.schema["draw"]).alias("draw"))  # one input set per cell: the report reads both runs
     for manifest in syn.manifests.values():
         manifest["draw"] = 0

@@ -146,13 +146,13 @@ def test_calibrate_writes_the_tau_whatif_uses(collected, tmp_path, capsys):
     assert gate.tau == 0.03 and gate.policy == "fixed" and gate.model == manifest["model"]["name"]
     assert (gate.window, gate.k, gate.bin_fraction, gate.convention) == (32, 32, 1 / 3, "deployed")
     assert len(gate.logs_sha256) == 64 and len(gate.pilot["drops"]) == len(inputs)
-    assert pagestats_main(["calibrate", run, "--policy", "z", "--pilot", "2", "--pilot-split", "first",
+    assert pagestats_main(["calibrate", run, "--policy", "z", "--pilot-n", "2", "--pilot-split", "first",
                            "--theta", "0.5", "--out", str(out)]) == 0
     gate = Gate.from_file(out)
     drops = inputs.sort("input_id")["drop"].to_numpy()
     assert gate.tau == pytest.approx(drops[:2].mean() + 0.5 * drops[:2].std(ddof=1), abs=1e-12)
     assert gate.pilot["mu"] == pytest.approx(drops[:2].mean()) and gate.pilot["theta"] == 0.5
-    table = whatif_table(load([run]), policy=ZScored(theta_z=0.5, pilot_n=2, pilot="first"))
+    table = whatif_table(load([run]), policy=ZScored(theta_z=0.5, pilot_n=2, pilot_split="first"))
     assert float(table["p_open"].mean()) == pytest.approx(gate.pilot["p_open"])
     assert float(table["p_open"].mean()) == pytest.approx(float(np.mean(drops >= gate.tau)))
     with pytest.raises(SystemExit):  # argparse: no threshold to freeze

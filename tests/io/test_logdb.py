@@ -47,7 +47,7 @@ CASES = [
     (TaskOracle(), ProfileSpec()),
     (ZScored(pilot_n=6), ProfileSpec()),
     (Midpoint(n=3), ProfileSpec(layers="every-2")),
-    (FixedTau(0.03), ProfileSpec(pairs_fraction=0.5, draws=3, seed=1)),
+    (FixedTau(0.03), ProfileSpec(pairs_fraction=0.5, pair_draws=3, seed=1)),
     (FixedTau(0.04), ProfileSpec(k=16)),
     (CustomPolicy(_late_open, "late<0.5"), ProfileSpec()),
 ]
@@ -88,7 +88,7 @@ def test_cli_index_and_whatif_db(tmp_path, written, capsys):
     for argv in (["whatif", *runs], ["whatif", "--db", db, "--memory-limit", "512MB"]):
         buf = stdio.StringIO()
         with redirect_stdout(buf):
-            assert main([*argv, "--policy", "z", "--pilot", "6", "--format", "csv"]) == 0
+            assert main([*argv, "--policy", "z", "--pilot-n", "6", "--format", "csv"]) == 0
         outs.append(list(csv.reader(stdio.StringIO(buf.getvalue()))))
     assert outs[0][0] == outs[1][0] == list(WHATIF_COLUMNS) and len(outs[0]) == len(outs[1]) == 37
     for a, b in zip(outs[0][1:], outs[1][1:]):
@@ -127,7 +127,7 @@ def test_changed_file_or_bad_logs_refused(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("by,profile", [(("model", "context_length", "evictor"), ProfileSpec()),
-                                        (("task_class", "budget"), ProfileSpec(pairs_fraction=0.5, draws=2))])
+                                        (("task_class", "budget"), ProfileSpec(pairs_fraction=0.5, pair_draws=2))])
 def test_tau_curve_out_of_core_equals_in_memory(written, by, profile):
     from pagestats.replay import tau_curve
 
@@ -162,7 +162,7 @@ def test_index_validates_run_by_run(tmp_path):
 
 
 @pytest.mark.parametrize("policy,profile", [(FixedTau(0.03), ProfileSpec()), (ZScored(pilot_n=6), ProfileSpec()),
-                                            (FixedTau(0.03), ProfileSpec(pairs_fraction=0.5, draws=2))])
+                                            (FixedTau(0.03), ProfileSpec(pairs_fraction=0.5, pair_draws=2))])
 def test_rates_table_equals_metrics(written, policy, profile):
     from pagestats import metrics
     from pagestats.replay import gated_outcomes

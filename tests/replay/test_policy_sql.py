@@ -39,7 +39,7 @@ def _hash(seed, run_id, task, input_id) -> int:
     return int.from_bytes(digest, "big") >> 1
 
 
-def _frame(seed=0, draws=0, n_inputs=7) -> pl.DataFrame:
+def _frame(seed=0, pair_draws=0, n_inputs=7) -> pl.DataFrame:
     """Shuffled gate rows: 2 models × 2 contexts, 2 runs, 3 tasks whose input_ids tie across
     tasks and runs, optionally repeated per head-pair draw with a different D per draw."""
     rng = np.random.default_rng(seed)
@@ -49,19 +49,19 @@ def _frame(seed=0, draws=0, n_inputs=7) -> pl.DataFrame:
             for run in (f"{model}{ctx}-r1", f"{model}{ctx}-r2"):
                 for task in ("niah_multikey_3", "vt", "fwe"):
                     for i in range(n_inputs):
-                        for d in range(max(draws, 1)):
+                        for d in range(max(pair_draws, 1)):
                             row = {"run_id": run, "task": task, "input_id": i, "model": model,
                                    "context_length": ctx, "task_class": defaults.default_task_class(task),
                                    "drop": float(rng.normal(0.05, 0.02)),
                                    "reference_drop": float(rng.normal(0.04, 0.01))}
-                            if draws:
+                            if pair_draws:
                                 row["pair_draw"] = d
                             rows.append(row)
     frame = pl.DataFrame(rows)
     return frame.sample(fraction=1.0, shuffle=True, seed=seed)
 
 
-def _brute_pilot(rows, by, n, mode, seed, key_only=False):
+def _brute_pilot(rows, by, n, split, seed, key_only=False):
     """{(group, input key)} of the pilot: per group the n first inputs in (input_id, task, run_id)
     order, or the n of smallest seeded BLAKE2b hash."""
     units = defaultdict(set)
@@ -69,7 +69,7 @@ def _brute_pilot(rows, by, n, mode, seed, key_only=False):
         units[tuple(r[c] for c in by)].add(tuple(r[c] for c in KEY))
     chosen = set()
     for g, us in units.items():
-        order = sorted(us, key=lambda u: ((_hash(seed, *u),) if mode != "first" else ()) + (u[2], u[1], u[0]))
+        order = sorted(us, key=lambda u: ((_hash(seed, *u),) if split != "first" else ()) + (u[2], u[1], u[0]))
         chosen |= {u if key_only else (g, u) for u in order[:n]}
     return chosen
 
@@ -86,22 +86,22 @@ def _brute_moments(rows, by, pilot, col):
 
 def _check_decided(out, frame, rows, tau_of, pilot_of):
     assert out.select(frame.columns).equals(frame)  # row order and columns kept
-    assert out.columns == [*frame.columns, "pilot", "tau", "gate_open"]
-    for r, tau, open_, in_pilot in zip(rows, out["tau"], out["gate_open"], out["pilot"]):
+    assert out.columns == [*frame.columns, "in_pilot", "tau", "gate_open"]
+    for r, tau, open_, in_pilot in zip(rows, out["tau"], out["gate_open"], out["in_pilot"]):
         want = tau_of(r)
         assert tau == pytest.approx(want, rel=1e-12, abs=0)
         assert open_ == (r["drop"] >= tau)
         assert in_pilot == pilot_of(r)
 
 
-@pytest.mark.parametrize("mode", ["first", "random", "held-out"])
+@pytest.mark.parametrize("split", ["first", "random", "held-out"])
 @pytest.mark.parametrize("by", [("model",), ("model", "context_length")])
-@pytest.mark.parametrize("draws", [0, 3])
-def test_zscored_pilot_and_moments_by_brute_force(mode, by, draws):
-    frame = _frame(seed=len(by) + draws, draws=draws)
+@pytest.mark.parametrize("pair_draws", [0, 3])
+def test_zscored_pilot_and_moments_by_brute_force(split, by, pair_draws):
+    frame = _frame(seed=len(by) + pair_draws, pair_draws=pair_draws)
     rows = frame.rows(named=True)
-    policy = ZScored(theta_z=-0.69, pilot_n=9, pilot_by=by, pilot=mode, seed=11)
-    pilot = _brute_pilot(rows, by, 9, mode, 11)
+    policy = ZScored(theta_z=-0.69, pilot_n=9, pilot_by=by, pilot_split=split, seed=11)
+    pilot = _brute_pilot(rows, by, 9, split, 11)
     assert len(pilot) == 9 * len({tuple(r[c] for c in by) for r in rows})
     moments = _brute_moments(rows, by, pilot, "drop")
     assert all(n == 9 for _, _, n in moments.values())
@@ -114,16 +114,16 @@ def test_zscored_pilot_and_moments_by_brute_force(mode, by, draws):
         return (tuple(r[c] for c in by), tuple(r[c] for c in KEY)) in pilot
 
     _check_decided(policy.decide(frame), frame, rows, tau_of, pilot_of)
-    assert pilot_mask(frame, by, 9, mode, 11).to_list() == [pilot_of(r) for r in rows]
+    assert pilot_mask(frame, by, 9, split, 11).to_list() == [pilot_of(r) for r in rows]
     # the same τ, bit for bit, whatever the row order
     again = policy.decide(frame.reverse())
     assert again.reverse()["tau"].equals(policy.decide(frame)["tau"])
 
 
 def test_recalibrated_tau_by_brute_force():
-    frame = _frame(seed=4, draws=2)
+    frame = _frame(seed=4, pair_draws=2)
     rows = frame.rows(named=True)
-    policy = RecalibratedTau(tau=0.07, pilot_n=6, pilot="random", seed=5)
+    policy = RecalibratedTau(tau=0.07, pilot_n=6, pilot_split="random", seed=5)
     pilot = _brute_pilot(rows, ("model",), 6, "random", 5)
     ref = _brute_moments(rows, ("model",), pilot, "reference_drop")
     new = _brute_moments(rows, ("model",), pilot, "drop")
@@ -139,17 +139,17 @@ def test_recalibrated_tau_by_brute_force():
         policy.decide(frame.drop("reference_drop"))
 
 
-@pytest.mark.parametrize("mode", ["first", "random"])
-@pytest.mark.parametrize("draws", [0, 2])
-def test_midpoint_by_brute_force(mode, draws):
-    frame = _frame(seed=7 + draws, draws=draws)
+@pytest.mark.parametrize("split", ["first", "random"])
+@pytest.mark.parametrize("pair_draws", [0, 2])
+def test_midpoint_by_brute_force(split, pair_draws):
+    frame = _frame(seed=7 + pair_draws, pair_draws=pair_draws)
     rows = frame.rows(named=True)
     by = ("model", "context_length")
-    policy = Midpoint(n=4, by=by, pilot=mode, seed=3, capacity_tasks=None, dilution_tasks=None)  # by class
+    policy = Midpoint(n=4, by=by, pilot_split=split, seed=3, capacity_tasks=None, dilution_tasks=None)  # by class
     means, members = {}, set()
     for klass in (defaults.CAPACITY_BOUND, defaults.DILUTION_PRONE):
         part = [r for r in rows if r["task_class"] == klass]
-        pilot = _brute_pilot(part, by, 4, mode, 3)
+        pilot = _brute_pilot(part, by, 4, split, 3)
         members |= {u for _, u in pilot}
         means[klass] = {k: v[0] for k, v in _brute_moments(part, by, pilot, "drop").items()}
 
@@ -170,26 +170,26 @@ def test_midpoint_by_brute_force(mode, draws):
 def test_pilot_of_exactly_n_inputs_and_held_out_n_plus_one():
     frame = _frame(seed=2, n_inputs=2)  # 12 inputs per (model, context), 24 per model
     rows = frame.rows(named=True)
-    for mode in ("first", "random"):  # a pilot of the whole group
-        out = ZScored(pilot_n=24, pilot=mode).decide(frame)
-        assert out["pilot"].all()
+    for split in ("first", "random"):  # a pilot of the whole group
+        out = ZScored(pilot_n=24, pilot_split=split).decide(frame)
+        assert out["in_pilot"].all()
         for m in ("a", "b"):
             d = [r["drop"] for r in rows if r["model"] == m]
             want = statistics.fmean(d) - 0.69 * statistics.stdev(d)
             assert out.filter(pl.col("model") == m)["tau"].to_list() == pytest.approx([want] * 24, rel=1e-12)
     with pytest.raises(ValueError, match=r"larger than the data: model=a has 24 input\(s\) and a held-out pilot "
                                          r"must leave one to evaluate"):
-        ZScored(pilot_n=24, pilot="held-out").decide(frame)
+        ZScored(pilot_n=24, pilot_split="held-out").decide(frame)
     with pytest.raises(ValueError, match=r"pilot of 25 inputs is larger than the data: model=a has 24 input\(s\)$"):
-        ZScored(pilot_n=25, pilot="first").decide(frame)
-    out = ZScored(pilot_n=23, pilot="held-out", seed=1).decide(frame)
-    left = out.filter(~pl.col("pilot"))
+        ZScored(pilot_n=25, pilot_split="first").decide(frame)
+    out = ZScored(pilot_n=23, pilot_split="held-out", seed=1).decide(frame)
+    left = out.filter(~pl.col("in_pilot"))
     assert left.height == 2 and sorted(left["model"].to_list()) == ["a", "b"]
     brute = _brute_pilot(rows, ("model",), 23, "held-out", 1)
     for r in left.rows(named=True):
         assert ((r["model"],), tuple(r[c] for c in KEY)) not in brute
     with pytest.raises(ValueError, match="fewer than 2 inputs"):
-        ZScored(pilot_n=1, pilot="first").decide(frame)
+        ZScored(pilot_n=1, pilot_split="first").decide(frame)
     with pytest.raises(ValueError, match="grouping columns"):
         ZScored(pilot_by=("nope",)).decide(frame)
 
@@ -206,8 +206,8 @@ def written(tmp_path_factory):
     db.close()
 
 
-@pytest.mark.parametrize("policy", [ZScored(pilot_n=10, seed=4), RecalibratedTau(pilot_n=8, pilot="first"),
-                                    Midpoint(n=4, pilot="random", seed=2, capacity_tasks=None, dilution_tasks=None)], ids=lambda p: p.name)
+@pytest.mark.parametrize("policy", [ZScored(pilot_n=10, seed=4), RecalibratedTau(pilot_n=8, pilot_split="first"),
+                                    Midpoint(n=4, pilot_split="random", seed=2, capacity_tasks=None, dilution_tasks=None)], ids=lambda p: p.name)
 def test_out_of_core_decisions_read_no_per_input_frame(written, policy, monkeypatch):
     logs, db = written
     rows = logs.inputs.select(*KEY, "model", "context_length", "task_class", "drop").rows(named=True)
@@ -222,7 +222,7 @@ def test_out_of_core_decisions_read_no_per_input_frame(written, policy, monkeypa
                 for g in means[defaults.CAPACITY_BOUND]}
     else:
         by = policy.pilot_by
-        pilot = _brute_pilot(rows, by, policy.pilot_n, policy.pilot, policy.seed)
+        pilot = _brute_pilot(rows, by, policy.pilot_n, policy.pilot_split, policy.seed)
         members = {u for _, u in pilot}
         m = _brute_moments(rows, by, pilot, "drop")  # the default profile: reference D = D, so τ' = τ
         taus = {g: (mu + policy.theta_z * sd if isinstance(policy, ZScored) else policy.tau)
@@ -254,7 +254,7 @@ def test_out_of_core_decisions_read_no_per_input_frame(written, policy, monkeypa
 
 def test_head_pair_draws_out_of_core_equal_in_memory(written):
     logs, db = written
-    policy, profile = ZScored(pilot_n=10, seed=1), ProfileSpec(pairs_fraction=0.5, draws=3, seed=2)
+    policy, profile = ZScored(pilot_n=10, seed=1), ProfileSpec(pairs_fraction=0.5, pair_draws=3, seed=2)
     with Replay(db, policy, profile) as session:
         assert session.decide() == ["pair_draw"]
         got = session.con.sql("SELECT run_id, task, input_id, pair_draw, tau, gate_open FROM decisions "

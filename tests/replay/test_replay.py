@@ -193,7 +193,7 @@ def test_bin_fraction_and_strict_convention(logs, f, conv):
 
 
 def test_pair_subsample_matches_python_loop(logs):
-    spec = ProfileSpec(pairs_fraction=0.4, draws=5, seed=3)
+    spec = ProfileSpec(pairs_fraction=0.4, pair_draws=5, seed=3)
     prof = profile_drop(logs, spec)
     assert prof.columns == [*KEY, "pair_draw", "drop"]
     assert prof.height == logs.inputs.height * 5
@@ -213,16 +213,16 @@ def test_pair_subsample_matches_python_loop(logs):
 
 
 def test_pair_draws_seeded_and_full_fraction(logs):
-    a = pair_subsets(10, ProfileSpec(pairs_fraction=0.3, draws=4, seed=1), "m-a")
-    b = pair_subsets(10, ProfileSpec(pairs_fraction=0.3, draws=4, seed=1), "m-a")
-    c = pair_subsets(10, ProfileSpec(pairs_fraction=0.3, draws=4, seed=2), "m-a")
+    a = pair_subsets(10, ProfileSpec(pairs_fraction=0.3, pair_draws=4, seed=1), "m-a")
+    b = pair_subsets(10, ProfileSpec(pairs_fraction=0.3, pair_draws=4, seed=1), "m-a")
+    c = pair_subsets(10, ProfileSpec(pairs_fraction=0.3, pair_draws=4, seed=2), "m-a")
     assert np.array_equal(a, b) and not np.array_equal(a, c)
     # fraction 1: a_ℓ = mean over all stored pairs ≈ stored a_ℓ (float32 rounding only)
-    full = profile_drop(logs, ProfileSpec(pairs_fraction=1.0, draws=2))
+    full = profile_drop(logs, ProfileSpec(pairs_fraction=1.0, pair_draws=2))
     logged = logs.inputs.sort(KEY)["drop"].to_numpy()
     assert np.allclose(full.filter(pl.col("pair_draw") == 1)["drop"].to_numpy(), logged, atol=1e-6)
     # pairs combined with k: fraction 1 of the k-recomputed pairs = the k replay (up to float32)
-    both = profile_drop(logs, ProfileSpec(pairs_fraction=1.0, draws=1, k=4))
+    both = profile_drop(logs, ProfileSpec(pairs_fraction=1.0, pair_draws=1, k=4))
     assert np.allclose(both["drop"].to_numpy(), profile_drop(logs, ProfileSpec(k=4))["drop"].to_numpy(), atol=1e-6)
 
 
@@ -247,7 +247,7 @@ def test_profile_statistics(logs):
 
 
 def test_spec_validation():
-    for bad in (dict(bin_fraction=0.7), dict(convention="loose"), dict(pairs_fraction=0.0), dict(draws=0), dict(k=0)):
+    for bad in (dict(bin_fraction=0.7), dict(convention="loose"), dict(pairs_fraction=0.0), dict(pair_draws=0), dict(k=0)):
         with pytest.raises(ValueError):
             ProfileSpec(**bad)
     assert ProfileSpec(layers=[3, 1]).layers == (1, 3)
@@ -286,7 +286,7 @@ def test_gate_columns(logs):
         "run_id", "task", "input_id", "model", "context_length", "task_class",
         "n_tokens", "full_score", "drop", "tau", "gate_open",
     ]  # fmt: skip
-    assert gate(logs, profile=ProfileSpec(pairs_fraction=0.5, draws=2)).columns[3] == "pair_draw"
+    assert gate(logs, profile=ProfileSpec(pairs_fraction=0.5, pair_draws=2)).columns[3] == "pair_draw"
 
 
 def test_orphan_outcomes_are_an_error(logs):
@@ -318,7 +318,7 @@ def test_zscored_closed_form_paper_example():
     z = z / np.std(z, ddof=1)
     pilot = 0.034 + 0.017 * z
     frame = _frame([*pilot, 5.0, -5.0])  # input_ids 4, 5 are outside a "first" pilot of 4
-    out = ZScored(pilot_n=4, pilot="first").decide(frame)
+    out = ZScored(pilot_n=4, pilot_split="first").decide(frame)
     expected = 0.034 - 0.69 * 0.017
     assert expected == pytest.approx(0.02227, abs=1e-12)
     assert np.allclose(out["tau"].to_numpy(), expected, atol=1e-12)
@@ -330,8 +330,8 @@ def test_zscored_per_model_and_random_pilot():
     drops = rng.normal(size=40)
     frame = _frame(drops, models=["a"] * 20 + ["b"] * 20, contexts=[4096, 8192] * 20)
     with pytest.raises(ValueError, match="larger than the data"):
-        ZScored(theta_z=0.5, pilot_n=30, pilot="first").decide(frame)
-    out = ZScored(theta_z=0.5, pilot_n=20, pilot="first").decide(frame)  # the whole group
+        ZScored(theta_z=0.5, pilot_n=30, pilot_split="first").decide(frame)
+    out = ZScored(theta_z=0.5, pilot_n=20, pilot_split="first").decide(frame)  # the whole group
     for m, sl in (("a", slice(0, 20)), ("b", slice(20, 40))):
         tau = drops[sl].mean() + 0.5 * drops[sl].std(ddof=1)
         assert np.allclose(out.filter(pl.col("model") == m)["tau"].to_numpy(), tau, atol=1e-12)
@@ -339,10 +339,10 @@ def test_zscored_per_model_and_random_pilot():
     assert mask.sum() == 10 and mask[:20].sum() == 5
     assert mask.equals(pilot_mask(frame, ["model"], 5, "random", seed=2))
     assert not mask.equals(pilot_mask(frame, ["model"], 5, "random", seed=3))
-    rnd = ZScored(pilot_n=5, pilot="random", seed=2).decide(frame)
+    rnd = ZScored(pilot_n=5, pilot_split="random", seed=2).decide(frame)
     sel = drops[:20][mask.to_numpy()[:20]]
     assert rnd["tau"][0] == pytest.approx(sel.mean() - 0.69 * sel.std(ddof=1), abs=1e-12)
-    by_ctx = ZScored(pilot_n=10, pilot_by=("model", "context_length"), pilot="first").decide(frame)
+    by_ctx = ZScored(pilot_n=10, pilot_by=("model", "context_length"), pilot_split="first").decide(frame)
     sel = drops[0:20:2]
     assert by_ctx["tau"][0] == pytest.approx(sel.mean() - 0.69 * sel.std(ddof=1), abs=1e-12)
 
@@ -391,7 +391,7 @@ def test_oracle_and_custom(logs):
 def test_only_a_custom_policy_is_given_the_profile_lists(logs, monkeypatch):
     """A built-in policy reads D only: its frame leaves out the a_ℓ list, which head-pair draws
     would repeat on every draw; a custom policy is given it (and decides the same where it reads D)."""
-    spec = ProfileSpec(pairs_fraction=0.5, draws=3)
+    spec = ProfileSpec(pairs_fraction=0.5, pair_draws=3)
     seen = {}
     decide = FixedTau.decide
 
@@ -408,14 +408,14 @@ def test_only_a_custom_policy_is_given_the_profile_lists(logs, monkeypatch):
 
 
 def test_policies_through_gate(logs):
-    z = gate(logs, ZScored(pilot_n=5, pilot="first"))
+    z = gate(logs, ZScored(pilot_n=5, pilot_split="first"))
     for m in ("m-a", "m-b"):
         sub = logs.inputs.filter(pl.col("model") == m).sort("input_id", "task", "run_id").head(5)
         tau = sub["drop"].mean() - 0.69 * sub["drop"].std(ddof=1)
         assert np.allclose(z.filter(pl.col("model") == m)["tau"].to_numpy(), tau, atol=1e-12)
     mid = gate(logs, Midpoint(n=3))
     assert mid["tau"].n_unique() == 2 and (mid["gate_open"] == (mid["drop"] >= mid["tau"])).all()
-    draws = gate(logs, ZScored(pilot_n=5), ProfileSpec(pairs_fraction=0.5, draws=3))
+    draws = gate(logs, ZScored(pilot_n=5), ProfileSpec(pairs_fraction=0.5, pair_draws=3))
     assert draws.group_by("model", "pair_draw").agg(pl.col("tau").n_unique())["tau"].max() == 1
 
 
@@ -451,7 +451,7 @@ def _brute_curve(logs, taus, by, profile=ProfileSpec()):
     [
         (("model", "context_length", "evictor"), ProfileSpec()),
         (("model", "task", "budget"), ProfileSpec()),
-        (("evictor",), ProfileSpec(pairs_fraction=0.5, draws=2)),
+        (("evictor",), ProfileSpec(pairs_fraction=0.5, pair_draws=2)),
     ],
 )
 def test_tau_curve_equals_brute_force(logs, by, profile):
@@ -492,7 +492,7 @@ def test_topk_pair_jaccard_equals_python_sets(span):
 
 
 @pytest.mark.parametrize("block_rows", [1, 80, 10**9])  # one draw per block, two (36 inputs), all draws at once
-@pytest.mark.parametrize("policy", [FixedTau(0.05), ZScored(pilot_n=4, pilot="held-out"),
+@pytest.mark.parametrize("policy", [FixedTau(0.05), ZScored(pilot_n=4, pilot_split="held-out"),
                                     Midpoint(n=3, by=("model",), capacity_tasks=("niah_multikey_3",),
                                              dilution_tasks=("vt",))])
 def test_gate_by_draw_is_gate_draw_by_draw(logs, monkeypatch, block_rows, policy):
@@ -503,7 +503,7 @@ def test_gate_by_draw_is_gate_draw_by_draw(logs, monkeypatch, block_rows, policy
     from pagestats.replay import gate_by_draw, profile_drop_by_draw
 
     monkeypatch.setattr(importlib.import_module("pagestats.replay.gate"), "DRAW_BLOCK_ROWS", block_rows)
-    spec = ProfileSpec(pairs_fraction=0.4, draws=5, seed=3)
+    spec = ProfileSpec(pairs_fraction=0.4, pair_draws=5, seed=3)
     whole = gate(logs, policy, spec)
     parts = list(gate_by_draw(logs, policy, spec))
     assert len(parts) == 5
@@ -519,7 +519,7 @@ def test_gate_by_draw_is_gate_draw_by_draw(logs, monkeypatch, block_rows, policy
         next(gate_by_draw(logs, CustomPolicy(lambda f: f["drop"] >= 0.1, name="c"), spec))
 
 
-@pytest.mark.parametrize("policy", [FixedTau(0.05), ZScored(pilot_n=4, pilot="held-out"), TaskOracle()])
+@pytest.mark.parametrize("policy", [FixedTau(0.05), ZScored(pilot_n=4, pilot_split="held-out"), TaskOracle()])
 def test_gated_outcomes_of_one_evictor_and_few_columns(logs, policy):
     """Tables 7, 14, 20 and N1 hold narrow gated rows: the rows and values of the full frame."""
     full = gated_outcomes(logs, policy)

@@ -28,8 +28,8 @@ from pagestats.replay import (
 from pagestats.testing import synthetic_logs
 from pagestats.whatif import replay_whatif, whatif_table, whatif_with_pilot
 
-POLICIES = [FixedTau(), TaskOracle(), ZScored(pilot_n=8, seed=3), RecalibratedTau(pilot_n=8, pilot="first"),
-            Midpoint(n=4, pilot="random", seed=2, capacity_tasks=None, dilution_tasks=None),
+POLICIES = [FixedTau(), TaskOracle(), ZScored(pilot_n=8, seed=3), RecalibratedTau(pilot_n=8, pilot_split="first"),
+            Midpoint(n=4, pilot_split="random", seed=2, capacity_tasks=None, dilution_tasks=None),
             CustomPolicy(lambda f: (f["drop"] > 0.05).to_numpy(), name="above")]
 
 
@@ -110,7 +110,7 @@ def test_custom_policy_runs_its_function_once(written):
 
 
 @pytest.mark.parametrize("profile", [ProfileSpec(), ProfileSpec(layers="second-half"),
-                                     ProfileSpec(pairs_fraction=0.5, draws=2, seed=1)], ids=str)
+                                     ProfileSpec(pairs_fraction=0.5, pair_draws=2, seed=1)], ids=str)
 @pytest.mark.parametrize("policy", POLICIES, ids=lambda p: p.name)
 def test_in_memory_and_database_give_the_same_frames(written, policy, profile):
     logs, db = written

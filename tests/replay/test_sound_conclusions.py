@@ -74,13 +74,13 @@ def test_recalibrate_z_is_the_hand_computed_tau(tmp_path, capsys):
     d_new = (a[:, 0] - a[:, 2])[pilot]
     theta = (0.07 - d_ref.mean()) / d_ref.std(ddof=1)
     tau = d_new.mean() + theta * d_new.std(ddof=1)
-    policy = recalibrate(FixedTau(0.07), "z", pilot_n=n, pilot="first")
+    policy = recalibrate(FixedTau(0.07), "z", pilot_n=n, pilot_split="first")
     g = gate(logs, policy, ProfileSpec(layers="first-half"))
     assert g["tau"].to_numpy() == pytest.approx(np.full(g.height, tau), abs=1e-12)
     expected_open = sorted(keys[j] for j in range(len(keys)) if a[j, 0] - a[j, 2] >= tau)
     assert sorted(g.filter("gate_open").select("task", "input_id").rows()) == expected_open
     # the same through the CLI, which also prints the pilot's τ and composition
-    assert main(["whatif", *runs, "--layers", "first-half", "--recalibrate", "z", "--pilot", str(n),
+    assert main(["whatif", *runs, "--layers", "first-half", "--recalibrate", "z", "--pilot-n", str(n),
                  "--pilot-split", "first", "--format", "csv"]) == 0
     out = capsys.readouterr()
     assert f"τ = {tau:.6g}" in out.err and "warning" not in out.err
@@ -154,10 +154,10 @@ def _pilot_tau(logs, **kw) -> float:
 @pytest.mark.parametrize("split", ["random", "held-out"])
 def test_pilot_tau_invariant_to_file_and_row_order(tmp_path, split):
     s = synthetic_logs(models={"m": (6, 4)}, n_inputs=10, tasks=("niah_multikey_3", "vt", "fwe"), evictors=("snapkv",),
-                       budgets=(0.5, 1.0), with_topk=False, draws=(0, 1), seed=4)  # fmt: skip
+                       budgets=(0.5, 1.0), with_topk=False, input_draws=(0, 1), seed=4)  # fmt: skip
     runs = [str(d) for d in s.write(tmp_path / "logs", n_shards=3)]
     base = load(runs)
-    tau = _pilot_tau(base, pilot_n=12, pilot=split, seed=7)
+    tau = _pilot_tau(base, pilot_n=12, pilot_split=split, seed=7)
     files = sorted(str(p) for p in (tmp_path / "logs").glob("*/*/*.parquet"))
     rng = random.Random(1)
     for _ in range(3):
@@ -165,34 +165,34 @@ def test_pilot_tau_invariant_to_file_and_row_order(tmp_path, split):
         shuffled = load(files)
         assert shuffled.inputs.height == base.inputs.height
         rows = dataclasses.replace(shuffled, inputs=shuffled.inputs.sample(fraction=1.0, shuffle=True, seed=rng.randrange(99)))
-        assert _pilot_tau(rows, pilot_n=12, pilot=split, seed=7) == tau
-    assert _pilot_tau(base, pilot_n=12, pilot=split, seed=8) != tau
+        assert _pilot_tau(rows, pilot_n=12, pilot_split=split, seed=7) == tau
+    assert _pilot_tau(base, pilot_n=12, pilot_split=split, seed=8) != tau
 
 
 def test_held_out_pilot_is_in_no_evaluated_row(tmp_path):
     s = synthetic_logs(models={"m": (6, 4)}, n_inputs=8, tasks=("niah_multikey_3", "vt"), evictors=("snapkv", "h2o"),
                        budgets=(0.5, 1.0), with_topk=False, seed=5)  # fmt: skip
     logs = load([str(d) for d in s.write(tmp_path / "logs")])
-    policy = ZScored(pilot_n=6, pilot="held-out", seed=2)
+    policy = ZScored(pilot_n=6, pilot_split="held-out", seed=2)
     keys = set(logs.inputs.select("run_id", "task", "input_id").rows())
     evaluated = set(gate(logs, policy).select("run_id", "task", "input_id").rows())
     outcome_keys = set(gated_outcomes(logs, policy).select("run_id", "task", "input_id").rows())
     assert len(keys - evaluated) == 6 and outcome_keys == evaluated
     # the pilot held out is exactly the 6 inputs of smallest seeded hash (in-sample split, same hash)
-    in_sample = ZScored(pilot_n=6, pilot="random", seed=2)
+    in_sample = ZScored(pilot_n=6, pilot_split="random", seed=2)
     assert set(gate(logs, in_sample).select("run_id", "task", "input_id").rows()) == keys
-    assert _pilot_tau(logs, pilot_n=6, pilot="random", seed=2) == _pilot_tau(logs, pilot_n=6, pilot="held-out", seed=2)
+    assert _pilot_tau(logs, pilot_n=6, pilot_split="random", seed=2) == _pilot_tau(logs, pilot_n=6, pilot_split="held-out", seed=2)
     table = whatif_table(logs, policy)
     assert table.group_by("task", "evictor").agg(pl.col("n_inputs").first())["n_inputs"].sum() == 2 * (16 - 6)
 
 
 @pytest.mark.parametrize("bad, message", [
     (["--theta", "-0.5"], "--theta applies to --policy z"),
-    (["--pilot", "10"], "--pilot applies to a pilot"),
+    (["--pilot-n", "10"], "--pilot-n applies to a pilot"),
     (["--policy", "midpoint", "--pilot-split", "random"], "--pilot-split applies to a pilot"),
     (["--midpoint-tasks", "niah_multikey_3,vt"], "--midpoint-tasks applies to --policy midpoint"),
     (["--pair-draws", "3"], "--pair-draws applies to --pairs-fraction"),
-    (["--policy", "z", "--pilot", "100000"], "larger than the data"),
+    (["--policy", "z", "--pilot-n", "100000"], "larger than the data"),
     (["--policy", "z", "--recalibrate", "z"], "applies to a fixed τ"),
 ])
 def test_options_that_do_not_apply_exit_2(tmp_path, capsys, bad, message):
@@ -211,8 +211,8 @@ def _prereg_runs(tmp_path):
     common = dict(models={"m": (6, 2)}, n_inputs=12, tasks=("niah_multikey_3", "vt", "fwe"), evictors=("snapkv",),
                   with_topk=False, seed=6)  # fmt: skip
     fit = synthetic_logs(**common, context_lengths=(4096,), budgets=(0.25, 0.5, 1.0))
-    full = synthetic_logs(**common, context_lengths=(8192,), budgets=(1.0,), draws=(1,))
-    later = synthetic_logs(**common, context_lengths=(8192,), budgets=(0.25, 0.5, 1.0), draws=(2,),
+    full = synthetic_logs(**common, context_lengths=(8192,), budgets=(1.0,), input_draws=(1,))
+    later = synthetic_logs(**common, context_lengths=(8192,), budgets=(0.25, 0.5, 1.0), input_draws=(2,),
                            created_at="2099-01-01T00:00:00+00:00")
     before = [str(d) for s, name in ((fit, "fit"), (full, "full")) for d in s.write(tmp_path / name)]
     return before, [str(d) for d in later.write(tmp_path / "later")]
@@ -269,7 +269,7 @@ def test_prereg_band_frozen_after_the_outcomes_is_refused(tmp_path, capsys):
     assert main(["prereg", "check", str(band), "--sha256", digest, *before]) == 2
     assert "no snapkv eviction outcomes" in capsys.readouterr().err
     old = synthetic_logs(models={"m": (6, 2)}, n_inputs=12, tasks=("niah_multikey_3", "vt", "fwe"), evictors=("snapkv",),
-                         with_topk=False, seed=6, context_lengths=(8192,), budgets=(0.5, 1.0), draws=(3,))  # fmt: skip
+                         with_topk=False, seed=6, context_lengths=(8192,), budgets=(0.5, 1.0), input_draws=(3,))  # fmt: skip
     old_runs = [str(d) for d in old.write(tmp_path / "old")]
     assert main(["prereg", "check", str(band), "--sha256", digest, *before, *old_runs]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -336,7 +336,7 @@ def _unequal_logs(tmp_path):
     """Two evictors on 8 inputs per task, and a second input draw logged for snapkv only."""
     common = dict(models={"m": (6, 2)}, tasks=("niah_multikey_3", "vt"), budgets=(0.25, 0.5, 1.0), with_topk=False)
     both = synthetic_logs(**common, n_inputs=8, evictors=("snapkv", "h2o"), seed=7)
-    extra = synthetic_logs(**common, n_inputs=5, evictors=("snapkv",), draws=(1,), seed=8)
+    extra = synthetic_logs(**common, n_inputs=5, evictors=("snapkv",), input_draws=(1,), seed=8)
     return load([str(d) for s, name in ((both, "both"), (extra, "extra")) for d in s.write(tmp_path / name)])
 
 
@@ -387,15 +387,15 @@ def test_whatif_input_draws_are_split_pooled_on_purpose_or_chosen(tmp_path, caps
     assert split.columns[-1] == "draw" and sorted(split["draw"].unique().to_list()) == [0, 1]
     snap = split.filter((pl.col("evictor") == "snapkv") & (pl.col("task") == "vt") & (pl.col("budget") == 0.5))
     assert dict(snap.select("draw", "n_inputs").rows()) == {0: 8, 1: 5}
-    pooled = whatif_table(logs, draws="pooled")
+    pooled = whatif_table(logs, input_draws="pooled")
     row = pooled.filter((pl.col("evictor") == "snapkv") & (pl.col("task") == "vt") & (pl.col("budget") == 0.5))
     assert row["n_inputs"].to_list() == [13] and row["draw"].null_count() == 1
     # pooled accuracy is the input-weighted mean of the two draws' (by hand)
     assert row["acc_plain"][0] == pytest.approx((snap["acc_plain"] * snap["n_inputs"]).sum() / 13, abs=1e-12)
-    one = whatif_table(logs, draws=1)
+    one = whatif_table(logs, input_draws=1)
     assert "draw" not in one.columns and set(one["evictor"]) == {"snapkv"} and (one["n_inputs"] == 5).all()
     runs = [str(p) for p in sorted(tmp_path.glob("*/syn-*"))]
-    assert main(["whatif", *runs, "--draws", "7"]) == 2
+    assert main(["whatif", *runs, "--input-draws", "7"]) == 2
     assert "logged input draws [0, 1]" in capsys.readouterr().err
 
 
@@ -581,19 +581,19 @@ def test_pilot_sensitivity_evaluates_every_definition_on_the_same_inputs(tmp_pat
     # compared inputs are all but the 5 of smallest hash
     common = set(units) - set(by_hash[:5])
     per_task = {t: sum(1 for u in common if u[1] == t) for t in ("niah_multikey_3", "vt")}
-    assert len(table.select("pilot", "pilot_by", "pilot_n").unique()) == 12
+    assert len(table.select("pilot_split", "pilot_by", "pilot_n").unique()) == 12
     assert all(per_task[r["task"]] == r["n_evaluated"] for r in table.iter_rows(named=True))
-    left = table.group_by("pilot", "pilot_by", "pilot_n").agg(pl.col("n_left_out").sum())
+    left = table.group_by("pilot_split", "pilot_by", "pilot_n").agg(pl.col("n_left_out").sum())
     for pilot, _, n, n_left in left.rows():
         assert n_left == (5 - n if pilot == "held-out" else 5)
-    g = gate(logs, ZScored(pilot_n=3, pilot="first"))
-    rows = table.filter((pl.col("pilot") == "first") & (pl.col("pilot_n") == 3) & (pl.col("pilot_by") == "model"))
+    g = gate(logs, ZScored(pilot_n=3, pilot_split="first"))
+    rows = table.filter((pl.col("pilot_split") == "first") & (pl.col("pilot_n") == 3) & (pl.col("pilot_by") == "model"))
     for r in rows.iter_rows(named=True):
         drops = [x["drop"] for x in g.iter_rows(named=True) if (x["run_id"], x["task"], x["input_id"]) in common
                  and x["task"] == r["task"]]
         assert r["p_open"] == pytest.approx(np.mean(np.asarray(drops) >= r["tau"]), abs=1e-12)
     # the helper behind it: every frame on the same (run, task, input)
-    frames = [gated_outcomes(logs, p) for p in (reference, ZScored(pilot_n=3, pilot="first"), FixedTau())]
+    frames = [gated_outcomes(logs, p) for p in (reference, ZScored(pilot_n=3, pilot_split="first"), FixedTau())]
     kept, _ = metrics.same_inputs(*frames)
     assert all(set(k.select("run_id", "task", "input_id").unique().rows()) == common for k in kept)
 

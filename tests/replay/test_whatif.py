@@ -103,7 +103,7 @@ def synth():
         (FixedTau(0.05), ProfileSpec()),
         (ZScored(pilot_n=6), ProfileSpec(layers="every-2")),
         (Midpoint(n=3), ProfileSpec(k=16)),
-        (FixedTau(0.03), ProfileSpec(pairs_fraction=0.5, draws=3, seed=1)),
+        (FixedTau(0.03), ProfileSpec(pairs_fraction=0.5, pair_draws=3, seed=1)),
     ],
 )
 def test_whatif_matches_brute_force(synth, policy, profile):
@@ -119,8 +119,8 @@ def test_whatif_matches_brute_force(synth, policy, profile):
     "policy,profile",
     [
         (FixedTau(0.05), ProfileSpec()),
-        (ZScored(pilot_n=6, pilot="held-out"), ProfileSpec()),
-        (FixedTau(0.03), ProfileSpec(pairs_fraction=0.5, draws=3, seed=1)),
+        (ZScored(pilot_n=6, pilot_split="held-out"), ProfileSpec()),
+        (FixedTau(0.03), ProfileSpec(pairs_fraction=0.5, pair_draws=3, seed=1)),
     ],
 )
 def test_whatif_over_several_runs_out_of_core_is_evaluated_run_by_run(tmp_path, synth, policy, profile, monkeypatch):
@@ -152,7 +152,7 @@ def test_whatif_over_several_runs_out_of_core_is_evaluated_run_by_run(tmp_path, 
 
 
 def _args(**kw):
-    base = dict(tau=None, policy=None, theta=None, pilot=None, pilot_by=None, pilot_split=None, layers=None,
+    base = dict(tau=None, policy=None, theta=None, pilot_n=None, pilot_by=None, pilot_split=None, layers=None,
                 pairs_fraction=None, pair_draws=None, seed=None, k=None, bins=None, strict_bins=False,
                 recalibrate="none")  # fmt: skip
     return argparse.Namespace(**{**base, **kw})
@@ -161,16 +161,16 @@ def _args(**kw):
 def test_args_to_policy_and_profile():
     assert policy_from_args(_args()) == FixedTau(0.07)
     assert policy_from_args(_args(tau=0.04)) == FixedTau(0.04)
-    assert policy_from_args(_args(policy="z", theta=-0.5, pilot=50, pilot_by="model,context_length", seed=4)) == (
+    assert policy_from_args(_args(policy="z", theta=-0.5, pilot_n=50, pilot_by="model,context_length", seed=4)) == (
         ZScored(theta_z=-0.5, pilot_n=50, pilot_by=("model", "context_length"), seed=4)
     )
-    assert policy_from_args(_args(recalibrate="z", pilot=30, pilot_split="first")) == RecalibratedTau(
-        tau=0.07, pilot_n=30, pilot="first")
+    assert policy_from_args(_args(recalibrate="z", pilot_n=30, pilot_split="first")) == RecalibratedTau(
+        tau=0.07, pilot_n=30, pilot_split="first")
     assert policy_from_args(_args(policy="midpoint")) == Midpoint()
     assert policy_from_args(_args(policy="oracle")) == TaskOracle()
     assert profile_from_args(_args()) == ProfileSpec()
     spec = profile_from_args(_args(layers="0:3,7", pairs_fraction=0.1, pair_draws=5, seed=2, k=16, bins=0.25, strict_bins=True))
-    assert spec == ProfileSpec(layers=(0, 1, 2, 7), pairs_fraction=0.1, draws=5, seed=2, k=16, bin_fraction=0.25,
+    assert spec == ProfileSpec(layers=(0, 1, 2, 7), pairs_fraction=0.1, pair_draws=5, seed=2, k=16, bin_fraction=0.25,
                                convention="strict")  # fmt: skip
     assert parse_layers("every-4") == "every-4"
     with pytest.raises(ValueError, match="cannot read"):
@@ -203,7 +203,7 @@ def test_cli_whatif_csv(tmp_path, synth):
 
 def test_whatif_draws_keep_gate_free_columns_exact(synth):
     plain = whatif_table(synth, FixedTau(0.03))
-    draws = whatif_table(synth, FixedTau(0.03), ProfileSpec(pairs_fraction=0.5, draws=3))
+    draws = whatif_table(synth, FixedTau(0.03), ProfileSpec(pairs_fraction=0.5, pair_draws=3))
     for c in ("model", "context_length", "evictor", "task", "budget", "n_inputs", "acc_full", "acc_plain", "harm_plain"):
         assert draws[c].equals(plain[c]), c
 
@@ -240,7 +240,7 @@ def test_whatif_is_bit_identical_whatever_the_row_order(synth, tmp_path):
 
     from pathlib import Path
 
-    policy = ZScored(pilot_n=5, pilot="first")
+    policy = ZScored(pilot_n=5, pilot_split="first")
     data = Path(__file__).resolve().parents[2] / "data"
     shipped = ps_io.load([str(data / r) for r in ("smollm2-512-ruler-limits", "smollm2-512-niah_multivalue-ruler-limits",
                                                    "smollm2-512-fwe-ruler-limits")])  # scores in fractions

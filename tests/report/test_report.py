@@ -442,7 +442,7 @@ def test_decision_figure_names_an_evictor_logged_in_one_cell_only(two_context):
 def test_one_input_set_per_cell_and_every_draw_in_table30(tmp_path):
     """Two input draws of one cell: every entry but Table 30 reads the first draw only, so the n of a
     cell is the headline's in every table with an n column; Table 30 compares both draws."""
-    logs = _load(tmp_path, context_lengths=(4096,), draws=(0, 1), n_inputs=6)
+    logs = _load(tmp_path, context_lengths=(4096,), input_draws=(0, 1), n_inputs=6)
     assert set(logs.inputs["draw"]) == {0, 1}
     ctx = report.context.Context(logs)
     assert set(ctx.logs.inputs["draw"]) == {0} and ctx.all_logs is logs

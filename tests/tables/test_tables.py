@@ -21,7 +21,7 @@ from pagestats.report.table_entries import TABLES
 CAP, DIL = defaults.CAPACITY_BOUND, defaults.DILUTION_PRONE
 TASKS = ("niah_multikey_1", "niah_multikey_2", "niah_multikey_3", "vt", "fwe")
 SMALL = dict(models={"m6": (6, 3), "m8": (8, 4)}, evictors=("snapkv", "h2o"), tasks=TASKS, n_inputs=10,
-             budgets=(0.125, 0.5, 1.0), with_topk=False, with_text=False, context_lengths=(4096, 16384), draws=(0, 1))
+             budgets=(0.125, 0.5, 1.0), with_topk=False, with_text=False, context_lengths=(4096, 16384), input_draws=(0, 1))
 
 
 @pytest.fixture(scope="module")
@@ -251,7 +251,7 @@ def _bins(L, f=1 / 3):
 
 
 def test_head_pair_margins_by_hand(syn):
-    t = tables.head_pair_table(syn, fractions=(0.34, 1.0), draws=5, seed=3)
+    t = tables.head_pair_table(syn, fractions=(0.34, 1.0), pair_draws=5, seed=3)
     inputs = syn.inputs.sort("run_id", "task", "input_id")
     classes = {t_: defaults.default_task_class(t_) for t_ in TASKS}
     for model in ("m6", "m8"):
@@ -259,7 +259,7 @@ def test_head_pair_margins_by_hand(syn):
         L = len(sub["agreement"][0])
         P = len(sub["pair_jaccard"][0]) // L
         early, late = _bins(L)
-        spec = replay.ProfileSpec(pairs_fraction=0.34, draws=5, seed=3)
+        spec = replay.ProfileSpec(pairs_fraction=0.34, pair_draws=5, seed=3)
         subsets = replay.pair_subsets(P, spec, model)
         for ctx in (4096, 16384):
             cell = sub.filter(pl.col("context_length") == ctx)
@@ -332,12 +332,12 @@ def test_calibration_midpoint_by_hand(syn, gate):
 
 
 def test_pilot_sensitivity_by_hand(syn, gate):
-    t = tables.pilot_sensitivity_table(syn, pilot_sizes=(8, 100), reference=ZScored(pilot_n=100, pilot="first"))
+    t = tables.pilot_sensitivity_table(syn, pilot_sizes=(8, 100), reference=ZScored(pilot_n=100, pilot_split="first"))
     # 200 inputs per model, 100 per (model, context): a held-out pilot of 100 per cell leaves none, so it is left out
-    assert t.select("pilot", "pilot_by", "pilot_n").n_unique() == 3 * 2 * 2 - 1
-    assert t.filter((pl.col("pilot") == "held-out") & (pl.col("pilot_by") == "model×context_length")
+    assert t.select("pilot_split", "pilot_by", "pilot_n").n_unique() == 3 * 2 * 2 - 1
+    assert t.filter((pl.col("pilot_split") == "held-out") & (pl.col("pilot_by") == "model×context_length")
                     & (pl.col("pilot_n") == 100)).height == 0
-    ref = t.filter((pl.col("pilot") == "first") & (pl.col("pilot_by") == "model") & (pl.col("pilot_n") == 100))
+    ref = t.filter((pl.col("pilot_split") == "first") & (pl.col("pilot_by") == "model") & (pl.col("pilot_n") == 100))
     assert not ref["flips"].any()
     # every definition is evaluated on the inputs no held-out pilot of the table takes: per model the 100 of
     # smallest hash, and per (model, context) the 8 of smallest hash (blake2b of "0/run/task/input", by hand)
@@ -352,17 +352,17 @@ def test_pilot_sensitivity_by_hand(syn, gate):
             members = sorted((g for g in rows if (g["model"], g["context_length"])[:len(key)] == key), key=h)
             held_out |= {(g["run_id"], g["task"], g["input_id"]) for g in members[:100 if len(key) == 1 else 8]}
     rows = [g for g in rows if (g["run_id"], g["task"], g["input_id"]) not in held_out]
-    for (pilot, by, n), part in t.group_by("pilot", "pilot_by", "pilot_n"):
+    for (pilot, by, n), part in t.group_by("pilot_split", "pilot_by", "pilot_n"):
         assert part["n_evaluated"].sum() == 400 - len(held_out), (pilot, by, n)
-    held = t.filter((pl.col("pilot") == "held-out") & (pl.col("pilot_by") == "model") & (pl.col("pilot_n") == 8))
+    held = t.filter((pl.col("pilot_split") == "held-out") & (pl.col("pilot_by") == "model") & (pl.col("pilot_n") == 8))
     assert held["n_left_out"].sum() == 400 - 2 * 8 - (400 - len(held_out))
     for model in ("m6", "m8"):
         pil = [g["drop"] for g in _pilot([g for g in rows_of(gate) if g["model"] == model], 8)]
         tau = statistics.fmean(pil) + defaults.THETA_Z * statistics.stdev(pil)
-        got = t.filter((pl.col("pilot") == "first") & (pl.col("pilot_by") == "model") & (pl.col("pilot_n") == 8)
+        got = t.filter((pl.col("pilot_split") == "first") & (pl.col("pilot_by") == "model") & (pl.col("pilot_n") == 8)
                        & (pl.col("model") == model))
         assert np.allclose(got["tau"].to_numpy(), tau)
-        policy_tau = replay.gate(syn, ZScored(pilot_n=8, pilot="first")).filter(pl.col("model") == model)["tau"].unique()
+        policy_tau = replay.gate(syn, ZScored(pilot_n=8, pilot_split="first")).filter(pl.col("model") == model)["tau"].unique()
         assert policy_tau.len() == 1 and (got["tau"] == policy_tau[0]).all()  # bit-exact, not a mean of copies
         for r in rows_of(got):
             task_rows = [g for g in rows if g["model"] == model and g["context_length"] == r["context_length"]
@@ -611,7 +611,7 @@ def test_bad_input_errors(gated):
 
 
 def test_registry_entries_and_skips(tmp_path):
-    syn = testing.synthetic_logs(**{**SMALL, "context_lengths": (4096,), "draws": (0,), "n_inputs": 4,
+    syn = testing.synthetic_logs(**{**SMALL, "context_lengths": (4096,), "input_draws": (0,), "n_inputs": 4,
                                     "tasks": ("niah_multikey_3", "vt", "fwe")})
     logs = io.load([str(r) for r in syn.write(tmp_path / "logs")])
     entries = TABLES

@@ -101,7 +101,7 @@ def test_validates_with_pagestats_io(written, tmp_path):
         pytest.skip("pagestats.io has no validate_paths yet")
     _, runs = written
     assert io.validate_paths([str(r) for r in runs]) == []
-    fast = synthetic_logs(**{**SMALL, "with_topk": False, "with_text": False, "draws": (0, 5)})
+    fast = synthetic_logs(**{**SMALL, "with_topk": False, "with_text": False, "input_draws": (0, 5)})
     fast_runs = fast.write(tmp_path)
     assert len(fast_runs) == 4
     assert io.validate_paths([str(r) for r in fast_runs]) == []
@@ -307,7 +307,7 @@ def test_models_as_mapping_and_draws():
     logs = synthetic_logs(
         models={"a": (4, 2), "b": {"n_layers": 3, "n_heads": 3}},
         context_lengths=(512, 1024),
-        draws=(0, 1),
+        input_draws=(0, 1),
         tasks=("vt",),
         evictors=("snapkv",),
         n_inputs=2,
@@ -332,7 +332,7 @@ def test_models_as_mapping_and_draws():
         ({"n_inputs": 0}, "n_inputs"),
         ({"models": {"x": (1, 4)}}, "n_layers"),
         ({"evictors": "snapkv"}, "evictors"),
-        ({"draws": (1, 1)}, "duplicates"),
+        ({"input_draws": (1, 1)}, "duplicates"),
     ],
 )
 def test_bad_arguments_raise(kwargs, match):
