@@ -17,6 +17,7 @@ from pagestats.stats.bootstrap import (
     BootstrapResult,
     bootstrap_pvalue,
     cluster_bootstrap,
+    resample_counts,
     weighted_sums,
 )
 from pagestats.stats.fit import BinomialFitResult, FitResult, binomial_origin_fit, through_origin_fit
@@ -33,6 +34,7 @@ __all__ = [
     "bh",
     "bootstrap_pvalue",
     "cluster_bootstrap",
+    "resample_counts",
     "through_origin_fit",
     "weighted_sums",
     "binomial_origin_fit",

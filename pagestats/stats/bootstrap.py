@@ -158,6 +158,25 @@ def weighted_sums(weights: np.ndarray, values: np.ndarray) -> np.ndarray:
     return np.einsum("rn,n->r", w, v) if v.ndim == 1 else np.einsum("rn,nm->rm", w, v)
 
 
+def resample_counts(counts: np.ndarray, n_boot: int, rng: np.random.Generator, chunk_size: int = 1 << 18):
+    """The cluster bootstrap's resamples as counts, ``chunk_size`` draws at a time.
+
+    ``counts[i]`` inputs carry row ``i`` of a statistic's data (1 each when the rows are the
+    inputs themselves; the multiplicities of the distinct rows otherwise). Resampling the
+    ``n = counts.sum()`` inputs with replacement and counting how many of the resample carry each
+    row gives ``C ~ Multinomial(n, counts / n)``. Yields the count matrices, ``(k, len(counts))``
+    with ``k = max(1, chunk_size // len(counts))`` replicates each (fewer in the last), ``n_boot``
+    rows in all: the same rows, in the same order, as one ``rng.multinomial(n, counts / n,
+    size=n_boot)`` call, without holding ``n_boot × len(counts)`` counts at once.
+    """
+    counts = np.asarray(counts)
+    n = int(counts.sum())
+    p = counts / n
+    rows = min(n_boot, max(1, chunk_size // len(counts)))
+    for start in range(0, n_boot, rows):
+        yield rng.multinomial(n, p, size=min(rows, n_boot - start))
+
+
 def _count_replicates(
     values: np.ndarray, counts: np.ndarray, n_boot: int, rng: np.random.Generator, chunk_size: int
 ) -> np.ndarray:
@@ -170,12 +189,11 @@ def _count_replicates(
     per replicate instead of ``n`` index draws. Returns (n_cells, n_boot).
     """
     n = int(counts.sum())
-    p = counts / n
-    rows = min(n_boot, max(1, chunk_size // len(counts)))
     out = np.empty((values.shape[1], n_boot))
-    for start in range(0, n_boot, rows):
-        k = min(rows, n_boot - start)
-        out[:, start : start + k] = weighted_sums(rng.multinomial(n, p, size=k), values).T / n
+    start = 0
+    for chunk in resample_counts(counts, n_boot, rng, chunk_size):
+        out[:, start : start + len(chunk)] = weighted_sums(chunk, values).T / n
+        start += len(chunk)
     return out
 
 
