@@ -23,7 +23,6 @@ import polars as pl
 
 from pagestats import formulas
 from pagestats.columns import MATRIX_CELL, MODEL_CELL, TASK_CELL, WHATIF_CELL
-from pagestats.io import duck
 from pagestats.formulas import N_KEPT_GATED, SCORE_GATED
 from pagestats.replay import FixedTau, Policy, ProfileSpec, Replay
 from pagestats.schema import INPUT_KEY
@@ -154,7 +153,7 @@ def _run_by_run(con, draw_columns: list[str], input_draws) -> pl.DataFrame:
         for table in ("outcomes", "decisions", "inputs"):
             con.execute(f"CREATE OR REPLACE TEMP VIEW _run_{table} AS SELECT * FROM {table} WHERE run_id = {literal}")
         parts.append(con.sql(_per_draw(draw_columns, input_draws, tables)).pl())
-    duck.register(con, "_per_run", pl.concat(parts, how="vertical_relaxed"))
+    con.register("_per_run", pl.concat(parts, how="vertical_relaxed"))
     return con.sql(_over_draws(_pooled("_per_run", draw_columns, input_draws), draw_columns, input_draws)).pl()
 
 

@@ -92,6 +92,10 @@ def _create(con: duckdb.DuckDBPyConnection, manifests: dict, files: list[FileRec
             con.execute(f"CREATE VIEW {table} AS SELECT * FROM {source}")
 
 
+#: Rows per Arrow batch of :meth:`LogDB.load` with ``categorical=True``.
+LOAD_BATCH_ROWS = 1 << 20
+
+
 @dataclass
 class LogDB:
     """Validated logs as DuckDB views (``inputs``, ``outcomes``, ``topk``) over their files.
@@ -141,9 +145,16 @@ class LogDB:
 
             def read(table: str, order: str) -> pl.DataFrame:
                 names = [r[0] for r in con.sql(f"DESCRIBE {table}").fetchall() if r[0] not in HEAVY_COLUMNS]
-                frame = con.sql(f"SELECT {', '.join(chr(34) + n + chr(34) for n in names)} FROM {table} "
-                                f"ORDER BY {order}").pl()
-                return categorical_frame(frame) if categorical else frame
+                rows = con.sql(f"SELECT {', '.join(chr(34) + n + chr(34) for n in names)} FROM {table} "
+                               f"ORDER BY {order}")
+                if not categorical:
+                    return rows.pl()
+                # batch by batch, each cast as it arrives: the table is never held with its names as text
+                batches = rows.to_arrow_reader(LOAD_BATCH_ROWS)
+                frames = [categorical_frame(pl.from_arrow(b)) for b in batches]
+                if not frames:  # no rows: the schema alone
+                    return categorical_frame(rows.limit(0).pl())
+                return pl.concat(frames, rechunk=False)
 
             inputs = read("inputs", key)
             outcomes = read("outcomes", f"{key}, evictor, budget")

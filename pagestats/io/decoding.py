@@ -71,7 +71,7 @@ def _relation(con: duckdb.DuckDBPyConnection, files, table: str, columns: dict[s
     if others:
         frame = pl.concat([pl.read_ndjson(p).with_columns(pl.lit(p).alias("filename")) for p in others],
                           how="diagonal_relaxed")
-        duck.register(con, f"_dec_{table}_js", frame)
+        con.register(f"_dec_{table}_js", frame)
         parts.append(f"_dec_{table}_js")
     if not parts:
         return None
@@ -156,7 +156,7 @@ def text_flags(predictions, references) -> pl.DataFrame:
                          schema={"pred": pl.String, "references": pl.List(pl.String)})
     con = duck.connect(threads=1)
     try:
-        duck.register(con, "_texts", frame)
+        con.register("_texts", frame)
         return con.sql(f"SELECT {_CUT} AS cut, {_LOOP} AS looping FROM (SELECT coalesce(pred, '') AS pred, "
                        f"\"references\" FROM _texts)").pl()
     finally:

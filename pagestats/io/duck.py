@@ -1,10 +1,9 @@
 """Every DuckDB connection pagestats opens: one place that sets the memory limit and the folder
 DuckDB spills to (docs/ARCHITECTURE.md, "Out of core"; docs/PERFORMANCE.md).
 
-A foundation of :mod:`pagestats.io` that imports only DuckDB and polars; the replay's in-memory
+A foundation of :mod:`pagestats.io` that imports only DuckDB; the replay's in-memory
 connections (:mod:`pagestats.replay.sql`, the policies' frame queries) and the log database
-(:mod:`pagestats.io.database`) open theirs through :func:`connect`, and every polars frame
-reaches SQL through :func:`register`.
+(:mod:`pagestats.io.database`) open theirs through :func:`connect`.
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ import os
 import tempfile
 
 import duckdb
-import polars as pl
 
 #: DuckDB's memory limit unless a command is given ``--memory-limit``.
 MEMORY_LIMIT = "2GB"
@@ -50,15 +48,3 @@ def connect(database: str = ":memory:", *, memory_limit: str = MEMORY_LIMIT, tem
         config["threads"] = threads
     return duckdb.connect(database, read_only=read_only, config=config)
 
-
-def register(con: duckdb.DuckDBPyConnection, name: str, frame: pl.DataFrame) -> None:
-    """Register ``frame`` on ``con`` as the relation ``name``, its categorical columns as text.
-
-    A :class:`polars.Categorical` (the report holds its name columns so, to bound its memory:
-    :func:`pagestats.io.categorical_names`) reaches DuckDB as an ENUM, which orders by
-    the categories' first appearance, not by their text. Cast to strings, every ``ORDER BY``,
-    comparison and hash in SQL reads a name as it reads it from the parquet files. A frame without
-    categorical columns is registered by reference.
-    """
-    text = {c: pl.String for c, t in frame.schema.items() if isinstance(t, (pl.Categorical, pl.Enum))}
-    con.register(name, frame.cast(text) if text else frame)

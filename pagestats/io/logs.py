@@ -39,11 +39,10 @@ def categorical_names(logs):
     outcome rows) one column of 9M short names takes about 240 MiB as :class:`polars.String` and
     36 MiB as a categorical (4 bytes a row), so the names were most of those frames' memory
     (docs/PERFORMANCE.md, "The report over a big release"). A categorical sorts, groups, compares
-    and prints as its text, so every table is the same. Two rules keep it so: a frame made from
-    literals or read back from SQL meets these through :func:`pagestats.columns.names_like`
-    (polars joins no String key with a Categorical one), and a frame reaches SQL through
-    :func:`pagestats.io.duck.register`, which gives DuckDB the text (an ENUM would order names by
-    first appearance).
+    and prints as its text, and DuckDB reads a registered categorical as text (VARCHAR, ordered
+    by its text: ``tests/io/test_categorical_names.py`` holds both to it), so every table is the
+    same. One rule keeps it so: a frame made from literals or read back from SQL meets these
+    through :func:`pagestats.columns.names_like` (polars joins no String key with a Categorical one).
     """
     tables = {t: categorical_frame(getattr(logs, t)) for t in ("inputs", "outcomes", "topk")}
     if all(tables[t] is getattr(logs, t) for t in tables):

@@ -7,7 +7,6 @@ import numpy as np
 import polars as pl
 
 from pagestats import defaults, formulas
-from pagestats.io import duck
 from pagestats.replay.session import Replay
 from pagestats.replay.spec import ProfileSpec
 from pagestats.replay.sqltext import sql_string
@@ -113,7 +112,7 @@ def tau_curve(
     with Replay(logs, profile=profile) as session:
         con = session.con
         groups = [*by, *session.drops()]
-        duck.register(con, "_thresholds", pl.DataFrame({"tau": taus, "_ord": np.arange(taus.size, dtype=np.int64)}))
+        con.register("_thresholds", pl.DataFrame({"tau": taus, "_ord": np.arange(taus.size, dtype=np.int64)}))
         out = con.sql(tau_curve_query(groups)).pl()
     if out.height == 0:
         raise ValueError("tau_curve: no outcome rows with budget < 1 to replay")

@@ -118,7 +118,7 @@ def frame_query(frame: pl.DataFrame, query, *, con=None) -> pl.DataFrame:
     con = duck.connect(threads=1) if own else con  # one thread: bit-identical reruns
     try:
         register_functions(con)
-        duck.register(con, "_gate_frame", frame.select(scalar).with_row_index("_row"))
+        con.register("_gate_frame", frame.select(scalar).with_row_index("_row"))
         return con.sql(query(con, "_gate_frame")).pl()
     finally:
         if own:

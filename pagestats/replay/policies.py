@@ -288,10 +288,13 @@ class Midpoint:
     def applicable(self, logs):
         """``logs`` (a :class:`pagestats.io.Logs` or another dataclass with ``inputs``,
         ``outcomes`` and ``topk``) restricted to the calibration groups where the recipe
-        applies, and the :meth:`shortfall` rows (with their ``note``) of the groups left out."""
+        applies, and the :meth:`shortfall` rows (with their ``note``) of the groups left out. The
+        logs are ``logs`` itself, not a copy, when no group is left out."""
         short = names_like(self.shortfall(with_task_class(logs.inputs)), logs.inputs)  # read back from SQL
         kept = logs.inputs.join(short.filter(pl.col("note").is_null()).select(self.by), on=list(self.by), how="semi",
                                 nulls_equal=True)
+        if kept.height == logs.inputs.height:  # every group applies (a semi join keeps the rows' order)
+            return logs, short.filter(pl.col("note").is_not_null())
         keys = kept.select(INPUT_KEY)
         topk = getattr(logs, "topk", None)
         sub = dataclasses.replace(logs, inputs=kept, outcomes=logs.outcomes.join(keys, on=INPUT_KEY, how="semi"),

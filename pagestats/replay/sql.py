@@ -42,7 +42,6 @@ import polars as pl
 
 from pagestats.columns import require_columns, with_task_class
 from pagestats.formulas import GATE_RULE
-from pagestats.io import duck
 from pagestats.replay.calibration import decision_query
 from pagestats.replay.pilot import register_functions
 from pagestats.replay.policies import PILOT_POLICIES, FixedTau, Policy, RecalibratedTau
@@ -72,7 +71,7 @@ def register_inputs(con, logs) -> None:
     """
     inputs = with_task_class(logs.inputs)
     require_columns(inputs, INPUT_COLUMNS, "inputs")
-    duck.register(con, "inputs", inputs.select(*INPUT_COLUMNS, *(["draw"] if "draw" in inputs.columns else []))
+    con.register("inputs", inputs.select(*INPUT_COLUMNS, *(["draw"] if "draw" in inputs.columns else []))
                  .sort(INPUT_KEY))
 
 
@@ -84,7 +83,7 @@ def register_outcomes(con, logs) -> None:
     outcomes = logs.outcomes.select(OUTCOME_COLUMNS)
     if outcomes.select(pl.struct(*INPUT_KEY, "evictor", "budget").is_duplicated().any()).item():
         raise ValueError("outcomes: duplicate rows for the same (input, evictor, budget)")
-    duck.register(con, "outcomes", outcomes.sort(*INPUT_KEY, "evictor", "budget"))
+    con.register("outcomes", outcomes.sort(*INPUT_KEY, "evictor", "budget"))
 
 
 def per_input(con, logs, profile: ProfileSpec) -> SimpleNamespace:
@@ -115,7 +114,7 @@ def register_drops(con, frame: pl.DataFrame) -> list[str]:
     recomputed under a profile spec (:func:`pagestats.replay.profile_drop`), joined to the input
     columns; return its draw columns (``["pair_draw"]`` or ``[]``)."""
     draw_columns = ["pair_draw"] if "pair_draw" in frame.columns else []
-    duck.register(con, "_dropped", frame)
+    con.register("_dropped", frame)
     meta = ", ".join(f"i.{c}" for c in INPUT_COLUMNS if c not in (*INPUT_KEY, "drop"))
     con.execute(
         f"CREATE OR REPLACE TEMP VIEW drops AS SELECT {_KEY}, {'pair_draw, ' if draw_columns else ''}{meta}, "
@@ -173,11 +172,11 @@ def register_decisions(con, decided: pl.DataFrame) -> list[str]:
     :class:`~pagestats.replay.policies.CustomPolicy`), joined to the input columns; return the
     draw columns."""
     held = decided.filter(pl.col("held_out")).select(INPUT_KEY).unique()
-    duck.register(con, "_held_out", held)
+    con.register("_held_out", held)
     con.execute("CREATE OR REPLACE TEMP VIEW held_out AS SELECT * FROM _held_out")
     frame = decided.filter(~pl.col("held_out"))
     draw_columns = ["pair_draw"] if "pair_draw" in frame.columns else []
-    duck.register(con, "_python_decisions", frame.select(*INPUT_KEY, *draw_columns, "drop", "tau", "gate_open"))
+    con.register("_python_decisions", frame.select(*INPUT_KEY, *draw_columns, "drop", "tau", "gate_open"))
     meta = ", ".join(f"i.{c}" for c in INPUT_COLUMNS if c not in (*INPUT_KEY, "drop"))
     con.execute(
         f"CREATE OR REPLACE TEMP VIEW decisions AS SELECT {_KEY}, {'pair_draw, ' if draw_columns else ''}{meta}, "

@@ -80,3 +80,55 @@ def test_a_cell_without_the_full_cache_is_refused():
     rows = [r for r in _cell(np.random.default_rng(0), 5, "a") if r["budget"] < 1]
     with pytest.raises(ValueError, match="budget 1.0"):
         metrics.matched_memory(pl.DataFrame(rows), rng=np.random.default_rng(0), n_boot=10)
+
+
+def _big_cell(n):
+    """One cell of ``n`` inputs with binary scores and one prompt length: few distinct rows."""
+    return pl.DataFrame(_cell(np.random.default_rng(11), n, "a"))
+
+
+def test_distinct_rows_give_the_statistic_of_the_inputs_they_stand_for():
+    """A resample over the distinct rows is the resample of the inputs grouped by row: for any input
+    counts, Δ_matched from the inputs equals Δ_matched from the counts summed per distinct row."""
+    from pagestats.metrics.matched import _cell_arrays, _delta_matched, _resampled_rows
+
+    budgets, evicted, *matrices = _cell_arrays(_big_cell(800))
+    rows, counts = _resampled_rows(tuple(matrices))
+    n = matrices[0].shape[0]
+    assert len(counts) * 8 <= n and counts.sum() == n  # this cell is drawn over its distinct rows
+    stacked = np.hstack(matrices)
+    distinct = np.hstack(rows)
+    which = np.array([np.flatnonzero((distinct == r).all(axis=1))[0] for r in stacked])  # input → its row
+    assert (np.bincount(which, minlength=len(counts)) == counts).all()
+    per_input = np.random.default_rng(4).multinomial(n, np.full(n, 1 / n), size=50)
+    per_row = np.stack([np.bincount(which, weights=c, minlength=len(counts)) for c in per_input])
+    for got, want in zip(_delta_matched(per_row, evicted, *rows), _delta_matched(per_input, evicted, *matrices)):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+
+
+def test_distinct_row_and_per_input_draws_give_one_interval(monkeypatch):
+    """The two draws sample one bootstrap distribution: their intervals agree to Monte Carlo error,
+    and the point estimate is the same number."""
+    from pagestats.metrics import matched
+
+    frame = _big_cell(800)
+    distinct = metrics.matched_memory(frame, rng=np.random.default_rng(7), n_boot=4000)
+    monkeypatch.setattr(matched, "DISTINCT_ROWS_FACTOR", 10**9)  # every cell over its inputs
+    inputs = metrics.matched_memory(frame, rng=np.random.default_rng(8), n_boot=4000)
+    assert distinct["delta_matched"][0] == pytest.approx(inputs["delta_matched"][0], abs=1e-12)
+    width = inputs["high"][0] - inputs["low"][0]
+    assert width > 0
+    for end in ("low", "high"):
+        assert abs(distinct[end][0] - inputs[end][0]) < 0.1 * width
+
+
+def test_resamples_are_drawn_in_chunks_without_changing_them():
+    """Chunked draws (stats.resample_counts) are the rows of one multinomial call with the same seed."""
+    from pagestats import stats
+
+    counts = np.array([3, 1, 4, 1, 5, 9, 2, 6])
+    want = np.random.default_rng(9).multinomial(counts.sum(), counts / counts.sum(), size=37)
+    for chunk_size in (1, 8, 50, 10**6):
+        chunks = list(stats.resample_counts(counts, 37, np.random.default_rng(9), chunk_size))
+        assert max(len(c) for c in chunks) == min(37, max(1, chunk_size // len(counts)))
+        np.testing.assert_array_equal(np.vstack(chunks), want)
