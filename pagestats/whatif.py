@@ -160,10 +160,9 @@ def _run_by_run(con, draw_columns: list[str], input_draws) -> pl.DataFrame:
 #: Per (model, context_length): the gate-open fraction over the decisions (inputs × head-pair
 #: draws) and whether it is 0 or 1 (App. A.3.1: "its gate-open fraction is 0.00. The gate has
 #: silently become full-KV fallback").
-DEGENERATE_QUERY = """
-    SELECT model, context_length, avg(CAST(gate_open AS DOUBLE)) AS p_open,
-        bool_and(gate_open) OR NOT bool_or(gate_open) AS degenerate
-    FROM decisions GROUP BY ALL"""
+DEGENERATE_QUERY = f"""
+    SELECT model, context_length, p_open, {formulas.DEGENERATE} AS degenerate
+    FROM (SELECT model, context_length, avg(CAST(gate_open AS DOUBLE)) AS p_open FROM decisions GROUP BY ALL)"""
 
 
 def logged_input_draws(con) -> list[int]:

@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 from pagestats import profile, schema
 from pagestats.io.guard import Refused, check_regular, read_manifest
 from pagestats.io.validation.manifest import BIN_CONVENTIONS, listed_files, parse_bins
-from pagestats.io.validation.problems import MAX_ROWS_PER_RULE, ExclusionError, Problem, value_text
+from pagestats.io.validation.problems import MAX_ROWS_PER_RULE, ExclusionError, Problem, unreadable_parquet, value_text
 
 __all__ = ["DeploymentRun", "DeploymentRunError", "check_deployment", "deployment_refusal", "is_deployment_dir",
            "is_deployment_manifest", "read_deployment", "split_deployments", "DROP_TOLERANCE", "ENTRIES"]
@@ -235,7 +235,7 @@ def _file_problems(run_dir: str, manifest_path: str, info: dict, problems: list[
             meta = pq.ParquetFile(path)
         except (pa.ArrowException, OSError) as err:  # a corrupt or truncated part: reported, not read
             reason = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
-            problems.append(Problem(path, None, f"cannot read parquet file (corrupt or truncated?): {reason}"))
+            problems.append(unreadable_parquet(path, reason))
             continue
         if meta.metadata.num_rows != entry.get("rows"):
             problems.append(Problem(path, None, f"{meta.metadata.num_rows} rows but the manifest says "

@@ -22,7 +22,7 @@ from pagestats import schema
 from pagestats.io.discovery import _one_line, _Source
 from pagestats.io.guard import os_reason
 from pagestats.io.upgrades import upgrade_schema
-from pagestats.io.validation.problems import Problem
+from pagestats.io.validation.problems import Problem, unreadable_parquet
 
 # --------------------------------------------------------------------------- inspection
 
@@ -103,7 +103,7 @@ def _inspect(src: _Source, con: duckdb.DuckDBPyConnection) -> list[Problem]:
             magic = _magic_problem(src.path)
             if magic:
                 src.failed = True
-                return [Problem(src.path, None, f"cannot read parquet file (corrupt or truncated?): {magic}")]
+                return [unreadable_parquet(src.path, magic)]
             meta = pq.ParquetFile(src.path)
             src.arrow_schema = meta.schema_arrow
             src.rows = meta.metadata.num_rows
@@ -255,8 +255,7 @@ def _read_table(con, table: str, sources: list[_Source], wanted: list[str]) -> t
                     if out_of_resources(err):
                         raise
                     s.failed = True
-                    problems.append(Problem(s.path, None, f"cannot read parquet file (corrupt or truncated?): "
-                                                          f"{_one_line(err)}"))
+                    problems.append(unreadable_parquet(s.path, _one_line(err)))
     for s in sources:
         if s.fmt == "jsonl" and s.frame is not None:
             f = s.frame.with_columns(

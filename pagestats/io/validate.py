@@ -48,7 +48,7 @@ from pagestats.io.files import (
 from pagestats.io.logs import FileRecord
 from pagestats.io.read import _duck_column, _literal_name, _read_table, _version, out_of_resources
 from pagestats.io.upgrades import upgrade_table
-from pagestats.io.validation.problems import ExclusionError, Problem, frame, one
+from pagestats.io.validation.problems import ExclusionError, Problem, frame, one, unreadable_parquet
 from pagestats.io.validation.tables import check_tables
 
 #: The columns of :attr:`Checked.task_classes`.
@@ -196,8 +196,7 @@ def _unreadable(con, found: _Found) -> bool:
             if out_of_resources(err):
                 raise
             s.failed, any_failed = True, True
-            found.problems.append(Problem(s.path, None, f"cannot read parquet file (corrupt or truncated?): "
-                                                        f"{_one_line(err)}"))
+            found.problems.append(unreadable_parquet(s.path, _one_line(err)))
     return any_failed
 
 

@@ -47,6 +47,11 @@ class Problem:
         return one_line(f"{where}: {self.message}")
 
 
+def unreadable_parquet(path: str, reason: str) -> Problem:
+    """The problem of a parquet file that cannot be read (``reason``: why, one line)."""
+    return Problem(path, None, f"cannot read parquet file (corrupt or truncated?): {reason}")
+
+
 def one_line(text: str) -> str:
     """``text`` with every control, format or line/paragraph-separator character escaped
     (``\\n``, ``\\x1b``, ``\\u2028`` …), so that names from the logs cannot break a
