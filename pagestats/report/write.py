@@ -58,6 +58,9 @@ def _write_table(item, stem: Path, formats=None) -> list[str]:
     frame, layout = _table_parts(item)
     if frame.height == 0:
         raise _EmptyOutput("the table came out without rows")
+    # the report's names are categorical (io.categorical_names); every writer gets them as text, so that
+    # the CSV escapes them (escape.csv_frame reads text columns) and great_tables aligns them as text
+    frame = frame.cast({c: pl.String for c, t in frame.schema.items() if isinstance(t, pl.Categorical)})
     # the Markdown file lists the tidy numbers (4 significant digits); HTML is the typeset table
     return [*write_table(frame, stem, layout, formats=("csv",)), *write_table(frame, stem, None, formats=("md",)),
             *write_table(frame, stem, layout, formats=("html",))]

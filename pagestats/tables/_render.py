@@ -112,8 +112,6 @@ def to_gt(frame: pl.DataFrame, layout: Layout, table_id: str | None = None):
     from great_tables import GT
 
     shown = display_frame(frame, layout)
-    # names as text: great_tables centres a categorical column and left-aligns a string one
-    shown = shown.cast({c: pl.String for c, t in shown.schema.items() if isinstance(t, pl.Categorical)})
     gt = GT(shown, id=table_id)
     if layout.title:
         gt = gt.tab_header(title=layout.title)

@@ -276,7 +276,7 @@ def preregistered_table(gated: pl.DataFrame, inputs: pl.DataFrame, *, band: pl.D
     sub = gated.filter((pl.col("context_length") == target) & (pl.col("evictor") == ev))
     if sub.height == 0:
         raise ValueError(f"no {ev} outcomes at the target context {target} to check the band against")
-    measured = metrics.scaling_rows(sub, by=(*by, "context_length"))
+    measured = names_like(metrics.scaling_rows(sub, by=(*by, "context_length")), band)  # a frozen band's text
     out = band.with_columns(pl.col("context_length").cast(pl.Int64)).join(
         measured.select(*by, "task_class", "n", "rho", "low", "high"), on=by, how="left")
     out = out.with_columns(
