@@ -48,7 +48,7 @@ def _calibration_error(err: Exception) -> str:
     if isinstance(err, ThresholdCountError):
         return (f"error: calibrate: policy {err.policy} gives {len(err.taus)} thresholds for model {err.model!r} "
                 f"({', '.join(f'{t:.6g}' for t in err.taus)}); a deployed gate has one: "
-                "calibrate per model (--pilot-by model) or on one context")
+                "calibrate on the logs of one context length")
     return f"error: {err}"
 
 

@@ -91,11 +91,17 @@ def pilot_query(source: str, by, n: int, split: str = "first", seed: int = 0) ->
             f"QUALIFY row_number() OVER ({partition}ORDER BY {', '.join(order)}) <= {int(n)}")
 
 
+def pilot_need(pilot_n: int, split: str) -> int:
+    """The inputs a group needs for a pilot of ``pilot_n`` drawn as ``split``: one more for a
+    ``"held-out"`` pilot, which must leave an input to evaluate (App. A.3.4)."""
+    return pilot_n + 1 if split == "held-out" else pilot_n
+
+
 def refuse_small_groups(con, source: str, by, n: int, split: str) -> None:
     """Raise ``ValueError`` if a ``by`` group of ``source`` has fewer than ``n`` distinct inputs
     (``n`` + 1 for a held-out pilot, which must leave an input to evaluate)."""
     by = list(by)
-    need = n + 1 if split == "held-out" else n
+    need = pilot_need(n, split)
     units = f"SELECT DISTINCT {quoted([*by, *INPUT_KEY])} FROM {source}"
     if by:
         query = (f"SELECT {quoted(by)}, count(*) AS len FROM ({units}) GROUP BY ALL HAVING count(*) < {int(need)} "

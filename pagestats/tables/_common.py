@@ -15,6 +15,7 @@ import polars as pl
 
 from pagestats import defaults, formulas, metrics, replay
 from pagestats.columns import MODEL_CELL, headline_evictor, input_key, require_columns
+from pagestats.replay.pilot import pilot_need
 from pagestats.replay.policies import FixedTau
 from pagestats.schema import INPUT_KEY
 
@@ -111,12 +112,6 @@ class LogsView:
 
     inputs: pl.DataFrame
     topk: pl.DataFrame | None = None
-
-
-def pilot_need(pilot_n: int, split: str) -> int:
-    """The inputs a group needs for a pilot of ``pilot_n`` drawn as ``split``: one more for a
-    ``"held-out"`` pilot, which must leave an input to evaluate (App. A.3.4)."""
-    return pilot_n + 1 if split == "held-out" else pilot_n
 
 
 def inputs_per(logs, by: Sequence[str]) -> pl.DataFrame:

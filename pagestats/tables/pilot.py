@@ -16,7 +16,8 @@ from pagestats.columns import MODEL_CELL
 from pagestats.replay.pilot import PILOT_SPLITS
 from pagestats.replay.policies import ZScored
 from pagestats.schema import INPUT_KEY
-from pagestats.tables._common import group_tau, inputs_per, logged_evictor, pilot_need
+from pagestats.replay.pilot import pilot_need
+from pagestats.tables._common import group_tau, inputs_per, logged_evictor
 
 __all__ = ["pilot_sensitivity_table"]
 
