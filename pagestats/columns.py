@@ -52,6 +52,14 @@ def names_like(frame: pl.DataFrame, like: pl.DataFrame) -> pl.DataFrame:
     return frame.cast(casts) if casts else frame
 
 
+def rows_where(frame: pl.DataFrame, predicate: pl.Expr) -> pl.DataFrame:
+    """``frame.filter(predicate)``, or ``frame`` itself when every row passes. A filter copies every
+    column; at 1M inputs the report's gated rows of its one evictor are 9M rows, and a copy of
+    them is a second gigabyte for nothing (docs/PERFORMANCE.md, "The report over a big release")."""
+    mask = frame.select(predicate.fill_null(False)).to_series()
+    return frame if mask.all() else frame.filter(mask)
+
+
 def input_key(frame: pl.DataFrame) -> list[str]:
     """The columns that identify one input of ``frame``: :data:`INPUT_KEY`, plus ``pair_draw``
     when the frame holds several head-pair draws of D (App. A.3.5, Table 9)."""

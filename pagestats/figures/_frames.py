@@ -9,7 +9,7 @@ from collections.abc import Iterable
 import polars as pl
 
 from pagestats import defaults
-from pagestats.columns import MODEL_CELL, require_columns
+from pagestats.columns import MODEL_CELL, require_columns, rows_where
 from pagestats.escape import terminal
 
 
@@ -53,7 +53,7 @@ def select_cells(frame: pl.DataFrame, **filters) -> pl.DataFrame:
         if name not in frame.columns:
             raise ValueError(f"cannot filter on {name!r}: no such column")
         values = list(value) if isinstance(value, (list, tuple, set)) else [value]
-        frame = frame.filter(pl.col(name).is_in(values))
+        frame = rows_where(frame, pl.col(name).is_in(values))
         if frame.height == 0:
             raise ValueError(f"no rows with {name} in {values}")
     return frame

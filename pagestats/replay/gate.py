@@ -200,4 +200,10 @@ def gated_from_decisions(outcomes: pl.DataFrame, decided: pl.DataFrame, columns=
     rows = rows.with_columns(expr.alias(name) for name, expr in derived.items() if name in wanted)
     cols = [c for c in GATED_OUTCOME_COLUMNS if c in rows.columns and c in wanted]
     order = [*input_key(rows), "evictor", "budget"]
-    return rows.select(list(dict.fromkeys([*cols, *order]))).sort(order).select(cols)
+    # rows.sort(order).select(cols), one column at a time (order is unique per row: no ties), each
+    # unsorted column let go once gathered, so that the rows and their sorted copy are never both
+    # whole (at 1M inputs each is a gigabyte)
+    index = rows.select(pl.arg_sort_by(order)).to_series()
+    columns = {c: rows.get_column(c) for c in cols}
+    del rows
+    return pl.DataFrame([columns.pop(c).gather(index) for c in cols])

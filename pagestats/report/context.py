@@ -192,8 +192,8 @@ def first_draw(logs):
     inputs = logs.inputs
     if "draw" not in inputs.columns or inputs.height == 0:
         return logs
-    evicted = (logs.outcomes.filter(formulas.EVICTED).select(INPUT_KEY).unique()
-               .with_columns(pl.lit(True).alias("_evicted")))
+    evicted = (logs.outcomes.lazy().filter(formulas.EVICTED).select(INPUT_KEY).unique()  # lazy: only the key is read
+               .with_columns(pl.lit(True).alias("_evicted")).collect())
     rank = (inputs.join(evicted, on=list(INPUT_KEY), how="left")
             .group_by("model", "context_length", "draw").agg(pl.col("_evicted").any().fill_null(False))
             .sort("model", "context_length", ~pl.col("_evicted"), "draw")

@@ -12,7 +12,7 @@ import numpy as np
 import polars as pl
 
 from pagestats import defaults, formulas, metrics, replay
-from pagestats.columns import names_like
+from pagestats.columns import names_like, rows_where
 from pagestats.figures import decision_frontier, decision_frontier_data
 from pagestats.report.context import Context
 from pagestats.schema import INPUT_KEY
@@ -34,9 +34,12 @@ def decision_data(ctx: Context) -> pl.DataFrame:
         tau0 = ctx.fixed_tau if ctx.fixed_tau is not None else defaults.TAU
         keys = ("model", "context_length", "evictor", "budget")
         # the evictors of a (model, context) on the same inputs, as Table 2 (metrics.equal_inputs)
-        gated, _ = metrics.equal_inputs(ctx.gated.filter(formulas.EVICTED))
+        gated, _ = metrics.equal_inputs(rows_where(ctx.gated, formulas.EVICTED))
         units = gated.select(*INPUT_KEY, "evictor").unique()
-        logs = dataclasses.replace(ctx.logs, outcomes=ctx.logs.outcomes.join(units, on=[*INPUT_KEY, "evictor"], how="semi"))
+        outcomes = ctx.logs.outcomes
+        if units.height != outcomes.select(*INPUT_KEY, "evictor").n_unique():  # else every unit: no copy
+            outcomes = outcomes.join(units, on=[*INPUT_KEY, "evictor"], how="semi")
+        logs = dataclasses.replace(ctx.logs, outcomes=outcomes)
         curve = names_like(replay.tau_curve(logs, decision_taus(tau0), ctx.profile, by=keys), gated)  # SQL's text
         if "pair_draw" in curve.columns:
             curve = curve.group_by(*keys, "tau").agg(pl.col("delta", "kept_kv", "p_open").mean())

@@ -14,6 +14,7 @@ import numpy as np
 import polars as pl
 
 from pagestats import defaults, formulas, replay
+from pagestats.columns import rows_where
 from pagestats.figures import (
     accuracy_vs_budget,
     accuracy_vs_kept_kv,
@@ -58,7 +59,7 @@ def _fig2(ctx):
 def _fig3(ctx):
 
     ev = ctx.headline_evictor
-    sub = ctx.gated.filter(pl.col("evictor") == ev)
+    sub = rows_where(ctx.gated, pl.col("evictor") == ev)
     return _per_cell(ctx, sub, ["model", "context_length"],
                      lambda c: accuracy_vs_budget(sub, model=c["model"], context_length=c["context_length"], evictor=ev))
 
@@ -66,7 +67,7 @@ def _fig3(ctx):
 def _fig4(ctx):
 
     ev = ctx.headline_evictor
-    sub = ctx.gated.filter(pl.col("evictor") == ev)
+    sub = rows_where(ctx.gated, pl.col("evictor") == ev)
     return _per_cell(ctx, sub, ["context_length"],
                      lambda c: accuracy_vs_kept_kv(sub, evictor=ev, context_length=c["context_length"]))
 
@@ -117,17 +118,17 @@ def _fig8(ctx):
 
 def _fig9(ctx):
 
-    return rho_vs_headroom(ctx.gated.filter(pl.col("evictor") == ctx.headline_evictor), rule=ctx.dilution_rule)
+    return rho_vs_headroom(rows_where(ctx.gated, pl.col("evictor") == ctx.headline_evictor), rule=ctx.dilution_rule)
 
 
 def _fig10(ctx):
 
-    return recovery_distribution(ctx.gated.filter(pl.col("evictor") == ctx.headline_evictor))
+    return recovery_distribution(rows_where(ctx.gated, pl.col("evictor") == ctx.headline_evictor))
 
 
 def _fig11(ctx):
 
-    return recovery_fraction(ctx.gated.filter(pl.col("evictor") == ctx.headline_evictor))
+    return recovery_fraction(rows_where(ctx.gated, pl.col("evictor") == ctx.headline_evictor))
 
 
 FIGURES: tuple[Entry, ...] = (

@@ -10,7 +10,7 @@ import numpy as np
 import polars as pl
 
 from pagestats import defaults, formulas, metrics
-from pagestats.columns import MATRIX_CELL, MODEL_CELL
+from pagestats.columns import MATRIX_CELL, MODEL_CELL, rows_where
 from pagestats.report.context import Context
 from pagestats.report.paper import PAPER_VALUES
 
@@ -46,7 +46,7 @@ def headline(ctx: Context) -> pl.DataFrame:
     the harm rates over every task and budget b < 1 (how much each evictor loses overall). p_open =
     share of the cell's inputs on which the gate opens.
     """
-    rows = ctx.gated.filter(formulas.EVICTED)
+    rows = rows_where(ctx.gated, formulas.EVICTED)
     if rows.height == 0:
         return pl.DataFrame()
     rows, _ = metrics.equal_inputs(rows, by=list(MODEL_CELL))
