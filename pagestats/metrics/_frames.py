@@ -44,15 +44,19 @@ def _arm(arm: str) -> tuple[str, str]:
         raise ValueError(f"arm must be 'plain' or 'gated', got {arm!r}") from None
 
 
-def _outcome_rows(frame: pl.DataFrame, by, cols, what: str, *, include_full: bool = False) -> tuple[pl.DataFrame, list[str]]:
+def _outcome_rows(frame: pl.DataFrame, by, cols, what: str, *, include_full: bool = False,
+                  keep=()) -> tuple[pl.DataFrame, list[str]]:
     """Check an outcome frame, reject duplicate (unit, budget) rows, keep budgets b < 1 (and the
-    b = 1 audit rows too with ``include_full``)."""
+    b = 1 audit rows too with ``include_full``). The rows hold only ``by``, the unit key, ``budget``,
+    ``cols`` and those of ``keep`` present: the filter copies what it keeps, and a gated frame has 18
+    columns where a measure reads a few (at 1M inputs, 9M rows: docs/PERFORMANCE.md)."""
     by = _by(frame, by, what)
-    require_columns(frame, [*_unit_key(frame), "budget", *cols], what)
     key = [*_unit_key(frame), "budget"]
+    require_columns(frame, [*key, *cols], what)
     if frame.select(key).is_duplicated().any():
         raise ValueError(f"{what}: duplicate rows for the same (input, evictor, budget)")
-    return (frame if include_full else frame.filter(formulas.EVICTED)), by
+    rows = frame.select(_uniq(by, key, cols, [c for c in keep if c in frame.columns]))
+    return (rows if include_full else rows.filter(formulas.EVICTED)), by
 
 
 def _with_wilson(df: pl.DataFrame, name: str, confidence_level: float) -> pl.DataFrame:

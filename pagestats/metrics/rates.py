@@ -93,9 +93,9 @@ def recovery_indicator(frame: pl.DataFrame, arm: str = "gated", *, include_full:
         present), ``best`` (the maximum) and ``r`` (Int8 in {−1, 0, 1}).
     """
     score, _ = _arm(arm)
-    rows, _ = _outcome_rows(frame, (), [score, "score_full"], "recovery_indicator")
+    extra = [c for c in ("model", "context_length", "task_class") if c in frame.columns]
+    rows, _ = _outcome_rows(frame, (), [score, "score_full"], "recovery_indicator", keep=extra)
     unit = _unit_key(rows)
-    extra = [c for c in ("model", "context_length", "task_class") if c in rows.columns]
     best = pl.col(score).max()
     if include_full:
         best = pl.max_horizontal(best, pl.col("score_full").first())

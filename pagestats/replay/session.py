@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from pagestats.columns import rows_where
 from pagestats.io import duck
 from pagestats.io.database import is_database
 from pagestats.replay import sql
@@ -180,7 +181,7 @@ class Replay:
         """The outcome rows (of one evictor when given) as a polars frame."""
         if not self.out_of_core:
             outcomes = self.logs.outcomes
-            return outcomes if evictor is None else outcomes.filter(pl.col("evictor") == evictor)
+            return outcomes if evictor is None else rows_where(outcomes, pl.col("evictor") == evictor)
         where, params = ("", None) if evictor is None else (" WHERE evictor = $evictor", {"evictor": evictor})
         order = ", ".join([*INPUT_KEY, "evictor", "budget"])
         return self.con.sql(f"SELECT {', '.join(sql.OUTCOME_COLUMNS)} FROM outcomes{where} ORDER BY {order}",

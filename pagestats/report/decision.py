@@ -12,7 +12,7 @@ import numpy as np
 import polars as pl
 
 from pagestats import defaults, formulas, metrics, replay
-from pagestats.columns import names_like, rows_where
+from pagestats.columns import input_key, names_like, rows_where
 from pagestats.figures import decision_frontier, decision_frontier_data
 from pagestats.report.context import Context
 from pagestats.schema import INPUT_KEY
@@ -34,7 +34,9 @@ def decision_data(ctx: Context) -> pl.DataFrame:
         tau0 = ctx.fixed_tau if ctx.fixed_tau is not None else defaults.TAU
         keys = ("model", "context_length", "evictor", "budget")
         # the evictors of a (model, context) on the same inputs, as Table 2 (metrics.equal_inputs)
-        gated, _ = metrics.equal_inputs(rows_where(ctx.gated, formulas.EVICTED))
+        # the columns read, then the rows (a filter copies every column it keeps)
+        read = [*input_key(ctx.gated), *keys, "score_full", "score_plain", "score_gated"]
+        gated, _ = metrics.equal_inputs(rows_where(ctx.gated.select(read), formulas.EVICTED))
         units = gated.select(*INPUT_KEY, "evictor").unique()
         outcomes = ctx.logs.outcomes
         if units.height != outcomes.select(*INPUT_KEY, "evictor").n_unique():  # else every unit: no copy

@@ -44,8 +44,8 @@ from pagestats.report.context import (
 def _per_cell(ctx: Context, frame: pl.DataFrame, keys: Sequence[str], draw) -> list[tuple[str, object]]:
 
     parts = []
-    evicted = frame.filter(formulas.EVICTED) if "budget" in frame.columns else frame
-    for cell in evicted.select(keys).unique().sort(keys).to_dicts():  # a full-KV-only cell has no curve
+    evicted = frame.lazy().filter(formulas.EVICTED) if "budget" in frame.columns else frame.lazy()
+    for cell in evicted.select(keys).unique().sort(keys).collect().to_dicts():  # a full-KV-only cell has no curve
         part = cell_label(cell).replace(" ", "-")
         parts.append((part, draw(cell)))
     return parts

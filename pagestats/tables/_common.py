@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from pagestats import defaults, formulas, metrics, replay
-from pagestats.columns import MODEL_CELL, headline_evictor, input_key, require_columns
+from pagestats.columns import MODEL_CELL, headline_evictor, input_key, require_columns, rows_where
 from pagestats.replay.pilot import pilot_need
 from pagestats.replay.policies import FixedTau
 from pagestats.schema import INPUT_KEY
@@ -40,7 +40,7 @@ def one_evictor(frame: pl.DataFrame, evictor: str | None) -> tuple[pl.DataFrame,
     """Rows of ``evictor`` (default :func:`headline_evictor`); raises if it is not logged."""
     require_columns(frame, ["evictor"], "one_evictor")
     ev = evictor if evictor is not None else headline_evictor(frame["evictor"].unique().to_list())
-    sub = frame.filter(pl.col("evictor") == ev)
+    sub = rows_where(frame, pl.col("evictor") == ev)  # no copy when the frame holds one evictor
     if sub.height == 0:
         raise ValueError(f"evictor {ev!r} is not in the outcomes ({sorted(frame['evictor'].unique().to_list())})")
     return sub, ev

@@ -367,9 +367,10 @@ def random_control_table(gated: pl.DataFrame, *, scored: str = "snapkv", control
     arms = {"snapkv": scored, "random": control}
     rho = _paired_rho(gated, arms, confidence_level)
     keys = ["model", "context_length", "task_class", "task"]
-    acc = [one_evictor(gated, ev)[0].filter(formulas.EVICTED).group_by(keys).agg(
-        pl.col("score_full").mean().alias("acc_full"), pl.col("score_plain").mean().alias(f"acc_{name}"))
-        for name, ev in arms.items()]
+    acc = [one_evictor(gated, ev)[0].select(*keys, "budget", "score_full", "score_plain").filter(formulas.EVICTED)
+           .group_by(keys).agg(pl.col("score_full").mean().alias("acc_full"),
+                               pl.col("score_plain").mean().alias(f"acc_{name}"))
+           for name, ev in arms.items()]  # the columns read, then the rows
     out = rho.join(acc[0], on=keys).join(acc[1].drop("acc_full"), on=keys)
     return out.select("model", "context_length", "task", "task_class", "n", "acc_full", "acc_snapkv", "acc_random",
                       "rho_snapkv", "snapkv_low", "snapkv_high", "rho_random", "random_low",

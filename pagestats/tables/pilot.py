@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import polars as pl
 
 from pagestats import defaults, metrics, replay
-from pagestats.columns import MODEL_CELL
+from pagestats.columns import MODEL_CELL, rows_where
 from pagestats.replay.pilot import PILOT_SPLITS
 from pagestats.replay.policies import ZScored
 from pagestats.schema import INPUT_KEY
@@ -73,7 +73,7 @@ def pilot_sensitivity_table(logs, *, pilot_splits: Sequence[str] = PILOT_SPLITS,
     unit = [*MODEL_CELL, "task", *(c for c in INPUT_KEY if c != "task")]
     ev = logged_evictor(logs, evictor)
     # the evictor's input keys and outcome rows: the units a replay of that evictor evaluates, less its held-out pilot
-    ev_outcomes = logs.outcomes.filter(pl.col("evictor") == ev)
+    ev_outcomes = rows_where(logs.outcomes, pl.col("evictor") == ev)  # the outcomes themselves when one evictor
     logged = ev_outcomes.select(INPUT_KEY).unique()
 
     def summary(full, sub, ev, left):
