@@ -70,7 +70,7 @@ def harm_rate(
     """
     score, _ = _arm(arm)
     by = _by(frame, by, "harm_rate")
-    _outcome_rows(frame, by, [score, "score_full"], "harm_rate")  # checks only
+    _outcome_rows(frame, by, [score, "score_full"], "harm_rate", include_full=True)  # checks only: no filtered copy
     keys = _uniq(by, ["budget"])
     out = frame.group_by(keys).agg(
         formulas.expr(formulas.harm_count(score)).cast(pl.Int64).alias("k"), pl.len().cast(pl.Int64).alias("n")

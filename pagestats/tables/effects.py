@@ -15,7 +15,7 @@ import numpy as np
 import polars as pl
 
 from pagestats import defaults, formulas, metrics
-from pagestats.columns import MATRIX_CELL, MODEL_CELL, require_columns
+from pagestats.columns import MATRIX_CELL, MODEL_CELL, input_key, require_columns, rows_where
 from pagestats.schema import INPUT_KEY
 from pagestats.tables._common import group_tau, one_evictor
 
@@ -114,7 +114,9 @@ def budget_axis_table(gated: pl.DataFrame) -> pl.DataFrame:
     """
     by = [*MATRIX_CELL, "budget"]
     require_columns(gated, [*by, "score_full", "score_plain", "score_gated"], "budget_axis_table")
-    rows, _ = metrics.equal_inputs(gated.filter(formulas.EVICTED))  # evictors on the same inputs
+    read = [*input_key(gated), *by, "score_full", "score_plain", "score_gated", "n_kept_gated", "n_tokens", "gate_open"]
+    # the columns read, then the rows; the evictors on the same inputs
+    rows, _ = metrics.equal_inputs(gated.select(read).filter(formulas.EVICTED))
     acc = rows.group_by(by).agg(
         pl.col("score_full").mean().alias("acc_full"), pl.col("score_plain").mean().alias("acc_plain"),
         pl.col("score_gated").mean().alias("acc_gated"),
@@ -211,9 +213,11 @@ def cross_cell_table(gated_fixed: pl.DataFrame, gated_calibrated: pl.DataFrame |
         (null in a cell it does not calibrate); in a cell both frames hold, the two thresholds
         are compared on the same inputs (:func:`pagestats.metrics.same_inputs`).
     """
-    sub, ev = one_evictor(gated_fixed, evictor)
+    # the columns read (the joins below copy what they keep)
+    read = [*input_key(gated_fixed), *MODEL_CELL, "evictor", "budget", "tau", "gate_open", "score_plain", "score_gated"]
+    sub, ev = one_evictor(gated_fixed.select(read), evictor)
     if gated_calibrated is not None:  # in the cells it calibrates, on the same inputs as the fixed τ
-        gated_calibrated = gated_calibrated.filter(pl.col("evictor") == ev)
+        gated_calibrated = rows_where(gated_calibrated.select(read), pl.col("evictor") == ev)
         cal_cells = gated_calibrated.select(*MODEL_CELL).unique()
         (both, gated_calibrated), _ = metrics.same_inputs(sub.join(cal_cells, on=list(MODEL_CELL), how="semi"),
                                                           gated_calibrated)
@@ -228,7 +232,7 @@ def cross_cell_table(gated_fixed: pl.DataFrame, gated_calibrated: pl.DataFrame |
     out = arm(sub, "fixed")
     cols = [*MODEL_CELL, "evictor", "n_inputs", "tau_fixed", "delta_fixed", "p_open_fixed"]
     if gated_calibrated is not None:
-        cal = arm(gated_calibrated.filter(pl.col("evictor") == ev), "calibrated").drop("n_inputs")
+        cal = arm(gated_calibrated, "calibrated").drop("n_inputs")
         out = out.join(cal, on=list(MODEL_CELL), how="left")
         cols += ["tau_calibrated", "delta_calibrated", "p_open_calibrated"]
     if notes is not None:
@@ -426,7 +430,9 @@ def remaining_deltas_table(gated: pl.DataFrame, calibrated: pl.DataFrame | None,
     from pagestats import stats
 
     sub, ev = one_evictor(gated, evictor)
-    sub = sub.filter(formulas.EVICTED)
+    # the columns read, then the rows (a filter copies every column it keeps)
+    read = [*input_key(gated), *MODEL_CELL, "evictor", "task_class", "budget", "score_plain", "score_gated"]
+    sub = sub.select(read).filter(formulas.EVICTED)
     cols = ["row", "model", "context_length", "evictor", "task", "estimate", "low", "high", "interval", "n_inputs",
             "p_value"]
     parts = []
@@ -434,7 +440,7 @@ def remaining_deltas_table(gated: pl.DataFrame, calibrated: pl.DataFrame | None,
               [*MODEL_CELL, "evictor", "task"])]
     if calibrated is not None:
         cal, _ = one_evictor(calibrated, ev)
-        kinds.insert(0, ("calibrated τ (Table 20)", cal.filter(formulas.EVICTED), [*MODEL_CELL, "evictor"]))
+        kinds.insert(0, ("calibrated τ (Table 20)", cal.select(read).filter(formulas.EVICTED), [*MODEL_CELL, "evictor"]))
     for label, frame, by in kinds:
         if frame.height == 0:
             continue

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import polars as pl
 
 from pagestats import defaults, formulas, metrics, stats
-from pagestats.columns import MODEL_CELL, names_like, require_columns
+from pagestats.columns import MODEL_CELL, input_key, names_like, require_columns
 from pagestats.schema import INPUT_KEY
 from pagestats.tables._common import as_list, group_tau, one_evictor, task_means
 
@@ -304,7 +304,8 @@ def harm_table(gated: pl.DataFrame, *, evictor: str | None = None, by=("task", "
     """
     by = as_list(by)
     sub, ev = one_evictor(gated, evictor)
-    sub = sub.filter(formulas.EVICTED)
+    read = [*input_key(sub), "evictor", *by, "budget", "score_full", "score_plain", "score_gated"]
+    sub = sub.select(list(dict.fromkeys(read))).filter(formulas.EVICTED)  # the columns read, then the rows
     keys = [*by, "budget"]
     g = metrics.harm_rate(sub, by=by, arm="gated", confidence_level=confidence_level).rename(
         {"harm": "harm_gated", "low": "gated_low", "high": "gated_high"})
