@@ -118,8 +118,9 @@ class Context:
                                         **{c: pl.Float64 for c in ("kept_kv_gated", "acc_gated", "acc_plain_matched",
                                                                    "delta_matched", "low", "high", "delta_nominal",
                                                                    "p_value", "p_adjusted")}})
-        return names_like(metrics.matched_memory(rows.join(both, on=by, how="semi"), by=by,
-                                                 rng=np.random.default_rng(defaults.BOOTSTRAP_SEED)), rows)
+        if both.height != rows.select(by).n_unique():  # else every cell: no copy
+            rows = rows.join(both, on=by, how="semi")
+        return names_like(metrics.matched_memory(rows, by=by, rng=np.random.default_rng(defaults.BOOTSTRAP_SEED)), rows)
 
     @functools.cached_property
     def decode_limited(self) -> pl.DataFrame:
