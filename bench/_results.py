@@ -22,6 +22,12 @@ def earlier_runs(old: dict) -> list[dict]:
     return [{k: v for k, v in old.items() if k != "earlier_runs"}, *old.get("earlier_runs", [])]
 
 
+def git_head(tree: Path) -> str:
+    """The short commit checked out in ``tree`` (the code a result measured), or ``"unknown commit"``."""
+    out = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return out.stdout.strip() or "unknown commit"
+
+
 def write_result(name: str, result: dict, shown=None) -> Path:
     """Write ``result`` as ``bench/results/<name>.json`` and print ``shown`` (default: all of it)."""
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -62,7 +62,7 @@ import sys
 import tempfile
 import time
 
-from _results import earlier_runs, measured, write_result
+from _results import earlier_runs, git_head, measured, write_result
 
 HERE = pathlib.Path(__file__).resolve().parent
 N_PER_TASK = 125_000
@@ -193,13 +193,6 @@ def _with_earlier(name: str, result: dict) -> dict:
 _EARLIER: dict[str, list] = {}
 
 
-def _head(tree: pathlib.Path) -> str:
-    import subprocess
-
-    out = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return out.stdout.strip() or "unknown commit"
-
-
 def _progress(measured_step: dict, tmp: pathlib.Path) -> None:
     """For a report killed at the timeout: the entries it had written (the files of its staging
     folder), each with the seconds from the report's start to its first file."""
@@ -236,7 +229,7 @@ def _report_1m(argv: list[str]) -> int:
     data = pathlib.Path(args.data)
     data.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="report_1m-", dir=data))
-    at: dict = {"n_cpus": os.cpu_count(), "failures": [], "code": f"{HERE.parent} at {_head(HERE.parent)}",
+    at: dict = {"n_cpus": os.cpu_count(), "failures": [], "code": f"{HERE.parent} at {git_head(HERE.parent)}",
                 "started_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
 
     def step(name: str, cmd: list[str], timeout_s: float = TIMEOUT_S, cwd: pathlib.Path = HERE.parent) -> dict:
@@ -268,7 +261,7 @@ def _report_1m(argv: list[str]) -> int:
         _progress(at["report_db"], tmp)
         if args.reference_tree:
             ref = pathlib.Path(args.reference_tree).resolve()
-            at["reference_tree"] = f"{ref} at {_head(ref)}"
+            at["reference_tree"] = f"{ref} at {git_head(ref)}"
             step("report_db_reference", [py, "-m", "pagestats", "report", "--db", str(db), "--out",
                                          str(tmp / "report_db_reference")], args.timeout, cwd=ref)
             _progress(at["report_db_reference"], tmp)

@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _results import earlier_runs, write_result
+from _results import earlier_runs, git_head, write_result
 
 HERE = Path(__file__).resolve().parent
 GIB = 1024**3
@@ -100,7 +100,8 @@ def main() -> int:
             if skipped:
                 steps[-1]["skipped"] = skipped
     result = {
-        "started_at": started, "db": str(Path(args.db).resolve()), "n_inputs": logs.inputs.height,
+        "started_at": started, "code": f"{HERE.parent} at {git_head(HERE.parent)}", "db": str(Path(args.db).resolve()),
+        "n_inputs": logs.inputs.height,
         "n_outcomes": logs.outcomes.height, "python": sys.version.split()[0], "machine": platform.machine(),
         "n_cpus": os.cpu_count(), "loadavg_end": list(os.getloadavg()), "steps": steps,
         "peak_gib": max(s["peak_gib"] for s in steps), "cpu_s": round(sum(s["cpu_s"] for s in steps), 1),
