@@ -87,6 +87,7 @@ def main() -> int:
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     db = io.open_logs(args.db)
     logs = _measured("load", lambda: db.load(categorical=True), steps)  # as `pagestats report --db` loads
+    db.close()  # as the report does once its frames are loaded
     ctx = _measured("context", lambda: Context(logs), steps)
     _measured("gated", lambda: ctx.gated, steps)
     with tempfile.TemporaryDirectory(prefix="report_memory-") as out:

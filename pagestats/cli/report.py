@@ -76,7 +76,12 @@ def run(args) -> int:
         print(strict_failure(limit_lines), file=sys.stderr)
         return 1
     # the names as categoricals: the report holds every outcome row twice (io.categorical_names)
-    logs = categorical_names(logs) if args.db is None else logs.load(categorical=True)
+    if args.db is None:
+        logs = categorical_names(logs)
+    else:  # the report reads the frames alone: closing the database frees its buffers (1.1 GiB at 1M inputs)
+        db = logs
+        logs = db.load(categorical=True)
+        db.close()
     if not isinstance(args.parsed_policy, FixedTau):  # a pilot or a sample the logs may not hold
         try:
             replay.gate(first_draw(logs), args.parsed_policy)
