@@ -81,6 +81,8 @@ def memory_limit(text: str) -> str:
     """
     import duckdb
 
+    from pagestats.io.duck import connect
+
     text = str(text).strip()
     m = _MEMORY.fullmatch(text)
     units = "B, KB, MB, GB, TB, KiB, MiB, GiB, TiB or %"
@@ -92,7 +94,7 @@ def memory_limit(text: str) -> str:
         raise argparse.ArgumentTypeError(f"--memory-limit {text!r} must be more than 0"
                                          + (" and at most 100%" if m.group(2) == "%" else ""))
     try:
-        duckdb.connect().execute(f"SET memory_limit = '{text}'")
+        connect().execute(f"SET memory_limit = '{text}'")
     except (duckdb.ParserException, duckdb.InvalidInputException) as err:
         raise argparse.ArgumentTypeError(f"--memory-limit {text!r}: {one_line(str(err).splitlines()[0])}") from None
     return text
