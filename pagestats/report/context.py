@@ -71,11 +71,11 @@ class Context:
     def gated(self) -> pl.DataFrame:
         return replay.gated_outcomes(self.logs, self.policy, self.profile)
 
-    @functools.cached_property
     def midpoint_outcomes(self) -> tuple[pl.DataFrame | None, pl.DataFrame]:
         """``(gated outcomes of the headline evictor at the paper's midpoint τ, the cells without its
-        sample)`` (Eq. 5; :meth:`pagestats.replay.Midpoint.applicable`), computed once for Tables 20
-        and 29; the outcomes are ``None`` when no cell holds the sample."""
+        sample)`` (Eq. 5; :meth:`pagestats.replay.Midpoint.applicable`), for Tables 20 and 29; the
+        outcomes are ``None`` when no cell holds the sample. Computed on each call, not kept: the
+        report would otherwise hold them through every later entry (0.5 GiB at 1M inputs)."""
         mid = replay.Midpoint()
         logs, short = mid.applicable(self.logs)
         if logs.inputs.height == 0:

@@ -136,12 +136,12 @@ def _needs_midpoint_cell(ctx) -> str | None:
 
 def _tab29(ctx, rng):
     """Table 29 from the report's gated outcomes and, where the midpoint sample exists, Table 20's."""
-    calibrated, _ = ctx.midpoint_outcomes
+    calibrated, _ = ctx.midpoint_outcomes()
     return remaining_deltas_table(ctx.gated, calibrated, rng=rng, evictor=ctx.headline_evictor)
 
 
 def _tab20(ctx):
-    calibrated, short = ctx.midpoint_outcomes  # the paper's recipe: 20 NIAH-MK3 and 20 VT inputs per cell
+    calibrated, short = ctx.midpoint_outcomes()  # the paper's recipe: 20 NIAH-MK3 and 20 VT inputs per cell
     return cross_cell_table(ctx.gated, calibrated, evictor=ctx.headline_evictor, notes=short)
 
 
