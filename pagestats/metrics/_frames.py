@@ -9,7 +9,7 @@ import numpy as np
 import polars as pl
 
 from pagestats import formulas, stats
-from pagestats.columns import input_key, require_columns
+from pagestats.columns import input_key, repeats_a_key, require_columns
 
 _ARMS = {"plain": ("score_plain", "n_kept_plain"), "gated": ("score_gated", "n_kept_gated")}
 
@@ -53,7 +53,7 @@ def _outcome_rows(frame: pl.DataFrame, by, cols, what: str, *, include_full: boo
     by = _by(frame, by, what)
     key = [*_unit_key(frame), "budget"]
     require_columns(frame, [*key, *cols], what)
-    if frame.select(key).is_duplicated().any():
+    if repeats_a_key(frame, key):
         raise ValueError(f"{what}: duplicate rows for the same (input, evictor, budget)")
     rows = frame.select(_uniq(by, key, cols, [c for c in keep if c in frame.columns]))
     return (rows if include_full else rows.filter(formulas.EVICTED)), by

@@ -8,7 +8,7 @@ from __future__ import annotations
 import polars as pl
 
 from pagestats import defaults, formulas, stats
-from pagestats.columns import TASK_CELL, input_key, require_columns
+from pagestats.columns import TASK_CELL, input_key, repeats_a_key, require_columns
 from pagestats.metrics._frames import (
     _arm,
     _by,
@@ -126,7 +126,7 @@ def p_open(
     key = input_key(frame)
     require_columns(frame, [*key, "gate_open"], "p_open")
     inputs = frame.select(_uniq(by, key, ["gate_open"])).unique()
-    if inputs.select(_uniq(by, key)).is_duplicated().any():
+    if repeats_a_key(inputs, _uniq(by, key)):
         raise ValueError("p_open: gate_open differs between rows of the same input")
     out = inputs.group_by(by).agg(
         formulas.expr(formulas.OPEN_COUNT).cast(pl.Int64).alias("k"), pl.len().cast(pl.Int64).alias("n")

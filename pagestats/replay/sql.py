@@ -40,7 +40,7 @@ from types import SimpleNamespace
 
 import polars as pl
 
-from pagestats.columns import require_columns, with_task_class
+from pagestats.columns import repeats_a_key, require_columns, with_task_class
 from pagestats.formulas import GATE_RULE
 from pagestats.replay.calibration import decision_query
 from pagestats.replay.pilot import register_functions
@@ -81,7 +81,7 @@ def register_outcomes(con, logs) -> None:
     duplicates here, as the metrics check their frames."""
     require_columns(logs.outcomes, OUTCOME_COLUMNS, "outcomes")
     outcomes = logs.outcomes.select(OUTCOME_COLUMNS)
-    if outcomes.select(pl.struct(*INPUT_KEY, "evictor", "budget").is_duplicated().any()).item():
+    if repeats_a_key(outcomes, [*INPUT_KEY, "evictor", "budget"]):
         raise ValueError("outcomes: duplicate rows for the same (input, evictor, budget)")
     con.register("outcomes", outcomes.sort(*INPUT_KEY, "evictor", "budget"))
 

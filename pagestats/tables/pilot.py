@@ -76,16 +76,16 @@ def pilot_sensitivity_table(logs, *, pilot_splits: Sequence[str] = PILOT_SPLITS,
     ev_outcomes = rows_where(logs.outcomes, pl.col("evictor") == ev)  # the outcomes themselves when one evictor
     logged = ev_outcomes.select(INPUT_KEY).unique()
 
-    def summary(full, sub, ev, left):
-        # every (cell, task) of the definition keeps its row: one whose inputs all lie in some held-out
+    def summary(tasks, sub, ev, left):
+        # tasks: the definition's (cell, task) rows with its τ; sub: its gated rows of the common inputs.
+        # Every (cell, task) of the definition keeps its row: one whose inputs all lie in some held-out
         # pilot has n_evaluated 0 and null rates; τ is the definition's, set on its own pilot
         po = metrics.p_open(sub, by=by_task).select(*by_task, "p_open", pl.col("n").alias("n_evaluated"))
-        tau = full.group_by(list(MODEL_CELL)).agg(group_tau())
         d_task = metrics.delta(sub, by=by_task).select(*by_task, pl.col("delta").alias("delta_task"))
         d_cell = metrics.delta(sub, by=MODEL_CELL).select(*MODEL_CELL, pl.col("delta").alias("delta_cell"))
-        out = full.select(by_task).unique().join(left, on=[*MODEL_CELL, "task"], how="left")
+        out = tasks.join(left, on=[*MODEL_CELL, "task"], how="left")
         out = out.join(po, on=by_task, how="left").join(d_task, on=by_task, how="left")
-        out = out.join(d_cell, on=list(MODEL_CELL), how="left").join(tau, on=list(MODEL_CELL), how="left")
+        out = out.join(d_cell, on=list(MODEL_CELL), how="left")
         out = out.with_columns(pl.col("n_left_out").fill_null(0), pl.col("n_evaluated").fill_null(0).cast(pl.Int64))
         return out.with_columns((pl.col("p_open") < 0.5).alias("closed_call"), pl.lit(ev).alias("evictor"))
 
@@ -116,11 +116,21 @@ def pilot_sensitivity_table(logs, *, pilot_splits: Sequence[str] = PILOT_SPLITS,
     common, left = metrics.same_inputs(*units, by=[*MODEL_CELL, "task"])
     common = common[0].select(INPUT_KEY)
     del units
+    # an input outside the common set is left out of a definition's Δ and p_open as its held-out pilot is
+    # (gated_from_decisions drops held-out inputs): one pass over the outcomes, no copy of them
+    key = pl.struct(INPUT_KEY)
+    outside = ~base.select(key.is_in(common.select(key).to_series().implode())).to_series()
 
     def summarised(i, lo):
-        full = replay.gated_from_decisions(ev_outcomes, pl.concat([base, decisions[i]], how="horizontal"),
-                                            replay.DELTA_COLUMNS)
-        return summary(full, full.join(common, on=list(INPUT_KEY), how="semi"), ev, lo)
+        decided = pl.concat([base, decisions[i]], how="horizontal")
+        # τ per cell over the definition's evaluated rows (each input's τ on each of its outcome rows, as
+        # group_tau reads them) and its (cell, task) rows, from narrow gated rows let go before the wide ones
+        narrow = replay.gated_from_decisions(ev_outcomes, decided, (*by_task, "tau"))
+        tau = narrow.group_by(list(MODEL_CELL)).agg(group_tau())
+        tasks = narrow.select(by_task).unique().join(tau, on=list(MODEL_CELL), how="left")
+        del narrow
+        decided = decided.with_columns(pl.col("held_out") | outside)
+        return summary(tasks, replay.gated_from_decisions(ev_outcomes, decided, replay.DELTA_COLUMNS), ev, lo)
 
     ref = summarised(0, left[0]).select(*by_task, pl.col("closed_call").alias("_ref"))
     parts = [
