@@ -16,6 +16,13 @@ import duckdb
 #: DuckDB's memory limit unless a command is given ``--memory-limit``.
 MEMORY_LIMIT = "2GB"
 
+#: DuckDB's memory limit on a replay of in-memory logs (:class:`pagestats.replay.Replay`). Its
+#: relations are the process's own polars frames, registered by reference, so the limit bounds
+#: only the queries' working state, beside frames the process already holds; DuckDB spills past
+#: it. At 1M inputs the threshold curve of Fig. 6 took 1.9 GiB above those frames under 2GB and
+#: 0.9 GiB under 1GB, in the same time (docs/PERFORMANCE.md, "Sixth round").
+IN_MEMORY_REPLAY_LIMIT = "1GB"
+
 
 def spill_directory(temp_directory: str | None = None) -> str:
     """The folder DuckDB spills to: ``temp_directory``, else ``pagestats-duckdb`` in the system temp folder."""

@@ -121,7 +121,7 @@ def frame_query(frame: pl.DataFrame, query, *, con=None) -> pl.DataFrame:
     scalar columns of ``frame`` registered in DuckDB, with ``_row`` (the row index) added."""
     scalar = [c for c, t in frame.schema.items() if not t.is_nested()]
     own = con is None
-    con = duck.connect(threads=1) if own else con  # one thread: bit-identical reruns
+    con = duck.connect(threads=1, memory_limit=duck.IN_MEMORY_REPLAY_LIMIT) if own else con  # one thread: bit-identical reruns
     try:
         register_functions(con)
         con.register("_gate_frame", frame.select(scalar).with_row_index("_row"))

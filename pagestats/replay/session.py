@@ -113,7 +113,8 @@ class Replay:
             if self.out_of_core:
                 self._con = self.logs.cursor()
             else:
-                con = duck.connect(threads=1)  # one thread: the same sums, to the last bit, on every call
+                # one thread: the same sums, to the last bit, on every call
+                con = duck.connect(threads=1, memory_limit=duck.IN_MEMORY_REPLAY_LIMIT)
                 try:
                     sql.register_inputs(con, self.logs)
                 except BaseException:
