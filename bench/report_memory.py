@@ -2,13 +2,14 @@
 
 One process opens the database (``pagestats index RUN --db FILE``), loads it as the report does
 (:meth:`pagestats.io.LogDB.load`), builds the report's :class:`~pagestats.report.context.Context`
-and renders each catalogue entry into a temporary folder (PNG only) in catalogue order, as
-:func:`pagestats.report.build_report` does. Before each step the kernel's peak-RSS mark is reset
+and renders each catalogue entry into a temporary folder (PNG only) in the report's order
+(:func:`pagestats.report.build.run_order`), as :func:`pagestats.report.build_report` does. Before each step the kernel's peak-RSS mark is reset
 (``/proc/self/clear_refs``, value 5, Linux ≥ 4.0), so that each step's ``peak_gib`` is the most
 resident memory the process held *during that step* (the frames it keeps from earlier steps
 included), and ``rss_after_gib`` what it still holds after. CPU is the process's user + system
 time of the step. The steps are ``load`` (the logs), ``context`` (the split into first draws and
-controls), ``gated`` (the report policy's gated rows, which most entries read), then one per entry.
+controls), then one per entry, with ``gated`` (the report policy's gated rows, which most entries
+read) before the first entry that reads them.
 
 The result is a profile to find the entry to work on, not a figure to quote: the report's own
 peak and wall time are those of the CLI (``bench/duckdb_replay.py --report-1m``).
@@ -72,7 +73,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from pagestats import io
-    from pagestats.report.build import _run_entry, catalogue
+    from pagestats.report.build import _run_entry, catalogue, run_order
     from pagestats.report.context import Context
     from pagestats.report.write import _EmptyOutput
 
@@ -89,9 +90,10 @@ def main() -> int:
     logs = _measured("load", lambda: db.load(categorical=True), steps)  # as `pagestats report --db` loads
     db.close()  # as the report does once its frames are loaded
     ctx = _measured("context", lambda: Context(logs), steps)
-    _measured("gated", lambda: ctx.gated, steps)
     with tempfile.TemporaryDirectory(prefix="report_memory-") as out:
-        for entry in entries:
+        for entry in (entries[i] for i in run_order(entries)):  # the report's order: the gated rows built on first use
+            if entry.reads_gated and "gated" not in ctx.__dict__:
+                _measured("gated", lambda: ctx.gated, steps)
             def render(entry=entry):
                 try:
                     return _run_entry(entry, ctx, Path(out), ("png",)).skipped

@@ -357,3 +357,9 @@ class Entry:
     make: Callable[[Context], object]
     requires: tuple[Requirement, ...] = ()
     caption: str = ""
+    #: whether ``make`` or ``requires`` read :attr:`Context.gated` (or :attr:`Context.matched_memory`,
+    #: made from it). The report runs the entries that do not first, before those rows are built, so
+    #: that its heaviest replays (Tables 7 and N1, Fig. 6) never share the memory with them
+    #: (:func:`pagestats.report.build.run_order`). Leave it True unless the entry never reads them:
+    #: the order only changes which entries run beside the rows, never a number.
+    reads_gated: bool = True

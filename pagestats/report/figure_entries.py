@@ -133,18 +133,18 @@ def _fig11(ctx):
 
 FIGURES: tuple[Entry, ...] = (
     Entry("fig02_drop_by_task", "figure", "Figure 2", _fig2, (),
-          "D per input by task; bars are per-task means; dashed line the fixed τ."),
+          "D per input by task; bars are per-task means; dashed line the fixed τ.", reads_gated=False),
     Entry("fig03_accuracy_vs_budget", "figure", "Figure 3", _fig3, (needs_eviction_budgets,),
           "Accuracy vs nominal KV budget, plain (solid) and gated (dashed), per task; one file per "
           "(model, context), headline evictor."),
     Entry("fig04_accuracy_vs_kept_kv", "figure", "Figure 4", _fig4, (needs_eviction_budgets,),
           "Accuracy vs achieved kept-KV fraction with the frontier; one file per context, headline evictor."),
     Entry("fig05_agreement_profile", "figure", "Figure 5", _fig5, (needs_agreement,),
-          "Per-layer agreement a_ℓ averaged over inputs per task; shaded early/late bins."),
+          "Per-layer agreement a_ℓ averaged over inputs per task; shaded early/late bins.", reads_gated=False),
     Entry("fig06_tau_sensitivity", "figure", "Figure 6", _fig6, (needs_eviction_budgets, _needs_fig6_recipe),
           "Δ, FP and FN rates vs τ, the paper's recipe: budgets {0.5, 0.25, 0.125, 0.0625}, Δ the mean over (task, "
           "budget) cells, FP on NIAH-MK3, FN on VT/FWE/QA_1; shaded plateau |Δ − Δ_τ0| ≤ 1 pp and FP + FN ≤ 0.10; "
-          "headline evictor."),
+          "headline evictor.", reads_gated=False),
     Entry("fig07_delta_of_f", "figure", "Figure 7", _fig7, (needs_eviction_budgets, needs_both_classes),
           "Δ(f) = f·Δ_capacity + (1 − f)·Δ_rest per matrix cell (grey) and their mean."),
     Entry("fig08_delta_matrix", "figure", "Figure 8", _fig8, (needs_eviction_budgets,),
