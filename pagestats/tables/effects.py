@@ -430,25 +430,31 @@ def remaining_deltas_table(gated: pl.DataFrame, calibrated: pl.DataFrame | None,
     from pagestats import stats
 
     sub, ev = one_evictor(gated, evictor)
-    # the columns read, then the rows (a filter copies every column it keeps)
     read = [*input_key(gated), *MODEL_CELL, "evictor", "task_class", "budget", "score_plain", "score_gated"]
-    sub = sub.select(read).filter(formulas.EVICTED)
+
+    def rows(frame: pl.DataFrame, where: pl.Expr) -> pl.DataFrame:
+        # the columns read, then the rows (a filter copies every column it keeps); each kind's rows are
+        # made when its bootstrap runs and let go after it, so no two are held at once
+        return frame.select(read).filter(formulas.EVICTED & where)
+
     cols = ["row", "model", "context_length", "evictor", "task", "estimate", "low", "high", "interval", "n_inputs",
             "p_value"]
     parts = []
-    kinds = [("capacity-bound task", sub.filter(pl.col("task_class") == defaults.CAPACITY_BOUND),
+    kinds = [("capacity-bound task", lambda: rows(sub, pl.col("task_class") == defaults.CAPACITY_BOUND),
               [*MODEL_CELL, "evictor", "task"])]
     if calibrated is not None:
-        cal, _ = one_evictor(calibrated, ev)
-        kinds.insert(0, ("calibrated τ (Table 20)", cal.select(read).filter(formulas.EVICTED), [*MODEL_CELL, "evictor"]))
-    for label, frame, by in kinds:
+        kinds.insert(0, ("calibrated τ (Table 20)", lambda: rows(one_evictor(calibrated, ev)[0], pl.lit(True)),
+                         [*MODEL_CELL, "evictor"]))
+    for label, make, by in kinds:
+        frame = make()
         if frame.height == 0:
             continue
         boot = metrics.delta_bootstrap(frame, by=by, rng=rng, n_boot=n_boot, confidence_level=confidence_level, q=q)
+        del frame
         parts.append(boot.with_columns(pl.lit(label).alias("row"), pl.lit("cluster bootstrap").alias("interval"),
                                        *([] if "task" in by else [pl.lit(None, pl.String).alias("task")]))
                      .rename({"delta": "estimate"}).select(cols).sort(by))
-    show = sub.filter((pl.col("task") == showcase_task) & (pl.col("budget") == budget))
+    show = rows(sub, (pl.col("task") == showcase_task) & (pl.col("budget") == budget))
     binary = show.select(pl.col("score_plain", "score_gated").is_in([0.0, 1.0]).all()).row(0) == (True, True)
     if show.height and binary:  # a Wilson interval counts successes: 0/1 scores
         for arm in ("plain", "gated"):
