@@ -86,6 +86,7 @@ def main() -> int:
         entries = tuple(e for e in entries if e.name in wanted)
     steps: list[dict] = []
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    code = f"{HERE.parent} at {git_head(HERE.parent)}"  # the commit the run imported, read before it starts
     db = io.open_logs(args.db)
     logs = _measured("load", lambda: db.load(categorical=True), steps)  # as `pagestats report --db` loads
     db.close()  # as the report does once its frames are loaded
@@ -103,7 +104,7 @@ def main() -> int:
             if skipped:
                 steps[-1]["skipped"] = skipped
     result = {
-        "started_at": started, "code": f"{HERE.parent} at {git_head(HERE.parent)}", "db": str(Path(args.db).resolve()),
+        "started_at": started, "code": code, "db": str(Path(args.db).resolve()),
         "n_inputs": logs.inputs.height,
         "n_outcomes": logs.outcomes.height, "python": sys.version.split()[0], "machine": platform.machine(),
         "n_cpus": os.cpu_count(), "loadavg_end": list(os.getloadavg()), "steps": steps,
