@@ -162,7 +162,11 @@ def matched_memory(frame: pl.DataFrame, by=("model", "context_length", "evictor"
     alpha = 1.0 - confidence_level
     read = [*by, *INPUT_KEY, "budget", "n_tokens", "score_plain", "n_kept_plain", "score_gated", "n_kept_gated"]
     frame = frame.select(list(dict.fromkeys(read)))  # the columns read: each cell's part is a copy
-    for part in frame.partition_by(by, maintain_order=True):
+    cells = frame.select(by).unique(maintain_order=True)
+    # one cell's rows at a time (partition_by would copy every cell's at once), the frame itself when one cell
+    parts = (frame if cells.height == 1 else frame.join(cells.slice(i, 1), on=by, how="semi", nulls_equal=True)
+             for i in range(cells.height))
+    for part in parts:
         budgets, evicted, plain, kept_plain, gated, kept_gated = _cell_arrays(part)
         n = plain.shape[0]
         if not evicted.any() or not (budgets == 1.0).any():
