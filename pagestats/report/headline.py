@@ -10,7 +10,7 @@ import numpy as np
 import polars as pl
 
 from pagestats import defaults, formulas, metrics
-from pagestats.columns import MATRIX_CELL, MODEL_CELL, rows_where
+from pagestats.columns import MATRIX_CELL, MODEL_CELL, input_key, rows_where
 from pagestats.report.context import Context
 from pagestats.report.paper import PAPER_VALUES
 
@@ -46,7 +46,10 @@ def headline(ctx: Context) -> pl.DataFrame:
     the harm rates over every task and budget b < 1 (how much each evictor loses overall). p_open =
     share of the cell's inputs on which the gate opens.
     """
-    rows = rows_where(ctx.gated, formulas.EVICTED)
+    # the columns the measures below read, then the rows (the filter copies what it keeps; not D nor τ)
+    read = [*input_key(ctx.gated), *MATRIX_CELL, "task_class", "budget", "n_tokens", "gate_open", "score_full",
+            "score_plain", "score_gated", "n_kept_plain", "n_kept_gated"]
+    rows = rows_where(ctx.gated.select(list(dict.fromkeys(read))), formulas.EVICTED)
     if rows.height == 0:
         return pl.DataFrame()
     rows, _ = metrics.equal_inputs(rows, by=list(MODEL_CELL))
