@@ -169,15 +169,21 @@ def delta_bootstrap(
     """
     rows, by = _outcome_rows(frame, by, ["score_gated", "score_plain"], "delta_bootstrap")
     unit = _unit_key(rows)
-    rows = rows.with_columns(formulas.expr(formulas.PAIRED_DIFFERENCE).alias("_d")).sort(
+    # the paired differences alone beside the keys, sorted (the scores are not held in the sorted copy)
+    rows = rows.select(*_uniq(by, unit, ["budget"]), formulas.expr(formulas.PAIRED_DIFFERENCE).alias("_d")).sort(
         _uniq(by, unit, ["budget"])
     )
+    cell_keys = rows.select(by).unique(maintain_order=True)
+    # one cell's rows at a time (partition_by would copy every cell's at once), the rows themselves when one cell
+    parts = (rows if cell_keys.height == 1 else rows.join(cell_keys.slice(i, 1), on=by, how="semi", nulls_equal=True)
+             for i in range(cell_keys.height))
     keys, cells, inputs = [], [], []
-    for part in rows.partition_by(by, maintain_order=True):
+    for part in parts:
         n_units = part.select(pl.struct(unit).n_unique()).item()
         n_budgets = part["budget"].n_unique()
-        per_unit = part.group_by(unit).agg(pl.col("budget").sort())
-        if part.height != n_units * n_budgets or per_unit["budget"].n_unique() != 1:
+        # no (unit, budget) repeats (_outcome_rows), so a unit holds at most n_budgets rows: n_units × n_budgets
+        # rows in all means that every unit holds every budget of the cell
+        if part.height != n_units * n_budgets:
             label = part.select(by).row(0, named=True)
             raise ValueError(f"delta_bootstrap: cell {label} has units with different budget sets")
         keys.append(part.select(by).head(1))

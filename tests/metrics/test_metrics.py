@@ -389,3 +389,15 @@ def test_delta_bootstrap_shared_inputs():
     with pytest.raises(ValueError, match="same inputs"):
         metrics.delta_bootstrap(FRAME.filter(pl.col("context_length") == 4096), by=by,
                                 rng=np.random.default_rng(0), n_boot=10, shared_inputs=True)
+
+
+def test_delta_bootstrap_refuses_units_with_different_budget_sets():
+    """Two inputs of one cell, each at two budgets but not the same two: no balanced grid."""
+    rows = [("r", "t", i, b) for i, budgets in ((0, (0.25, 0.5)), (1, (0.125, 0.5))) for b in budgets]
+    frame = pl.DataFrame(rows, schema=["run_id", "task", "input_id", "budget"], orient="row").with_columns(
+        pl.lit("m").alias("model"), pl.lit(4096).alias("context_length"), pl.lit("snapkv").alias("evictor"),
+        pl.lit(0.0).alias("score_plain"), pl.lit(1.0).alias("score_gated"))
+    with pytest.raises(ValueError, match="different budget sets"):
+        metrics.delta_bootstrap(frame, rng=np.random.default_rng(0), n_boot=10)
+    balanced = frame.filter(pl.col("budget") == 0.5)
+    assert metrics.delta_bootstrap(balanced, rng=np.random.default_rng(0), n_boot=10)["delta"].item() == 1.0
