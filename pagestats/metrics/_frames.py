@@ -29,6 +29,18 @@ def _uniq(*parts) -> list[str]:
     return out
 
 
+def _cell_rows(frame: pl.DataFrame, by):
+    """Each ``by`` group's rows of ``frame`` in turn, groups in order of first appearance and rows in
+    frame order (as ``partition_by(by, maintain_order=True)``), made one at a time so that no two are
+    held at once; ``frame`` itself when it is one group (docs/PERFORMANCE.md, sixth round)."""
+    cells = frame.select(by).unique(maintain_order=True)
+    if cells.height == 1:
+        yield frame
+        return
+    for i in range(cells.height):
+        yield frame.join(cells.slice(i, 1), on=by, how="semi", nulls_equal=True)
+
+
 def _by(frame: pl.DataFrame, by, what: str) -> list[str]:
     by = [by] if isinstance(by, str) else list(by)
     require_columns(frame, by, what)

@@ -11,7 +11,7 @@ import polars as pl
 
 from pagestats import defaults, formulas, stats
 from pagestats.columns import MATRIX_CELL, MODEL_CELL, input_key, require_columns
-from pagestats.metrics._frames import _outcome_rows, _uniq, _unit_key
+from pagestats.metrics._frames import _cell_rows, _outcome_rows, _uniq, _unit_key
 from pagestats.schema import INPUT_KEY
 
 __all__ = [
@@ -173,12 +173,8 @@ def delta_bootstrap(
     rows = rows.select(*_uniq(by, unit, ["budget"]), formulas.expr(formulas.PAIRED_DIFFERENCE).alias("_d")).sort(
         _uniq(by, unit, ["budget"])
     )
-    cell_keys = rows.select(by).unique(maintain_order=True)
-    # one cell's rows at a time (partition_by would copy every cell's at once), the rows themselves when one cell
-    parts = (rows if cell_keys.height == 1 else rows.join(cell_keys.slice(i, 1), on=by, how="semi", nulls_equal=True)
-             for i in range(cell_keys.height))
     keys, cells, inputs = [], [], []
-    for part in parts:
+    for part in _cell_rows(rows, by):
         n_units = part.select(pl.struct(unit).n_unique()).item()
         n_budgets = part["budget"].n_unique()
         # no (unit, budget) repeats (_outcome_rows), so a unit holds at most n_budgets rows: n_units × n_budgets

@@ -26,6 +26,7 @@ import numpy as np
 import polars as pl
 
 from pagestats import defaults, formulas, stats
+from pagestats.metrics._frames import _cell_rows
 from pagestats.schema import INPUT_KEY
 
 __all__ = ["frontier_accuracy", "matched_memory"]
@@ -162,11 +163,7 @@ def matched_memory(frame: pl.DataFrame, by=("model", "context_length", "evictor"
     alpha = 1.0 - confidence_level
     read = [*by, *INPUT_KEY, "budget", "n_tokens", "score_plain", "n_kept_plain", "score_gated", "n_kept_gated"]
     frame = frame.select(list(dict.fromkeys(read)))  # the columns read: each cell's part is a copy
-    cells = frame.select(by).unique(maintain_order=True)
-    # one cell's rows at a time (partition_by would copy every cell's at once), the frame itself when one cell
-    parts = (frame if cells.height == 1 else frame.join(cells.slice(i, 1), on=by, how="semi", nulls_equal=True)
-             for i in range(cells.height))
-    for part in parts:
+    for part in _cell_rows(frame, by):
         budgets, evicted, plain, kept_plain, gated, kept_gated = _cell_arrays(part)
         n = plain.shape[0]
         if not evicted.any() or not (budgets == 1.0).any():
