@@ -55,7 +55,7 @@ def freeze_band(band, meta: dict, path, *, now: datetime | None = None) -> str:
     """
     path = Path(path)
     if path.exists():
-        raise FileExistsError(f"{path} exists; a band is frozen once (choose a new --out)")
+        raise FileExistsError(f"{path} exists; a band is frozen once (choose a new path)")
     frozen_at = (now or datetime.now(timezone.utc)).astimezone(timezone.utc).isoformat(timespec="seconds")
     doc = {"kind": BAND_KIND, "frozen_at": frozen_at, **meta, "band": band.to_dicts()}
     data = (json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n").encode()
@@ -84,7 +84,7 @@ def load_band(path, sha256: str):
 
     expected = str(sha256).strip().lower()
     if not _HEX64.match(expected):
-        raise PreregistrationError(f"--sha256 must be 64 hexadecimal characters, got {sha256!r}")
+        raise PreregistrationError(f"the recorded sha256 must be 64 hexadecimal characters, got {sha256!r}")
     data = Path(path).read_bytes()
     actual = hashlib.sha256(data).hexdigest()
     if actual != expected:

@@ -28,23 +28,23 @@ def parse_input_spec(spec: str, logs) -> tuple[str, str, int]:
     run's directory. A spec that names nothing in ``logs`` is a ``ValueError`` listing what does."""
     parts = str(spec).split("/")
     if len(parts) != 3 or not all(parts):
-        raise ValueError(f"--input takes RUN/TASK/ID, got {spec!r}")
+        raise ValueError(f"an input is named RUN/TASK/ID, got {spec!r}")
     run, task, ident = parts
     try:
         input_id = int(ident)
     except ValueError:
-        raise ValueError(f"--input {spec!r}: the input id {ident!r} is not an integer") from None
+        raise ValueError(f"input {spec!r}: the input id {ident!r} is not an integer") from None
     runs = run_names(logs)
     if run not in runs:
-        raise ValueError(f"--input {spec!r}: no run {run!r}; the runs are {', '.join(sorted(set(runs.values())))}")
+        raise ValueError(f"input {spec!r}: no run {run!r}; the runs are {', '.join(sorted(set(runs.values())))}")
     run_id = runs[run]
     rows = logs.inputs.filter(pl.col("run_id") == run_id)
     if task not in set(rows["task"].to_list()):
-        raise ValueError(f"--input {spec!r}: run {run_id} has no task {task!r}; it has "
+        raise ValueError(f"input {spec!r}: run {run_id} has no task {task!r}; it has "
                          f"{', '.join(sorted(set(rows['task'].to_list())))}")
     ids = rows.filter(pl.col("task") == task)["input_id"].sort().to_list()
     if input_id not in ids:
-        raise ValueError(f"--input {spec!r}: no input {input_id} in {run_id}/{task}; ids run from {ids[0]} to {ids[-1]}")
+        raise ValueError(f"input {spec!r}: no input {input_id} in {run_id}/{task}; ids run from {ids[0]} to {ids[-1]}")
     return run_id, task, input_id
 
 

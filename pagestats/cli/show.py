@@ -39,7 +39,7 @@ def run(args) -> int:
     try:
         run_id, task, input_id = parse_input_spec(args.input, logs)
     except ValueError as err:
-        print(one_line(f"error: {err}"), file=sys.stderr)
+        print(one_line(f"error: --input: {err}"), file=sys.stderr)
         return 2
     print(show_input(logs, run_id, task, input_id, policy=FixedTau(args.tau)))
     return 0

@@ -60,7 +60,7 @@ def _create(con: duckdb.DuckDBPyConnection, manifests: dict, files: list[FileRec
     patterns = [f.path for f in records if not _literal_name(f.path)]
     if patterns:  # a view's read_parquet would read the name as a glob
         raise LogError([Problem(p, None, "index: a name with glob characters cannot be viewed in a database "
-                                         "(rename the file, or analyse LOGS without --db)") for p in patterns])
+                                         "(rename the file, or analyse the files themselves, not a database)") for p in patterns])
     stats = [os.stat(f.path) for f in records]
     con.register("_files", pl.DataFrame(
         {
@@ -94,6 +94,18 @@ def _create(con: duckdb.DuckDBPyConnection, manifests: dict, files: list[FileRec
 
 #: Rows per Arrow batch of :meth:`LogDB.load` with ``categorical=True``.
 LOAD_BATCH_ROWS = 1 << 20
+
+
+def _contiguous(frames: list[pl.DataFrame]) -> pl.DataFrame:
+    """The batches ``frames`` as one frame of one chunk per column, made a column at a time.
+
+    The Arrow batches DuckDB hands over hold buffers sized past their rows: kept as chunks, the
+    outcomes of 1M inputs took 1.1 GiB for 0.54 GiB of values (docs/PERFORMANCE.md, "seventh
+    round"). Each column is copied into one buffer and its batches let go before the next, so
+    that the table is never held twice."""
+    columns = {c: pl.concat([f.get_column(c) for f in frames], rechunk=False) for c in frames[0].columns}
+    frames.clear()
+    return pl.DataFrame([columns.pop(c).rechunk() for c in list(columns)])
 
 
 @dataclass
@@ -154,7 +166,7 @@ class LogDB:
                 frames = [categorical_frame(pl.from_arrow(b)) for b in batches]
                 if not frames:  # no rows: the schema alone
                     return categorical_frame(rows.limit(0).pl())
-                return pl.concat(frames, rechunk=False)
+                return _contiguous(frames)
 
             inputs = read("inputs", key)
             outcomes = read("outcomes", f"{key}, evictor, budget")
@@ -309,7 +321,7 @@ def open_logs(db: str, *, memory_limit: str = MEMORY_LIMIT, temp_directory: str 
     if len(modes) > 1:  # indexed before the mode was a choice
         con.close()
         raise LogError([Problem(db, None, f"the database holds runs of several collection modes ({', '.join(modes)}); "
-                                          "re-run `pagestats index` (it indexes one --mode)")])
+                                          "index the runs of each mode into a database of its own")])
     records = [FileRecord(p, t, h, n) for p, t, h, n, _, _ in files]
     return LogDB(path=db, con=con, manifests=manifests, files=records,
                  has_topk=any(t == "topk" for _, t, *_ in files), mode=modes[0] if modes else defaults.MODE)

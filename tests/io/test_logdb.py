@@ -80,6 +80,23 @@ def test_database_load_equals_load_and_sets_spill(written):
     assert limit.replace(" ", "").upper() in ("1.8GIB", "2.0GB", "1.86GIB"), limit
 
 
+def test_categorical_load_in_small_batches_is_one_chunk_per_column(written, monkeypatch):
+    """``load(categorical=True)`` reads the tables batch by batch; the frames it returns hold one
+    chunk per column (the batches' oversized buffers let go) and equal the one-batch load."""
+    import pagestats.io.database as database
+
+    _, _, db = written
+    whole = db.load(categorical=True)
+    monkeypatch.setattr(database, "LOAD_BATCH_ROWS", 7)  # many batches, the last one short
+    batched = db.load(categorical=True)
+    for name in ("inputs", "outcomes", "topk"):
+        frame = getattr(batched, name)
+        assert frame.height > 7 * 3
+        assert set(frame.n_chunks("all")) == {1}, name
+        assert_frame_equal(frame, getattr(whole, name))
+    assert batched.inputs["task"].dtype == pl.Categorical
+
+
 def test_cli_index_and_whatif_db(tmp_path, written, capsys):
     runs, _, _ = written
     db = str(tmp_path / "cli.duckdb")
