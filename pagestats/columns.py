@@ -57,6 +57,48 @@ def repeats_a_key(frame: pl.DataFrame, key) -> bool:
     return keys.filter(hashes.is_in(pl.Series(repeated).implode())).is_duplicated().any()
 
 
+def _starts(frame: pl.DataFrame, key) -> tuple[pl.Series, pl.Series]:
+    """``(order, starts)``: the row order that sorts ``frame`` by ``key`` (polars' arg sort), and for
+    each row in that order whether it starts a new value of the key (it differs from the row before
+    in some key column, nulls equal). Each key column is gathered in that order one at a time."""
+    order = frame.select(pl.arg_sort_by(list(key))).to_series()
+    starts = None
+    for c in key:
+        column = frame.get_column(c).gather(order)
+        differs = column.ne_missing(column.shift(1))
+        starts = differs if starts is None else starts | differs
+        del column
+    return order, starts.scatter(0, True)  # the first row starts a value (also when its key is all null)
+
+
+def key_codes(frame: pl.DataFrame, key, name: str = "_key") -> pl.Series:
+    """One integer per row of ``frame``, equal for two rows exactly when they hold the same values
+    in the columns ``key`` (nulls equal, as ``frame.select(key).n_unique()`` counts them).
+
+    A count of distinct inputs per group is then ``pl.col(name).n_unique()`` over one integer
+    column, not over a struct of the key columns, whose row encoding held a gigabyte for the
+    9M gated rows of 1M inputs (docs/PERFORMANCE.md, "seventh round"). The codes come from the
+    rows sorted by ``key``: no hash, so no collision to rule out.
+    """
+    if frame.height == 0:
+        return pl.Series(name, [], pl.UInt32)
+    order, starts = _starts(frame, key)
+    codes = np.empty(frame.height, np.uint32)
+    codes[order.to_numpy()] = starts.cast(pl.UInt32).cum_sum().to_numpy()
+    return pl.Series(name, codes)
+
+
+def distinct_rows(frame: pl.DataFrame, cols) -> pl.DataFrame:
+    """``frame.select(cols).unique()`` (nulls equal; the rows in ``cols`` order), without unique's
+    hash table over every row: the rows are sorted (:func:`key_codes`' order) and the first of
+    each run of equal rows kept."""
+    cols = list(cols)
+    if frame.height == 0:
+        return frame.select(cols)
+    order, starts = _starts(frame, cols)
+    return frame.select(pl.col(cols).gather(order.filter(starts)))
+
+
 def names_like(frame: pl.DataFrame, like: pl.DataFrame) -> pl.DataFrame:
     """``frame`` with each column that ``like`` holds as text or as a categorical, and ``frame`` the
     other way, cast to ``like``'s type, so that the two frames join and stack (polars refuses a

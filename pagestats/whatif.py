@@ -22,7 +22,7 @@ import numpy as np
 import polars as pl
 
 from pagestats import formulas
-from pagestats.columns import MATRIX_CELL, MODEL_CELL, TASK_CELL, WHATIF_CELL, repeats_a_key
+from pagestats.columns import MATRIX_CELL, MODEL_CELL, TASK_CELL, WHATIF_CELL, key_codes, repeats_a_key
 from pagestats.formulas import N_KEPT_GATED, SCORE_GATED
 from pagestats.replay import FixedTau, Policy, ProfileSpec, Replay
 from pagestats.schema import INPUT_KEY
@@ -451,7 +451,7 @@ def delta_bootstrap_table(
                 f"SELECT {', '.join(unit)}, budget, {formulas.PAIRED_DIFFERENCE} AS _d FROM ({rows}) "
                 f"ORDER BY {', '.join(dict.fromkeys([*by, *unit]))}, budget", params=params
             ).pl()
-            n_units = part.select(pl.struct(unit).n_unique()).item()
+            n_units = key_codes(part, unit).n_unique()
             n_budgets = part["budget"].n_unique()
             if part.height != n_units * n_budgets or repeats_a_key(part, [*unit, "budget"]):
                 raise ValueError(f"delta_bootstrap: cell {params} has units with different budget sets")

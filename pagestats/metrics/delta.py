@@ -10,7 +10,7 @@ import numpy as np
 import polars as pl
 
 from pagestats import defaults, formulas, stats
-from pagestats.columns import MATRIX_CELL, MODEL_CELL, input_key, require_columns
+from pagestats.columns import MATRIX_CELL, MODEL_CELL, input_key, key_codes, require_columns
 from pagestats.metrics._frames import _cell_rows, _outcome_rows, _uniq, _unit_key
 from pagestats.schema import INPUT_KEY
 
@@ -109,9 +109,10 @@ def accuracy(frame: pl.DataFrame, by=(*MATRIX_CELL, "budget")) -> pl.DataFrame:
         ``by`` columns, ``acc_full``, ``acc_plain``, ``acc_gated``, ``delta``, ``n_inputs`` (distinct inputs).
     """
     rows, by = _outcome_rows(frame, by, ["score_full", "score_plain", "score_gated"], "accuracy", include_full=True)
+    rows = rows.with_columns(key_codes(rows, input_key(rows), "_input"))  # distinct inputs: one integer column
     out = rows.group_by(by).agg(
         *(formulas.expr(sql).alias(name) for name, sql in formulas.ACCURACY.items()),
-        pl.struct(input_key(rows)).n_unique().cast(pl.Int64).alias("n_inputs"),
+        pl.col("_input").n_unique().cast(pl.Int64).alias("n_inputs"),
     )
     return out.with_columns((pl.col("acc_gated") - pl.col("acc_plain")).alias("delta")).sort(by)
 
@@ -127,9 +128,10 @@ def delta(frame: pl.DataFrame, by=MATRIX_CELL) -> pl.DataFrame:
         ``by`` columns, ``delta``, ``n_inputs`` (distinct inputs, whatever the evictors pooled), ``n_rows``.
     """
     rows, by = _outcome_rows(frame, by, ["score_gated", "score_plain"], "delta")
+    rows = rows.with_columns(key_codes(rows, input_key(rows), "_input"))  # distinct inputs: one integer column
     out = rows.group_by(by).agg(
         formulas.expr(formulas.PAIRED_DIFFERENCE).mean().alias("delta"),
-        pl.struct(input_key(rows)).n_unique().cast(pl.Int64).alias("n_inputs"),
+        pl.col("_input").n_unique().cast(pl.Int64).alias("n_inputs"),
         pl.len().cast(pl.Int64).alias("n_rows"),
     )
     return out.sort(by)
@@ -175,7 +177,7 @@ def delta_bootstrap(
     )
     keys, cells, inputs = [], [], []
     for part in _cell_rows(rows, by):
-        n_units = part.select(pl.struct(unit).n_unique()).item()
+        n_units = key_codes(part, unit).n_unique()
         n_budgets = part["budget"].n_unique()
         # no (unit, budget) repeats (_outcome_rows), so a unit holds at most n_budgets rows: n_units × n_budgets
         # rows in all means that every unit holds every budget of the cell

@@ -8,7 +8,7 @@ from __future__ import annotations
 import polars as pl
 
 from pagestats import defaults, formulas, stats
-from pagestats.columns import TASK_CELL, input_key, repeats_a_key, require_columns
+from pagestats.columns import TASK_CELL, distinct_rows, input_key, repeats_a_key, require_columns
 from pagestats.metrics._frames import (
     _arm,
     _by,
@@ -125,7 +125,7 @@ def p_open(
     by = _by(frame, by, "p_open")
     key = input_key(frame)
     require_columns(frame, [*key, "gate_open"], "p_open")
-    inputs = frame.select(_uniq(by, key, ["gate_open"])).unique()
+    inputs = distinct_rows(frame, _uniq(by, key, ["gate_open"]))
     if repeats_a_key(inputs, _uniq(by, key)):
         raise ValueError("p_open: gate_open differs between rows of the same input")
     out = inputs.group_by(by).agg(

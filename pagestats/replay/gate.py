@@ -160,10 +160,16 @@ def gate_by_draw(logs, policy: Policy = FixedTau(), profile: ProfileSpec = Profi
 
 
 def _outcome_rows(outcomes: pl.DataFrame, decisions: pl.DataFrame) -> pl.DataFrame:
+    """The outcome rows with their input's decision columns. With one decision per input (no
+    head-pair draws) the rows keep the outcomes' order and hold the outcomes' own columns (shared,
+    not copied): only the decision columns are made, one value per outcome row."""
     _require(outcomes, [*INPUT_KEY, "evictor", "budget", "n_kept", "score"], "outcomes")
-    rows = outcomes.select(*INPUT_KEY, "evictor", "budget", "n_kept", "score").join(
-        decisions, on=INPUT_KEY, how="left"
-    )
+    own = outcomes.select(*INPUT_KEY, "evictor", "budget", "n_kept", "score")
+    if "pair_draw" in decisions.columns:  # several decisions per input: the rows are repeated per draw
+        rows = own.join(decisions, on=INPUT_KEY, how="left")
+    else:
+        aligned = own.select(INPUT_KEY).join(decisions, on=INPUT_KEY, how="left", maintain_order="left")
+        rows = own.hstack(aligned.drop(INPUT_KEY).get_columns())
     orphans = rows.filter(pl.col("model").is_null())
     if orphans.height:
         raise ValueError(
@@ -202,8 +208,11 @@ def gated_from_decisions(outcomes: pl.DataFrame, decided: pl.DataFrame, columns=
     order = [*input_key(rows), "evictor", "budget"]
     # rows.sort(order).select(cols), one column at a time (order is unique per row: no ties), each
     # unsorted column let go once gathered, so that the rows and their sorted copy are never both
-    # whole (at 1M inputs each is a gigabyte)
+    # whole (at 1M inputs each is a gigabyte); rows already in order (the outcomes of a database,
+    # read in key order) are the answer as they are, their outcome columns shared with the logs'
     index = rows.select(pl.arg_sort_by(order)).to_series()
+    if (index == pl.int_range(rows.height, dtype=index.dtype, eager=True)).all():
+        return rows.select(cols)
     columns = {c: rows.get_column(c) for c in cols}
     del rows
     return pl.DataFrame([columns.pop(c).gather(index) for c in cols])

@@ -1,5 +1,6 @@
 """The duplicate-key check every measure runs on its frame (pagestats.columns.repeats_a_key),
-against polars' own hash-table check, including the path a 64-bit hash collision takes."""
+against polars' own hash-table check, including the path a 64-bit hash collision takes; and the
+sort-based distinct counts (key_codes, distinct_rows) against polars' n_unique and unique."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pagestats import metrics
-from pagestats.columns import repeats_a_key
+from pagestats.columns import distinct_rows, key_codes, repeats_a_key
 
 rows = st.lists(st.tuples(st.one_of(st.none(), st.integers(0, 3)), st.sampled_from(["a", "b", None]),
                           st.sampled_from([0.25, 0.5, 1.0])), max_size=30)
+#: budgets with the floats a naive equality gets wrong: NaN (equal to itself), -0.0 (equal to 0.0), null
+odd_rows = st.lists(st.tuples(st.one_of(st.none(), st.integers(0, 3)), st.sampled_from(["a", "b", None]),
+                              st.sampled_from([0.0, -0.0, float("nan"), None, 0.5])), max_size=30)
 
 
 def _frame(values) -> pl.DataFrame:
@@ -47,3 +51,37 @@ def test_a_measure_still_rejects_repeated_rows():
     with pytest.raises(ValueError, match="duplicate rows"):
         metrics.delta(frame)
     assert metrics.delta(frame.head(1))["delta"].item() == 1.0
+
+
+KEYS = (["input_id"], ["task"], ["input_id", "task"], ["input_id", "task", "budget"], ["budget", "task"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(odd_rows, st.booleans())
+def test_key_codes_and_distinct_rows_agree_with_polars(values, categorical):
+    frame = _frame(values)
+    if categorical:
+        frame = frame.with_columns(pl.col("task").cast(pl.Categorical))
+    for key in KEYS:
+        codes = key_codes(frame, key)
+        assert codes.len() == frame.height
+        # equal codes exactly where the key is equal: as many codes as distinct keys, and each key one code
+        assert codes.n_unique() == (frame.select(key).n_unique() if frame.height else 0)
+        if frame.height:
+            assert frame.select(key).with_columns(codes).group_by(key).agg(pl.col("_key").n_unique())["_key"].max() == 1
+        got = distinct_rows(frame, key)
+        assert got.height == frame.select(key).unique().height
+        assert got.columns == key and not got.is_duplicated().any()
+
+
+def test_distinct_counts_per_group_as_a_measure_reads_them():
+    """n_inputs of Δ: the distinct inputs of each group, whatever their budgets (brute force)."""
+    frame = pl.DataFrame({"run_id": ["r"] * 6, "task": ["t", "t", "u", "u", "t", "t"], "input_id": [0, 0, 0, 1, 1, 1],
+                          "evictor": ["snapkv"] * 6, "model": ["m", "m", "m", "m", "n", "n"],
+                          "context_length": [4096] * 6, "budget": [0.25, 0.5, 0.25, 0.25, 0.25, 0.5],
+                          "score_plain": [0.0] * 6, "score_gated": [1.0] * 6})
+    got = dict(metrics.delta(frame).select("model", "n_inputs").iter_rows())
+    brute = {}
+    for row in frame.iter_rows(named=True):
+        brute.setdefault(row["model"], set()).add((row["run_id"], row["task"], row["input_id"]))
+    assert got == {m: len(s) for m, s in brute.items()} == {"m": 3, "n": 1}

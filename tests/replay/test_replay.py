@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import polars as pl
+import polars.testing
 import pytest
 
 from pagestats import defaults
@@ -278,6 +279,20 @@ def test_gated_outcomes_rule_by_hand(logs):
         assert r["model"] == inp["model"] and r["context_length"] == inp["context_length"]
         assert r["score_gated"] == (r["score_plain"] if is_open else inp["full_score"])
         assert r["n_kept_gated"] == (r["n_kept_plain"] if is_open else inp["n_tokens"])
+
+
+def test_gated_rows_in_order_share_the_outcome_columns(logs):
+    """Outcome rows already in key order (as a database reads them) give the same gated rows as
+    any other order, and those rows hold the outcomes' own score column, not a copy of it."""
+    order = [*KEY, "evictor", "budget"]
+    ordered = SimpleNamespace(**{**vars(logs), "outcomes": logs.outcomes.sort(order)})
+    shuffled = SimpleNamespace(**{**vars(logs), "outcomes": logs.outcomes.sample(fraction=1.0, shuffle=True, seed=3)})
+    got = gated_outcomes(ordered, FixedTau(0.05))
+    pl.testing.assert_frame_equal(got, gated_outcomes(shuffled, FixedTau(0.05)))
+    assert got.select(order).equals(got.select(order).sort(order))
+    assert np.shares_memory(got["score_plain"].to_numpy(), ordered.outcomes["score"].to_numpy())
+    assert not np.shares_memory(gated_outcomes(shuffled, FixedTau(0.05))["score_plain"].to_numpy(),
+                                shuffled.outcomes["score"].to_numpy())
 
 
 def test_gate_columns(logs):
