@@ -35,9 +35,16 @@ __all__ = [
 _CAP = pl.col("task_class") == defaults.CAPACITY_BOUND
 
 
+def _rest(gated: pl.DataFrame, by, cols) -> pl.DataFrame:
+    """The rows of the non-capacity-bound inputs, with only ``by``, the input key and ``cols`` (a
+    filter copies every column it keeps: at 1M inputs the gated rows are a gigabyte)."""
+    keep = dict.fromkeys([*by, *input_key(gated), *cols, "task_class"])
+    return gated.select(list(keep)).filter(~_CAP)
+
+
 def _rest_open(gated: pl.DataFrame, by) -> pl.DataFrame:
     """Gate-open fraction over the non-capacity-bound inputs of each group, and whether it is 1."""
-    rest = gated.filter(~_CAP)
+    rest = _rest(gated, by, ["gate_open"])
     if rest.height == 0:
         return pl.DataFrame(schema={**{c: gated.schema[c] for c in by}, "p_open_rest": pl.Float64, "identical": pl.Boolean})
     po = metrics.p_open(rest, by=by)
@@ -68,8 +75,9 @@ def delta_matrix_table(gated: pl.DataFrame) -> pl.DataFrame:
     by = list(MATRIX_CELL)
     gated, left = metrics.equal_inputs(gated)
     full = metrics.delta(gated, by=by)
-    rest_rows = gated.filter(~_CAP)
+    rest_rows = _rest(gated, by, ["budget", "score_gated", "score_plain"])
     rest = metrics.delta(rest_rows, by=by).select(*by, pl.col("delta").alias("delta_rest")) if rest_rows.height else None
+    del rest_rows
     out = full.select(*by, "delta", "n_inputs")
     if rest is not None:
         out = out.join(rest, on=by, how="left")
