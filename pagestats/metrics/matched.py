@@ -26,6 +26,7 @@ import numpy as np
 import polars as pl
 
 from pagestats import defaults, formulas, stats
+from pagestats.columns import key_codes, sorting_order
 from pagestats.metrics._frames import _cell_rows
 from pagestats.schema import INPUT_KEY
 
@@ -92,16 +93,18 @@ def _cell_arrays(part: pl.DataFrame):
     """Per input × budget matrices of one cell (inputs in key order, budgets ascending), after the
     budgets and which of them are eviction budgets (:data:`pagestats.formulas.EVICTED`)."""
     key = list(INPUT_KEY)
-    part = part.sort([*key, "budget"])
+    order = sorting_order(part, [*key, "budget"])  # each matrix gathered in order, not a sorted copy of the part
     budgets = part.select(pl.col("budget").unique().sort())
     evicted = budgets.select(formulas.EVICTED).to_series().to_numpy()
     budgets = budgets.to_series().to_numpy()
-    n = part.select(key).n_unique()
+    n = key_codes(part, key).n_unique()
     if part.height != n * budgets.size:
         raise ValueError("matched_memory: a cell's inputs do not all carry the same budgets")
 
     def mat(expr):
-        return part.select(expr).to_series().to_numpy().astype(np.float64).reshape(n, budgets.size)
+        values = part.select(expr).to_series()
+        values = values if order is None else values.gather(order)
+        return values.to_numpy().astype(np.float64).reshape(n, budgets.size)
 
     def kept(arm):
         return formulas.expr(formulas.kept_fraction(f"n_kept_{arm}"))

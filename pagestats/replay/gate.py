@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import polars as pl
 
-from pagestats.columns import input_key, with_task_class
+from pagestats.columns import input_key, sorting_order, with_task_class
 from pagestats.formulas import N_KEPT_GATED, SCORE_GATED
 from pagestats.replay.policies import POLICY_TYPES, CustomPolicy, FixedTau, Policy
 from pagestats.replay.spec import ProfileSpec, _require, profile_drop, profile_drop_by_draw
@@ -210,8 +210,8 @@ def gated_from_decisions(outcomes: pl.DataFrame, decided: pl.DataFrame, columns=
     # unsorted column let go once gathered, so that the rows and their sorted copy are never both
     # whole (at 1M inputs each is a gigabyte); rows already in order (the outcomes of a database,
     # read in key order) are the answer as they are, their outcome columns shared with the logs'
-    index = rows.select(pl.arg_sort_by(order)).to_series()
-    if (index == pl.int_range(rows.height, dtype=index.dtype, eager=True)).all():
+    index = sorting_order(rows, order)
+    if index is None:
         return rows.select(cols)
     columns = {c: rows.get_column(c) for c in cols}
     del rows

@@ -227,9 +227,14 @@ def cross_cell_table(gated_fixed: pl.DataFrame, gated_calibrated: pl.DataFrame |
     if gated_calibrated is not None:  # in the cells it calibrates, on the same inputs as the fixed τ
         gated_calibrated = rows_where(gated_calibrated.select(read), pl.col("evictor") == ev)
         cal_cells = gated_calibrated.select(*MODEL_CELL).unique()
-        (both, gated_calibrated), _ = metrics.same_inputs(sub.join(cal_cells, on=list(MODEL_CELL), how="semi"),
-                                                          gated_calibrated)
-        sub = pl.concat([both, sub.join(cal_cells, on=list(MODEL_CELL), how="anti")])
+        rest = sub.join(cal_cells, on=list(MODEL_CELL), how="anti")  # the cells it does not calibrate
+        if rest.height == 0:  # it calibrates every cell: the rows themselves, not a semi-joined copy
+            (sub, gated_calibrated), _ = metrics.same_inputs(sub, gated_calibrated)
+        else:
+            (both, gated_calibrated), _ = metrics.same_inputs(sub.join(cal_cells, on=list(MODEL_CELL), how="semi"),
+                                                              gated_calibrated)
+            sub = pl.concat([both, rest])
+        del rest
 
     def arm(frame, suffix):
         d = metrics.delta(frame, by=MODEL_CELL).select(*MODEL_CELL, "n_inputs", pl.col("delta").alias(f"delta_{suffix}"))

@@ -5,6 +5,7 @@ import polars as pl
 import pytest
 
 from pagestats import metrics
+from pagestats.columns import sorting_order
 
 
 def brute_frontier(kept, acc, k):
@@ -132,3 +133,16 @@ def test_resamples_are_drawn_in_chunks_without_changing_them():
         chunks = list(stats.resample_counts(counts, 37, np.random.default_rng(9), chunk_size))
         assert max(len(c) for c in chunks) == min(37, max(1, chunk_size // len(counts)))
         np.testing.assert_array_equal(np.vstack(chunks), want)
+
+
+def test_rows_in_key_order_or_shuffled_give_the_same_bits():
+    """The per-input matrices are gathered in key order, or taken as they are when the rows are in
+    that order already (columns.sorting_order): both give the same numbers, bit for bit."""
+    rng = np.random.default_rng(4)
+    frame = pl.DataFrame(_cell(rng, 60, "a") + _cell(rng, 60, "b"))
+    ordered = frame.sort("evictor", "run_id", "task", "input_id", "budget")
+    shuffled = frame.sample(fraction=1.0, shuffle=True, seed=9)
+    assert sorting_order(ordered.filter(pl.col("evictor") == "a"), ["run_id", "task", "input_id", "budget"]) is None
+    assert sorting_order(shuffled, ["run_id", "task", "input_id", "budget"]) is not None
+    got = [metrics.matched_memory(f, rng=np.random.default_rng(5), n_boot=300) for f in (ordered, shuffled)]
+    assert got[0].equals(got[1])
