@@ -193,10 +193,19 @@ def main(argv: list[str] | None = None) -> int:
 
         summary = run_collection(cfg)
     except (ValueError, FileNotFoundError, RunMismatchError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(_error_line(err), file=sys.stderr)
         return 2
     print(json.dumps(summary.to_dict()))
     return 0
+
+
+def _error_line(err: Exception) -> str:
+    """The line for a refused run: the library's words, and for a decode limit the flag that raises it."""
+    from collectors.tasks import DecodeLimitError
+
+    if isinstance(err, DecodeLimitError):
+        return f"error: {err} (--max-new-tokens {err.task}={err.need}, or --allow-cut-answers)"
+    return f"error: {err}"
 
 
 def _main_ray(args) -> int:
@@ -223,7 +232,7 @@ def _main_ray(args) -> int:
                          cpus_per_shard=args.cpus_per_shard, max_retries=args.max_retries,
                          progress=not args.no_progress)
     except (ValueError, FileNotFoundError, RunMismatchError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(_error_line(err), file=sys.stderr)
         return 2
     except LaunchError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -136,7 +136,7 @@ def qa_file_for(task: str, qa_files) -> str | None:
     for path in qa_files:
         if detect_dataset(path) == want:
             return str(path)
-    raise ValueError(f"{task} needs a {want} json file among --qa-file (got {list(qa_files) or 'none'})")
+    raise ValueError(f"{task} needs a {want} json file among the qa files (got {list(qa_files) or 'none'})")
 
 
 def task_options(cfg: CollectConfig) -> dict:

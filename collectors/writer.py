@@ -78,9 +78,9 @@ def parse_shard(spec: str) -> tuple[int, int]:
     try:
         i, n = (int(x) for x in str(spec).split("/"))
     except ValueError:
-        raise ValueError(f"--shard must look like i/n (e.g. 0/4), got {spec!r}") from None
+        raise ValueError(f"a shard must look like i/n (e.g. 0/4), got {spec!r}") from None
     if n < 1 or not 0 <= i < n:
-        raise ValueError(f"--shard i/n needs 0 ≤ i < n, got {spec!r}")
+        raise ValueError(f"a shard i/n needs 0 ≤ i < n, got {spec!r}")
     return i, n
 
 
@@ -187,7 +187,7 @@ class RunWriter:
                     raise RunMismatchError(
                         f"{self.out} holds another run ({old.get('run_id')}); refusing to resume into it "
                         f"with different parameters:\n  " + "\n  ".join(lines)
-                        + "\nUse another --out directory, or the original parameters to resume."
+                        + "\nUse another output directory, or the original parameters to resume."
                     )
                 self.manifest["created_at"] = old.get("created_at", self.manifest.get("created_at"))
                 if "n_per_task" in old or "n_per_task" in self.manifest:

@@ -201,7 +201,7 @@ def check_windows(config, positions: int) -> None:
         raise ModelLoadError(
             f"the run needs {positions} positions (context length + tokens to generate) but layer(s) {layers} "
             f"have a {kind} of {smallest}; sliding-window layers run only where the window covers the whole run, "
-            f"so lower --context-length (or --max-new-tokens) to at most {smallest} positions in all"
+            f"so lower the context length (or max_new_tokens) to at most {smallest} positions in all"
         )
 
 
@@ -217,20 +217,20 @@ def check_device(device: str) -> None:
     try:
         dev = torch.device(device)
     except RuntimeError as err:
-        raise ModelLoadError(f"--device {device!r} is not a torch device ({err})") from None
+        raise ModelLoadError(f"device {device!r} is not a torch device ({err})") from None
     if dev.type == "cuda":
         if torch.version.cuda is None:
             raise ModelLoadError(
-                f"--device {device} asks for CUDA, but torch {torch.__version__} is a build without CUDA; "
-                "install a CUDA build of torch (make gpu-env) or use --device cpu"
+                f"device {device} asks for CUDA, but torch {torch.__version__} is a build without CUDA; "
+                "install a CUDA build of torch (make gpu-env) or use device cpu"
             )
         if not torch.cuda.is_available():
-            raise ModelLoadError(f"--device {device} asks for CUDA, but torch sees no CUDA device "
+            raise ModelLoadError(f"device {device} asks for CUDA, but torch sees no CUDA device "
                                  "(check the driver and CUDA_VISIBLE_DEVICES)")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ModelLoadError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) are visible")
+            raise ModelLoadError(f"device {device}: only {torch.cuda.device_count()} CUDA device(s) are visible")
     elif dev.type == "mps" and not torch.backends.mps.is_available():
-        raise ModelLoadError(f"--device {device} asks for MPS, which this machine or torch build does not offer")
+        raise ModelLoadError(f"device {device} asks for MPS, which this machine or torch build does not offer")
 
 
 def check_attn_impl(attn_impl: str, *, device: str, dtype: str) -> None:
@@ -248,17 +248,17 @@ def check_attn_impl(attn_impl: str, *, device: str, dtype: str) -> None:
 
     known = ["eager", *[k for k in kernel_names() if "|" not in k]]
     if attn_impl not in known:
-        raise ModelLoadError(f"--attn-impl {attn_impl!r} is not a transformers attention kernel; choose from "
+        raise ModelLoadError(f"attn_impl {attn_impl!r} is not a transformers attention kernel; choose from "
                              + ", ".join(known))
     if attn_impl.startswith("flash_attention"):
         version = attn_impl.rsplit("_", 1)[-1]
         available = getattr(tu, f"is_flash_attn_{version}_available", None)
         if available is None or not available():
-            raise ModelLoadError(f"--attn-impl {attn_impl} is not available: transformers finds no usable "
-                                 f"flash-attn {version} package with a CUDA GPU here; use --attn-impl sdpa")
+            raise ModelLoadError(f"attn_impl {attn_impl} is not available: transformers finds no usable "
+                                 f"flash-attn {version} package with a CUDA GPU here; use attn_impl sdpa")
         if torch.device(device).type != "cuda" or dtype == "float32":
-            raise ModelLoadError(f"--attn-impl {attn_impl} runs only on a CUDA device with float16 or bfloat16 "
-                                 f"weights (got --device {device} --dtype {dtype})")
+            raise ModelLoadError(f"attn_impl {attn_impl} runs only on a CUDA device with float16 or bfloat16 "
+                                 f"weights (got device {device}, dtype {dtype})")
 
 
 def check_kernel_support(config, attn_impl: str) -> None:
@@ -279,10 +279,10 @@ def check_kernel_support(config, attn_impl: str) -> None:
         flag = "_supports_flash_attn"
     if flag and not getattr(cls, flag, False):
         raise ModelLoadError(f"{cls.__name__} has no {attn_impl} kernel in transformers {transformers.__version__}; "
-                             "use --attn-impl eager")
+                             "use attn_impl eager")
     if attn_impl == "sdpa" and getattr(text_config(config), "attn_logit_softcapping", None) is not None:
         raise ModelLoadError(f"{cls.__name__} soft-caps its attention logits (attn_logit_softcapping), which the sdpa "
-                             "kernel cannot do; use --attn-impl eager")
+                             "kernel cannot do; use attn_impl eager")
 
 
 def check_tokenizer_files(directory: str) -> None:
@@ -315,7 +315,7 @@ def check_positions(config, positions: int) -> None:
     limit = getattr(text_config(config), "max_position_embeddings", None)
     if limit is not None and int(positions) > int(limit):
         raise ModelLoadError(f"the run needs {positions} positions (context length + tokens to generate) but the "
-                             f"model has max_position_embeddings = {limit}; lower --context-length")
+                             f"model has max_position_embeddings = {limit}; lower the context length")
 
 
 def check_architecture(config, positions: int | None = None) -> None:

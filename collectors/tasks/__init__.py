@@ -70,18 +70,25 @@ def check_decode_budget(task: str, references, tokenizer, max_new_tokens: int) -
     Raises
     ------
     ValueError
-        One line naming the task, the tokens needed and the limit, and the option that raises it.
+        One line naming the task, the tokens needed and the limit, and the limit that would hold them.
     """
     need = answer_tokens(task, references, tokenizer) + PREAMBLE_MARGIN
     if int(max_new_tokens) < need:
-        raise ValueError(
-            f"{task}: max_new_tokens {max_new_tokens} cannot hold the answer ({need - PREAMBLE_MARGIN} tokens for the "
-            f"references, {PREAMBLE_MARGIN} for a preamble); raise it with --max-new-tokens {task}={need}"
-        )
+        raise DecodeLimitError(task, int(max_new_tokens), need)
+
+
+class DecodeLimitError(ValueError):
+    """A decode limit (``max_new_tokens``) of ``task`` below ``need``, the least limit that holds its
+    answer and a preamble (:func:`check_decode_budget`)."""
+
+    def __init__(self, task: str, limit: int, need: int):
+        self.task, self.limit, self.need = task, limit, need
+        super().__init__(f"{task}: max_new_tokens {limit} cannot hold the answer ({need - PREAMBLE_MARGIN} tokens for "
+                         f"the references, {PREAMBLE_MARGIN} for a preamble); raise max_new_tokens to at least {need}")
 
 __all__ = [
     "TaskInput", "make_input", "split_prompt", "score", "postprocess", "string_match_all", "string_match_part", "metric_name",
-    "TASK_NAMES", "TASK_TOKENS_TO_GENERATE", "PREAMBLE_MARGIN", "answer_tokens", "check_decode_budget", "render_prompt", "tokenize_prompt", "input_seed", "TOLERANCE",
+    "TASK_NAMES", "TASK_TOKENS_TO_GENERATE", "PREAMBLE_MARGIN", "answer_tokens", "check_decode_budget", "DecodeLimitError", "render_prompt", "tokenize_prompt", "input_seed", "TOLERANCE",
 ]
 
 

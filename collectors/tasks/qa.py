@@ -118,7 +118,7 @@ def qa(task: str, seed: int, *, draw_seed: int, input_id: int, qa_file) -> Gener
     """Generator for qa_1 (SQuAD) / qa_2 (HotpotQA); the question is the ``input_id``-th of a
     permutation of the answerable questions drawn from ``draw_seed`` (cycling when exhausted)."""
     if qa_file is None:
-        raise ValueError(f"{task} needs a {tp.QA_CONFIGS[task]['dataset']} json file (qa_file / --qa-file)")
+        raise ValueError(f"{task} needs a {tp.QA_CONFIGS[task]['dataset']} json file (qa_file)")
     data = load_qa(qa_file, tp.QA_CONFIGS[task]["dataset"])
     order = np.random.default_rng(draw_seed).permutation(len(data.items))
     item = data.items[int(order[input_id % len(data.items)])]

@@ -355,7 +355,7 @@ def test_refusals_come_before_loading(model_dir, tmp_path, monkeypatch, capsys):
     common = ["--context-length", "256", "--n", "1", "--out", str(tmp_path / "out"), "--no-progress"]
     assert main(["--model", str(short), "--tasks", "niah_single_1", *common]) == 2
     err = capsys.readouterr().err.strip()
-    assert "sliding window of 100" in err and "lower --context-length" in err and "\n" not in err
+    assert "sliding window of 100" in err and "lower the context length" in err and "\n" not in err
     assert main(["--model", str(model_dir), "--tasks", "qa_1", *common]) == 2
     err = capsys.readouterr().err.strip()
     assert "qa_1 needs a squad json file" in err.lower() and "\n" not in err
