@@ -22,12 +22,17 @@ from pathlib import Path
 from pagestats.schema import utc_time
 
 __all__ = [
-    "BAND_KIND", "PreregistrationError", "check_frozen_before", "freeze_band", "load_band", "target_runs", "verified_band",
+    "BAND_KIND", "PreregistrationError", "check_frozen_before", "freeze_band", "is_sha256", "load_band", "target_runs", "verified_band",
 ]
 
 #: The ``kind`` field of a band file.
 BAND_KIND = "pagestats prediction band"
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def is_sha256(text: str) -> bool:
+    """Whether ``text`` is a SHA-256 in hexadecimal (64 digits; case and surrounding blanks ignored)."""
+    return bool(_HEX64.match(str(text).strip().lower()))
 
 
 class PreregistrationError(ValueError):
@@ -83,7 +88,7 @@ def load_band(path, sha256: str):
     import polars as pl
 
     expected = str(sha256).strip().lower()
-    if not _HEX64.match(expected):
+    if not is_sha256(expected):
         raise PreregistrationError(f"the recorded sha256 must be 64 hexadecimal characters, got {sha256!r}")
     data = Path(path).read_bytes()
     actual = hashlib.sha256(data).hexdigest()

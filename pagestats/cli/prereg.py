@@ -53,10 +53,13 @@ def add_parser(sub) -> None:
     q.add_argument("--format", choices=["csv", "table"], default="table", help="table or csv on stdout (default: table)")
 
 
-def band_problem(path: str, sha256: str) -> str | None:
-    """Why the frozen band at ``path`` cannot be checked (not a readable band with this sha256)."""
-    from pagestats.prereg import load_band
+def band_problem(path: str, sha256: str, flag: str) -> str | None:
+    """Why the frozen band at ``path`` cannot be checked (not a readable band with this sha256, given
+    by the option ``flag``)."""
+    from pagestats.prereg import is_sha256, load_band
 
+    if not is_sha256(sha256):
+        return f"{flag} must be 64 hexadecimal characters, got {sha256!r}"
     if not str(path).strip():
         return "the band file name is empty"
     if not os.path.isfile(path):
@@ -80,7 +83,7 @@ def usage_problem(args) -> str | None:
         return problem
     if args.step == "freeze":
         return file_problem(args.out, "--out", replace="never")
-    return band_problem(args.band, args.sha256)
+    return band_problem(args.band, args.sha256, "--sha256")
 
 
 def run(args) -> int:

@@ -56,7 +56,7 @@ def usage_problem(args) -> str | None:
     problem = out_problem(args.out)
     if problem or args.prereg is None:
         return problem
-    return band_problem(args.prereg, args.prereg_sha256)
+    return band_problem(args.prereg, args.prereg_sha256, "--prereg-sha256")
 
 
 def run(args) -> int:

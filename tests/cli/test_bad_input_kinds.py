@@ -136,6 +136,7 @@ def test_index_still_replaces_a_database(run, tmp_path):
     (["prereg", "check", "EXISTING", "--sha256", "xyz", "LOGS"], "--sha256"),
     (["report", "LOGS", "--out", "OUT/r", "--prereg", "OUT/nosuch.json", "--prereg-sha256", "0" * 64],
      "no such band"),
+    (["report", "LOGS", "--out", "OUT/r", "--prereg", "EXISTING", "--prereg-sha256", "xyz"], "--prereg-sha256 must"),
     (["--version", "x"], "--version"),
 ])
 def test_usage_errors_are_one_line_before_any_log_is_read(tmp_path, argv, needle):
