@@ -87,9 +87,9 @@ def load_band(path, sha256: str):
     """
     import polars as pl
 
-    expected = str(sha256).strip().lower()
-    if not is_sha256(expected):
+    if not is_sha256(sha256):
         raise PreregistrationError(f"the recorded sha256 must be 64 hexadecimal characters, got {sha256!r}")
+    expected = str(sha256).strip().lower()
     data = Path(path).read_bytes()
     actual = hashlib.sha256(data).hexdigest()
     if actual != expected:

@@ -226,15 +226,10 @@ def cross_cell_table(gated_fixed: pl.DataFrame, gated_calibrated: pl.DataFrame |
     sub, ev = one_evictor(gated_fixed.select(read), evictor)
     if gated_calibrated is not None:  # in the cells it calibrates, on the same inputs as the fixed τ
         gated_calibrated = rows_where(gated_calibrated.select(read), pl.col("evictor") == ev)
-        cal_cells = gated_calibrated.select(*MODEL_CELL).unique()
-        rest = sub.join(cal_cells, on=list(MODEL_CELL), how="anti")  # the cells it does not calibrate
-        if rest.height == 0:  # it calibrates every cell: the rows themselves, not a semi-joined copy
-            (sub, gated_calibrated), _ = metrics.same_inputs(sub, gated_calibrated)
-        else:
-            (both, gated_calibrated), _ = metrics.same_inputs(sub.join(cal_cells, on=list(MODEL_CELL), how="semi"),
-                                                              gated_calibrated)
-            sub = pl.concat([both, rest])
-        del rest
+        cal_cells = gated_calibrated.select(pl.struct(MODEL_CELL)).to_series().unique().implode()
+        calibrated = pl.struct(MODEL_CELL).is_in(cal_cells)  # rows_where: no copy when it calibrates every cell
+        (both, gated_calibrated), _ = metrics.same_inputs(rows_where(sub, calibrated), gated_calibrated)
+        sub = pl.concat([both, rows_where(sub, ~calibrated)])
 
     def arm(frame, suffix):
         d = metrics.delta(frame, by=MODEL_CELL).select(*MODEL_CELL, "n_inputs", pl.col("delta").alias(f"delta_{suffix}"))

@@ -689,3 +689,26 @@ def test_remaining_deltas_table_by_brute_force(syn, gated):
     tested = table.filter(pl.col("p_value").is_not_null() & pl.col("p_value").is_not_nan())
     assert tested["p_adjusted"].to_list() == pytest.approx(
         multipletests(tested["p_value"].to_numpy(), method="fdr_bh")[1].tolist(), abs=1e-12)
+
+
+def test_cross_cell_with_a_cell_left_uncalibrated(syn, gated):
+    """A cell the calibrated frame does not hold keeps its fixed-τ row and null calibrated columns;
+    the other cells are compared on the calibrated frame's inputs."""
+    from pagestats.replay.policies import Midpoint
+
+    cal = replay.gated_outcomes(syn, Midpoint())
+    cells = gated.select("model", "context_length").unique().sort("model", "context_length").rows()
+    assert len(cells) >= 2
+    dropped = cells[0]
+    part = cal.filter((pl.col("model") != dropped[0]) | (pl.col("context_length") != dropped[1]))
+    t = tables.cross_cell_table(gated, part)
+    assert sorted((r["model"], r["context_length"]) for r in rows_of(t)) == sorted(cells)
+    want = defaultdict(list)
+    for r in rows_of(gated.filter(pl.col("evictor") == "snapkv")):
+        if r["budget"] < 1:
+            want[(r["model"], r["context_length"])].append(r["score_gated"] - r["score_plain"])
+    for r in rows_of(t):
+        k = (r["model"], r["context_length"])
+        assert r["delta_fixed"] == pytest.approx(statistics.fmean(want[k]))
+        assert (r["tau_calibrated"] is None) == (k == dropped)
+        assert (r["delta_calibrated"] is None) == (k == dropped)
