@@ -54,6 +54,20 @@ SNAPKV_WINDOW = 32
 #: "Setup"); "query-agnostic" prefills and evicts the context, then appends the question.
 MODES = ("query-aware", "query-agnostic")
 MODE = "query-aware"
+#: Prompt styles of the collector (docs/COLLECTION.md, "Prompt styles"; docs/decisions.md): "page" is
+#: the authors' runner, on whose D the paper's τ = 0.07 was set (§3 "Calibration"): a system turn
+#: PAGE_SYSTEM_PROMPT, then one user turn "context\n\nquestion\nanswer prefix", the chat template's
+#: generation prompt, no special tokens added; "ruler" is RULER's input as one user turn with the answer
+#: prefix after the generation prompt. A manifest or gate file without one is "ruler" (collected before).
+PROMPT_STYLES = ("page", "ruler")
+PROMPT_STYLE = "page"
+PAGE_SYSTEM_PROMPT = "Answer the question concisely."
+#: Budget floors (docs/decisions.md): "page" keeps max(n_sink + n_recent + PAGE_FLOOR_EXTRA, ⌊b·T⌋)
+#: = max(40, ⌊b·T⌋), the authors' runner; "protected" keeps max(⌊b·T⌋, n_sink + n_recent) = 36
+#: (App. A.2.3). A manifest without one is "protected" (collected before).
+BUDGET_FLOORS = ("page", "protected")
+BUDGET_FLOOR = "page"
+PAGE_FLOOR_EXTRA = 4
 #: SnapKV score pooling width; 1 = none, as the paper describes its scoring (§4 "Setup").
 SNAPKV_POOL_KERNEL = 1
 #: The evictor of the single-evictor tables and figures (§4 "Setup": "Eviction is SnapKV-style by default").
