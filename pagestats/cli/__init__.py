@@ -17,7 +17,7 @@ import argparse
 import sys
 
 import pagestats
-from pagestats.cli import calibrate, compact, index, monitor, prereg, report, show, validate, whatif
+from pagestats.cli import calibrate, compact, imports, index, monitor, prereg, report, show, validate, whatif
 from pagestats.cli.options import usage_problem
 from pagestats.io.duck import MEMORY_LIMIT
 from pagestats.io.validation.problems import one_line
@@ -26,6 +26,7 @@ __all__ = ["COMMANDS", "build_parser", "main"]
 
 #: Command name → its module, in the order of ``pagestats --help``.
 COMMANDS = {
+    "import": imports,  # issue 40: the PAGE paper's released logs as runs
     "validate": validate,
     "whatif": whatif,
     "report": report,

@@ -45,6 +45,7 @@ class RunInfo:
     k_max_stored: int | None = None
     draw: int | None = None
     n_per_task: int | None = None  # inputs asked per task (and draw); no task of the run holds more
+    imported: bool = False  # an ``imported`` block: the columns of schema.IMPORTED_NULLABLE may be null
     mode: str = defaults.MODE  # "mode" of the manifest; a manifest without one is query-aware (the paper's setting)
     files: dict[str, dict] = field(default_factory=dict)  # normalised relative path → entry
 
@@ -332,6 +333,7 @@ def check_manifest(run_dir: str | os.PathLike, manifest, manifest_path: str) -> 
         draw=fields["draw"],
         n_per_task=n_per_task,
         mode=mode,
+        imported=isinstance(manifest.get("imported"), Mapping),
         files=files,
     )
     return info, problems

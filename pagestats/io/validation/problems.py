@@ -131,17 +131,27 @@ def ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def null_checks(table: str, present: list[str]) -> list[tuple]:
+def literal(text: str) -> str:
+    """A string as a DuckDB string literal (run ids come from manifests)."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+def null_checks(table: str, present: list[str], imported: tuple[str, ...] = ()) -> list[tuple]:
     """The null rules of ``table`` as (SQL condition, rule, detail): nulls in required columns,
     and null elements inside any list column (a list's min/max/length rules do not see them).
-    ``detail`` is ``None`` or (extra SQL columns, callable)."""
+    ``detail`` is ``None`` or (extra SQL columns, callable). In the runs ``imported`` (run ids), the
+    columns of :data:`pagestats.schema.IMPORTED_NULLABLE` may be null."""
     checks = []
+    exempt = ", ".join(literal(r) for r in imported)
     for col in schema.columns(table):
         if col.name not in present:
             continue
         q = ident(col.name)
         if col.required:
-            checks.append((f"{q} IS NULL", f"{table} column {col.name!r} is null", None))
+            cond = f"{q} IS NULL"
+            if exempt and col.name in schema.IMPORTED_NULLABLE.get(table, ()):
+                cond += f" AND run_id NOT IN ({exempt})"
+            checks.append((cond, f"{table} column {col.name!r} is null", None))
         if col.kind in (schema.FLOAT_LIST, schema.INT_LIST, schema.STRING_LIST):
             checks.append((f"list_count({q}) < len({q})", f"{table} column {col.name!r} has null elements",
                            (f"len({q}) - list_count({q}) AS _holes, len({q}) AS _len",
@@ -160,9 +170,9 @@ def null_problems(con, table: str, checks: list[tuple], counts, files: list[str]
     return out
 
 
-def null_rules(con, table: str, present: list[str], files: list[str]) -> list[Problem]:
+def null_rules(con, table: str, present: list[str], files: list[str], imported: tuple[str, ...] = ()) -> list[Problem]:
     """The :func:`null_checks` of ``table``: one counting scan, then the bad rows."""
-    checks = null_checks(table, present)
+    checks = null_checks(table, present, imported)
     if not checks:
         return []
     counts = one(con, "SELECT " + ", ".join(f"count(*) FILTER (WHERE {c})" for c, _, _ in checks) + f" FROM {table}")

@@ -106,12 +106,13 @@ def check_tables(
     p, dups = duplicate_rules(con, "inputs", schema.INPUT_KEY, files, "input")
     _without_later(con, "inputs", "inp", dups)
     try:
-        nulls = null_checks("inputs", _columns(con, "inputs"))
+        imported = tuple(r.run_id for r in runs.values() if r.imported)
+        nulls = null_checks("inputs", _columns(con, "inputs"), imported)
         if dups:  # the null rules see every row, the others the inputs without later duplicates
-            problems += null_rules(con, "inputs", _columns(con, "inputs"), files) + p
+            problems += null_rules(con, "inputs", _columns(con, "inputs"), files, imported) + p
             nulls = []
         problems += _check_inputs(con, files, runs, nulls, listed)
-        problems += _check_outcomes(con, files, runs, incomplete, null_checks("outcomes", _columns(con, "outcomes")))
+        problems += _check_outcomes(con, files, runs, incomplete, null_checks("outcomes", _columns(con, "outcomes"), imported))
         if has_topk:
             problems += null_rules(con, "topk", _columns(con, "topk"), files)
             p, dups = duplicate_rules(con, "topk", schema.TOPK_KEY, files, "topk row")

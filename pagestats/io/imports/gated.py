@@ -1,0 +1,169 @@
+"""The release's *gated* schema: one record per (input, budget) with the plain and gated arms.
+
+Record keys (the paper's authors' runner): ``id`` (an input number running on across the tasks of a
+file), ``task``, ``budget`` (the kept fraction b, 1.0 = full cache; or an absolute token count),
+``T`` (prompt tokens), ``drop`` (D, Eq. 3), ``gate_open``, optional ``score_policy``,
+``n_kept_plain``, ``n_kept_gated``, ``correct_plain``, ``correct_gated`` and the optional text
+fields ``gold``, ``pred_plain``, ``pred_gated``.
+
+:func:`read_gated` checks a file's records and returns them in the project's terms; each bad record
+is one line naming the file and line. The rules: every required key present; no (task, id, budget)
+twice; T, D and ``gate_open`` the same on every row of an input; the stored gate fits one threshold
+(:func:`infer_tau`); budgets either all fractions in (0, 1] or all absolute counts.
+
+References
+----------
+PAGE paper, §3 (Eq. 2: gated = plain if D ≥ τ, else the full-KV outcome; Eq. 3: D).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import polars as pl
+
+from pagestats import defaults
+from pagestats.io.imports.records import MAX_LINES_NAMED, Records, RecordError, missing_keys
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """The τ a file's stored gate ran at: every τ in (``low``, ``high``] reproduces its ``gate_open``;
+    ``tau`` is the paper's 0.07 when it lies there, else the shortest decimal that does."""
+
+    tau: float
+    low: float  # largest D of a closed input (−inf when none is closed)
+    high: float  # smallest D of an open input (+inf when none is open)
+
+
+def _shortest_decimal(low: float, high: float) -> float:
+    """The number in (low, high] with the fewest decimals (ties: the smallest)."""
+    for digits in range(0, 17):
+        scale = 10.0 ** digits
+        candidate = math.floor(low * scale) / scale + 1 / scale
+        candidate = round(candidate, digits)
+        if low < candidate <= high:
+            return candidate
+    return high
+
+
+def infer_tau(drops: pl.Series, gate_open: pl.Series) -> Threshold | None:
+    """The threshold of a stored gate (one value per input), or ``None`` when no single τ gives it.
+
+    The gate is open iff D ≥ τ (Eq. 2), so the stored decisions fit exactly the τ in
+    (max D of the closed inputs, min D of the open ones]. The paper's default τ = 0.07 is recorded
+    when it fits (App. F); otherwise the shortest decimal that fits (the release's Qwen2.5-3B file
+    ran at 0.04, its README says). With every input on one side, one bound is infinite and τ is the
+    paper's default when it fits, else the open bound's side of it.
+    """
+    closed = drops.filter(~gate_open)
+    opened = drops.filter(gate_open)
+    low = float(closed.max()) if closed.len() else -math.inf
+    high = float(opened.min()) if opened.len() else math.inf
+    if not low < high:
+        return None
+    if low < defaults.TAU <= high:
+        return Threshold(defaults.TAU, low, high)
+    if math.isinf(high):
+        return Threshold(_shortest_decimal(low, low + 1.0), low, high)
+    if math.isinf(low):
+        return Threshold(_shortest_decimal(high - 1.0, high), low, high)
+    return Threshold(_shortest_decimal(low, high), low, high)
+
+
+def _score(column: str) -> pl.Expr:
+    """A correctness field as a score in [0, 1] (booleans → 0/1; numbers kept)."""
+    return pl.col(column).cast(pl.Float64).alias(column)
+
+
+def _lines(path: str, frame: pl.DataFrame, message) -> list[str]:
+    return [f"{path}:{row['_line']}: {message(row)}" for row in frame.head(MAX_LINES_NAMED).iter_rows(named=True)]
+
+
+def read_gated(records: Records) -> tuple[pl.DataFrame, Threshold, bool]:
+    """A gated file's rows in the project's terms, its stored gate's threshold, and whether its budgets
+    are absolute token counts.
+
+    Returns a frame with ``task, input_id, budget, n_tokens, drop, gate_open, score_plain,
+    score_gated, n_kept, n_kept_gated, score_policy, references, prediction, _line`` (file order).
+
+    Raises
+    ------
+    RecordError
+        One line per bad record (at most :data:`MAX_LINES_NAMED` per rule).
+    """
+    path, frame = records.path, records.frame
+    problems = missing_keys(records)
+    if problems:
+        raise RecordError(path, problems)
+    types = {"id": pl.Int64, "T": pl.Int64, "n_kept_plain": pl.Int64, "budget": pl.Float64, "drop": pl.Float64}
+    for key, dtype in types.items():
+        bad = frame.filter(pl.col(key).cast(dtype, strict=False).is_null())
+        problems += _lines(path, bad, lambda row, k=key: f"{k} {row[k]!r} is not a number")
+    for key in ("gate_open",):
+        if frame.schema[key] != pl.Boolean:
+            problems.append(f"{path}: {key} is not true/false on every record")
+    for key in ("correct_plain", "correct_gated"):
+        value = frame[key]
+        if value.dtype != pl.Boolean and not value.dtype.is_numeric():
+            problems.append(f"{path}: {key} is not a boolean or a number on every record")
+    if problems:
+        raise RecordError(path, problems)
+    rows = frame.select(
+        pl.col("task").cast(pl.String), pl.col("id").cast(pl.Int64).alias("input_id"),
+        pl.col("budget").cast(pl.Float64), pl.col("T").cast(pl.Int64).alias("n_tokens"),
+        pl.col("drop").cast(pl.Float64), pl.col("gate_open"),
+        _score("correct_plain").alias("score_plain"), _score("correct_gated").alias("score_gated"),
+        pl.col("n_kept_plain").cast(pl.Int64).alias("n_kept"),
+        (pl.col("n_kept_gated").cast(pl.Int64) if "n_kept_gated" in frame.columns
+         else pl.lit(None, pl.Int64)).alias("n_kept_gated"),
+        (pl.col("score_policy").cast(pl.String) if "score_policy" in frame.columns
+         else pl.lit(None, pl.String)).alias("score_policy"),
+        _references(frame), _text(frame, "pred_plain").alias("prediction"), "_line")
+    problems += _lines(path, rows.filter(~pl.col("score_plain").is_between(0, 1) | ~pl.col("score_gated").is_between(0, 1)),
+                       lambda r: f"correct_plain / correct_gated {r['score_plain']} / {r['score_gated']} outside [0, 1]")
+    problems += _lines(path, rows.filter(pl.col("drop").is_nan() | pl.col("drop").is_infinite()),
+                       lambda r: f"drop {r['drop']} is not a finite number")
+    problems += _lines(path, rows.filter(pl.col("n_tokens") < 1), lambda r: f"T {r['n_tokens']} is not ≥ 1")
+    absolute = bool((rows["budget"] > 1).any())
+    if absolute:
+        problems += _lines(path, rows.filter((pl.col("budget") < 1) | (pl.col("budget") != pl.col("budget").floor())),
+                           lambda r: f"budget {r['budget']} mixes a fraction into a file of absolute budgets")
+    else:
+        problems += _lines(path, rows.filter(pl.col("budget") <= 0), lambda r: f"budget {r['budget']} is not in (0, 1]")
+    repeated = rows.filter(pl.struct("task", "input_id", "budget").is_duplicated()
+                           & ~pl.struct("task", "input_id", "budget").is_first_distinct())
+    problems += _lines(path, repeated, lambda r: f"(task, id, budget) = ({r['task']}, {r['input_id']}, {r['budget']:g}) "
+                       "repeats an earlier record")
+    for column, what in (("n_tokens", "T"), ("drop", "drop"), ("gate_open", "gate_open")):
+        first = rows.group_by("task", "input_id", maintain_order=True).agg(pl.col(column).first().alias("_first"))
+        differs = rows.join(first, on=["task", "input_id"]).filter(pl.col(column) != pl.col("_first"))
+        problems += _lines(path, differs, lambda r, c=column, w=what: f"{w} {r[c]} of input ({r['task']}, "
+                           f"{r['input_id']}) differs from its first record's {r['_first']}")
+    if problems:
+        raise RecordError(path, problems)
+    per_input = rows.unique(["task", "input_id"], keep="first", maintain_order=True)
+    threshold = infer_tau(per_input["drop"], per_input["gate_open"])
+    if threshold is None:
+        closed = per_input.filter(~pl.col("gate_open")).sort("drop", descending=True).row(0, named=True)
+        opened = per_input.filter(pl.col("gate_open")).sort("drop").row(0, named=True)
+        raise RecordError(path, [f"{path}:{closed['_line']}: the stored gate fits no single τ: input ({closed['task']}, "
+                                 f"{closed['input_id']}) is closed at D = {closed['drop']!r}, at or above the D = "
+                                 f"{opened['drop']!r} of open input ({opened['task']}, {opened['input_id']}, line "
+                                 f"{opened['_line']})"])
+    return rows, threshold, absolute
+
+
+def _references(frame: pl.DataFrame) -> pl.Expr:
+    """``gold`` as a list of strings (a single string becomes a one-element list); null when absent."""
+    if "gold" not in frame.columns:
+        return pl.lit(None, pl.List(pl.String)).alias("references")
+    dtype = frame.schema["gold"]
+    if isinstance(dtype, pl.List):
+        return pl.col("gold").cast(pl.List(pl.String)).alias("references")
+    return pl.concat_list(pl.col("gold").cast(pl.String)).alias("references")
+
+
+def _text(frame: pl.DataFrame, key: str) -> pl.Expr:
+    return pl.col(key).cast(pl.String) if key in frame.columns else pl.lit(None, pl.String)
