@@ -71,6 +71,14 @@ def _n_layers(manifests: dict):
     return int(layers.pop()) if len(layers) == 1 and None not in layers else None
 
 
+def _prompt_style(manifests: dict) -> str:
+    styles = {m.get("prompt_style", "ruler") for m in manifests.values()}  # runs before the option: RULER's prompt
+    if len(styles) != 1:
+        raise ValueError(f"calibrate: the runs record different prompt styles {sorted(styles)}; D differs between "
+                         "them, so calibrate one style at a time")
+    return styles.pop()
+
+
 def calibrate(logs, policy, *, model: str | None = None, files=None) -> Gate:
     """The gate of ``policy`` on ``logs`` (a :class:`pagestats.io.Logs`), for one model.
 
@@ -144,5 +152,6 @@ def calibrate(logs, policy, *, model: str | None = None, files=None) -> Gate:
                                 "dilution": sorted(dil["task"].unique().to_list())}})
     file_paths = files if files is not None else [f.path for f in logs.files]
     return Gate(tau=tau, policy=kinds[type(policy)], model=model, n_layers=_n_layers(manifests), pilot=pilot,
-                logs_sha256=logs_sha256(file_paths),
+                logs_sha256=logs_sha256(file_paths), mode=logs.mode,
+                prompt_style=_prompt_style(manifests),
                 created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **statistic)

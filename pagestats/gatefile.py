@@ -55,6 +55,13 @@ class Gate:
         share of them on which the gate opens (``"p_open"``).
     logs_sha256 : str or None
         sha256 over the calibration logs' data files (:func:`pagestats.calibrate.logs_sha256`).
+    mode : str
+        The collection mode of the calibration logs (:data:`pagestats.defaults.MODES`): D differs
+        between the modes, so a deployment checks it (``collectors.deploy``). A file without one is
+        query-aware.
+    prompt_style : str or None
+        The prompt style of the calibration logs (:data:`pagestats.defaults.PROMPT_STYLES`; the
+        manifests' ``prompt_style``, ``"ruler"`` for runs that record none); None when not recorded.
     """
 
     tau: float
@@ -68,6 +75,8 @@ class Gate:
     pilot: dict = field(default_factory=dict)
     logs_sha256: str | None = None
     created_at: str | None = None
+    mode: str = defaults.MODE
+    prompt_style: str | None = None
 
     def __post_init__(self):
         if isinstance(self.tau, bool) or not isinstance(self.tau, (int, float)) or not math.isfinite(self.tau):
@@ -82,6 +91,11 @@ class Gate:
             raise ValueError(f"gate: bin_fraction must lie in (0, 0.5], got {self.bin_fraction!r}")
         if self.convention not in ("deployed", "strict"):
             raise ValueError(f"gate: convention must be 'deployed' or 'strict', got {self.convention!r}")
+        if self.mode not in defaults.MODES:
+            raise ValueError(f"gate: mode must be one of {', '.join(defaults.MODES)}, got {self.mode!r}")
+        if self.prompt_style is not None and self.prompt_style not in defaults.PROMPT_STYLES:
+            raise ValueError(f"gate: prompt_style must be one of {', '.join(defaults.PROMPT_STYLES)}, "
+                             f"got {self.prompt_style!r}")
 
     def statistic(self) -> dict:
         """The definition of D the threshold belongs to: ``{window, k, bin_fraction, convention}``."""

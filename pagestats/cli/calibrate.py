@@ -9,7 +9,7 @@ import sys
 from pagestats import defaults
 from pagestats.calibrate import ModelChoiceError, ThresholdCountError, calibrate
 from pagestats.cli.logs import exclusion_line
-from pagestats.cli.options import MAX_PILOT, MAX_SEED, add_midpoint_tasks, number, policy_from_args
+from pagestats.cli.options import MAX_PILOT, MAX_SEED, add_midpoint_tasks, add_mode, number, policy_from_args
 from pagestats.io import ExclusionError, LogError, load
 from pagestats.io.validation.problems import one_line
 from pagestats.replay.pilot import PILOT_SPLITS
@@ -21,6 +21,7 @@ def add_parser(sub) -> None:
     p.add_argument("logs", nargs="+", metavar="LOGS", help="run directories, parquet/jsonl files or globs")
     p.add_argument("--out", required=True, metavar="FILE", help="the gate file to write (gate.json)")
     p.add_argument("--model", default=None, help="the model to calibrate for (default: the logs' only model; required when they hold several)")
+    add_mode(p)  # the gate records it; a deployment in the other mode is refused (collectors.deploy)
     pol = p.add_mutually_exclusive_group()
     pol.add_argument("--tau", type=number(-1.0, 1.0, name="--tau"), help=f"fixed threshold τ (default: {defaults.TAU})")
     pol.add_argument("--policy", choices=["fixed", "z", "midpoint"], help="gate policy (default: fixed, τ = 0.07)")
@@ -60,7 +61,7 @@ def run(args) -> int:
         print(one_line(f"error: {err}"), file=sys.stderr)
         return 2
     try:
-        logs = load(args.logs)
+        logs = load(args.logs, mode=args.mode)
     except ExclusionError as err:
         print(exclusion_line(err), file=sys.stderr)
         return 2
