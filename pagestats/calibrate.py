@@ -79,6 +79,11 @@ def _prompt_style(manifests: dict) -> str:
     return styles.pop()
 
 
+def _model_source(manifests: dict):
+    sources = {(m.get("model") or {}).get("source") for m in manifests.values()}
+    return sources.pop() if len(sources) == 1 else None
+
+
 def calibrate(logs, policy, *, model: str | None = None, files=None) -> Gate:
     """The gate of ``policy`` on ``logs`` (a :class:`pagestats.io.Logs`), for one model.
 
@@ -153,5 +158,5 @@ def calibrate(logs, policy, *, model: str | None = None, files=None) -> Gate:
     file_paths = files if files is not None else [f.path for f in logs.files]
     return Gate(tau=tau, policy=kinds[type(policy)], model=model, n_layers=_n_layers(manifests), pilot=pilot,
                 logs_sha256=logs_sha256(file_paths), mode=logs.mode,
-                prompt_style=_prompt_style(manifests),
+                prompt_style=_prompt_style(manifests), model_source=_model_source(manifests),
                 created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **statistic)

