@@ -25,13 +25,22 @@ GATE_RULE = '"drop" >= tau'
 SCORE_GATED = "CASE WHEN gate_open THEN score ELSE full_score END"
 N_KEPT_GATED = "CASE WHEN gate_open THEN n_kept ELSE n_tokens END"
 
+
+def with_full(aggregate: str) -> str:
+    """``aggregate`` over a group's rows, or null when any of them lacks the full-KV outcome
+    (``score_full`` null: an imported file without b = 1 rows, docs/IMPORT.md). SQL's aggregates skip
+    nulls, so without this a mean over the known rows would pass for the group's."""
+    return f"CASE WHEN count(score_full) = count(*) THEN {aggregate} END"
+
+
 #: Mean accuracy of each arm over the rows of a group (Table 13).
-ACCURACY = {"acc_full": "avg(score_full)", "acc_plain": "avg(score_plain)", "acc_gated": "avg(score_gated)"}
+ACCURACY = {"acc_full": with_full("avg(score_full)"), "acc_plain": "avg(score_plain)", "acc_gated": "avg(score_gated)"}
 
 
 def harm_count(score: str) -> str:
-    """Harm events of an arm: rows with ``A(b, x) < A(1, x)`` (App. A.7.1, Table 27)."""
-    return f"sum(CAST({score} < score_full AS BIGINT))"
+    """Harm events of an arm: rows with ``A(b, x) < A(1, x)`` (App. A.7.1, Table 27); null for a group
+    with an unknown full-KV outcome (:func:`with_full`)."""
+    return with_full(f"sum(CAST({score} < score_full AS BIGINT))")
 
 
 #: The paired difference of the gate's effect Δ per (input, budget) (Table 2; App. A.7.2).
@@ -41,7 +50,7 @@ PAIRED_DIFFERENCE = "score_gated - score_plain"
 def recovered(score: str) -> str:
     """Per unit: some eviction budget strictly beats the full cache, ``max_b A(b, x) > A(1, x)``
     (ρ's event, §3 Eq. 1), over the unit's rows with b < 1 (``score_full`` is constant in a unit)."""
-    return f"max({score}) > min(score_full)"
+    return with_full(f"max({score}) > min(score_full)")
 
 
 #: Gate-open rows (p_open's numerator; Tables 12, 22).

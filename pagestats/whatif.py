@@ -70,6 +70,9 @@ def _exact_mean(sql: str) -> str:
     """``avg(x)`` summed exactly: the terms as DECIMAL(38, 18) (scores and kept fractions lie in
     [0, 1]), so the sum does not depend on the order DuckDB's threads add them in and a rerun of
     the same what-if is bit-identical (parallel float sums differ in their last bits)."""
+    guarded = re.fullmatch(r"CASE WHEN (.*) THEN (avg\(.*\)) END", sql.strip())
+    if guarded:  # formulas.with_full: the mean, or null when a full-KV outcome is unknown
+        return f"CASE WHEN {guarded.group(1)} THEN {_exact_mean(guarded.group(2))} END"
     inner = re.fullmatch(r"avg\((.*)\)", sql.strip())
     if inner is None:
         raise ValueError(f"not a mean: {sql!r}")
@@ -78,6 +81,11 @@ def _exact_mean(sql: str) -> str:
 
 def _cell(input_draws) -> str:
     return ", ".join([*WHATIF_CELL, *(["draw"] if input_draws == "split" else [])])
+
+
+def _known_sum(column: str) -> str:
+    """The count of true ``column`` over a group, null when any is unknown (formulas.with_full)."""
+    return f"CASE WHEN count({column}) = count(*) THEN sum(CAST({column} AS BIGINT)) END"
 
 
 def _per_draw(draw_columns: list[str], input_draws, tables: dict[str, str] | None = None) -> str:
@@ -117,8 +125,8 @@ def _pooled(source: str, draw_columns: list[str], input_draws) -> str:
     """The per-draw rows of disjoint parts (runs) pooled: counts summed, means weighted by
     ``n_inputs`` (every mean of :func:`_per_draw` is over the cell's rows)."""
     keys = ", ".join([*_cell(input_draws).split(", "), *draw_columns])
-    means = ", ".join(f"CAST(sum(CAST({c} * n_inputs AS DECIMAL(38, 18))) AS DOUBLE) / sum(n_inputs) AS {c}"
-                      for c in _MEANS)
+    means = ", ".join(f"CASE WHEN count({c}) = count(*) THEN CAST(sum(CAST({c} * n_inputs AS DECIMAL(38, 18))) "
+                      f"AS DOUBLE) / sum(n_inputs) END AS {c}" for c in _MEANS)
     return f"SELECT {keys}, sum(n_inputs) AS n_inputs, {means} FROM {source} GROUP BY {keys}"
 
 
@@ -303,7 +311,9 @@ def whatif_summary(table: pl.DataFrame, by=MATRIX_CELL) -> pl.DataFrame:
         raise ValueError("no rows with an eviction budget b < 1 to summarise")
     weight = pl.col("n_inputs").cast(pl.Float64)
     values = [c for c in SUMMARY_COLUMNS if c != "n_inputs"]
-    pooled = rows.group_by(by).agg(*(((pl.col(c) * weight).sum() / weight.sum()).alias(c) for c in values))
+    # a cell with an unknown value (formulas.with_full) leaves its group's pooled value unknown
+    pooled = rows.group_by(by).agg(*(pl.when(pl.col(c).null_count() == 0)
+                                     .then((pl.col(c) * weight).sum() / weight.sum()).alias(c) for c in values))
     input_keys = list(dict.fromkeys([*by, "model", "context_length", "task"]))
     counts = (rows.group_by(input_keys).agg(pl.col("n_inputs").max())
               .group_by(by).agg(pl.col("n_inputs").sum().cast(pl.Int64)))
@@ -399,9 +409,9 @@ def rates_table(
                     {formulas.recovered("score_gated")} AS rec_gated, any_value(gate_open) AS gate_open
                 FROM ({_gated_rows(draw_columns)}) GROUP BY {unit}
             ), inputs AS (SELECT DISTINCT {", ".join(dict.fromkeys([*by, *INPUT_KEY, *draw_columns]))}, gate_open FROM units)
-            SELECT {g}, 'rho_plain' AS metric, sum(CAST(rec_plain AS BIGINT)) AS k, count(*) AS n FROM units GROUP BY {g}
+            SELECT {g}, 'rho_plain' AS metric, {_known_sum("rec_plain")} AS k, count(*) AS n FROM units GROUP BY {g}
             UNION ALL
-            SELECT {g}, 'rho_gated', sum(CAST(rec_gated AS BIGINT)), count(*) FROM units GROUP BY {g}
+            SELECT {g}, 'rho_gated', {_known_sum("rec_gated")}, count(*) FROM units GROUP BY {g}
             UNION ALL
             SELECT {g}, 'p_open', {formulas.OPEN_COUNT}, count(*) FROM inputs GROUP BY {g}
             ORDER BY {g}, metric"""

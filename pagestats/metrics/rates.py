@@ -9,6 +9,7 @@ import polars as pl
 
 from pagestats import defaults, formulas, stats
 from pagestats.columns import TASK_CELL, distinct_rows, input_key, repeats_a_key, require_columns
+from pagestats.metrics.sides import capacity_side, dilution_side
 from pagestats.metrics._frames import (
     _arm,
     _by,
@@ -46,7 +47,9 @@ def recovery_rate(
     units = rows.group_by(_uniq(by, _unit_key(rows))).agg(
         formulas.expr(formulas.recovered(score)).alias("_rec")
     )
-    out = units.group_by(by).agg(pl.col("_rec").sum().cast(pl.Int64).alias("k"), pl.len().cast(pl.Int64).alias("n"))
+    known = pl.col("_rec").null_count() == 0  # a unit with an unknown full-KV outcome leaves k unknown
+    out = units.group_by(by).agg(pl.when(known).then(pl.col("_rec").sum()).cast(pl.Int64).alias("k"),
+                                 pl.len().cast(pl.Int64).alias("n"))
     out = _with_wilson(out.sort(by), "rho", confidence_level)
     return out.with_columns((pl.col("rho") >= threshold).alias("dilution_prone"))
 
@@ -145,9 +148,12 @@ def auc_by_signal(
 ) -> pl.DataFrame:
     """Per-input AUC of capacity-bound vs dilution-prone inputs by a statistic (§3; Tables 5–6).
 
-    Each input (and pair draw) counts once. Classes come from ``task_class``, or from
-    ``capacity_tasks`` (e.g. ``["niah_multikey_3"]``) when given; ``dilution_tasks``
-    restricts the other class (Table 6: NIAH-MK3 vs the pooled dilution-prone tasks).
+    Each input (and pair draw) counts once. The capacity-bound side is the inputs of
+    ``capacity_tasks`` (the paper's: ``["niah_multikey_3"]``, Table 6: "per-input separability
+    of NIAH-MK3 from the pooled dilution-prone tasks") or, when ``None``, of the capacity-bound
+    ``task_class``; the other side is the inputs of ``dilution_tasks`` or, when ``None``, of the
+    dilution-prone ``task_class`` outside the capacity-bound side
+    (:func:`pagestats.metrics.dilution_side`). Inputs on neither side are left out.
     Orientation as :func:`pagestats.stats.auc`: capacity-bound inputs should have the
     LOWER statistic, AUC = Pr[s(dilution) > s(capacity)] + ½·Pr[tie].
 
@@ -157,20 +163,17 @@ def auc_by_signal(
         ``by`` columns, ``auc``, ``low``, ``high`` (DeLong), ``n_capacity``,
         ``n_dilution``, ``p_value`` (two-sided Mann–Whitney test of AUC = 0.5, on the same U:
         :func:`pagestats.stats.auc`); ``auc``, its interval and ``p_value`` are null in a group
-        lacking either class.
+        lacking either side.
     """
     by = _by(frame, by, "auc_by_signal")
     key = input_key(frame)
-    need = [*key, statistic, *([] if capacity_tasks is not None else ["task_class"])]
+    need = [*key, statistic, *([] if capacity_tasks is not None and dilution_tasks is not None else ["task_class"])]
     require_columns(frame, need, "auc_by_signal")
     inputs = frame.select(_uniq(by, need)).unique(subset=_uniq(by, key), keep="first", maintain_order=True)
-    if capacity_tasks is not None:
-        cap = pl.col("task").is_in(list(capacity_tasks))
-    else:
-        cap = pl.col("task_class") == defaults.CAPACITY_BOUND
-    inputs = inputs.with_columns(cap.alias("_cap"))
-    if dilution_tasks is not None:
-        inputs = inputs.filter(pl.col("_cap") | pl.col("task").is_in(list(dilution_tasks)))
+    cap = capacity_side(None if capacity_tasks is None else list(capacity_tasks))
+    dil = (dilution_side(None if capacity_tasks is None else list(capacity_tasks)) if dilution_tasks is None
+           else pl.col("task").is_in(list(dilution_tasks)) & ~cap)
+    inputs = inputs.filter(cap | dil).with_columns(cap.alias("_cap"))
     rows = []
     for part in inputs.sort(by).partition_by(by, maintain_order=True) if inputs.height else []:
         lab = part["_cap"].to_numpy().astype(bool)

@@ -156,7 +156,13 @@ class Replay:
     def decisions(self) -> pl.DataFrame:
         """:func:`pagestats.replay.decide_all`: every input's decision, a held-out pilot included,
         with ``held_out`` marking the inputs that set τ (polars, computed once)."""
-        return self._once("decisions", lambda: decided(self.frames(), self.policy, self.profile, self.dropped()))
+        def make():
+            out = decided(self.frames(), self.policy, self.profile, self.dropped())
+            missing = out.filter(~pl.col("gate_open") & pl.col("full_score").is_null()).group_by("run_id").len()
+            _refuse_unknown_full(missing.sort("run_id").rows())
+            return out
+
+        return self._once("decisions", make)
 
     def _decided(self) -> tuple[list[str], str]:
         """The decisions in SQL (``_decided``: every row of ``drops`` with ``tau``, ``gate_open``,
@@ -173,7 +179,10 @@ class Replay:
             if not self.in_sql:  # Python code: decided by polars, joined back
                 return sql.register_decisions(self._connection(), self.decisions())
             draw_columns, held = self._decided()
-            sql.decide(self._connection(), draw_columns, held)
+            con = self._connection()
+            sql.decide(con, draw_columns, held)
+            _refuse_unknown_full(con.sql("SELECT run_id, count(DISTINCT (task, input_id)) FROM decisions WHERE NOT "
+                                         "gate_open AND full_score IS NULL GROUP BY run_id ORDER BY run_id").fetchall())
             return draw_columns
 
         return self._once("decide", make)
@@ -207,6 +216,21 @@ class Replay:
             taus.group_by(cols).agg(tau.mean()), on=cols, how="left", nulls_equal=True)
         return out.with_columns(pl.lit(bool(getattr(self.policy, "held_out", False))).alias("held_out")).select(
             *PILOT_COLUMNS).sort(cols)
+
+
+class UnknownFullError(ValueError):
+    """A replay whose gate closes on inputs whose full-KV outcome the logs do not hold (Eq. 2 needs it)."""
+
+
+def _refuse_unknown_full(missing: list[tuple[str, int]]) -> None:
+    """Refuse a replay that closes the gate on inputs with no full-KV outcome (an imported file without
+    b = 1 rows records it only for the inputs its own gate closed on; docs/IMPORT.md): one line that says
+    how many inputs of which run lack it."""
+    if missing:
+        runs = "; ".join(f"{n} input{'s' if n != 1 else ''} of {run}" for run, n in missing)
+        raise UnknownFullError(f"the gate closes on {runs} whose full-KV outcome the logs do not record (a release "
+                               "without b = 1 rows has it only where its own gate closed): use a threshold at or "
+                               "below the one the file ran at (manifest imported.sources[].tau_run)")
 
 
 def decide_all(logs, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec()) -> pl.DataFrame:

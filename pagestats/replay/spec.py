@@ -314,8 +314,32 @@ def _pair_jaccard(logs, sub: pl.DataFrame, n_layers: int, model: str, spec: Prof
     return _stack(sub["pair_jaccard"], width).reshape(sub.height, n_layers, width // n_layers)
 
 
+def _imported_drop(sub: pl.DataFrame, model: str, spec: ProfileSpec) -> np.ndarray | None:
+    """The logged D of inputs without per-pair Jaccards (runs imported from a release: docs/IMPORT.md)
+    under the default spec, where it is the release's own D; ``None`` for collected inputs. Any other
+    spec needs what such inputs may lack, and is refused in one line that says what."""
+    missing_pairs = sub["pair_jaccard"].null_count() if "pair_jaccard" in sub.columns else 0
+    missing = sub["agreement"].null_count()
+    if not (missing_pairs or missing):
+        return None
+    if spec == ProfileSpec():
+        return sub["drop"].to_numpy()
+    if spec.k is not None or spec.pairs_fraction is not None:
+        raise ValueError(f"model {model!r}: {max(missing_pairs, missing)} inputs have no per-pair Jaccards or top-k sets (an "
+                         "imported release does not record them), so D cannot be replayed with another k or "
+                         "head-pair subset")
+    if missing:
+        raise ValueError(f"model {model!r}: {missing} inputs have no per-layer agreement profile (an imported "
+                         "release has none for them), so D cannot be replayed over another layer subset, bin "
+                         "fraction or profile statistic")
+    return None
+
+
 def _model_statistic(logs, sub: pl.DataFrame, model: str, spec: ProfileSpec) -> np.ndarray:
     """Statistic for one model's inputs: shape (N,) or (draws, N)."""
+    logged = _imported_drop(sub, model, spec)
+    if logged is not None:
+        return logged
     n_layers = _list_width(sub, "agreement", model)
     layer_idx = resolve_layers(spec, n_layers)
     if spec.k is None and spec.pairs_fraction is None:
