@@ -24,8 +24,9 @@ from pagestats import defaults
 
 #: Version of the ``gate.json`` layout.
 GATE_FORMAT = 1
-#: Calibration policies a gate file can record (``pagestats whatif`` policies with a threshold).
-GATE_POLICIES = ("fixed", "z", "midpoint")
+#: Calibration policies a gate file can record (``pagestats whatif`` policies with a threshold, and
+#: ``"risk"``: τ certified by Learn then Test, :mod:`pagestats.risk`).
+GATE_POLICIES = ("fixed", "z", "midpoint", "risk")
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,8 @@ class Gate:
     tau : float
         The threshold τ.
     policy : str
-        ``"fixed"``, ``"z"`` (τ = μ + θ_z σ, App. A.3.4) or ``"midpoint"`` (Eq. 5).
+        ``"fixed"``, ``"z"`` (τ = μ + θ_z σ, App. A.3.4), ``"midpoint"`` (Eq. 5) or ``"risk"`` (harm at a
+        budget ≤ A with probability ≥ 1 − δ, :func:`pagestats.risk.risk_gate`).
     model : str or None
         The model label of the logs the gate was calibrated on (the manifest's ``model.name``).
     window, k : int
@@ -50,7 +52,9 @@ class Gate:
         L of the calibration model (checked against the deployed model when recorded).
     pilot : dict
         Policy details: ``{"mu", "sigma", "theta", "n"}`` for ``z``; ``{"capacity_mean",
-        "dilution_mean", "n_capacity", "n_dilution", "tasks"}`` for ``midpoint``; the D distribution
+        "dilution_mean", "n_capacity", "n_dilution", "tasks"}`` for ``midpoint``; ``{"harm_bound", "delta",
+        "budget", "evictor", "n", "observed_harm", "certified", "certificate", "calibration_inputs"}`` for
+        ``risk`` (τ is :data:`pagestats.risk.NEVER_OPENS` when nothing was certified); the D distribution
         of the calibration inputs (``"drops"``, for ``pagestats monitor``'s two-sample test) and the
         share of them on which the gate opens (``"p_open"``).
     logs_sha256 : str or None

@@ -8,6 +8,7 @@ import sys
 
 from pagestats import defaults
 from pagestats.calibrate import ModelChoiceError, ThresholdCountError, calibrate
+from pagestats.cli.calibrate_risk import add_risk_options, risk_usage_problem, run_risk
 from pagestats.cli.logs import exclusion_line
 from pagestats.cli.options import MAX_PILOT, MAX_SEED, add_midpoint_tasks, add_mode, number, policy_from_args
 from pagestats.io import ExclusionError, LogError, load
@@ -24,7 +25,9 @@ def add_parser(sub) -> None:
     add_mode(p)  # the gate records it; a deployment in the other mode is refused (collectors.deploy)
     pol = p.add_mutually_exclusive_group()
     pol.add_argument("--tau", type=number(-1.0, 1.0, name="--tau"), help=f"fixed threshold τ (default: {defaults.TAU})")
-    pol.add_argument("--policy", choices=["fixed", "z", "midpoint"], help="gate policy (default: fixed, τ = 0.07)")
+    pol.add_argument("--policy", choices=["fixed", "z", "midpoint", "risk"],
+                     help="gate policy (default: fixed, τ = 0.07); risk: τ certified by Learn then Test on the "
+                     "held-out pilot (harm at --budget ≤ --alpha with probability ≥ 1 − --delta)")
     p.add_argument("--theta", type=number(-1e3, 1e3, name="--theta"), default=None,
                    help=f"θ_z of the z-scored policy (default: {defaults.THETA_Z})")
     add_midpoint_tasks(p)
@@ -34,11 +37,12 @@ def add_parser(sub) -> None:
                    help=f"which inputs form the pilot (default {defaults.PILOT_SPLIT})")
     p.add_argument("--seed", type=number(0, MAX_SEED, integer=True, name="--seed"), default=None,
                    help="seed of the pilot hash (default: 0)")
+    add_risk_options(p)
 
 
 def usage_problem(args) -> str | None:
-    """Nothing beyond the shared checks (the policy is parsed by :func:`run`)."""
-    return None
+    """The risk policy's options go together (the other policies are parsed by :func:`run`)."""
+    return risk_usage_problem(args)
 
 
 def _calibration_error(err: Exception) -> str:
@@ -55,6 +59,8 @@ def _calibration_error(err: Exception) -> str:
 
 def run(args) -> int:
     """Exit 0 with the gate written, 1 on bad logs, 2 on bad usage."""
+    if args.policy == "risk":
+        return run_risk(args)
     try:
         policy = policy_from_args(args)
     except ValueError as err:

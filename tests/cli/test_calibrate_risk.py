@@ -1,0 +1,87 @@
+"""`pagestats calibrate --policy risk` (issue 43): the gate file records what anyone needs to recompute τ,
+and recomputing it from the recorded keys with a brute force (scipy's exact binomial test) gives it again."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import polars as pl
+import pytest
+from scipy.stats import binomtest
+
+from pagestats.cli import main
+from pagestats.risk import NEVER_OPENS
+from pagestats.testing import synthetic_logs
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    s = synthetic_logs(models={"m": (4, 2)}, n_inputs=40, tasks=("niah_multikey_3", "vt", "fwe"),
+                       evictors=("snapkv", "h2o"), budgets=(0.125, 0.5, 1.0), seed=3)
+    root = tmp_path_factory.mktemp("risk")
+    return s, [str(p) for p in s.write(root)]
+
+
+def brute_tau(drops, harmed, a, delta):
+    n, last = len(drops), None
+    for tau in sorted(set(drops), reverse=True):
+        x = sum(1 for d, h in zip(drops, harmed) if d >= tau and h)
+        if binomtest(x, n, a, alternative="less").pvalue > delta:
+            break
+        last = tau
+    return last
+
+
+def test_gate_file_recomputes(runs, tmp_path, capsys):
+    s, paths = runs
+    out = tmp_path / "gate.json"
+    rc = main(["calibrate", *paths, "--policy", "risk", "--alpha", "0.3", "--delta", "0.1", "--budget", "0.125",
+               "--evictor", "snapkv", "--pilot-n", "60", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    gate = json.loads(out.read_text())
+    p = gate["pilot"]
+    assert gate["policy"] == "risk" and (p["harm_bound"], p["delta"], p["budget"], p["evictor"]) == (0.3, 0.1, 0.125, "snapkv")
+    keys = pl.DataFrame(p["calibration_inputs"], schema=["run_id", "task", "input_id"], orient="row")
+    assert keys.height == p["n"] == 60 and keys.unique().height == 60
+    # labels read here from the synthetic frames, not through pagestats.risk
+    rows = keys.join(s.inputs.select("run_id", "task", "input_id", "drop", "full_score"), on=["run_id", "task", "input_id"])
+    rows = rows.join(s.outcomes.filter((pl.col("evictor") == "snapkv") & (pl.col("budget") == 0.125))
+                     .select("run_id", "task", "input_id", "score"), on=["run_id", "task", "input_id"])
+    harmed = (rows["score"] < rows["full_score"]).to_list()
+    tau = brute_tau(rows["drop"].to_list(), harmed, 0.3, 0.1)
+    assert tau is not None and gate["tau"] == tau and p["certified"]
+    x = sum(1 for d, h in zip(rows["drop"], harmed) if d >= tau and h)
+    assert p["observed_harm"] == x / 60
+    assert "τ = " in err and "risk" in err
+
+
+def test_nothing_certified_never_opens(runs, tmp_path, capsys):
+    _, paths = runs
+    out = tmp_path / "gate.json"
+    rc = main(["calibrate", *paths, "--policy", "risk", "--alpha", "0.001", "--delta", "0.05", "--budget", "0.125",
+               "--evictor", "snapkv", "--pilot-n", "20", "--out", str(out)])
+    err = capsys.readouterr().err
+    gate = json.loads(out.read_text())
+    assert rc == 0 and gate["tau"] == NEVER_OPENS and gate["pilot"]["certified"] is False
+    assert "never opens" in err and "no τ certified" in err
+
+
+@pytest.mark.parametrize("argv,text", [
+    (["--alpha", "0.1"], "--alpha applies to --policy risk"),
+    (["--policy", "risk", "--alpha", "0.1", "--delta", "0.1"], "needs --budget"),
+    (["--policy", "risk", "--alpha", "0", "--delta", "0.1", "--budget", "0.125"], "--alpha 0.0 is not in (0, 1)"),
+    (["--policy", "risk", "--alpha", "0.1", "--delta", "0.1", "--budget", "0.125"], "choose one with --evictor"),
+    (["--policy", "risk", "--alpha", "0.1", "--delta", "0.1", "--budget", "0.25", "--evictor", "snapkv"],
+     "not an eviction budget"),
+    (["--policy", "risk", "--alpha", "0.1", "--delta", "0.1", "--budget", "0.125", "--evictor", "snapkv",
+      "--pilot-split", "first"], "--pilot-split must be held-out"),
+])
+def test_bad_usage_is_one_line_exit_2(runs, tmp_path, capsys, argv, text):
+    _, paths = runs
+    out = tmp_path / "gate.json"
+    rc = main(["calibrate", *paths, *argv, "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and text in err and err.count("\n") == 1, err
+    assert not out.exists()
