@@ -97,7 +97,7 @@ def read_records(path: str) -> Records:
     try:
         with open(path, "rb") as fh:
             relation = con.read_json(fh, format="newline_delimited", sample_size=-1)
-            if "json" in [str(t) for t in relation.types] and len(relation.columns) == 1:
+            if [str(t).upper() for t in relation.types] == ["JSON"]:  # some line is not an object
                 raise RecordError(path, _diagnose(path, raw))
             frame = pl.from_arrow(relation.to_arrow_table())
     except duckdb.InvalidInputException:
