@@ -100,6 +100,18 @@ def decode_warnings(files, manifests) -> list[str]:
     return limit_warnings(decode_profile(files, arms=False), decode_limits(manifests))
 
 
+def folded_warnings(lines: list[str], logs) -> list[str]:
+    """The decode-limit warnings of ``whatif`` and ``report``: one as it is; several folded into one
+    line that counts them and names the ``pagestats validate`` command that lists each (the shipped
+    data/ holds five such cells: RULER's own decode limits, kept in the ``*-ruler-limits`` runs)."""
+    if len(lines) < 2:
+        return lines
+    named = " ".join(shlex.quote(str(a)) for a in logs or ())
+    command = f"`pagestats validate {named}`" if named and len(named) <= 60 else "`pagestats validate` on the same LOGS"
+    return [f"warning: {len(lines)} (run, task) cells hold full-KV answers the decode limit may have cut, so their "
+            f"outcomes may measure the limit, not eviction; {command} lists them"]
+
+
 def strict_failure(limit_lines: list[str]) -> str:
     """The error line of ``--strict`` when answers the decode limit may have cut were found (exit 1)."""
     return one_line(f"error: --strict: {len(limit_lines)} (run, task) cells with answers the decode limit may "

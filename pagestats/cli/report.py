@@ -7,7 +7,7 @@ import os
 import sys
 
 from pagestats import defaults, replay
-from pagestats.cli.logs import decode_warnings, open_for, print_lines, strict_failure
+from pagestats.cli.logs import decode_warnings, folded_warnings, open_for, print_lines, strict_failure
 from pagestats.cli.options import MAX_SEED, add_logs, add_policy, database_problem, number, policy_from_args
 from pagestats.cli.prereg import band_problem
 from pagestats.io.logs import categorical_names
@@ -70,7 +70,7 @@ def run(args) -> int:
     from pagestats.report.context import HeadlineEvictorError, first_draw
 
     limit_lines = decode_warnings(logs.files, logs.manifests)
-    for line in limit_lines:
+    for line in folded_warnings(limit_lines, args.logs):
         print(one_line(line), file=sys.stderr)
     if args.strict and limit_lines:
         print(strict_failure(limit_lines), file=sys.stderr)

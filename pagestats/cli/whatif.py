@@ -12,7 +12,8 @@ import sys
 import polars as pl
 
 from pagestats import defaults
-from pagestats.cli.logs import decode_warnings, open_for, strict_failure
+from pagestats.cli.logs import decode_warnings, folded_warnings, open_for, strict_failure
+from pagestats.cli.text import COLUMN_HELP, WIDTH, summary_text
 from pagestats.cli.options import (
     MAX_DRAWS,
     MAX_K,
@@ -34,7 +35,9 @@ from pagestats.replay import RECALIBRATE_MODES
 
 def add_parser(sub) -> None:
     """The ``pagestats whatif`` subparser."""
-    p = sub.add_parser("whatif", help="replay the gate under a policy and print the per-cell table")
+    p = sub.add_parser("whatif", help="replay the gate under a policy and print the per-cell table",
+                       description="Replay the gate under a policy and print, per (model, context), the "
+                       "summary of --by: " + COLUMN_HELP)
     add_logs(p)
     add_policy(p)
     p.add_argument("--recalibrate", choices=list(RECALIBRATE_MODES), default="none",
@@ -64,6 +67,8 @@ def add_parser(sub) -> None:
     p.add_argument("--task", default=None, metavar="T1,T2", help="show only these tasks (default: all)")
     p.add_argument("--context", default=None, metavar="N1,N2",
                    help="show only these context lengths (default: all); the replay still sees every input")
+    p.add_argument("--wide", action="store_true",
+                   help=f"print every name whole (default: the table fits {WIDTH} columns, long names shortened)")
     p.add_argument("-o", "--output", default=None, metavar="FILE",
                    help="also write the per-cell table to FILE: .csv, .parquet or .json (default: none)")
 
@@ -126,7 +131,7 @@ def run(args) -> int:
         print(one_line(f"error: {err}"), file=sys.stderr)
         return 2
     limit_lines = decode_warnings(logs.files, logs.manifests)
-    for line in [*excluded, *pilot_lines(pilot), *warnings, *limit_lines]:
+    for line in [*excluded, *pilot_lines(pilot), *warnings, *folded_warnings(limit_lines, args.logs)]:
         print(one_line(line), file=sys.stderr)
     if args.strict and limit_lines:
         print(strict_failure(limit_lines), file=sys.stderr)
@@ -136,33 +141,30 @@ def run(args) -> int:
     if args.format == "csv":
         sys.stdout.write(csv_frame(table).write_csv(float_precision=None))
     else:
-        print(_summary_text(summary))
+        print(summary_text(summary, width=None if args.wide else WIDTH))
     return 0
 
 
 def pilot_lines(pilot: pl.DataFrame) -> list[str]:
-    """Stderr lines of a calibration pilot (:func:`pagestats.replay.pilot_composition`): the τ it
-    set and its inputs per task, per context and per run, per pilot group."""
+    """Stderr lines of a calibration pilot (:func:`pagestats.replay.pilot_composition`): per τ, the
+    (model, context) it gates, its value and its pilot's inputs per task and per run. One line per
+    (model, context) where each context has its own τ (the midpoint recipe, Eq. 5), one per model
+    where its contexts share one (the z-scored pilot, App. A.3.4)."""
     if pilot.height == 0:
         return []
     lines = []
     for (model,), part in pilot.group_by(["model"], maintain_order=True):
-        taus = ", ".join(f"{t:.6g}" for t in part["tau"].unique(maintain_order=True).to_list())
-        held = "held out of the evaluation" if part["held_out"].any() else "evaluated with the rest"
-        lines.append(f"pilot {model}: τ = {taus}; {int(part['n_pilot'].sum())} inputs, {held}")
-        for col in ("task", "context_length", "run_id"):
-            counts = part.group_by(col).agg(pl.col("n_pilot").sum()).sort(col)
-            lines.append(f"pilot {model} by {col}: " + ", ".join(f"{k}={n}" for k, n in counts.iter_rows()))
+        taus = part.group_by("context_length", maintain_order=True).agg(pl.col("tau").unique()).sort("context_length")
+        shared = taus["tau"].list.len().max() == 1 and taus["tau"].list.first().n_unique() == 1
+        groups = [(part, ", ".join(f"{c:,}" for c in taus["context_length"]))] if shared else [
+            (part.filter(pl.col("context_length") == c), f"{c:,}") for c in taus["context_length"]]
+        for rows, contexts in groups:
+            value = ", ".join(f"{t:.6g}" for t in rows["tau"].unique(maintain_order=True).to_list())
+            label = f"context {contexts} tokens" + (" pooled" if shared and taus.height > 1 else "")
+            held = "held out of the evaluation" if rows["held_out"].any() else "evaluated with the rest"
+            by_task = rows.group_by("task").agg(pl.col("n_pilot").sum()).sort("task")
+            lines.append(f"pilot {model}, {label}: τ = {value}; {int(rows['n_pilot'].sum())} inputs of "
+                         f"{rows['run_id'].n_unique()} run(s) (by task: "
+                         + ", ".join(f"{k}={n}" for k, n in by_task.iter_rows()) + f"), {held}")
     return lines
 
-
-def _summary_text(summary: pl.DataFrame) -> str:
-    """The ``whatif`` summary as a compact text table, with one line saying what it shows."""
-    body = csv_frame(summary.with_columns(pl.col(pl.Float64).round(3)))  # names escaped for the terminal
-    # the full names (a kvpress evictor with its parameters is long): no truncation, no wrapping
-    with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=-1, fmt_str_lengths=1000, tbl_hide_dataframe_shape=True,
-                   tbl_hide_column_data_types=True, tbl_formatting="ASCII_MARKDOWN", float_precision=3):
-        text = str(body)
-    scope = "every budget" if "budget" in summary.columns else "budgets b < 1"
-    return (f"{text}\nmean over inputs and {scope} per {', '.join(summary.columns[:summary.columns.index('n_inputs')])}; "
-            "the per-cell table: --format csv or -o FILE")

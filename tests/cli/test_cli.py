@@ -131,27 +131,58 @@ def test_whatif_prints_the_summary_by_default(two_runs, capsys):
     rc, out, err = _run(["whatif", *two_runs, "--tau", "0.05"], capsys)
     assert rc == 0
     lines = out.splitlines()
-    assert lines[0].split("|")[1].strip() == "model" and "delta" in lines[0] and "budget" not in lines[0]
-    assert len([ln for ln in lines if ln.startswith("| m-")]) == 8  # one row per model × context × evictor
-    assert max(map(len, lines)) < 160
+    # one block per (model, context) under its heading, one row per evictor
+    headings = [ln for ln in lines if ln.startswith("m-")]
+    assert headings == [f"{m}, context {c:,} tokens" for m in ("m-a", "m-b") for c in (4096, 8192)]
+    assert len([ln for ln in lines if ln.split(" ")[0] in ("snapkv", "h2o")]) == 8
+    assert lines[1].split() == ["acc", "%", "acc", "%", "Δ", "harm", "%", "harm", "%", "open", "kept"]
+    assert lines[2].split() == ["evictor", "n", "plain", "gated", "pp", "plain", "gated", "%", "KV", "%"]
+    assert max(map(len, lines)) <= 100
     rc, out, _ = _run(["whatif", *two_runs, "--by", "evictor,task", "--evictor", "h2o"], capsys)
-    assert rc == 0 and len([ln for ln in out.splitlines() if ln.startswith("| h2o")]) == 3
+    assert rc == 0 and len([ln for ln in out.splitlines() if ln.startswith("h2o ")]) == 3
 
 
-def test_whatif_summary_prints_long_evictor_names_whole(tmp_path, capsys):
-    """A kvpress evictor with its parameters is longer than polars' default 32 characters: the
-    summary prints it whole, on one line (no "..." and no wrapped cell)."""
+def test_whatif_table_in_percent_and_pp(two_runs, capsys):
+    """The table shows rates in % and Δ in pp, as the report does: each number is the summary's
+    value × 100 (the csv's fraction), Δ with its sign; the legend says so and --help names every column."""
+    rc, out, _ = _run(["whatif", two_runs[0], "--tau", "0.05", "--context", "4096", "--evictor", "h2o"], capsys)
+    assert rc == 0
+    row = next(ln for ln in out.splitlines() if ln.startswith("h2o ")).split()
+    logs = load([two_runs[0]])
+    ref = whatif_summary(whatif_table(logs, FixedTau(0.05))).filter(
+        (pl.col("context_length") == 4096) & (pl.col("evictor") == "h2o")).row(0, named=True)
+    assert int(row[1]) == ref["n_inputs"]
+    shown = dict(zip(["acc_plain", "acc_gated", "delta", "harm_plain", "harm_gated", "p_open", "kept_kv"],
+                     row[2:]))
+    for name, text in shown.items():
+        assert float(text) == pytest.approx(ref[name] * 100, abs=0.05), name
+    assert shown["delta"][0] in "+-"
+    assert "in %, Δ in percentage points (pp)" in out
+    helped = subprocess.run([sys.executable, "-m", "pagestats", "whatif", "--help"], capture_output=True, text=True,
+                            cwd=ROOT).stdout
+    for word in ("acc % plain / gated", "Δ pp", "harm %", "open %", "kept KV %", "--wide"):
+        assert word in " ".join(helped.split()), word
+
+
+def test_whatif_summary_fits_100_columns_and_wide_prints_long_names_whole(tmp_path, capsys):
+    """A kvpress evictor with its parameters and a long model name: by default the table fits 100
+    columns, the name shortened in the middle and the table saying so; --wide prints it whole."""
     from pagestats.testing import synthetic_logs
 
-    name = "kvpress:ObservedAttentionPress:window_size=32"
+    name = "kvpress:ObservedAttentionPress:window_size=32:compression_ratio=0.5"
     s = synthetic_logs(models={"m": (4, 2)}, n_inputs=4, tasks=("niah_multikey_3", "vt"), evictors=("snapkv", name),
                        budgets=(0.5, 1.0), with_topk=False, with_text=False)
     runs = [str(p) for p in s.write(tmp_path / "logs")]
-    rc, out, _ = _run(["whatif", *runs], capsys)
+    rc, out, _ = _run(["whatif", *runs, "--by", "evictor,task"], capsys)
     assert rc == 0
-    rows = [ln for ln in out.splitlines() if ln.startswith("| m ")]
-    assert len(rows) == 2 and any(f"| {name} " in ln for ln in rows)
-    assert "..." not in out
+    assert max(map(len, out.splitlines())) <= 100
+    rows = [ln for ln in out.splitlines() if ln.startswith("kvpress:")]
+    assert len(rows) == 2 and all("…" in ln and name not in ln for ln in rows)
+    assert "--wide prints them whole" in out
+    rc, out, _ = _run(["whatif", *runs, "--by", "evictor,task", "--wide"], capsys)
+    rows = [ln for ln in out.splitlines() if ln.startswith("kvpress:")]
+    assert rc == 0 and len(rows) == 2 and all(ln.startswith(name + " ") for ln in rows)
+    assert "…" not in out and "..." not in out
 
 
 @pytest.mark.parametrize("argv, needle", [
@@ -184,7 +215,7 @@ def test_whatif_filters_and_output_files(two_runs, capsys, tmp_path):
         path = tmp_path / f"w.{ext}"
         rc, out, err = _run(["whatif", *two_runs, "-o", str(path)], capsys)
         assert rc == 0 and f"wrote {full.height} rows × 15 columns to {path}" in err
-        assert "| model" in out  # the summary still goes to stdout
+        assert "m-a, context 4,096 tokens" in out  # the summary still goes to stdout
         written[ext] = {"csv": pl.read_csv, "parquet": pl.read_parquet, "json": pl.read_json}[ext](path)
     for ext, frame in written.items():
         assert frame.columns == list(WHATIF_COLUMNS), ext
@@ -333,3 +364,34 @@ def test_out_of_memory_is_one_line_exit_3(tmp_path, capsys):
     assert main(["whatif", str(run), "--memory-limit", "1MB", "--format", "csv"]) == 3
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: out of memory (") and "--memory-limit" in err[0]
+
+
+def test_decode_limit_warnings_fold_into_one_line_naming_validate():
+    from pagestats.cli.logs import folded_warnings
+
+    one = ["warning: run/vt: 3 of 5 full-KV answers stopped at the 64-token decode limit"]
+    assert folded_warnings(one, ["run"]) == one
+    many = [*one, "warning: run/fwe: 2 of 5 ...", "warning: other/vt: 4 of 5 ..."]
+    folded = folded_warnings(many, ["run", "other"])
+    assert len(folded) == 1 and folded[0].startswith("warning: 3 (run, task) cells")
+    assert "`pagestats validate run other` lists them" in folded[0]
+    long_names = [f"data/a-very-long-run-directory-name-{i}/" for i in range(4)]
+    assert "`pagestats validate` on the same LOGS lists them" in folded_warnings(many, long_names)[0]
+
+
+def test_whatif_on_shipped_runs_folds_their_warnings_and_validate_lists_them():
+    """Two shipped runs whose full-KV answers the decode limit cut: whatif prints one warning line that
+    names the validate command; that command prints both warnings."""
+    runs = [str(ROOT / "data" / r) for r in ("smollm2-512-vt-ruler-limits", "smollm2-512-fwe-ruler-limits")]
+    if not all(Path(r, "manifest.json").is_file() for r in runs):
+        pytest.skip("the shipped runs are not in data/")
+    env_cmd = [sys.executable, "-m", "pagestats"]
+    out = subprocess.run([*env_cmd, "whatif", *runs], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    warnings = [ln for ln in out.stderr.splitlines() if ln.startswith("warning:") and "decode limit" in ln]
+    assert len(warnings) == 1 and warnings[0].startswith("warning: 2 (run, task) cells")
+    assert "`pagestats validate` on the same LOGS lists them" in warnings[0]
+    listed = subprocess.run([*env_cmd, "validate", *runs], capture_output=True, text=True, cwd=ROOT)
+    assert listed.returncode == 0
+    listed = [ln for ln in listed.stderr.splitlines() if ln.startswith("warning:")]
+    assert len(listed) == 2 and all("decode limit" in ln for ln in listed)
