@@ -395,3 +395,26 @@ def test_whatif_on_shipped_runs_folds_their_warnings_and_validate_lists_them():
     assert listed.returncode == 0
     listed = [ln for ln in listed.stderr.splitlines() if ln.startswith("warning:")]
     assert len(listed) == 2 and all("decode limit" in ln for ln in listed)
+
+
+def test_calibrated_tau_is_labelled_with_its_model_and_context(tmp_path, capsys):
+    """--policy midpoint sets one τ per (model, context) (Eq. 5): one stderr line each, naming its
+    context, with τ = (mean D of the 20 NIAH-MK3 + mean D of the 20 VT inputs) / 2 computed here;
+    the z-scored pilot sets one τ per model: one line naming the contexts it pools."""
+    from pagestats.testing import synthetic_logs
+
+    s = synthetic_logs(models={"m": (6, 4)}, n_inputs=20, tasks=("niah_multikey_3", "vt"), evictors=("snapkv",),
+                       context_lengths=(4096, 8192), budgets=(0.5, 1.0), with_topk=False, with_text=False, seed=5)
+    runs = [str(p) for p in s.write(tmp_path / "logs")]
+    inputs = load(runs).inputs
+    rc, _, err = _run(["whatif", *runs, "--policy", "midpoint"], capsys)
+    assert rc == 0
+    lines = [ln for ln in err.splitlines() if ln.startswith("pilot ")]
+    assert len(lines) == 2
+    for line, context in zip(lines, (4096, 8192)):
+        d = inputs.filter(pl.col("context_length") == context).group_by("task").agg(pl.col("drop").mean())
+        tau = d["drop"].sum() / 2
+        assert line.startswith(f"pilot m, context {context:,} tokens: τ = {tau:.6g};"), line
+    rc, _, err = _run(["whatif", *runs, "--policy", "z", "--pilot-n", "10"], capsys)
+    lines = [ln for ln in err.splitlines() if ln.startswith("pilot ")]
+    assert rc == 0 and len(lines) == 1 and lines[0].startswith("pilot m, context 4,096, 8,192 tokens pooled: τ = ")
