@@ -25,6 +25,14 @@ Drift warnings, one line per kind (:data:`DRIFT_KINDS`):
   differ beyond the sampling noise of both samples (a small deployment sample does not warn on its
   noise alone, which a bound around the calibration estimate alone would);
 * ``drop`` — the KS p-value is below α (:data:`ALPHA`, ``--alpha``).
+
+These two fixed-sample checks hold their level at one look; a deployment checked again and again
+raises false alarms far above α. ``sequential=True`` (``pagestats monitor --sequential``) replaces
+them with the anytime-valid tests of :func:`pagestats.stats.sequential.sequential_drift` over the
+inputs in the order they were gated (``input_id``): a confidence sequence for p_open against the
+calibration's interval and conformal test martingales of D against the calibration D, with
+P(any false alarm, over every look at a growing log) ≤ α. Each warning names the input at which
+the drift was first detected.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from pagestats.gatefile import Gate
 
 if TYPE_CHECKING:  # statsmodels and SciPy are imported by monitor() only: the CLI's other commands never load them
     from pagestats.stats import Interval
+    from pagestats.stats.sequential import SequentialResult
 
 __all__ = ["ALPHA", "DRIFT_KINDS", "MonitorReport", "monitor", "only_deployments", "table_text"]
 
@@ -79,6 +88,8 @@ class MonitorReport:
     alpha: float
     warnings: list[str] = field(default_factory=list)
     drift: list[str] = field(default_factory=list)
+    sequential: "SequentialResult | None" = None
+    first_detected: dict = field(default_factory=dict)
 
     @property
     def n_decided(self) -> int:
@@ -102,6 +113,9 @@ class MonitorReport:
             "ks": {"statistic": self.ks_statistic, "pvalue": self.ks_pvalue, "n_deployment": self.n_decided,
                    "n_calibration": self.n_calibration, "alpha": self.alpha, "test": "scipy.stats.ks_2samp, two-sided"},
             "drift": list(self.drift), "warnings": list(self.warnings),
+            **({} if self.sequential is None else {"sequential": {
+                **{k: _number(v) if isinstance(v, float) else v for k, v in self.sequential.to_dict().items()},
+                "first_detected_input_id": dict(self.first_detected)}}),
         }
 
 
@@ -120,7 +134,8 @@ def _interval_text(i: Interval) -> str:
     return f"{i.estimate:.3f} [{i.low:.3f}, {i.high:.3f}] ({int(i.k)} of {int(i.n)})"
 
 
-def monitor(run, gate, *, alpha: float = ALPHA, gate_file: str | None = None) -> MonitorReport:
+def monitor(run, gate, *, alpha: float = ALPHA, gate_file: str | None = None, sequential: bool = False,
+            seed: int = 0) -> MonitorReport:
     """Compare the deployment run ``run`` with the gate it was calibrated as (module docstring).
 
     Parameters
@@ -133,6 +148,11 @@ def monitor(run, gate, *, alpha: float = ALPHA, gate_file: str | None = None) ->
         Level of the KS test, in (0, 1).
     gate_file : str, optional
         The gate file's path, for the report (default: ``gate`` when it is a path).
+    sequential : bool
+        The p_open and D warnings from the anytime-valid tests (module docstring) instead of the
+        fixed-sample ones; α is then the probability of any false alarm over all looks.
+    seed : int
+        Seed of the conformal p-values' tie-breaking uniforms (``sequential`` only).
 
     Returns
     -------
@@ -196,19 +216,44 @@ def monitor(run, gate, *, alpha: float = ALPHA, gate_file: str | None = None) ->
         drift.append("tau")
         warnings.append(f"warning: drift tau: the deployment gated with τ = {tau!r}, the gate file's τ is "
                         f"{float(gate.tau)!r} ({gate.policy}); p_open is compared at the τ in use")
-    if p_open.defined and not _overlap(p_open, p_cal):
+    seq, first = None, {}
+    if sequential:
+        from pagestats.stats.sequential import sequential_drift
+
+        ordered = decided.sort("input_id")
+        seq = sequential_drift(cal, ordered["drop"].to_numpy().astype(np.float64), ordered["gate_open"].to_numpy(),
+                               tau, alpha=float(alpha), rng=np.random.default_rng(seed))
+        ids = ordered["input_id"].to_list()
+        first = {kind: int(ids[i]) for kind, i in (("p_open", seq.p_open_alarm), ("drop", seq.drop_alarm)) if i is not None}
+        if "p_open" in first:
+            drift.append("p_open")
+            warnings.append(f"warning: drift p_open (sequential): first detected at input {first['p_open']} "
+                            f"(after {seq.p_open_alarm + 1} inputs decided by D): the confidence sequence for the deployed "
+                            f"p_open left the calibration's interval [{seq.calibration_low:.3f}, "
+                            f"{seq.calibration_high:.3f}] at τ = {tau!r}; now {seq.p_open:.3f} "
+                            f"[{seq.p_open_low:.3f}, {seq.p_open_high:.3f}] over {seq.n} inputs "
+                            f"(any-look false-alarm probability ≤ α = {float(alpha):g})")
+        if "drop" in first:
+            drift.append("drop")
+            side = "larger" if seq.drop_direction == "up" else "smaller"
+            warnings.append(f"warning: drift drop (sequential): first detected at input {first['drop']} (after "
+                            f"{seq.drop_alarm + 1} inputs decided by D): the deployed D runs {side} than the calibration D "
+                            f"(conformal test martingale past 4/α; {seq.n} deployed vs {seq.n_calibration} "
+                            f"calibration inputs): τ may no longer sit where it was calibrated (App. A.3.4)")
+    elif p_open.defined and not _overlap(p_open, p_cal):
         level = round(100 * p_open.confidence_level)
         drift.append("p_open")
         warnings.append(f"warning: drift p_open: the gate opened on {_interval_text(p_open)} of the deployed inputs, "
                         f"on {_interval_text(p_cal)} of the calibration inputs at τ = {tau!r}; the {level} % Wilson "
                         f"intervals do not overlap (realized compression {1.0 / kept:.3g}×)")
-    if ks is not None and float(ks.pvalue) < float(alpha):
+    if not sequential and ks is not None and float(ks.pvalue) < float(alpha):
         drift.append("drop")
         warnings.append(f"warning: drift drop: the deployed D is not distributed as the calibration D (two-sample KS "
                         f"statistic {float(ks.statistic):.3f}, p = {float(ks.pvalue):.3g} < α = {float(alpha):g}; "
                         f"{len(drops)} deployed vs {len(cal)} calibration inputs, median D {np.median(drops):.4f} vs "
                         f"{np.median(cal):.4f}): τ may no longer sit where it was calibrated (App. A.3.4)")
-    return MonitorReport(**report, warnings=[terminal(w) for w in warnings], drift=drift)
+    return MonitorReport(**report, warnings=[terminal(w) for w in warnings], drift=drift, sequential=seq,
+                         first_detected=first)
 
 
 def table_text(report: MonitorReport) -> str:
@@ -228,6 +273,14 @@ def table_text(report: MonitorReport) -> str:
         ("D vs calibration", ks),
         ("drift", ", ".join(report.drift) or "none"),
     ]
+    if report.sequential is not None:
+        s = report.sequential
+        found = ", ".join(f"{k} at input {v}" for k, v in report.first_detected.items()) or "none"
+        rows[-1:-1] = [("sequential p_open", f"{s.p_open:.3f}, confidence sequence [{s.p_open_low:.3f}, "
+                        f"{s.p_open_high:.3f}] vs calibration [{s.calibration_low:.3f}, {s.calibration_high:.3f}]"),
+                       ("sequential D", f"max log martingale up {s.max_log_martingale_up:.2f}, down "
+                        f"{s.max_log_martingale_down:.2f} (alarm at {np.log(4 / s.alpha):.2f})"),
+                       ("first detected", f"{found} (any-look false-alarm probability ≤ α = {s.alpha:g})")]
     width = max(len(name) for name, _ in rows)
     return "\n".join(terminal(f"{name:<{width}}  {value}") for name, value in rows)
 

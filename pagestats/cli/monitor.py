@@ -26,10 +26,18 @@ def add_parser(sub) -> None:
                    help="level of the two-sample KS test of D against the calibration D, in (0, 1)")
     p.add_argument("--format", choices=["table", "json"], default="table", help="output on stdout")
     p.add_argument("--strict", action="store_true", help="exit 1 when a drift warning is printed (default: exit 0)")
+    p.add_argument("--sequential", action="store_true",
+                   help="anytime-valid drift tests (a confidence sequence for p_open, conformal test martingales of D): "
+                   "P(any false alarm over every look at a growing log) <= --alpha; each drift names the input it was "
+                   "first detected at")
+    p.add_argument("--seed", type=number(0, 2**63 - 1, integer=True, name="--seed"), default=None,
+                   help="seed of the sequential test's tie-breaking uniforms (with --sequential; default 0)")
 
 
 def usage_problem(args) -> str | None:
-    """Nothing beyond the shared checks (:func:`run` checks ``--alpha`` and DIR)."""
+    """``--seed`` without ``--sequential`` (:func:`run` checks ``--alpha`` and DIR)."""
+    if args.seed is not None and not args.sequential:
+        return "--seed applies to --sequential"
     return None
 
 
@@ -62,7 +70,8 @@ def run(args) -> int:
         print(one_line(f"error: {err}"), file=sys.stderr)
         return 2
     try:
-        report = monitor(path, gate, alpha=args.alpha, gate_file=args.gate)
+        report = monitor(path, gate, alpha=args.alpha, gate_file=args.gate, sequential=args.sequential,
+                         seed=int(args.seed or 0))
     except LogError as err:
         print(one_line(_bad_deployment_line(err, path)), file=sys.stderr)
         return 1
