@@ -41,6 +41,7 @@ import pagestats
 from pagestats import defaults
 from pagestats.columns import names_like
 from pagestats.replay import ZScored, pilot_composition
+from pagestats.report.conformance import conformance
 from pagestats.report.context import Context, Entry, needs_inputs
 from pagestats.report.headline import headline, headline_sentences
 from pagestats.report.html import index_markdown, write_index_html
@@ -270,6 +271,8 @@ def _build_into(logs, out, *, policy=None, profile=None, entries: Sequence[Entry
         "not_reproduced": [{"source": k, "reason": v} for k, v in NOT_REPRODUCED.items()],
         "headline": lead.to_dicts(),
         "headline_sentences": sentences,
+        # the paper's printed values beside ours (tables/conformance.csv; issue 40 §2)
+        "conformance": conformance(ctx, out) if logs.outcomes.height else None,
     }
     (out / "index.json").write_text(json.dumps(index, indent=2, default=str) + "\n")
     path = out / "index.md"

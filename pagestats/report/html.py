@@ -20,6 +20,7 @@ from pathlib import Path
 import polars as pl
 
 from pagestats.escape import markdown as md
+from pagestats.report.conformance import conformance_html, conformance_markdown
 from pagestats.report.glossary import glossary, header
 from pagestats.report.paper import PAPER_VALUES
 
@@ -186,8 +187,10 @@ def write_index_html(index: dict, out) -> str:
         parts.append(_html_table([h for _, h in shown], table_rows, {"model", "evictor"},  # every row, no inner scroll
                                  css_class="headline"))
         parts.append(f'<p class="caption">{html.escape(HEADLINE_CAPTION)} Sources: {html.escape(paper_sources())}.</p>')
+    parts.append(conformance_html(index.get("conformance")))
     parts.append("<nav><ul>" + "".join(f'<li><a href="#{o["name"]}">{html.escape(o["source"])} — '
                                        f'{html.escape(o["name"])}</a></li>' for o in figures + tables)
+                 + ('<li><a href="#conformance">Conformance with the paper</a></li>' if index.get("conformance") else "")
                  + '<li><a href="#skipped">Not produced</a></li><li><a href="#appendix">Appendix</a></li></ul></nav>')
     parts.append('<h2 id="figures">Figures</h2>')
     for o in figures:
@@ -274,6 +277,7 @@ def index_markdown(index: dict, out) -> str:
                   "|" + "---|" * len(HEADLINE_SHOWN)]
         lines += ["| " + " | ".join(md(r[c]) for c, _ in HEADLINE_SHOWN) + " |" for r in [*rows, paper_row()]]
         lines += ["", md(f"{HEADLINE_CAPTION} Sources: {paper_sources()}.")]
+    lines += ["", *conformance_markdown(index.get("conformance"))]
     lines += ["", "## Figures", ""]
     for o in (o for o in index["outputs"] if o["kind"] == "figure" and not o["skipped"]):
         lines += [f"### {o['source']} ({o['name']})", "", md(o["caption"]), ""]

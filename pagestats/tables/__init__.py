@@ -60,6 +60,7 @@ from pagestats.tables.partition import (
 from pagestats.tables.ablation import auc_table, signal_ablation_table
 from pagestats.tables.calibration import calibration_table, tau_variants_table
 from pagestats.tables.pilot import pilot_sensitivity_table
+from pagestats.tables.conformance import conformance_table, paper_values
 from pagestats.tables.subsampling import head_pair_table, k_sweep_table, layer_subset_table
 
 __all__ = [
@@ -71,7 +72,7 @@ __all__ = [
     "best_evictor_table", "cross_cell_table", "compression_table", "batching_table", "bootstrap_table",
     "draw_replicates_table", "auc_table", "signal_ablation_table", "tau_variants_table", "calibration_table", "head_pair_table", "k_sweep_table",
     "layer_subset_table", "pilot_sensitivity_table",
-    "MULTIKEY_TASKS",
+    "MULTIKEY_TASKS", "conformance_table", "paper_values",
 ]  # fmt: skip
 
 _WILSON = f"Wilson {defaults.CONFIDENCE_LEVEL:.0%} intervals."
