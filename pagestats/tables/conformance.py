@@ -303,9 +303,10 @@ def _frontier(sel: pl.DataFrame) -> tuple[float, float]:
     the gated arm's at each b < 1. The crossover is the smallest gated kept KV from which on no
     gated point falls below the frontier (NaN when the last one does)."""
     sel = _need(sel, "score_full", "score_gated")
-    frac = lambda c: (pl.col(c) / pl.col("n_tokens")).mean()  # noqa: E731
-    pts = sel.group_by("budget").agg(frac("n_kept_plain").alias("k_p"), pl.col("score_plain").mean().alias("a_p"),
-                                     frac("n_kept_gated").alias("k_g"), pl.col("score_gated").mean().alias("a_g"))
+    pts = sel.group_by("budget").agg((pl.col("n_kept_plain") / pl.col("n_tokens")).mean().alias("k_p"),
+                                     pl.col("score_plain").mean().alias("a_p"),
+                                     (pl.col("n_kept_gated") / pl.col("n_tokens")).mean().alias("k_g"),
+                                     pl.col("score_gated").mean().alias("a_g"))
     pts = pts.sort("budget")
     gated = pts.filter(pl.col("budget") < 1).sort("k_g")
     frontier = frontier_accuracy(pts["k_p"].to_numpy()[None], pts["a_p"].to_numpy()[None], gated["k_g"].to_numpy()[None])[0]

@@ -278,3 +278,16 @@ def test_release_a_wrong_budget_set_or_threshold_differs(release_logs, release_g
     # Qwen2.5-3B ran at τ = 0.04: its stored gate (0.815 gated) is not the paper's τ = 0.07 replay (0.839)
     t = _release_table(replay.gated_outcomes(release_logs, FixedTau(0.04)))
     assert _status(t, "Table 2", "gated", "Qwen2.5-3B-Instruct")["status"] == "differs"
+
+
+def test_release_report_leads_with_the_conformance_section(release_logs, tmp_path):
+    from pagestats.report import build_report
+
+    index = Path(build_report(release_logs, tmp_path / "report", entries=()))
+    text, page = index.read_text(), (index.parent / "index.html").read_text()
+    assert text.index("## Conformance with the paper") < text.index("## Figures")
+    assert page.index('id="conformance"') < page.index('id="figures"')
+    written = pl.read_csv(index.parent / "tables" / "conformance.csv")
+    assert written.columns == list(cf.COLUMNS) and written.height == cf.paper_values().height + 1
+    # the rows these logs hold are shown on the page, a Table 2 cell among them
+    assert "| Table 2 | delta | Mistral-7B-Instruct-v0.3 |" in text and "match at the printed precision" in text
