@@ -17,7 +17,7 @@ import argparse
 import sys
 
 import pagestats
-from pagestats.cli import calibrate, compact, imports, index, monitor, prereg, report, show, validate, whatif
+from pagestats.cli import calibrate, compact, imports, index, monitor, power, prereg, report, show, validate, whatif
 from pagestats.cli.options import usage_problem
 from pagestats.io.duck import MEMORY_LIMIT
 from pagestats.io.validation.problems import one_line
@@ -36,6 +36,7 @@ COMMANDS = {
     "index": index,
     "calibrate": calibrate,  # issue 24: gate.json for GatedPress
     "monitor": monitor,  # issue 24: a deployed gate's log
+    "power": power,  # issue 43: the inputs a claim needs
 }
 
 

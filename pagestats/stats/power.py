@@ -128,7 +128,7 @@ def rho_power(n, expected: float, threshold: float = defaults.RHO_THRESHOLD,
     F(k_lo) + 1 − F(k_hi − 1) under Bin(n, expected): no simulation and no per-k interval.
     """
     level = _check_level(confidence_level)
-    r, t = _check_rate(expected, "expected"), _check_rate(threshold, "threshold")
+    r, t = _check_rate(expected, "expected", open_interval=False), _check_rate(threshold, "threshold")
     n = np.asarray(n, dtype=np.float64)
     z = sps.norm.ppf(0.5 + level / 2.0)
     half = z * np.sqrt(n * t * (1.0 - t))
@@ -145,7 +145,7 @@ def rho_sample_size(expected: float, threshold: float = defaults.RHO_THRESHOLD, 
     Parameters
     ----------
     expected : float
-        The true ρ (Eq. 1) assumed, in (0, 1).
+        The true ρ (Eq. 1) assumed, in [0, 1].
     threshold : float
         The partition threshold (0.05, §4), in (0, 1).
     power : float

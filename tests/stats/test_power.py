@@ -52,7 +52,9 @@ def test_rho_on_the_threshold_or_out_of_reach():
     assert pw.rho_sample_size(0.05, 0.05).n is None
     assert pw.rho_sample_size(0.051, 0.05, n_max=1000).n is None
     with pytest.raises(ValueError, match="expected"):
-        pw.rho_sample_size(0.0, 0.05)
+        pw.rho_sample_size(1.5, 0.05)
+    # ρ = 0: settled once the Wilson interval of 0/n ends below T, n > z²(1 − T)/T = 72.99
+    assert pw.rho_sample_size(0.0, 0.05, power=0.99).n == 73
 
 
 @pytest.mark.parametrize("n", [5, 40, 179, 300])
