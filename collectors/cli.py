@@ -141,9 +141,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-cut-answers", action="store_true", help="collect even where --max-new-tokens cannot hold "
                    "an input's answer (smoke tests): those decodes stop by 'length' and `pagestats validate` flags "
                    "them (default: refuse such an input with one line)")
-    p.add_argument("--essay-file", default=None, help="plain-text essay used as the haystack of the tasks whose "
-                   "RULER haystack is an essay (niah_multikey_1, niah_multivalue, niah_multiquery); without it they "
-                   "use RULER's noise haystack (the default). The manifest records which (task_options)")
+    p.add_argument("--haystack-file", default=None, help="plain text (RULER's Paul Graham essays) used as the "
+                   "haystack of the tasks whose RULER haystack is an essay: niah_single_2 and niah_single_3 need it; "
+                   "niah_multikey_1, niah_multivalue and niah_multiquery use RULER's noise haystack without it (the "
+                   "default). The manifest records which (task_options)")
+    p.add_argument("--prompt-style", default=defaults.PROMPT_STYLE, choices=defaults.PROMPT_STYLES,
+                   help="page: the authors' prompt (a system turn 'Answer the question concisely.', then context, "
+                   "a blank line, the question and the answer prefix in the user turn), on whose D the paper's "
+                   "tau = 0.07 was set; ruler: RULER's input as the user turn and the answer prefix after the "
+                   f"generation prompt. Recorded in the manifest (default {defaults.PROMPT_STYLE})")
+    p.add_argument("--budget-floor", default=defaults.BUDGET_FLOOR, choices=defaults.BUDGET_FLOORS,
+                   help="least count a built-in evictor keeps: page = max(40, floor(b*T)), the authors' runner; "
+                   "protected = max(floor(b*T), n_sink + n_recent) = 36. kvpress presses keep kvpress's count. "
+                   f"Recorded in the manifest's protection (default {defaults.BUDGET_FLOOR})")
     p.add_argument("--qa-file", type=_list(), default=(), help="SQuAD json (for qa_1) and/or HotpotQA json "
                    "(for qa_2), comma-separated; the format is detected (default: none, so no qa task)")
     p.add_argument("--task-classes", type=_classes, default=None, metavar="TASK=CLASS,...",
@@ -166,13 +176,20 @@ def config_from_args(args):
         device=args.device, dtype=args.dtype, attn_impl=args.attn_impl, window=args.window, k=args.k,
         k_max=args.k_max, snapkv_window=args.snapkv_window, pool_kernel=args.snapkv_pool,
         mode=args.mode,
-        max_new_tokens=args.max_new_tokens, allow_cut_answers=args.allow_cut_answers, essay_file=args.essay_file,
+        max_new_tokens=args.max_new_tokens, allow_cut_answers=args.allow_cut_answers, haystack_file=args.haystack_file,
+        prompt_style=args.prompt_style, budget_floor=args.budget_floor,
         qa_files=args.qa_file, task_classes=args.task_classes, part_size=args.part_size,
         batch_arms=not args.no_batch_arms, max_batch=args.max_batch, progress=not args.no_progress,
     )
 
 
 def main(argv: list[str] | None = None) -> int:
+    from collectors.extras import missing
+
+    absent = missing("collect", "pagestats-collect")
+    if absent:  # before the parser: its evictor and task lists import torch
+        print(f"error: {absent}", file=sys.stderr)
+        return 2
     args = parser().parse_args(argv)
     from collectors.evict import EVICTORS, is_evictor
     from collectors.writer import RunMismatchError
@@ -196,6 +213,30 @@ def main(argv: list[str] | None = None) -> int:
         print(_error_line(err), file=sys.stderr)
         return 2
     print(json.dumps(summary.to_dict()))
+    return _finish(summary)
+
+
+def _finish(summary) -> int:
+    """The end of a run, on stderr: one line on what was collected, then the whole run validated
+    (exit 1 with one line when it does not); a shard of several only says how to validate the run."""
+    from pagestats.io import validate_paths
+    from pagestats.io.validation.problems import one_line
+
+    i, n = summary.shard
+    before = f", {summary.skipped} there before" if summary.skipped else ""
+    shard = f", shard {i}/{n}" if n > 1 else ""
+    print(one_line(f"collected {summary.written} input(s) in {summary.seconds:.0f} s into {summary.out}{before} "
+                   f"(run {summary.run_id}{shard})"), file=sys.stderr)
+    if n > 1:
+        print(one_line(f"once all {n} shards have finished: pagestats validate {summary.out}"), file=sys.stderr)
+        return 0
+    problems = validate_paths([summary.out])
+    if problems:
+        print(one_line(f"error: the run does not validate: {problems[0]} ({len(problems)} problem(s); "
+                       f"`pagestats validate {summary.out}` lists them)"), file=sys.stderr)
+        return 1
+    print(one_line(f"valid; next: pagestats whatif {summary.out}  (or pagestats report {summary.out} --out DIR)"),
+          file=sys.stderr)
     return 0
 
 

@@ -8,7 +8,9 @@ each row (:data:`PER_LAYER_EVICTORS`, :data:`PER_HEAD_EVICTORS`).
 
 Budget rule (docs/COLLECTION.md; PAGE App. A.2.3, Table 26)
 ----------------------------------------------------
-An arm at budget ``b`` keeps ``n_kept = min(T, max(⌊b·T⌋, n_sink + n_recent))`` prompt positions.
+An arm at budget ``b`` keeps ``n_kept = min(T, max(⌊b·T⌋, floor))`` prompt positions, the floor
+``n_sink + n_recent`` (budget floor ``"protected"``) or ``n_sink + n_recent + 4`` = 40, the authors'
+runner's ``max(40, ⌊T·b⌋)`` (budget floor ``"page"``; :data:`pagestats.defaults.BUDGET_FLOORS`).
 The first ``n_sink`` (attention sinks) and the last ``n_recent`` (the observation window) are always
 kept and are counted inside ``n_kept`` — protection overrides the budget (App. A.2.3) and otherwise
 the kept size is ≈ b·T (Table 26). The remaining ``n_kept − |protected|`` slots go to the unprotected
@@ -125,7 +127,8 @@ def _check_protection(n_sink: int, n_recent: int) -> None:
 
 
 def n_kept(
-    n_tokens: int, budget: float, n_sink: int = defaults.N_SINK, n_recent: int = defaults.N_RECENT
+    n_tokens: int, budget: float, n_sink: int = defaults.N_SINK, n_recent: int = defaults.N_RECENT,
+    budget_floor: str = "protected",
 ) -> int:
     """Number of prompt positions an arm at ``budget`` keeps.
 
@@ -137,11 +140,14 @@ def n_kept(
         Nominal budget b ∈ (0, 1], the fraction of prompt positions the evictor may retain.
     n_sink, n_recent : int
         Protected first and last positions, counted inside the result.
+    budget_floor : {"protected", "page"}
+        The least count: ``n_sink + n_recent``, or that plus :data:`pagestats.defaults.PAGE_FLOOR_EXTRA`
+        (the authors' runner: ``max(40, ⌊T·b⌋)`` with 4 sinks and a 32-position window).
 
     Returns
     -------
     int
-        ``min(T, max(⌊b·T⌋, n_sink + n_recent))``.
+        ``min(T, max(⌊b·T⌋, floor))``.
 
     References
     ----------
@@ -153,7 +159,10 @@ def n_kept(
     if not (0.0 < budget <= 1.0):
         raise ValueError(f"budget must lie in (0, 1], got {budget!r}")
     _check_protection(n_sink, n_recent)
-    return min(n_tokens, max(math.floor(budget * n_tokens), n_sink + n_recent))
+    if budget_floor not in defaults.BUDGET_FLOORS:
+        raise ValueError(f"budget_floor must be one of {', '.join(defaults.BUDGET_FLOORS)}, got {budget_floor!r}")
+    floor = n_sink + n_recent + (defaults.PAGE_FLOOR_EXTRA if budget_floor == "page" else 0)
+    return min(n_tokens, max(math.floor(budget * n_tokens), floor))
 
 
 def pyramid_weights(n_layers: int) -> torch.Tensor:
@@ -298,6 +307,7 @@ def kept_positions(
     n_sink: int = defaults.N_SINK,
     n_recent: int = defaults.N_RECENT,
     pool_kernel: int = 1,
+    budget_floor: str = "protected",
 ) -> torch.LongTensor:
     """Prompt positions an evictor keeps at ``budget``.
 
@@ -315,6 +325,8 @@ def kept_positions(
         Protected first/last positions (PAGE §3 "Algorithm", App. F: 4 and 32).
     pool_kernel : int
         Optional SnapKV pooling width (1 = none; see module docstring).
+    budget_floor : {"protected", "page"}
+        The least kept count (:func:`n_kept`); kvpress presses keep kvpress's own count.
 
     Returns
     -------
@@ -332,7 +344,7 @@ def kept_positions(
     if evictor not in EVICTORS:
         raise ValueError(f"unknown evictor {evictor!r}; choose from {EVICTORS} or kvpress:<Press>")
     n_tokens = int(prefill.input_ids.shape[-1])
-    count = n_kept(n_tokens, budget, n_sink, n_recent)
+    count = n_kept(n_tokens, budget, n_sink, n_recent, budget_floor)
     if evictor == "streamingllm-fixed" and count < n_tokens:
         count = min(n_tokens, n_sink + n_recent)
     protected = _protected(n_tokens, n_sink, n_recent)

@@ -104,7 +104,7 @@ def _absolute(cfg: CollectConfig) -> CollectConfig:
         return str(p.resolve()) if p.exists() else path
 
     return dataclasses.replace(cfg, out=str(pathlib.Path(cfg.out).expanduser().resolve()), model=fix(cfg.model),
-                               essay_file=fix(cfg.essay_file), qa_files=tuple(fix(f) for f in cfg.qa_files))
+                               haystack_file=fix(cfg.haystack_file), qa_files=tuple(fix(f) for f in cfg.qa_files))
 
 
 def _inputs_present(out: pathlib.Path) -> int:

@@ -59,12 +59,14 @@ class CollectConfig:
     convention: str = defaults.BIN_CONVENTION
     n_sink: int = defaults.N_SINK
     n_recent: int = defaults.N_RECENT
+    budget_floor: str = defaults.BUDGET_FLOOR
+    prompt_style: str = defaults.PROMPT_STYLE
     snapkv_window: int = defaults.SNAPKV_WINDOW
     pool_kernel: int = defaults.SNAPKV_POOL_KERNEL
     mode: str = defaults.MODE
     max_new_tokens: int | dict[str, int] | None = None  # every task, or per task (others: their default)
     allow_cut_answers: bool = False  # a limit below an input's answer is refused unless this is set
-    essay_file: str | None = None
+    haystack_file: str | None = None
     qa_files: tuple[str, ...] = ()
     task_classes: dict | None = None
     part_size: int = 8
@@ -108,6 +110,14 @@ class CollectConfig:
             raise ValueError(f"snapkv_window must be ≥ 1, got {self.snapkv_window}")
         if self.mode not in defaults.MODES:
             raise ValueError(f"mode must be one of {', '.join(defaults.MODES)}, got {self.mode!r}")
+        if self.prompt_style not in defaults.PROMPT_STYLES:
+            raise ValueError(f"prompt_style must be one of {', '.join(defaults.PROMPT_STYLES)}, got {self.prompt_style!r}")
+        if self.budget_floor not in defaults.BUDGET_FLOORS:
+            raise ValueError(f"budget_floor must be one of {', '.join(defaults.BUDGET_FLOORS)}, got {self.budget_floor!r}")
+        essay_only = [t for t in self.tasks if t in T.ESSAY_TASKS]
+        if essay_only and self.haystack_file is None:
+            raise ValueError(f"{', '.join(essay_only)} need RULER's essay haystack: give a haystack file (RULER's "
+                             "Paul Graham essays as plain text)")
         if self.pool_kernel < 1 or self.pool_kernel % 2 == 0:
             raise ValueError(f"pool_kernel must be a positive odd int, got {self.pool_kernel}")
         if self.draw is None:
@@ -152,9 +162,9 @@ def task_options(cfg: CollectConfig) -> dict:
         entry = {"max_new_tokens": cfg.tokens_to_generate(task), "metric": T.metric_name(task)}
         if ruler:
             entry["ruler_haystack"] = ruler
-            entry["haystack"] = "essay" if (ruler == "essay" and cfg.essay_file) else ("needle" if ruler == "needle" else "noise")
+            entry["haystack"] = "essay" if (ruler == "essay" and cfg.haystack_file) else ("needle" if ruler == "needle" else "noise")
             if entry["haystack"] == "essay":
-                entry["essay_sha256"] = file_sha256(cfg.essay_file)
+                entry["essay_sha256"] = file_sha256(cfg.haystack_file)
         qa_file = qa_file_for(task, cfg.qa_files)
         if qa_file:
             entry["qa_sha256"] = file_sha256(qa_file)
@@ -168,6 +178,7 @@ def run_parameters(cfg: CollectConfig, model_info: dict) -> dict:
         "model": {k: model_info.get(k) for k in ("name", "revision", "sha256", "dtype", "attn_impl", "decode_attn_impl")},
         "context_length": int(cfg.context_length),
         "mode": cfg.mode,
+        "prompt_style": cfg.prompt_style,
         "tasks": list(cfg.tasks),
         "task_options": task_options(cfg),
         "draw": int(cfg.draw),
@@ -176,7 +187,7 @@ def run_parameters(cfg: CollectConfig, model_info: dict) -> dict:
         "budgets": list(cfg.budgets),
         "gate": {"w": cfg.window, "k": cfg.k, "k_max_stored": cfg.k_max, "bins": cfg.bin_fraction,
                  "convention": cfg.convention},
-        "protection": {"n_sink": cfg.n_sink, "n_recent": cfg.n_recent},
+        "protection": {"n_sink": cfg.n_sink, "n_recent": cfg.n_recent, "budget_floor": cfg.budget_floor},
         "evictor_parameters": evictor_parameters(cfg),
     }
 
@@ -203,6 +214,7 @@ def build_manifest(cfg: CollectConfig, model_info: dict) -> dict:
         "device": cfg.device,
         "context_length": int(cfg.context_length),
         "mode": cfg.mode,
+        "prompt_style": cfg.prompt_style,
         "tasks": classes,
         "evictors": list(cfg.evictors),
         "budgets": list(cfg.budgets),
@@ -246,7 +258,8 @@ def collect_input(model, tokenizer, task_input: T.TaskInput, *, cfg: CollectConf
     full, arms = sweep.run_sweep(model, tokenizer, pre, evictors=cfg.evictors, budgets=cfg.budgets,
                                  max_new_tokens=task_input.max_new_tokens, n_sink=cfg.n_sink,
                                  n_recent=cfg.n_recent, batch_arms=cfg.batch_arms, max_batch=cfg.max_batch,
-                                 pool_kernel=cfg.pool_kernel, question_ids=question_ids)
+                                 pool_kernel=cfg.pool_kernel, question_ids=question_ids,
+                                 budget_floor=cfg.budget_floor)
     refs = task_input.references
     full_score = T.score(task_input.task, full.text, refs)
     key = {"run_id": run_id, "task": task_input.task, "input_id": int(task_input.input_id)}
@@ -338,8 +351,8 @@ def run_collection(cfg: CollectConfig, *, loaded=None, on_progress=None) -> RunS
             bar.set_postfix_str(f"{item.task}#{item.input_id}", refresh=False)
             task_input = T.make_input(
                 item.task, tokenizer=tokenizer, context_length=cfg.context_length, input_id=item.input_id,
-                draw=cfg.draw, haystack="essay" if cfg.essay_file else "noise",
-                max_new_tokens=cfg.tokens_to_generate(item.task), essay_file=cfg.essay_file, qa_file=files[item.task],
+                draw=cfg.draw, prompt_style=cfg.prompt_style, max_new_tokens=cfg.tokens_to_generate(item.task),
+                haystack_file=cfg.haystack_file, qa_file=files[item.task],
                 allow_cut_answers=cfg.allow_cut_answers,
             )
             with torch.no_grad():

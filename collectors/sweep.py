@@ -95,6 +95,7 @@ def run_sweep(
     audit: bool = False,
     pool_kernel: int = 1,
     question_ids: torch.Tensor | None = None,
+    budget_floor: str = "protected",
 ) -> tuple[ArmResult, list[ArmResult]]:
     """Full-KV arm and one arm per (evictor, budget), all from one prefill.
 
@@ -113,6 +114,8 @@ def run_sweep(
         Greedy tokens per arm (the task's tokens to generate).
     n_sink, n_recent : int
         Protected first/last positions (4 and 32).
+    budget_floor : {"protected", "page"}
+        The least kept count of the built-in evictors (:func:`collectors.evict.n_kept`).
     batch_arms : bool
         Decode arms together (left-padded caches) rather than one at a time.
     max_batch : int
@@ -147,7 +150,7 @@ def run_sweep(
     for evictor in evictors:
         for budget in budgets:
             pos = kept_positions(evictor, prefill, budget, n_sink=n_sink, n_recent=n_recent,
-                                 pool_kernel=pool_kernel)
+                                 pool_kernel=pool_kernel, budget_floor=budget_floor)
             count = int(pos.shape[-1])
             if count == n_tokens:
                 key = "audit" if audit else None

@@ -3,16 +3,16 @@
 Public API (docs/ARCHITECTURE.md, collector contract)::
 
     TaskInput                      one rendered input (prompt with chat template + answer prefix)
-    make_input(task, *, tokenizer, context_length, input_id, draw, haystack="noise", **files)
+    make_input(task, *, tokenizer, context_length, input_id, draw, prompt_style="page", **files)
     score(task, prediction, references) -> float      RULER string_match_all / string_match_part
     TASK_NAMES, TASK_TOKENS_TO_GENERATE
-    render_prompt(tokenizer, text, answer_prefix), tokenize_prompt(tokenizer, prompt)
+    render(tokenizer, text, question, answer_prefix, prompt_style), tokenize_prompt(tokenizer, prompt)
 
 Inputs are deterministic functions of ``(task, draw, input_id)`` and the tokenizer: the seed of
 every random choice is derived from those three by SHA-256 (:func:`input_seed`).
 
-The prompt is the whole RULER input — instruction, context and question inside the chat template,
-then the answer prefix. Query-aware runs prefill all of it (as RULER runs; docs/COLLECTION.md); query-agnostic
+The prompt is the whole RULER input — instruction, context, question and answer prefix — in the chat
+template, in one of two prompt styles (:mod:`collectors.tasks.prompt`: the authors' ``page``, RULER's ``ruler``). Query-aware runs prefill all of it (as RULER runs; docs/COLLECTION.md); query-agnostic
 runs prefill the tokens before ``TaskInput.question_start`` (instruction and context), evict there, and
 append the rest (question, end of the chat turn, answer prefix) afterwards (:func:`split_prompt`).
 """
@@ -28,9 +28,13 @@ from collectors.tasks import generators as _gen
 from collectors.tasks import templates as _tp
 from collectors.tasks.haystack import file_sha256
 from collectors.tasks.length import TOLERANCE, fit_length
+from collectors.tasks.prompt import check_style, has_chat_template, render, split_prompt, tokenize_prompt
 from collectors.tasks.scoring import metric_name, postprocess, score, string_match_all, string_match_part
 
-TASK_NAMES: tuple[str, ...] = tuple(defaults.RULER_TASKS)
+#: RULER tasks whose haystack is an essay, available only with a ``haystack_file`` (RULER's essays cannot be
+#: downloaded here, and the noise haystack would make them niah_single_1 with other needles).
+ESSAY_TASKS: tuple[str, ...] = ("niah_single_2", "niah_single_3")
+TASK_NAMES: tuple[str, ...] = (defaults.RULER_TASKS[0], *ESSAY_TASKS, *defaults.RULER_TASKS[1:])
 TASK_TOKENS_TO_GENERATE: dict[str, int] = {
     **{t: _tp.NIAH_TOKENS for t in _tp.NIAH_CONFIGS},
     "vt": _tp.VT_TOKENS,
@@ -39,7 +43,6 @@ TASK_TOKENS_TO_GENERATE: dict[str, int] = {
     "qa_1": _tp.QA_TOKENS,
     "qa_2": _tp.QA_TOKENS,
 }
-HAYSTACKS = ("noise", "essay")
 #: Tokens an instruct model may write before (and between) the reference values — "The special magic
 #: number is:", a list marker, a newline — that the decode limit must leave room for
 #: (:func:`check_decode_budget`).
@@ -88,7 +91,8 @@ class DecodeLimitError(ValueError):
 
 __all__ = [
     "TaskInput", "make_input", "split_prompt", "score", "postprocess", "string_match_all", "string_match_part", "metric_name",
-    "TASK_NAMES", "TASK_TOKENS_TO_GENERATE", "PREAMBLE_MARGIN", "answer_tokens", "check_decode_budget", "DecodeLimitError", "render_prompt", "tokenize_prompt", "input_seed", "TOLERANCE",
+    "TASK_NAMES", "ESSAY_TASKS", "TASK_TOKENS_TO_GENERATE", "PREAMBLE_MARGIN", "answer_tokens", "check_decode_budget", "DecodeLimitError",
+    "has_chat_template", "render", "tokenize_prompt", "input_seed", "TOLERANCE",
 ]
 
 
@@ -130,62 +134,12 @@ def input_seed(task: str, draw: int, input_id: int) -> int:
     return int.from_bytes(digest[:8], "big")
 
 
-def has_chat_template(tokenizer) -> bool:
-    return bool(getattr(tokenizer, "chat_template", None))
-
-
-def render_prompt(tokenizer, text: str, answer_prefix: str) -> str:
-    """The chat template (one user turn, generation prompt added) around ``text``, then the answer
-    prefix without RULER's leading space. Tokenizers without a chat template get RULER's plain
-    ``text + answer_prefix``."""
-    if has_chat_template(tokenizer):
-        chat = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
-        )
-        return chat + answer_prefix.lstrip()
-    return text + answer_prefix
-
-
-def tokenize_prompt(tokenizer, prompt: str) -> list[int]:
-    """Token ids of ``prompt``: the chat template already holds the special tokens, so none are
-    added then; without a chat template the tokenizer's own (e.g. BOS) are added."""
-    return list(tokenizer(prompt, add_special_tokens=not has_chat_template(tokenizer))["input_ids"])
-
-
-def split_prompt(tokenizer, task_input: TaskInput) -> tuple[list[int], int]:
-    """Token ids of the prompt and how many of them precede the question (the context part).
-
-    The ids are exactly :func:`tokenize_prompt`'s; the context part is the longest prefix of tokens
-    that end at or before ``task_input.question_start`` (a token straddling the boundary belongs to
-    the question), so the two parts concatenate to the query-aware prompt.
-
-    Raises
-    ------
-    ValueError
-        When the tokenizer cannot report character offsets (a slow tokenizer), or the split would
-        leave either part empty.
-    """
-    if task_input.question_start is None:
-        raise ValueError(f"{task_input.task}/{task_input.input_id}: the input does not know where its question starts")
-    if not getattr(tokenizer, "is_fast", False):
-        raise ValueError("query-agnostic mode needs a fast tokenizer (character offsets of the tokens)")
-    enc = tokenizer(task_input.prompt, add_special_tokens=not has_chat_template(tokenizer), return_offsets_mapping=True)
-    ids = list(enc["input_ids"])
-    if ids != tokenize_prompt(tokenizer, task_input.prompt):
-        raise RuntimeError("tokenizer gave different ids with offsets than without")
-    ends = [end for _, end in enc["offset_mapping"]]
-    n_context = next((i for i, end in enumerate(ends) if end > task_input.question_start), len(ids))
-    if not 0 < n_context < len(ids):
-        raise ValueError(f"{task_input.task}/{task_input.input_id}: cannot split the prompt at its question "
-                         f"({n_context} of {len(ids)} tokens before it)")
-    return ids, n_context
-
-
-def _generator(task, seed, *, context_length, input_id, draw, haystack, essay_file, qa_file):
+def _generator(task, seed, *, context_length, input_id, draw, haystack_file, qa_file, tokenizer):
     if task in _tp.NIAH_CONFIGS:
-        return _gen.niah(task, seed, haystack=haystack, essay_file=essay_file)
+        return _gen.niah(task, seed, haystack_file=haystack_file)
     if task == "vt":
-        return _gen.vt(seed, context_length=context_length)
+        return _gen.vt(seed, context_length=context_length,
+                       count=lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"]))
     if task == "cwe":
         return _gen.cwe(seed, context_length=context_length)
     if task == "fwe":
@@ -204,9 +158,9 @@ def make_input(
     context_length: int,
     input_id: int,
     draw: int,
-    haystack: str = "noise",
+    prompt_style: str = defaults.PROMPT_STYLE,
     max_new_tokens: int | None = None,
-    essay_file=None,
+    haystack_file=None,
     qa_file=None,
     allow_cut_answers: bool = False,
 ) -> TaskInput:
@@ -214,14 +168,18 @@ def make_input(
 
     Parameters
     ----------
-    haystack : {"noise", "essay"}
-        Haystack of the tasks whose RULER haystack is an essay (niah_multikey_1, niah_multivalue,
-        niah_multiquery): "essay" reads ``essay_file``; other tasks use RULER's own haystack.
+    prompt_style : {"page", "ruler"}
+        How the task text is put in the chat template (:mod:`collectors.tasks.prompt`; default
+        :data:`pagestats.defaults.PROMPT_STYLE`, the authors' prompt).
     max_new_tokens : int, optional
         Overrides the task's tokens to generate (:data:`TASK_TOKENS_TO_GENERATE`); either must hold
         the answer (:func:`check_decode_budget`).
-    essay_file, qa_file : path, optional
-        User-supplied essay text / SQuAD (qa_1) or HotpotQA (qa_2) json.
+    haystack_file : path, optional
+        Plain text (RULER's Paul Graham essays) used as the haystack of the tasks whose RULER haystack
+        is an essay (niah_single_2, niah_single_3 — which need it —, niah_multikey_1, niah_multivalue,
+        niah_multiquery — which use the noise haystack without it); the other tasks ignore it.
+    qa_file : path, optional
+        SQuAD (qa_1) or HotpotQA (qa_2) json.
     allow_cut_answers : bool
         Skip :func:`check_decode_budget` (smoke tests with a few new tokens: their decodes stop by
         ``length`` and ``pagestats validate`` flags them).
@@ -229,36 +187,41 @@ def make_input(
     Raises
     ------
     ValueError
-        Unknown task or haystack, missing file, a context too short for the task, or a decode
-        limit that cannot hold the answer.
+        Unknown task or style, missing file, a context too short for the task, or a decode limit
+        that cannot hold the answer.
     """
     if task not in TASK_NAMES:
         raise ValueError(f"unknown task {task!r}; expected one of {', '.join(TASK_NAMES)}")
-    if haystack not in HAYSTACKS:
-        raise ValueError(f"unknown haystack {haystack!r}; expected one of {HAYSTACKS}")
+    check_style(prompt_style)
     if int(context_length) <= 0:
         raise ValueError(f"context_length must be positive, got {context_length}")
     if int(input_id) < 0:
         raise ValueError(f"input_id must be ≥ 0, got {input_id}")
     seed = input_seed(task, draw, input_id)
     gen = _generator(task, seed, context_length=int(context_length), input_id=int(input_id), draw=int(draw),
-                     haystack=haystack, essay_file=essay_file, qa_file=qa_file)
-    fit = fit_length(
-        gen,
-        lambda body: render_prompt(tokenizer, body.text, body.answer_prefix),
-        lambda prompt: len(tokenize_prompt(tokenizer, prompt)),
-        int(context_length),
-    )
+                     haystack_file=haystack_file, qa_file=qa_file, tokenizer=tokenizer)
+    rendered = {}
+
+    def render_body(body):
+        prompt, start = render(tokenizer, body.text, body.question, body.answer_prefix, prompt_style)
+        rendered[prompt] = start
+        return prompt
+
+    fit = fit_length(gen, render_body, lambda prompt: len(tokenize_prompt(tokenizer, prompt)), int(context_length))
     haystack_used = gen.haystack
+    fill_ok = fit.n_tokens >= (1 - TOLERANCE) * int(context_length)
     metadata = {
         "haystack": haystack_used,
         "unit": gen.unit,
         "n": fit.n,
         "m": fit.m,
         "chat_template": has_chat_template(tokenizer),
+        "prompt_style": prompt_style,
         "metric": metric_name(task),
         "fill": fit.n_tokens / int(context_length),
-        "within_tolerance": fit.n_tokens >= (1 - TOLERANCE) * int(context_length),
+        # a needle haystack grows by whole needles (RULER's rule: the most that fit), so it is within one
+        # needle of the target by construction (fit_length: n fits, n + 1 does not)
+        "within_tolerance": fill_ok or gen.whole_units,
         **fit.body.metadata,
     }
     if not metadata["within_tolerance"]:
@@ -270,15 +233,12 @@ def make_input(
             stacklevel=2,
         )
     if haystack_used == "essay":
-        metadata["essay_sha256"] = file_sha256(essay_file)
+        metadata["essay_sha256"] = file_sha256(haystack_file)
     limit = int(max_new_tokens) if max_new_tokens is not None else TASK_TOKENS_TO_GENERATE[task]
     if not allow_cut_answers:
         check_decode_budget(task, fit.body.references, tokenizer, limit)
-    body_start = fit.prompt.rfind(fit.body.text)
-    if body_start < 0:
-        raise ValueError(f"{task}/{input_id}: the chat template changed the user message; cannot locate the question")
     return TaskInput(
-        question_start=body_start + len(fit.body.text) - len(fit.body.question),
+        question_start=rendered[fit.prompt],
         task=task,
         input_id=int(input_id),
         draw=int(draw),

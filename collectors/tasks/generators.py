@@ -54,32 +54,41 @@ def after_context(template: str, **fields) -> str:
 
 @dataclass(frozen=True)
 class Generator:
-    """``build(n, m)`` with ``n ≥ n_min`` haystack units and ``0 ≤ m ≤ partial_max`` filler words."""
+    """``build(n, m)`` with ``n ≥ n_min`` haystack units and ``0 ≤ m ≤ partial_max`` filler words.
+
+    ``whole_units``: the haystack grows by whole units only and no filler (RULER's needle haystack),
+    so the prompt lands within one unit below the target rather than within 2 %.
+    """
 
     build: Callable[[int, int], Body]
     n_min: int
     partial_max: int
     unit: str
     haystack: str
+    whole_units: bool = False
 
 
 def _and_list(items: list[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + ", and " + items[-1]
 
 
-def niah(task: str, seed: int, *, haystack: str = "noise", essay_file=None) -> Generator:
+def niah(task: str, seed: int, *, haystack_file=None) -> Generator:
     """Needle-in-a-haystack variants (RULER ``niah.py``).
 
-    ``haystack`` chooses between the noise text and the essay file for tasks whose RULER haystack
-    is an essay; tasks whose RULER haystack is noise or needles ignore it.
+    Tasks whose RULER haystack is an essay read ``haystack_file``; without one niah_single_2 and
+    niah_single_3 are refused (on noise they would be niah_single_1 with other values) and the
+    others use the noise haystack. Tasks whose RULER haystack is noise or needles ignore it. The
+    needle haystack holds only needles, as RULER's: it grows by whole distractor needles, so the
+    prompt lands within one needle below the target (``whole_units``).
     """
     cfg = tp.NIAH_CONFIGS[task]
     kind = cfg["haystack"]
     if kind == "essay":
-        if haystack == "essay":
-            if essay_file is None:
-                raise ValueError(f"{task}: haystack='essay' needs essay_file")
-            essay = hs.essay_words(essay_file)
+        if haystack_file is not None:
+            essay = hs.essay_words(haystack_file)
+        elif task in ("niah_single_2", "niah_single_3"):
+            raise ValueError(f"{task} needs RULER's essay haystack: give a haystack file (RULER's Paul Graham "
+                             "essays as plain text)")
         else:
             kind = "noise"
     type_k, type_v = cfg["type_k"], cfg["type_v"]
@@ -106,8 +115,6 @@ def niah(task: str, seed: int, *, haystack: str = "noise", essay_file=None) -> G
             d_keys = wd.distinct(type_k, n, rng, exclude=keys)
             d_values = wd.distinct(type_v, n, rng, exclude=all_values)
             lines = [tp.NEEDLE.format(type_v=type_v, key=k, value=v) for k, v in zip(d_keys, d_values)]
-            if m:
-                lines.insert(int(rng.integers(0, len(lines) + 1)), hs.noise_words(m))
             context = "\n".join(hs.insert_lines(lines, needles, rng))
         query = _and_list(queries)
         return Body(
@@ -119,39 +126,51 @@ def niah(task: str, seed: int, *, haystack: str = "noise", essay_file=None) -> G
         )
 
     unit = "distractor needles" if kind == "needle" else "words"
-    return Generator(build, n_min=0, partial_max=80 if kind == "needle" else 0, unit=unit, haystack=kind)
+    return Generator(build, n_min=0, partial_max=0, unit=unit, haystack=kind, whole_units=kind == "needle")
 
 
-def vt(seed: int, *, context_length: int) -> Generator:
+def vt(seed: int, *, context_length: int, count: Callable[[str], int]) -> Generator:
     """Variable tracking (RULER ``variable_tracking.py``): one chain ``VAR X1 = value``,
-    ``VAR X2 = VAR X1`` … of ``num_hops`` hops hidden in the noise haystack, with one worked
-    in-context example in front (RULER adds one; its noise is scaled to the context here,
-    ``min(360, context_length // 8)`` words, so short contexts keep room for the task)."""
+    ``VAR X2 = VAR X1`` … of ``num_hops`` hops hidden in the noise haystack, after one worked
+    example and a blank line, as RULER.
+
+    The example's noise is RULER's: the most sentence groups, a multiple of 5, that keep the example
+    (with its answer) within 500 − 30 tokens of ``count`` (the model's tokenizer). Below 2048 tokens
+    that example would leave the task no room, so its budget is ``context_length // 4`` there
+    (docs/COLLECTION.md, "Deviations from RULER").
+    """
     hops = tp.VT_CONFIG["num_hops"]
-    icl_words = min(360, context_length // 8)
+    budget = tp.VT_ICL_TOKENS if context_length >= 2048 else context_length // 4
+    budget -= tp.VT_ICL_RULER_GENERATE
 
     def chain(names: list[str], value: int) -> list[str]:
         return [f"VAR {names[0]} = {value}"] + [f"VAR {names[j + 1]} = VAR {names[j]}" for j in range(hops)]
 
-    def build(n: int, m: int) -> Body:
-        rng = np.random.default_rng(seed)
+    def example(groups: int, rng_state) -> str:
+        rng = np.random.default_rng(rng_state)
         ex_names = wd.uppercase_names(hops + 1, 3, rng)
         ex_value = int(rng.integers(10000, 99999))
+        ex_context = "\n".join(hs.insert_lines([tp.NOISE] * groups, chain(ex_names, ex_value), rng))
+        return (tp.VT_TEMPLATE.format(context=ex_context, query=ex_value)
+                + tp.VT_PREFIX.format(num_v=hops + 1, query=ex_value) + " ".join(ex_names))
+
+    ex_seed = [seed, 2]
+    groups = 0
+    while count(example(groups + tp.VT_ICL_INCREMENT, ex_seed)) <= budget:
+        groups += tp.VT_ICL_INCREMENT
+    icl = example(groups, ex_seed)
+
+    def build(n: int, m: int) -> Body:
+        rng = np.random.default_rng(seed)
         names = wd.uppercase_names(hops + 1, 5, rng)
         value = int(rng.integers(10000, 99999))
-        ex_context = "\n".join(hs.insert_lines(hs.noise_lines(icl_words), chain(ex_names, ex_value), rng))
-        example = (
-            tp.VT_TEMPLATE.format(context=ex_context, query=ex_value)
-            + tp.VT_PREFIX.format(num_v=hops + 1, query=ex_value)
-            + " ".join(ex_names)
-        )
         context = "\n".join(hs.insert_lines(hs.noise_lines(n), chain(names, value), rng))
         return Body(
-            text=example + "\n" + tp.VT_TEMPLATE.format(context=context, query=value),
+            text=icl + "\n\n" + tp.VT_TEMPLATE.format(context=context, query=value),
             answer_prefix=tp.VT_PREFIX.format(num_v=hops + 1, query=value),
             references=names,
             question=after_context(tp.VT_TEMPLATE, query=value),
-            metadata={"value": value, "icl_words": icl_words},
+            metadata={"value": value, "icl_noise_groups": groups},
         )
 
     return Generator(build, n_min=0, partial_max=0, unit="words", haystack="noise")
@@ -164,15 +183,13 @@ def _numbered(items: list[str]) -> str:
 def cwe(seed: int, *, context_length: int) -> Generator:
     """Common words extraction (RULER ``common_words_extraction.py``): a numbered list in which
     10 words repeat ``freq_cw`` times and the rest ``freq_ucw`` times (6 and 1 below 4096 tokens),
-    after one worked example; the answer is the 10 common words. ``n`` = distinct words.
-
-    Below 1024 tokens the worked example is left out (it alone would fill the context)."""
+    after one worked example (at every length, as RULER); the answer is the 10 common words.
+    ``n`` = distinct words."""
     c = tp.CWE_CONFIG
     short = context_length < c["short_below"]
     rep_c, rep_u = (c["short_freq_cw"], c["short_freq_ucw"]) if short else (c["freq_cw"], c["freq_ucw"])
     ex_n, ex_c, ex_u = (20, 3, 1) if short else (40, 10, 3)
     num_cw = c["num_cw"]
-    fewshot = context_length >= 1024
 
     def word_list(pool, n, rc, ru, rng):
         common, uncommon = list(pool[:num_cw]), list(pool[num_cw:n])
@@ -191,11 +208,11 @@ def cwe(seed: int, *, context_length: int) -> Generator:
         example = tp.CWE_TEMPLATE.format(context=_numbered(ex_list)) + tp.CWE_PREFIX + " " + _numbered(ex_common)
         task_text = tp.CWE_TEMPLATE.format(context=_numbered(items))
         return Body(
-            text=example + "\n" + task_text if fewshot else task_text,
+            text=example + "\n" + task_text,
             answer_prefix=tp.CWE_PREFIX,
             references=common,
             question=after_context(tp.CWE_TEMPLATE),
-            metadata={"freq_cw": rep_c, "freq_ucw": rep_u, "fewshot": fewshot},
+            metadata={"freq_cw": rep_c, "freq_ucw": rep_u},
         )
 
     return Generator(build, n_min=num_cw, partial_max=0, unit="distinct words", haystack="word list")
@@ -209,14 +226,14 @@ def fwe_counts(n: int, vocab_size: int, alpha: float) -> np.ndarray:
     return np.floor(n * k**-alpha / zeta(alpha)).astype(np.int64)
 
 
-def fwe(seed: int, *, context_length: int, tokens_to_generate: int = tp.RULER_FWE_TOKENS) -> Generator:
+def fwe(seed: int, *, context_length: int) -> Generator:
     """Frequent words extraction (RULER ``freq_words_extraction.py``): coded words with Zipf
     (α = 2) counts, the most frequent one replaced by ``...`` (noise); the answer is ranks 2–4.
-    Vocabulary size ``(context_length − tokens_to_generate) // 50`` as RULER, at least 10. The
+    Vocabulary size ``context_length // 50`` as RULER (``max_seq_length // 50``), at least 10. The
     counts move in steps of up to one word per rank as ``n`` grows, so ``m`` extra noise words
     ``...`` (rank 1, never an answer) fill the last tokens up to the target."""
     alpha, wordlen = tp.FWE_CONFIG["alpha"], tp.FWE_CONFIG["coded_wordlen"]
-    vocab_size = max(10, (context_length - tokens_to_generate) // 50)
+    vocab_size = max(10, context_length // 50)
 
     def build(n: int, m: int) -> Body:
         rng = np.random.default_rng(seed)

@@ -34,12 +34,6 @@ def noise_lines(n_words: int) -> list[str]:
     return lines
 
 
-def noise_words(n_words: int) -> str:
-    """``n_words`` words of the noise text on one line (a filler)."""
-    per = len(_NOISE_WORDS)
-    return " ".join(_NOISE_WORDS[i % per] for i in range(n_words))
-
-
 def insert_lines(lines: list[str], items: list[str], rng: np.random.Generator) -> list[str]:
     """Insert ``items`` (in their given order) between ``lines`` at uniformly drawn gaps.
 

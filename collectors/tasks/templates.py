@@ -10,7 +10,7 @@ Notes
 -----
 RULER's answer prefixes begin with a space because they follow the template text directly; when
 a chat template is applied the prefix starts the assistant turn and its leading space is dropped
-(:func:`collectors.tasks.render_prompt`).
+(:func:`collectors.tasks.prompt.render`).
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from __future__ import annotations
 #: (SmolLM2: 5 × 3–5 tokens joined, 19–29, plus :data:`collectors.tasks.PREAMBLE_MARGIN`), so vt
 #: gets 64. :func:`collectors.tasks.check_decode_budget` checks each input against its limit.
 NIAH_TOKENS, VT_TOKENS, CWE_TOKENS, FWE_TOKENS, QA_TOKENS = 128, 64, 120, 50, 32
-#: The fwe generator sizes its vocabulary with RULER's own 50 tokens to generate (unchanged inputs).
-RULER_FWE_TOKENS = 50
+#: vt's worked example: RULER builds it at 500 tokens (its 30 tokens to generate included), adding noise
+#: sentence groups 5 at a time (``variable_tracking.py``, ``max_seq_length=500, incremental=5``).
+VT_ICL_TOKENS, VT_ICL_RULER_GENERATE, VT_ICL_INCREMENT = 500, 30, 5
 
 NIAH_TEMPLATE = (
     "Some special magic {type_v} are hidden within the following text. Make sure to memorize it. "
@@ -73,9 +74,12 @@ QA_DOCUMENT = "Document {i}:\n{document}"
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 
 #: Per-task configuration, as in RULER's ``synthetic.yaml``. ``haystack`` is RULER's haystack
-#: type; "essay" tasks use the noise haystack unless an essay file is supplied (docs/COLLECTION.md).
+#: type; "essay" tasks read a user-supplied haystack file; without one, niah_single_2/3 are refused and the
+#: others use the noise haystack (docs/COLLECTION.md, "Deviations from RULER").
 NIAH_CONFIGS: dict[str, dict] = {
     "niah_single_1": dict(haystack="noise", type_k="words", type_v="numbers", num_k=1, num_v=1, num_q=1),
+    "niah_single_2": dict(haystack="essay", type_k="words", type_v="numbers", num_k=1, num_v=1, num_q=1),
+    "niah_single_3": dict(haystack="essay", type_k="words", type_v="uuids", num_k=1, num_v=1, num_q=1),
     "niah_multikey_1": dict(haystack="essay", type_k="words", type_v="numbers", num_k=4, num_v=1, num_q=1),
     "niah_multikey_2": dict(haystack="needle", type_k="words", type_v="numbers", num_k=1, num_v=1, num_q=1),
     "niah_multikey_3": dict(haystack="needle", type_k="uuids", type_v="uuids", num_k=1, num_v=1, num_q=1),

@@ -48,7 +48,17 @@ def test_n_kept_closed_form(T, b, expected):
     assert n_kept(T, b) == expected == min(T, max(math.floor(b * T), N_SINK + N_RECENT))
 
 
+@pytest.mark.parametrize(
+    "T,b,expected",
+    [(1000, 0.0625, 62), (500, 0.0625, 40), (100, 0.375, 40), (100, 0.41, 41), (39, 0.5, 39), (4096, 1.0, 4096)],
+)
+def test_n_kept_page_floor_is_the_authors_max_40(T, b, expected):
+    """The authors' runner keeps max(40, ⌊T·b⌋) = max(n_sink + n_recent + 4, int(T·b)) (typed from it)."""
+    assert n_kept(T, b, budget_floor="page") == expected == min(T, max(40, math.floor(T * b)))
+
+
 @pytest.mark.parametrize("bad", [dict(n_tokens=0, budget=0.5), dict(n_tokens=10, budget=0.0),
+                                 dict(n_tokens=10, budget=0.5, budget_floor="paper"),
                                  dict(n_tokens=10, budget=1.5), dict(n_tokens=10, budget=0.5, n_sink=-1)])
 def test_n_kept_rejects_bad_input(bad):
     with pytest.raises(ValueError):

@@ -7,10 +7,11 @@ from collections import Counter
 
 import pytest
 
-from collectors.tasks import TASK_NAMES, TASK_TOKENS_TO_GENERATE, make_input, score
+from collectors.tasks import ESSAY_TASKS, TASK_NAMES, TASK_TOKENS_TO_GENERATE, make_input, score
 from collectors.tasks.templates import NIAH_CONFIGS
 
-SYNTHETIC = [t for t in TASK_NAMES if not t.startswith("qa")]
+SYNTHETIC = [t for t in TASK_NAMES if not t.startswith("qa") and t not in ESSAY_TASKS]
+NEEDLE_HAYSTACK = [t for t, c in NIAH_CONFIGS.items() if c["haystack"] == "needle"]
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +30,11 @@ def n_tokens(tok, text):
 
 def check_common(tok, x, L):
     assert x.n_tokens == n_tokens(tok, x.prompt)
-    assert 0.98 * L <= x.n_tokens <= L, (x.task, x.n_tokens, L)
+    if x.task in NEEDLE_HAYSTACK:  # RULER's needle haystack: whole needles only, within one needle below L
+        needle = max(n_tokens(tok, line + "\n") for line in NEEDLE_RE_LINE.findall(x.prompt))
+        assert L - needle < x.n_tokens <= L, (x.task, x.n_tokens, L)
+    else:
+        assert 0.98 * L <= x.n_tokens <= L, (x.task, x.n_tokens, L)
     assert x.prompt.startswith("<|im_start|>system")
     assert "<|im_start|>user\n" in x.prompt and x.prompt.count("<|im_start|>assistant\n") == 1
     for ref in x.references:
@@ -40,6 +45,10 @@ def check_common(tok, x, L):
 @pytest.mark.parametrize("L", [512, 1500])
 @pytest.mark.parametrize("task", SYNTHETIC)
 def test_synthetic_tasks_fit_length_and_contain_answers(tok, task, L):
+    if task == "cwe" and L == 512:  # RULER's worked example and 10 words × 6 do not fit in 512 SmolLM2 tokens
+        with pytest.raises(ValueError, match="context_length 512 is too short"):
+            make_input(task, tokenizer=tok, context_length=L, input_id=1, draw=0)
+        return
     x = make_input(task, tokenizer=tok, context_length=L, input_id=1, draw=0)
     check_common(tok, x, L)
     assert x.max_new_tokens == TASK_TOKENS_TO_GENERATE[task]
@@ -78,9 +87,20 @@ def test_a_decode_limit_that_cannot_hold_the_answer_is_refused(tok):
 
 
 NEEDLE_RE = re.compile(r"One of the special magic (?:numbers|uuids) for (\S+) is: (\S+)\.")
+NEEDLE_RE_LINE = re.compile(r"One of the special magic (?:numbers|uuids) for \S+ is: \S+\.")
 
 
-@pytest.mark.parametrize("task", list(NIAH_CONFIGS))
+@pytest.mark.parametrize("task", NEEDLE_HAYSTACK)
+def test_needle_haystack_holds_only_needles(tok, task):
+    """RULER's needle haystack is needles and nothing else: no filler an evictor could drop for free."""
+    x = make_input(task, tokenizer=tok, context_length=700, input_id=0, draw=0, prompt_style="ruler")
+    start = x.prompt.index("afterwards.\n") + len("afterwards.\n")
+    end = x.prompt.index("\nWhat is the special magic")
+    lines = x.prompt[start:end].split("\n")
+    assert len(lines) > 5 and all(NEEDLE_RE_LINE.fullmatch(line) for line in lines), lines[:3]
+
+
+@pytest.mark.parametrize("task", [t for t in NIAH_CONFIGS if t not in ESSAY_TASKS])
 def test_niah_needles(tok, task):
     cfg = NIAH_CONFIGS[task]
     x = make_input(task, tokenizer=tok, context_length=900, input_id=0, draw=1)
@@ -104,7 +124,7 @@ def test_niah_needles(tok, task):
     else:
         assert all(re.fullmatch(r"\d{7}", r) for r in x.references)
     one = cfg["num_q"] * cfg["num_v"] == 1
-    assert x.prompt.rstrip().endswith("is" if one else "are")
+    assert x.prompt.endswith(f"provided text {'is' if one else 'are'}<|im_end|>\n<|im_start|>assistant\n")
 
 
 def test_vt_chain_in_order(tok):
@@ -119,9 +139,22 @@ def test_vt_chain_in_order(tok):
     assert f"5 variables are assigned the value {value}" in x.prompt
 
 
+def test_vt_worked_example_is_rulers_500_tokens(tok):
+    """RULER's vt example: the most noise groups, 5 at a time, within 500 − 30 tokens; then a blank line."""
+    x = make_input("vt", tokenizer=tok, context_length=4096, input_id=0, draw=0, prompt_style="ruler")
+    user = x.prompt[x.prompt.index("<|im_start|>user\n") + len("<|im_start|>user\n"):]
+    example = user[:user.rindex("\n\nMemorize and track")]
+    groups = example.count("The grass is green. The sky is blue.")
+    assert groups == x.metadata["icl_noise_groups"] > 0 and groups % 5 == 0
+    assert n_tokens(tok, example) <= 470 < n_tokens(tok, example) + 5 * n_tokens(tok, "\nThe grass is green. The sky "
+                                                                                  "is blue. The sun is yellow. Here we "
+                                                                                  "go. There and back again.")
+
+
 @pytest.mark.parametrize("L, freq", [(800, (6, 1)), (4200, (30, 3))])
 def test_cwe_counts(tok, L, freq):
     x = make_input("cwe", tokenizer=tok, context_length=L, input_id=0, draw=0)
+    assert x.prompt.count("Below is a numbered list") == 2  # RULER's worked example at every length
     main = x.prompt[x.prompt.rindex("Below is a numbered list"):x.prompt.rindex("Question:")]
     words = re.findall(r"\d+\. (\S+)", main)
     counts = Counter(words)
@@ -140,6 +173,7 @@ def test_fwe_answers_are_ranks_two_to_four(tok):
     assert ranked[0] == "..."
     assert sorted(ranked[1:4]) == sorted(x.references)
     assert counts[ranked[3]] > counts[ranked[4]]
+    assert x.metadata["vocab_size"] == 1500 // 50 >= len(counts)  # RULER: max_seq_length // 50
 
 
 SQUAD = {"data": [
@@ -207,17 +241,28 @@ ESSAY = ("Writing is thinking made visible. Most of what we call talent is pract
 def test_essay_haystack_only_where_ruler_uses_essays(tok, tmp_path):
     essay = tmp_path / "essay.txt"
     essay.write_text(ESSAY)
-    x = make_input("niah_multikey_1", tokenizer=tok, context_length=800, input_id=0, draw=0,
-                   haystack="essay", essay_file=essay)
+    x = make_input("niah_multikey_1", tokenizer=tok, context_length=800, input_id=0, draw=0, haystack_file=essay)
     check_common(tok, x, 800)
     assert x.metadata["haystack"] == "essay" and len(x.metadata["essay_sha256"]) == 64
     assert "Writing is thinking made visible." in x.prompt and "The grass is green" not in x.prompt
     assert len(NEEDLE_RE.findall(x.prompt)) == 4
-    y = make_input("niah_single_1", tokenizer=tok, context_length=800, input_id=0, draw=0,
-                   haystack="essay", essay_file=essay)
+    y = make_input("niah_single_1", tokenizer=tok, context_length=800, input_id=0, draw=0, haystack_file=essay)
     assert y.metadata["haystack"] == "noise" and "Writing is thinking" not in y.prompt
     z = make_input("niah_multikey_1", tokenizer=tok, context_length=800, input_id=0, draw=0)
     assert z.metadata["haystack"] == "noise"
+
+
+@pytest.mark.parametrize("task, value", [("niah_single_2", r"\d{7}"), ("niah_single_3", r"[0-9a-f-]{36}")])
+def test_essay_only_tasks_need_the_haystack_file(tok, tmp_path, task, value):
+    with pytest.raises(ValueError, match=f"^{task} needs RULER's essay haystack: give a haystack file"):
+        make_input(task, tokenizer=tok, context_length=800, input_id=0, draw=0)
+    essay = tmp_path / "essay.txt"
+    essay.write_text(ESSAY * 4)
+    x = make_input(task, tokenizer=tok, context_length=800, input_id=0, draw=0, haystack_file=essay)
+    check_common(tok, x, 800)
+    assert x.metadata["haystack"] == "essay" and "Writing is thinking made visible." in x.prompt
+    (key, found), = NEEDLE_RE.findall(x.prompt)
+    assert x.references == [found] and re.fullmatch(value, found) and x.metadata["keys"] == [key]
 
 
 def test_bad_arguments(tok):
@@ -225,7 +270,5 @@ def test_bad_arguments(tok):
         make_input("niah_single_9", tokenizer=tok, context_length=512, input_id=0, draw=0)
     with pytest.raises(ValueError, match="too short"):
         make_input("niah_single_1", tokenizer=tok, context_length=40, input_id=0, draw=0)
-    with pytest.raises(ValueError, match="haystack"):
-        make_input("niah_single_1", tokenizer=tok, context_length=512, input_id=0, draw=0, haystack="pg")
-    with pytest.raises(ValueError, match="essay_file"):
-        make_input("niah_multivalue", tokenizer=tok, context_length=512, input_id=0, draw=0, haystack="essay")
+    with pytest.raises(ValueError, match="^unknown prompt style 'chat'; expected one of page, ruler$"):
+        make_input("niah_single_1", tokenizer=tok, context_length=512, input_id=0, draw=0, prompt_style="chat")
