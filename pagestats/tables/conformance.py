@@ -73,7 +73,9 @@ def conformance_table(gated: pl.DataFrame, *, rng: np.random.Generator, paper: p
     ----------
     gated : polars.DataFrame
         Gated outcomes at the paper's fixed τ (:func:`pagestats.replay.gated_outcomes` with
-        ``FixedTau(0.07)``): the authors' replay, never a stored gated column.
+        ``FixedTau(0.07)``): the authors' replay, never a stored gated column. One input draw per
+        (model, context), as the paper's tables (the report passes its first draw); a second draw's
+        inputs would be pooled with the first.
     rng : numpy.random.Generator
         For the cluster bootstrap of the interval rows (Table 28).
     paper : polars.DataFrame, optional
@@ -136,7 +138,7 @@ def conformance_table(gated: pl.DataFrame, *, rng: np.random.Generator, paper: p
     paper = paper_values() if paper is None else paper
     # the rows of the paper's models only (on other logs nothing is left, and nothing is copied twice)
     models = set(paper["model"]) | {spec.split("@")[0] for cells in paper["cells"] if cells for spec in cells.split(_SEP)}
-    rows = gated.select([c for c in _READ if c in gated.columns]).filter(pl.col("model").cast(pl.String).is_in(models))
+    rows = gated.select([c for c in _READ if c in gated.columns]).filter(pl.col("model").is_in(sorted(models)))
     rows, _ = metrics.equal_inputs(rows)
     out = []
     for row in paper.iter_rows(named=True):
@@ -198,11 +200,10 @@ def _select(rows: pl.DataFrame, row: dict, cell: tuple[str, int, str], *, full: 
 
     ``full``: keep the b = 1 rows beside a "b<1" set (the frontier reads the full cache)."""
     model, ctx, evictor = cell
-    part = rows.filter((pl.col("model").cast(pl.String) == model) & (pl.col("context_length") == ctx)
-                       & (pl.col("evictor").cast(pl.String) == evictor))
+    part = rows.filter((pl.col("model") == model) & (pl.col("context_length") == ctx) & (pl.col("evictor") == evictor))
     tasks = row["task"].split(_SEP) if row["task"] else None
     if tasks is not None:
-        part = part.filter(pl.col("task").cast(pl.String).is_in(tasks))
+        part = part.filter(pl.col("task").is_in(tasks))
     if part.height == 0:
         raise _NotInLogs
     logged = part.group_by(pl.col("task").cast(pl.String)).agg(pl.col("budget").unique())
