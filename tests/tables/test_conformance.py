@@ -291,3 +291,11 @@ def test_release_report_leads_with_the_conformance_section(release_logs, tmp_pat
     assert written.columns == list(cf.COLUMNS) and written.height == cf.paper_values().height + 1
     # the rows these logs hold are shown on the page, a Table 2 cell among them
     assert "| Table 2 | delta | Mistral-7B-Instruct-v0.3 |" in text and "match at the printed precision" in text
+
+
+def test_the_projects_own_smollm2_logs_hold_no_paper_cell():
+    # data/smollm2-512: SmolLM2-135M at 512 tokens, none of the paper's models and contexts
+    logs = io.load([str(Path(__file__).resolve().parents[2] / "data" / "smollm2-512")])
+    t = _release_table(replay.gated_outcomes(logs, FixedTau(0.07)))
+    assert t.height == cf.paper_values().height + 1
+    assert set(t["status"]) == {"not-in-logs"} and t["value"].null_count() == t.height
