@@ -294,8 +294,9 @@ def test_release_report_leads_with_the_conformance_section(release_logs, tmp_pat
 
 
 def test_the_projects_own_smollm2_logs_hold_no_paper_cell():
-    # data/smollm2-512: SmolLM2-135M at 512 tokens, none of the paper's models and contexts
-    logs = io.load([str(Path(__file__).resolve().parents[2] / "data" / "smollm2-512")])
+    # SmolLM2-135M at 512 tokens on the paper's tasks (NIAH-MK3, VT, FWE): none of its models and contexts
+    data = Path(__file__).resolve().parents[2] / "data"
+    logs = io.load([str(data / f"smollm2-512-{name}ruler-limits") for name in ("", "vt-", "fwe-")])
     t = _release_table(replay.gated_outcomes(logs, FixedTau(0.07)))
     assert t.height == cf.paper_values().height + 1
     assert set(t["status"]) == {"not-in-logs"} and t["value"].null_count() == t.height
