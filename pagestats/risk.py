@@ -28,7 +28,8 @@ from pagestats.schema import INPUT_KEY
 from pagestats.stats._results import _Result
 from pagestats.stats.ltt import Certificate, fixed_sequence_threshold
 
-__all__ = ["NEVER_OPENS", "SplitValidation", "harm_labels", "policy_comparison", "risk_gate", "split_validation"]
+__all__ = ["NEVER_OPENS", "SplitValidation", "harm_labels", "labelled_rows", "policy_comparison", "risk_gate",
+           "split_validation"]
 
 #: The τ of a gate that never opens: D is a difference of two means of Jaccard indices (Eq. 3), so
 #: it lies in [−1, 1] and no input reaches 2.
@@ -52,7 +53,22 @@ def harm_labels(logs, inputs: pl.DataFrame, *, budget: float, evictor: str) -> n
         first = missing.row(0, named=True)
         raise ValueError(f"risk: {missing.height} input(s) have no {evictor} outcome at budget {budget!r} "
                          f"(first: {first['run_id']}/{first['task']}/{first['input_id']})")
+    unknown = joined.filter(pl.col("full_score").is_null())
+    if unknown.height:
+        first = unknown.row(0, named=True)
+        raise ValueError(f"risk: {unknown.height} input(s) have no full-KV outcome, so harm is unknown on them "
+                         f"(first: {first['run_id']}/{first['task']}/{first['input_id']}); exclude them")
     return (joined["score"] < joined["full_score"]).to_numpy()
+
+
+def labelled_rows(logs, rows: pl.DataFrame, *, budget: float, evictor: str) -> tuple[pl.DataFrame, dict]:
+    """The rows of ``rows`` (inputs) whose harm at (``evictor``, ``budget``) is known, and how many of the
+    others were left out and why: ``{"no_outcome": n, "unknown_full": n}`` (inputs of a run without
+    that evictor or budget; inputs whose full-KV outcome was not logged, as in an imported release)."""
+    have = logs.outcomes.filter((pl.col("evictor") == evictor) & (pl.col("budget") == float(budget))).select(INPUT_KEY)
+    with_outcome = rows.join(have, on=list(INPUT_KEY), how="semi")
+    known = with_outcome.filter(pl.col("full_score").is_not_null())
+    return known, {"no_outcome": rows.height - with_outcome.height, "unknown_full": with_outcome.height - known.height}
 
 
 def _choices(logs, model, evictor, budget) -> tuple[str, str, float]:
@@ -97,7 +113,9 @@ def risk_gate(logs, *, harm_bound: float, delta: float, budget: float, evictor: 
     Gate
         ``policy="risk"``; ``tau`` the certified τ, or :data:`NEVER_OPENS` when none is; ``pilot``
         records A, δ, b, the evictor, n, the observed harm, the certificate
-        (:class:`~pagestats.stats.ltt.Certificate`), the calibration inputs' keys and their D.
+        (:class:`~pagestats.stats.ltt.Certificate`), the calibration inputs' keys and their D, and
+        ``left_out``: the model's inputs whose harm at b is not known (:func:`labelled_rows`), which
+        the pilot is not drawn from.
     """
     from pagestats.calibrate import _n_layers, _statistic, logs_sha256
     from pagestats.replay.pilot import pilot_mask
@@ -106,6 +124,7 @@ def risk_gate(logs, *, harm_bound: float, delta: float, budget: float, evictor: 
     rows = logs.inputs.filter(pl.col("model") == model)
     manifests = {r: logs.manifests[r] for r in rows["run_id"].unique().to_list() if r in logs.manifests}
     statistic = _statistic(manifests)
+    rows, left_out = labelled_rows(logs, rows, budget=budget, evictor=evictor)
     cal = rows.filter(pilot_mask(rows, ("model",), int(pilot_n), "held-out", int(seed), strict=True)).sort(INPUT_KEY)
     harmed = harm_labels(logs, cal, budget=budget, evictor=evictor)
     drops = cal["drop"].to_numpy().astype(np.float64)
@@ -116,7 +135,7 @@ def risk_gate(logs, *, harm_bound: float, delta: float, budget: float, evictor: 
         "n": cert.n, "observed_harm": cert.harm, "certified": cert.tau is not None, "certificate": cert.to_dict(),
         "split": "held-out", "pilot_n": int(pilot_n), "seed": int(seed),
         "calibration_inputs": [list(k) for k in cal.select(INPUT_KEY).iter_rows()],
-        "drops": [float(d) for d in drops], "p_open": cert.p_open, "n_inputs": cert.n,
+        "drops": [float(d) for d in drops], "p_open": cert.p_open, "n_inputs": cert.n, "left_out": left_out,
     }
     file_paths = files if files is not None else [f.path for f in logs.files]
     return Gate(tau=NEVER_OPENS if cert.tau is None else cert.tau, policy="risk", model=model,

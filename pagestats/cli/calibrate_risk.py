@@ -71,6 +71,11 @@ def run_risk(args) -> int:
         print(one_line(f"error: calibrate: {text}"), file=sys.stderr)
         return 2
     p, cert = gate.pilot, gate.pilot["certificate"]
+    gone = p["left_out"]
+    if gone["no_outcome"] or gone["unknown_full"]:
+        print(one_line(f"note: calibrate: the pilot is drawn from the inputs whose harm is known: left out "
+                       f"{gone['no_outcome']} without a {p['evictor']} outcome at b = {p['budget']:g} and "
+                       f"{gone['unknown_full']} without a full-KV outcome"), file=sys.stderr)
     where = f"{p['evictor']} at b = {p['budget']:g}, A = {p['harm_bound']:g}, δ = {p['delta']:g}, n = {p['n']} held-out pilot inputs"
     if not p["certified"]:
         print(one_line(f"gate: no τ certified ({where}): even the highest D, {cert['stopped_at']!r}, has p = "
