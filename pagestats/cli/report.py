@@ -34,6 +34,9 @@ def add_parser(sub) -> None:
     add_policy(p)
     p.add_argument("--seed", type=number(0, MAX_SEED, integer=True, name="--seed"), default=None,
                    help="seed of the pilot hash of a random/held-out pilot (default: 0)")
+    p.add_argument("--see-also", action="append", default=[], metavar="TEXT=HREF",
+                   help="a link shown under the page's title (repeatable), e.g. to a companion report: "
+                   "\"the PAGE paper's own logs=page-release/index.html\"")
     p.add_argument("--headline-evictor", default=None, metavar="EVICTOR",
                    help="the evictor of the headline sentences and of the single-evictor figures and tables "
                    f"(default: {defaults.HEADLINE_EVICTOR} when logged, else the first in name order)")
@@ -49,6 +52,10 @@ def usage_problem(args) -> str | None:
         return problem
     if (args.prereg is None) != (args.prereg_sha256 is None):
         return "--prereg and --prereg-sha256 go together"
+    for link in args.see_also:
+        text, _, href = link.partition("=")
+        if not text.strip() or not href.strip():
+            return f"--see-also {link!r}: give TEXT=HREF, both non-empty"
     try:
         args.parsed_policy = policy_from_args(args)
     except ValueError as err:
@@ -98,6 +105,7 @@ def run(args) -> int:
     try:
         index = build_report(logs, out=args.out, prereg=prereg, dilution_rule=args.dilution_rule,
                              policy=args.parsed_policy, headline_evictor=args.headline_evictor,
+                             see_also=[tuple(link.split("=", 1)) for link in args.see_also],
                              **({"formats": ("png",)} if args.no_pdf else {}))
     except HeadlineEvictorError as err:  # the one error of an option that needs the logs to check
         print(one_line(f"error: --headline-evictor {err.evictor!r} is not logged; the logs hold "

@@ -78,9 +78,10 @@ def _with_wilson(df: pl.DataFrame, name: str, confidence_level: float) -> pl.Dat
             pl.lit(None, pl.Float64).alias(name), pl.lit(None, pl.Float64).alias("low"),
             pl.lit(None, pl.Float64).alias("high"),
         )
-    iv = stats.wilson(df["k"].to_numpy(), df["n"].to_numpy(), confidence_level)
-    return df.with_columns(
-        pl.Series(name, np.atleast_1d(iv.estimate)),
-        pl.Series("low", np.atleast_1d(iv.low)),
-        pl.Series("high", np.atleast_1d(iv.high)),
-    )
+    known = df["k"].is_not_null().to_numpy()  # k is unknown where a full-KV outcome is (formulas.with_full)
+    out = {c: np.full(df.height, np.nan) for c in (name, "low", "high")}
+    if known.any():
+        iv = stats.wilson(df["k"].to_numpy()[known], df["n"].to_numpy()[known], confidence_level)
+        for c, v in ((name, iv.estimate), ("low", iv.low), ("high", iv.high)):
+            out[c][known] = np.atleast_1d(v)
+    return df.with_columns(pl.Series(c, v).fill_nan(None) for c, v in out.items())

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from pagestats import defaults, stats
+from pagestats import defaults, formulas, stats
 from pagestats.columns import input_key, require_columns
 from pagestats.metrics._frames import _by
 from pagestats.metrics.rates import recovery_rate
@@ -56,7 +56,7 @@ def scaling_rows(
         pl.col("task_class").first(),
         pl.col("task_class").n_unique().alias("_nc"),
         pl.len().cast(pl.Int64).alias("n"),
-        pl.col("score_full").mean().alias("a_full"),
+        formulas.full_mean("score_full").alias("a_full"),
     )
     if (full["_nc"] > 1).any():
         raise ValueError("scaling_rows: a row group mixes task classes; include 'task' in by")

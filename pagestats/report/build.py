@@ -166,7 +166,8 @@ def _describe(value) -> dict | str:
 
 def build_report(logs, out, *, policy=None, profile=None, entries: Sequence[Entry] | None = None,
                  formats: Sequence[str] = FIGURE_FORMATS, prereg=None,
-                 dilution_rule: str | None = None, headline_evictor: str | None = None) -> str:
+                 dilution_rule: str | None = None, headline_evictor: str | None = None,
+                 see_also: Sequence[tuple[str, str]] = ()) -> str:
     """Write every table and figure of the catalogue and the index; return the index path.
 
     The report is written to a temporary folder beside ``out`` and moved into place when
@@ -180,13 +181,13 @@ def build_report(logs, out, *, policy=None, profile=None, entries: Sequence[Entr
         raise ValueError(problem)
     with staged_directory(out) as staging:
         _build_into(logs, staging, policy=policy, profile=profile, entries=entries, formats=formats, prereg=prereg,
-                    dilution_rule=dilution_rule, headline_evictor=headline_evictor)
+                    dilution_rule=dilution_rule, headline_evictor=headline_evictor, see_also=see_also)
     return str(Path(out) / "index.md")
 
 
 def _build_into(logs, out, *, policy=None, profile=None, entries: Sequence[Entry] | None = None,
                 formats: Sequence[str] = FIGURE_FORMATS, prereg=None, dilution_rule: str | None = None,
-                headline_evictor: str | None = None) -> str:
+                headline_evictor: str | None = None, see_also: Sequence[tuple[str, str]] = ()) -> str:
     """Write every table and figure of the catalogue and the index into ``out``; return the index path.
 
     Parameters
@@ -210,6 +211,8 @@ def _build_into(logs, out, *, policy=None, profile=None, entries: Sequence[Entry
         The evictor of the headline sentences and the single-evictor entries (default: snapkv
         when logged, else the first by name); one the logs lack raises
         :class:`~pagestats.report.context.HeadlineEvictorError`.
+    see_also : sequence of (text, href)
+        Links shown under the page's title (``make report`` links the report of the paper's own logs).
 
     Returns
     -------
@@ -250,6 +253,7 @@ def _build_into(logs, out, *, policy=None, profile=None, entries: Sequence[Entry
                   for r in marks.sort("model", "context_length").iter_rows(named=True)]
     index = {
         "pagestats_version": pagestats.__version__,
+        "see_also": [{"text": text, "href": href} for text, href in see_also],
         "schema_version": _schema_versions(logs),
         "files": [
             {"path": f.path, "table": f.table, "sha256": f.sha256, "rows": f.rows} for f in getattr(logs, "files", [])
@@ -257,7 +261,7 @@ def _build_into(logs, out, *, policy=None, profile=None, entries: Sequence[Entry
         "runs": sorted(getattr(logs, "manifests", {}) or {}),
         "n_inputs": logs.inputs.height,
         "n_outcomes": logs.outcomes.height,
-        "exclusions": list(getattr(logs, "exclusions", []) or []) + _control_lines(ctx),
+        "exclusions": list(getattr(logs, "exclusions", []) or []) + _control_lines(ctx) + _unknown_full_lines(ctx),
         "mode": getattr(logs, "mode", defaults.MODE),  # the collection mode of every run (docs/SCHEMA.md)
         "policy": _describe(ctx.policy),
         "profile": _describe(ctx.profile),
@@ -288,6 +292,16 @@ def _control_lines(ctx: Context) -> list[str]:
     runs = ctx.controls.inputs.group_by("run_id").len().sort("run_id")
     return [f"set apart as a control run (uniform-random arm; read by Table 31 alone): {r} ({n} inputs)"
             for r, n in runs.iter_rows()]
+
+
+def _unknown_full_lines(ctx: Context) -> list[str]:
+    """The runs with unknown full-KV outcomes, set apart from every entry but the conformance table
+    (:func:`~pagestats.report.context.split_unknown_full`)."""
+    if ctx.unknown_full is None:
+        return []
+    runs = ctx.unknown_full.inputs.group_by("run_id").agg(pl.len(), pl.col("full_score").null_count().alias("u"))
+    return [f"set apart: {r} ({n} inputs, {u} without a full-KV outcome: the release has no b = 1 rows for them); "
+            "the conformance table and `pagestats whatif` read it" for r, n, u in runs.sort("run_id").iter_rows()]
 
 
 def _pilots(ctx: Context) -> list[dict]:

@@ -20,6 +20,7 @@ from pagestats import defaults, replay
 from pagestats.escape import markdown as md
 from pagestats.replay import FixedTau, ProfileSpec
 from pagestats.tables.conformance import COLUMNS, STATUSES, conformance_table
+from pagestats.report.context import first_draw
 
 __all__ = ["conformance", "conformance_html", "conformance_markdown"]
 
@@ -37,9 +38,10 @@ CAPTION = (
 def _paper_gated(ctx) -> pl.DataFrame:
     """Gated outcomes at the paper's replay: the report's own when its policy is the fixed τ = 0.07 on
     the logged D, else a replay of the same logs at it."""
-    if ctx.fixed_tau == defaults.TAU and ctx.profile == ProfileSpec():
+    if ctx.fixed_tau == defaults.TAU and ctx.profile == ProfileSpec() and ctx.unknown_full is None:
         return ctx.gated
-    return replay.gated_outcomes(ctx.logs, FixedTau(defaults.TAU), ProfileSpec())
+    # every run, those without some full-KV outcomes included (Table 16's Yi-1.5-9B: no b = 1 rows)
+    return replay.gated_outcomes(first_draw(ctx.every_run), FixedTau(defaults.TAU), ProfileSpec())
 
 
 def conformance(ctx, out) -> dict:

@@ -47,6 +47,11 @@ class Context:
         logs = categorical_names(logs)
         #: the control runs (a :data:`~pagestats.defaults.CONTROL_EVICTORS` arm): Table 31 reads these alone
         logs, self.controls = split_controls(logs)
+        #: every run, those with unknown full-KV outcomes included: the conformance table reads these
+        self.every_run = logs
+        #: runs some of whose inputs have no full-KV outcome (an imported file without b = 1 rows,
+        #: docs/IMPORT.md): set apart, since almost every entry reads the full-KV arm
+        logs, self.unknown_full = split_unknown_full(logs)
         #: every input draw of the other runs: Table 30 (seed replicates) reads these
         self.all_logs = logs
         #: the first input draw of each (model, context): every other entry reads these, so that a
@@ -173,7 +178,12 @@ def split_controls(logs):
     of the main runs to compare an informed scorer with the control, so its inputs and outcomes are
     kept out of every other entry (docs/decisions.md, "Control runs"). The second item is ``None``
     when there are none (and the first is ``logs`` itself)."""
-    runs = logs.outcomes.filter(pl.col("evictor").is_in(list(defaults.CONTROL_EVICTORS)))["run_id"].unique()
+    return _split_runs(logs, logs.outcomes.filter(pl.col("evictor").is_in(list(defaults.CONTROL_EVICTORS)))["run_id"])
+
+
+def _split_runs(logs, runs: pl.Series):
+    """``(logs without the runs ``runs``, those runs)``; ``(logs, None)`` when ``runs`` is empty."""
+    runs = runs.unique()
     if runs.len() == 0:
         return logs, None
 
@@ -182,6 +192,14 @@ def split_controls(logs):
 
     return tuple(dataclasses.replace(logs, inputs=part(logs.inputs, keep), outcomes=part(logs.outcomes, keep),
                                      topk=part(logs.topk, keep)) for keep in (False, True))
+
+
+def split_unknown_full(logs):
+    """``(logs without the runs that lack some full-KV outcome, those runs)``: in an imported file
+    without b = 1 rows the full-KV outcome of a gate-open input is unknown (docs/IMPORT.md), and the
+    harm, ρ, A_full and frontier entries cannot be computed on such a run; ``pagestats whatif`` and
+    the conformance table read it. The second item is ``None`` when every run is complete."""
+    return _split_runs(logs, logs.inputs.filter(pl.col("full_score").is_null())["run_id"])
 
 
 def first_draw(logs):
@@ -310,6 +328,10 @@ def needs_agreement(ctx: Context) -> str | None:
     inputs = ctx.logs.inputs
     if "agreement" not in inputs.columns:
         return "no per-layer agreement profiles in the inputs"
+    missing = inputs["agreement"].null_count()
+    if missing:
+        return (f"{missing} of {inputs.height} inputs have no per-layer agreement profile (runs imported from a "
+                "release that has none for them: manifest imported.unsupported)")
     if inputs.select(pl.col("agreement").list.len().min()).item() < 2:
         return "per-layer agreement profiles have fewer than 2 layers"
     return None

@@ -175,6 +175,8 @@ def write_index_html(index: dict, out) -> str:
              f"<style>{CSS}</style></head><body>",
              "<h1>pagestats report</h1>",
              f'<p class="meta">{html.escape(_meta_line(index))}</p>',
+             *(f'<p class="finding">See also: <a href="{html.escape(link["href"])}">{html.escape(link["text"])}</a></p>'
+               for link in index.get("see_also", [])),
              '<h2 id="headline">Headline</h2>']
     parts += [f'<p class="finding">{html.escape(s)}</p>' for s in index.get("headline_sentences", [])]
     if index.get("headline"):
@@ -269,7 +271,9 @@ def index_markdown(index: dict, out) -> str:
 
     Every text that can hold a name from the logs (model, task, evictor, run, file) passes
     :func:`pagestats.escape.markdown`, as the HTML page passes :func:`html.escape`."""
-    lines = ["# pagestats report", "", md(_meta_line(index)), "", "## Headline", ""]
+    lines = ["# pagestats report", "", md(_meta_line(index)), ""]
+    lines += [f"See also: [{md(link['text'])}]({link['href'].replace(' ', '%20')})" for link in index.get("see_also", [])]
+    lines += ["", "## Headline", ""]
     lines += [f"- {md(s)}" for s in index.get("headline_sentences", [])]
     if index.get("headline"):
         rows = headline_rows(pl.DataFrame(index["headline"]))

@@ -144,7 +144,8 @@ def test_texts_are_kept_when_present(tmp_path, capsys):
 
 def _record(i, task, b, *, T=1000, drop=0.1, gate=True, plain=True, gated=True, **extra):
     return {"id": i, "task": task, "budget": b, "T": T, "drop": drop, "gate_open": gate,
-            "n_kept_plain": max(40, int(T * b)), "n_kept_gated": max(40, int(T * b)) if gate else T,
+            "n_kept_plain": int(b) if b > 1 else max(40, int(T * b)),
+            "n_kept_gated": (int(b) if b > 1 else max(40, int(T * b))) if gate else T,
             "correct_plain": plain, "correct_gated": gated, **extra}
 
 
@@ -267,14 +268,15 @@ def test_a_profile_is_matched_only_when_its_d_equals_the_logged_drop(tmp_path):
 
 def test_other_schemas_stubs_and_invalid_folders_are_skipped_with_one_line_each(tmp_path):
     _write(tmp_path / "rel" / "gated_4k_qwen15b.jsonl", _gated())
-    _write(tmp_path / "rel" / "adakv_4k_qwen15b.jsonl", [{"id": 0, "task": "vt", "budget": 0.5, "correct_full": True}])
+    _write(tmp_path / "rel" / "ruler_4k_qwen3b.jsonl", [{"id": 0, "task": "vt", "budget": 0.5, "T": 900, "n_kept": 450,
+                                                         "correct": True}])
     (tmp_path / "rel" / "gated_16k_smoke.jsonl").write_text("")
     _write(tmp_path / "rel" / "INVALID_prefill_bug" / "gated_4k_qwen3b.jsonl", _gated())
     (tmp_path / "rel" / "notes.md").write_text("# notes\n")
     report = import_page([str(tmp_path / "rel")], tmp_path / "out")
     assert list(report.runs) == ["page-qwen2.5-1.5b-instruct-4k"]
     text = "\n".join(report.skipped)
-    assert "adakv_4k_qwen15b.jsonl: skipped: its records are the Ada-KV" in text
+    assert "ruler_4k_qwen3b.jsonl: skipped: its records are the RULER sweep" in text
     assert "gated_16k_smoke.jsonl: skipped: it holds no records" in text
     assert "INVALID_prefill_bug/gated_4k_qwen3b.jsonl: skipped: the authors marked its folder invalid" in text
     assert "1 files in the folders given are not .jsonl" in text
@@ -299,3 +301,88 @@ def test_cli_bad_records_exit_1_and_write_nothing(tmp_path, capsys):
     err = capsys.readouterr().err
     assert ":1: a JSON list, not an object" in err and not any((tmp_path / "out").glob("page-*"))
     shutil.rmtree(tmp_path / "out", ignore_errors=True)
+
+
+def _adakv(n=4, budgets=(0.5, 0.25), tau=0.07):
+    rows = []
+    for i in range(n):
+        drop = 0.02 * i + 0.03
+        for b in budgets:
+            rows.append({"id": i, "task": "niah_multikey_3" if i < n // 2 else "vt", "budget": b, "T": 1000,
+                         "drop": drop, "gate_open": drop >= tau, "correct_full": i != 3,
+                         "correct_plain_shared": i % 2 == 0, "n_kept_shared": b * 1000 + 0.4,
+                         "correct_gated_shared": True, "correct_plain_adakv": True, "n_kept_adakv": b * 1000 - 0.4,
+                         "correct_gated_adakv": True, "pred_full": "x"})
+    return rows
+
+
+def test_ada_kv_files_become_a_run_of_their_own_with_two_arms(tmp_path):
+    _write(tmp_path / "rel" / "gated_4k_qwen15b.jsonl", _gated())
+    _write(tmp_path / "rel" / "adakv_4k_qwen15b.jsonl", _adakv())
+    capbound = _adakv()
+    for r in capbound:  # other tasks, same arms: the same run
+        r["task"] = {"niah_multikey_3": "cwe", "vt": "qa_2"}[r["task"]]
+    _write(tmp_path / "rel" / "capbound_4k_qwen15b.jsonl", capbound)
+    report = import_page([str(tmp_path / "rel")], tmp_path / "out")
+    assert sorted(report.runs) == ["page-qwen2.5-1.5b-instruct-4k", "page-qwen2.5-1.5b-instruct-4k-adakv"]
+    run = Path(report.runs["page-qwen2.5-1.5b-instruct-4k-adakv"])
+    assert validate_paths([str(run)]) == []
+    logs = load([str(run)])
+    assert sorted(logs.outcomes["evictor"].unique().to_list()) == ["adakv-snapkv", "snapkv"]
+    assert logs.inputs.height == 8 and logs.inputs["full_score"].null_count() == 0  # correct_full on every row
+    assert sorted(logs.outcomes.filter(pl.col("evictor") == "snapkv")["n_kept"].unique().to_list()) == [250, 500]
+
+
+def test_a_recorded_tau_the_stored_gate_contradicts_is_named(tmp_path):
+    rows = _gated(tau=0.07)
+    for r in rows:
+        r["tau"] = 0.07
+    rows[7]["gate_open"] = not rows[7]["gate_open"]
+    for r in rows:  # keep the input's rows consistent, so only the tau rule fires
+        if r["id"] == rows[7]["id"]:
+            r["gate_open"] = rows[7]["gate_open"]
+    lines = _import_error([_write(tmp_path / "gated_dbtrimkv_qwen3_4k.jsonl", rows)], tmp_path)
+    assert any("contradicts drop" in line and "tau 0.07" in line for line in lines)
+
+
+def test_dbtrimkv_n_kept_summed_over_layers_and_kv_heads_is_per_position(tmp_path):
+    rows = _gated(budgets=(128, 256))
+    for r in rows:
+        r["n_kept_plain"] = int(r["budget"]) * 36 * 8  # Qwen3-4B: 36 layers × 8 KV heads
+    run = Path(import_page([str(_write(tmp_path / "gated_dbtrimkv_qwen3_4k.jsonl", rows))], tmp_path / "out")
+               .runs["page-qwen3-4b-instruct-2507-4k"])
+    logs = load([str(run)])
+    assert sorted(logs.outcomes["n_kept"].unique().to_list()) == [128, 256]
+    assert logs.outcomes["evictor"].unique().to_list() == ["dbtrimkv"]
+    rows[0]["n_kept_plain"] += 1  # not a whole multiple of 288
+    assert "layer × KV-head slots" in _import_error([_write(tmp_path / "b" / "gated_dbtrimkv_qwen3_4k.jsonl", rows)],
+                                                    tmp_path / "b")[0]
+
+
+def test_a_partial_file_is_skipped_with_one_line(tmp_path):
+    rows = [r for r in _gated() if not (r["id"] == 3 and r["budget"] == 0.25)]
+    report = import_page([str(_write(tmp_path / "gated_4k_qwen15b.jsonl", rows))], tmp_path / "out")
+    assert report.runs == {} and "a partial file: 1 of 4 inputs lack some of its 3 budgets" in report.skipped[0]
+
+
+def test_evictor_files_with_different_budget_grids_share_a_run(tmp_path):
+    # the release's Qwen2.5-14B: SnapKV at 9 budgets, H2O at 4, on the same inputs
+    a = _write(tmp_path / "gated_4k_qwen14b.jsonl", _gated(budgets=(1.0, 0.5, 0.25, 0.125)))
+    b = _write(tmp_path / "gated_h2o_qwen14b_4k.jsonl", _gated(budgets=(1.0, 0.5), score_policy="h2o"))
+    extra = _gated(budgets=(1.0, 0.5, 0.25, 0.125))
+    for r in extra:
+        r["task"] = "qa_2"
+    c = _write(tmp_path / "gated_4k_qwen14b_extra.jsonl", extra)
+    report = import_page([str(a), str(b), str(c)], tmp_path / "out")
+    assert sorted(report.runs) == ["page-qwen2.5-14b-instruct-4k", "page-qwen2.5-14b-instruct-4k-extra"]
+    run = Path(report.runs["page-qwen2.5-14b-instruct-4k"])
+    assert len(_manifest(run)["imported"]["arms"]) == 6 and validate_paths([str(run)]) == []
+
+
+def test_longbench_answers_are_the_references(tmp_path):
+    rows = _gated()
+    for r in rows:
+        r["task"], r["answers"] = "qasper", ["an answer", "another"]
+    run = Path(import_page([str(_write(tmp_path / "longbench_mistral7b.jsonl", rows))], tmp_path / "out",
+                           context=16384).runs["page-mistral-7b-instruct-v0.3-16k"])
+    assert load([str(run)], columns="all").inputs["references"].to_list()[0] == ["an answer", "another"]

@@ -141,6 +141,12 @@ def read_gated(records: Records) -> tuple[pl.DataFrame, Threshold, bool]:
         differs = rows.join(first, on=["task", "input_id"]).filter(pl.col(column) != pl.col("_first"))
         problems += _lines(path, differs, lambda r, c=column, w=what: f"{w} {r[c]} of input ({r['task']}, "
                            f"{r['input_id']}) differs from its first record's {r['_first']}")
+    if "tau" in frame.columns:  # a recorded threshold (DBTrimKV's runner): the stored gate must follow it
+        recorded = frame.select(pl.col("tau").cast(pl.Float64, strict=False), "_line")
+        wrong = rows.with_columns(recorded["tau"].alias("_tau")).filter(
+            pl.col("_tau").is_null() | (pl.col("gate_open") != (pl.col("drop") >= pl.col("_tau"))))
+        problems += _lines(path, wrong, lambda r: f"gate_open {str(r['gate_open']).lower()} contradicts drop "
+                           f"{r['drop']!r} and the record's tau {r['_tau']!r} (open iff drop ≥ tau)")
     if problems:
         raise RecordError(path, problems)
     per_input = rows.unique(["task", "input_id"], keep="first", maintain_order=True)
@@ -156,14 +162,65 @@ def read_gated(records: Records) -> tuple[pl.DataFrame, Threshold, bool]:
 
 
 def _references(frame: pl.DataFrame) -> pl.Expr:
-    """``gold`` as a list of strings (a single string becomes a one-element list); null when absent."""
-    if "gold" not in frame.columns:
+    """``gold`` (``answers`` in LongBench files) as a list of strings (a single string becomes a
+    one-element list); null when absent."""
+    key = next((k for k in ("gold", "answers") if k in frame.columns), None)  # answers: the LongBench files
+    if key is None:
         return pl.lit(None, pl.List(pl.String)).alias("references")
-    dtype = frame.schema["gold"]
-    if isinstance(dtype, pl.List):
-        return pl.col("gold").cast(pl.List(pl.String)).alias("references")
-    return pl.concat_list(pl.col("gold").cast(pl.String)).alias("references")
+    if isinstance(frame.schema[key], pl.List):
+        return pl.col(key).cast(pl.List(pl.String)).alias("references")
+    return pl.concat_list(pl.col(key).cast(pl.String)).alias("references")
 
 
 def _text(frame: pl.DataFrame, key: str) -> pl.Expr:
     return pl.col(key).cast(pl.String) if key in frame.columns else pl.lit(None, pl.String)
+
+
+def incomplete_inputs(rows: pl.DataFrame, path: str) -> str | None:
+    """Why a file is partial (some input lacks budgets others have: a run cut short), or ``None``."""
+    grid = rows["budget"].n_unique()
+    short = rows.group_by("task", "input_id").agg(pl.col("budget").n_unique().alias("n")).filter(pl.col("n") < grid)
+    if short.height:
+        return (f"a partial file: {short.height} of {rows.select('task', 'input_id').n_unique()} inputs lack some of "
+                f"its {grid} budgets")
+    return None
+
+
+def gated_tables(rows: pl.DataFrame, evictor: pl.Expr, *, absolute: bool, context: int,
+                 kv_slots: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """``(inputs, outcomes)`` of a gated file in the project's terms (docs/IMPORT.md, "Conventions").
+
+    inputs: ``task, input_id, n_tokens, drop, full_score, references, full_prediction, _line``; the
+    full-KV outcome is ``correct_plain`` at b = 1.0, else (no b = 1.0 rows) the stored gated outcome of
+    a gate-closed input and null for an open one. outcomes: ``task, input_id, evictor, budget, n_kept,
+    prediction, score, _line``, the plain arm; absolute budgets become B / ``context``, and an ``n_kept``
+    summed over the model's ``kv_slots`` (layers × KV heads, DBTrimKV's paged cache) is divided by it.
+    """
+    full = rows.filter(pl.col("budget") == 1.0).select("task", "input_id", pl.col("score_plain").alias("full_score"),
+                                                      "references", pl.col("prediction").alias("full_prediction"))
+    first = rows.unique(["task", "input_id"], keep="first", maintain_order=True)
+    if full.height:
+        inputs = first.select("task", "input_id", "n_tokens", "drop", "_line").join(
+            full, on=["task", "input_id"], how="left", maintain_order="left")
+    else:
+        inputs = first.select("task", "input_id", "n_tokens", "drop", "_line",
+                              pl.when(~pl.col("gate_open")).then(pl.col("score_gated")).alias("full_score"),
+                              "references", pl.lit(None, pl.String).alias("full_prediction"))
+    kept = pl.col("n_kept")
+    if absolute and bool((rows["n_kept"] > rows["n_tokens"]).any()):
+        kept = kept // kv_slots  # checked exact by the caller (summed_kept_problem)
+    outcomes = rows.select("task", "input_id", evictor.alias("evictor"),
+                           (pl.col("budget") / context) if absolute else pl.col("budget"), kept.alias("n_kept"),
+                           "prediction", pl.col("score_plain").alias("score"), "_line")
+    return inputs, outcomes
+
+
+def summed_kept_problem(rows: pl.DataFrame, kv_slots: int, path: str) -> list[str]:
+    """Lines for an ``n_kept`` above T that is not a whole multiple of the layers × KV heads it was
+    summed over (DBTrimKV's runner sums its paged cache over them)."""
+    over = rows.filter(pl.col("n_kept") > pl.col("n_tokens"))
+    if not over.height:
+        return []
+    bad = rows.filter((pl.col("n_kept") % kv_slots != 0) | (pl.col("n_kept") // kv_slots > pl.col("n_tokens")))
+    return _lines(path, bad, lambda r: f"n_kept_plain {r['n_kept']} is above T {r['n_tokens']} and not a sum over "
+                  f"the model's {kv_slots} layer × KV-head slots of at most T positions each")

@@ -37,7 +37,9 @@ MODELS: dict[str, Model] = {
     "qwen14b": Model("Qwen2.5-14B-Instruct", 48, 40, 8, 128),
     "qwen25_32b": Model("Qwen2.5-32B-Instruct", 64, 40, 8, 128),
     "qwen32b": Model("Qwen2.5-32B-Instruct", 64, 40, 8, 128),
-    "qwen3_4b": Model("Qwen3-4B", 36, 32, 8, 128),
+    # DBTrimKV's files: the evictor is the DBTrimKV fine-tune of this model; D is the base model's
+    "qwen3_4b": Model("Qwen3-4B-Instruct-2507", 36, 32, 8, 128),
+    "qwen3": Model("Qwen3-4B-Instruct-2507", 36, 32, 8, 128),  # gated_dbtrimkv_qwen3_4k: qwen3, then 4k
     "mistral7b": Model("Mistral-7B-Instruct-v0.3", 32, 32, 8, 128),
     "yi15_9b": Model("Yi-1.5-9B-Chat", 48, 32, 4, 128),
     "llama31_8b": Model("Llama-3.1-8B-Instruct", 32, 32, 8, 128),
@@ -58,6 +60,9 @@ EVICTORS: dict[str, str] = {
     "pyramidkv": "pyramidkv",
     "streamingllm": "streamingllm-fixed",
     "streaming": "streamingllm-fixed",
+    "manifoldkv": "manifoldkv",
+    "dbtrimkv": "dbtrimkv",
+    "capkv": "capkv",
 }
 #: The release's gated files without ``score_policy`` and without an evictor token ran SnapKV (the
 #: release's README and the paper's Table 2: "SnapKV" cells are the unnamed ``gated_*`` files).

@@ -25,13 +25,13 @@ from pagestats.io.duck import connect
 #: whose marking keys its records hold; docs/IMPORT.md describes each.
 SCHEMAS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "profile": (("task", "T", "head_agreement_per_layer"), ("head_agreement_per_layer",)),
+    "adakv": (("id", "task", "budget", "T", "drop", "gate_open", "correct_full"), ("correct_full", "correct_plain_shared")),
     "gated": (("id", "task", "budget", "T", "drop", "gate_open", "n_kept_plain", "correct_plain", "correct_gated"),
               ("drop", "gate_open", "correct_gated")),
 }
 #: Keys of the release's other schemas, for the one line that says what a skipped file is.
 OTHER_SCHEMAS: dict[str, tuple[str, ...]] = {
-    "Ada-KV / capbound (correct_full, shared and adakv arms)": ("correct_full",),
-    "LongBench (answers)": ("answers",),
+    "RULER sweep (plain arm only, no D; read by ρ and Table 1)": ("correct", "n_kept"),
 }
 #: The most bad lines named for one file.
 MAX_LINES_NAMED = 5

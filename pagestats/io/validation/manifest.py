@@ -46,6 +46,7 @@ class RunInfo:
     draw: int | None = None
     n_per_task: int | None = None  # inputs asked per task (and draw); no task of the run holds more
     imported: bool = False  # an ``imported`` block: the columns of schema.IMPORTED_NULLABLE may be null
+    arms: tuple[tuple[str, float], ...] | None = None  # imported.arms: (evictor, budget) pairs, when not a product
     mode: str = defaults.MODE  # "mode" of the manifest; a manifest without one is query-aware (the paper's setting)
     files: dict[str, dict] = field(default_factory=dict)  # normalised relative path → entry
 
@@ -196,6 +197,20 @@ def safe_relative_path(run_dir: str | os.PathLike, rel) -> str | None:
     return norm
 
 
+def _arms(imported, bad) -> tuple[tuple[str, float], ...] | None:
+    """An imported run's ``imported.arms``: the (evictor, budget) pairs every input holds, where the
+    evictors' budget grids differ (the release's Qwen2.5-14B SnapKV file has 9 budgets, its H2O file 4)."""
+    if not isinstance(imported, Mapping) or "arms" not in imported:
+        return None
+    arms = imported["arms"]
+    if not (isinstance(arms, list) and arms and all(
+            isinstance(a, list) and len(a) == 2 and isinstance(a[0], str) and _is_number(a[1]) and 0 < a[1] <= 1
+            for a in arms)):
+        bad(f"manifest imported.arms {_short(arms)} is not a list of [evictor, budget in (0, 1]] pairs")
+        return None
+    return tuple(sorted((a[0], float(a[1])) for a in arms))
+
+
 def check_manifest(run_dir: str | os.PathLike, manifest, manifest_path: str) -> tuple[RunInfo | None, list[Problem]]:
     """Check one parsed ``manifest.json`` and extract the :class:`RunInfo` the row checks use.
 
@@ -334,6 +349,7 @@ def check_manifest(run_dir: str | os.PathLike, manifest, manifest_path: str) -> 
         n_per_task=n_per_task,
         mode=mode,
         imported=isinstance(manifest.get("imported"), Mapping),
+        arms=_arms(manifest.get("imported"), bad),
         files=files,
     )
     return info, problems

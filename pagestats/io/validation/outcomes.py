@@ -155,7 +155,7 @@ def _check_grid(con, per_run: pl.DataFrame, files, runs) -> list[Problem]:
         info = runs.get(run_id)
         first = first_row(sub["_first"].min())
         if info is not None and info.evictors is not None and info.budgets is not None:
-            manifest_cells = sorted((e, b) for e in info.evictors for b in info.budgets)
+            manifest_cells = list(info.arms) if info.arms else sorted((e, b) for e in info.evictors for b in info.budgets)
             if set(manifest_cells) != set(usual_cells):
                 # reported once for the run; inputs are then compared with the run's usual arms
                 problems.append(Problem(files[first[0]], first[1],
