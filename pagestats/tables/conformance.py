@@ -40,7 +40,9 @@ STATUSES = ("match", "differs", "not-in-logs")
 QUANTITIES = ("plain", "gated", "full", "delta", "grand_mean_delta", "cells_rest_identical", "gated_min_over_budgets",
               "gated_max_over_budgets", "p_open", "kept_kv_plain", "compression", "mean_compression",
               "batch_compression", "mean_batch_compression", "harm_plain", "harm_gated", "harm_ratio",
-              "crossover_kept_kv", "max_matched_gain", "identical_evicting_rows", "evicting_rows")
+              "crossover_kept_kv", "max_matched_gain", "identical_evicting_rows", "evicting_rows",
+              "oracle_grand_mean_delta", "cells_oracle_equal", "cells_beat_oracle", "cells_lose_to_oracle",
+              "max_oracle_gap", "min_oracle_gap")
 
 #: How far an interval bound may be from the paper's and still match (issue 40 §2).
 INTERVAL_TOLERANCE = 0.005
@@ -121,6 +123,10 @@ def conformance_table(gated: pl.DataFrame, *, rng: np.random.Generator, paper: p
       point scores at least plain eviction's frontier at the same kept KV
       (:func:`pagestats.metrics.frontier_accuracy` over every logged plain budget, the full cache
       included); ``max_matched_gain``: the largest gated − frontier gap of the listed cells;
+    * Table 14's task-label oracle (closed on NIAH-MK3, open elsewhere; its gated arm the full-KV
+      outcome where closed): ``oracle_grand_mean_delta`` (the mean of the cells' oracle Δ), the
+      gaps Δ(gate) − Δ(oracle) (``max_oracle_gap``, ``min_oracle_gap``, ``cells_beat_oracle``,
+      ``cells_lose_to_oracle``) and ``cells_oracle_equal`` (the gate decides as the oracle on every input);
     * ``identical_evicting_rows`` / ``evicting_rows`` (evictor "A=B"): evicting rows of A whose plain
       score equals B's on the same input and budget, and the rows compared (the Qwen2.5-14B audit).
 
@@ -132,12 +138,14 @@ def conformance_table(gated: pl.DataFrame, *, rng: np.random.Generator, paper: p
     References
     ----------
     PAGE §4.1 and Table 2 (with Table 28's intervals), App. A.4.1 and Table 12, Table 13, Table 16
-    and App. A.6.3, Table 19, App. A.6.2 and Tables 22–23, App. A.7.1 and Table 27, Fig. 4, Fig. 3
+    and App. A.6.3, Table 14 and App. A.4.3, Table 19, App. A.6.2 and Tables 22–23, App. A.7.1 and Table 27,
+    Fig. 4, Fig. 3
     (the Mistral NIAH-MK3 showcase), Table 17's note on the Qwen2.5-14B H2O cell.
     """
     paper = paper_values() if paper is None else paper
     # the rows of the paper's models only (on other logs nothing is left, and nothing is copied twice)
-    models = set(paper["model"]) | {spec.split("@")[0] for cells in paper["cells"] if cells for spec in cells.split(_SEP)}
+    pooled = {spec.split("@")[0] for cells in paper["cells"] if cells for spec in cells.split(_SEP)}
+    models = set(paper["model"]) | pooled
     rows = gated.select([c for c in _READ if c in gated.columns]).filter(pl.col("model").is_in(sorted(models)))
     rows, _ = metrics.equal_inputs(rows)
     out = []
@@ -146,8 +154,8 @@ def conformance_table(gated: pl.DataFrame, *, rng: np.random.Generator, paper: p
             value = _value(rows, row, rng=rng, n_boot=n_boot)
         except _NotInLogs:
             value = None
-        bounds = [(f"{row['quantity']} 95% CI {side}", row[col]) for side, col in (("low", "ci_low"), ("high", "ci_high"))
-                  if row[col] != ""]
+        bounds = [(f"{row['quantity']} 95% CI {side}", row[col])
+                  for side, col in (("low", "ci_low"), ("high", "ci_high")) if row[col] != ""]
         interval = {}
         if bounds and value is not None:
             interval = _interval(rows, row, rng=rng, n_boot=n_boot)
@@ -239,14 +247,15 @@ def _value(rows: pl.DataFrame, row: dict, *, rng: np.random.Generator, n_boot: i
     if q in ("identical_evicting_rows", "evicting_rows"):
         return _audit(rows, row, cells, q)
     if q in ("grand_mean_delta", "cells_rest_identical", "mean_compression", "mean_batch_compression",
-             "max_matched_gain", "harm_plain", "harm_gated", "harm_ratio"):
+             "max_matched_gain", "harm_plain", "harm_gated", "harm_ratio", *_ORACLE):
         return _pooled(rows, row, cells, q)
     (cell,) = cells
     return _cell_value(rows, row, cell, q)
 
 
 def _cell_value(rows: pl.DataFrame, row: dict, cell: tuple[str, int, str], q: str) -> float:
-    include_full = row["budget"] == "all" or (isinstance(_budgets(row["budget"]), list) and 1.0 in _budgets(row["budget"]))
+    budgets = _budgets(row["budget"])
+    include_full = budgets == "all" or (isinstance(budgets, list) and 1.0 in budgets)
     if q in ("plain", "gated", "full", "delta"):
         # over exactly the row's budgets (metrics.accuracy reads every budget present, b = 1 included)
         sel = _need(_select(rows, row, cell), "score_full" if q == "full" else "score_gated")
@@ -280,6 +289,8 @@ def _pooled(rows: pl.DataFrame, row: dict, cells: list, q: str) -> float:
         return float(np.mean([_batch_compression(p, int(row["batch_size"])) for p in parts]))
     if q == "max_matched_gain":
         return float(max(_frontier(p)[1] for p in parts))
+    if q in _ORACLE:
+        return _oracle(parts, q)
     pooled = _need(pl.concat(parts, how="vertical_relaxed").with_columns(pl.col("task").cast(pl.String)), "score_full")
     harm = {arm: metrics.harm_rate(pooled, by=["task"], arm=arm) for arm in ("plain", "gated")}
     k = {arm: int(h["k"].sum()) for arm, h in harm.items()}
@@ -287,6 +298,30 @@ def _pooled(rows: pl.DataFrame, row: dict, cells: list, q: str) -> float:
     if q == "harm_ratio":
         return k["plain"] / k["gated"] if k["gated"] else float("inf")
     return k[q.removeprefix("harm_")] / n
+
+
+_ORACLE = ("oracle_grand_mean_delta", "cells_oracle_equal", "cells_beat_oracle", "cells_lose_to_oracle",
+           "max_oracle_gap", "min_oracle_gap")
+
+
+def _oracle(parts: list[pl.DataFrame], q: str) -> float:
+    """Table 14 over the listed cells: the task-label oracle closes on the anchor task (NIAH-MK3,
+    :data:`pagestats.defaults.ANCHOR_TASKS`) and opens on every other; gap = Δ(gate) − Δ(oracle)."""
+    deltas, gaps, equal = [], [], []
+    for p in parts:
+        closed = pl.col("task").is_in(list(defaults.ANCHOR_TASKS))
+        arm = pl.when(closed).then(pl.col("score_full")).otherwise(pl.col("score_plain"))
+        oracle = p.with_columns((~closed).alias("gate_open"), arm.alias("score_gated"))
+        d_oracle = float(metrics.accuracy(_need(oracle, "score_gated"), by=["model"])["delta"][0])
+        d_gate = float(metrics.accuracy(_need(p, "score_gated"), by=["model"])["delta"][0])
+        deltas.append(d_oracle)
+        gaps.append(d_gate - d_oracle)
+        equal.append(bool((p["gate_open"] == oracle["gate_open"]).all()))
+    gaps = np.asarray(gaps)
+    tol = 1e-12  # the same decisions give the same Δ, up to the order of a float sum
+    return {"oracle_grand_mean_delta": float(np.mean(deltas)), "cells_oracle_equal": float(sum(equal)),
+            "cells_beat_oracle": float((gaps > tol).sum()), "cells_lose_to_oracle": float((gaps < -tol).sum()),
+            "max_oracle_gap": float(gaps.max()), "min_oracle_gap": float(gaps.min())}[q]
 
 
 def _batch_compression(sel: pl.DataFrame, batch_size: int) -> float:
@@ -310,7 +345,8 @@ def _frontier(sel: pl.DataFrame) -> tuple[float, float]:
                                      pl.col("score_gated").mean().alias("a_g"))
     pts = pts.sort("budget")
     gated = pts.filter(pl.col("budget") < 1).sort("k_g")
-    frontier = frontier_accuracy(pts["k_p"].to_numpy()[None], pts["a_p"].to_numpy()[None], gated["k_g"].to_numpy()[None])[0]
+    frontier = frontier_accuracy(pts["k_p"].to_numpy()[None], pts["a_p"].to_numpy()[None],
+                                 gated["k_g"].to_numpy()[None])[0]
     gap = gated["a_g"].to_numpy() - frontier
     ahead = gap >= -FRONTIER_TOL
     crossing = [i for i in range(len(gap)) if ahead[i:].all()]

@@ -22,7 +22,8 @@ from pagestats.report.conformance import conformance
 from pagestats.report.context import Context
 from pagestats.tables import conformance as cf
 
-PAPER_HEADER = "item,quantity,model,context_length,evictor,task,budget,paper_value,ci_low,ci_high,decimals,source,cells,batch_size\n"
+PAPER_HEADER = ("item,quantity,model,context_length,evictor,task,budget,paper_value,ci_low,ci_high,decimals,source,"
+                "cells,batch_size\n")
 
 
 def _paper(text: str) -> pl.DataFrame:
@@ -33,8 +34,8 @@ def _row(model, evictor, task, input_id, budget, gate_open, full, plain, n_token
     kept = int(n_tokens * budget)
     gated = plain if gate_open else full
     return dict(run_id=f"run-{model}", task=task, input_id=input_id, model=model, context_length=4096,
-                task_class=defaults.default_task_class(task), evictor=evictor, budget=budget, n_tokens=n_tokens, drop=0.1,
-                tau=0.07, gate_open=gate_open, score_full=float(full), score_plain=float(plain),
+                task_class=defaults.default_task_class(task), evictor=evictor, budget=budget, n_tokens=n_tokens,
+                drop=0.1, tau=0.07, gate_open=gate_open, score_full=float(full), score_plain=float(plain),
                 score_gated=float(gated), n_kept_plain=kept, n_kept_gated=kept if gate_open else n_tokens)
 
 
@@ -81,13 +82,23 @@ HAND = (
     "T,batch_compression,M,4096,snapkv,,0.5,1.39,,,2,s,,2\n"                 # 1 / (1 - .75² + .75² · .5) = 1.3913
     "T,gated_min_over_budgets,M,4096,snapkv,,all,0.75,,,2,s,,\n"             # gated 0.75 at 0.5 and at 1.0
     "T,crossover_kept_kv,M,4096,snapkv,,b<1,0.625,,,3,s,,\n"                 # one gated point, above the frontier
-    "T,max_matched_gain,pooled,4096,snapkv,,b<1,0.19,,,2,s,M@4096@snapkv,\n"  # 0.75 − (0.5 + 0.25·0.125/0.5) = 0.1875
+    # 0.75 − (0.5 + 0.25 · 0.125 / 0.5) = 0.1875
+    "T,max_matched_gain,pooled,4096,snapkv,,b<1,0.19,,,2,s,M@4096@snapkv,\n"
     "T,grand_mean_delta,pooled,4096,snapkv,vt,b<1,0.5,,,1,s,M@4096@snapkv;N@4096@snapkv,\n"  # (0 + 1) / 2
     "T,cells_rest_identical,pooled,4096,snapkv,vt,b<1,1,,,0,s,M@4096@snapkv;N@4096@snapkv,\n"  # M opens on all vt
     "T,harm_plain,pooled,,snapkv,vt,0.5,0.50,,,2,s,M@4096@snapkv;N@4096@snapkv,\n"  # N's two inputs of four
     "T,harm_gated,pooled,,snapkv,niah_multikey_3,0.5,0.5,,,1,s,M@4096@snapkv,\n"  # input 1 of inputs 0, 1
     "T,identical_evicting_rows,M,4096,h2o=snapkv,,b<1,3,,,0,s,,\n"
     "T,evicting_rows,M,4096,h2o=snapkv,,b<1,4,,,0,s,,\n"
+    # the task-label oracle at b = 0.5: M closes on MK3 (full 1, 1) and opens on vt (plain 1, 1): Δ 1 − 0.5 = 0.5,
+    # the gate's 0.25, gap −0.25; N opens on vt (plain 0, 0): Δ 0, the gate's 1, gap +1; neither decides alike
+    "T,oracle_grand_mean_delta,pooled,4096,snapkv,,b<1,0.25,,,2,s,M@4096@snapkv;N@4096@snapkv,\n"
+    "T,max_oracle_gap,pooled,4096,snapkv,,b<1,1.00,,,2,s,M@4096@snapkv;N@4096@snapkv,\n"
+    "T,min_oracle_gap,pooled,4096,snapkv,,b<1,-0.25,,,2,s,M@4096@snapkv;N@4096@snapkv,\n"
+    "T,cells_beat_oracle,pooled,4096,snapkv,,b<1,1,,,0,s,M@4096@snapkv;N@4096@snapkv,\n"
+    "T,cells_lose_to_oracle,pooled,4096,snapkv,,b<1,1,,,0,s,M@4096@snapkv;N@4096@snapkv,\n"
+    "T,cells_oracle_equal,pooled,4096,snapkv,,b<1,0,,,0,s,M@4096@snapkv;N@4096@snapkv,\n"
+    "T,cells_oracle_equal,M,4096,snapkv,vt,b<1,1,,,0,s,M@4096@snapkv,\n"  # on vt alone both open every input
 )
 
 
