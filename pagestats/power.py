@@ -74,7 +74,7 @@ def _rho_rows(gated, evictor, confidence_level, power):
     rows = []
     for r in table.iter_rows(named=True):
         size = pw.rho_sample_size(r["rho"], defaults.RHO_THRESHOLD, power=power, confidence_level=confidence_level) \
-            if r["rho"] != defaults.RHO_THRESHOLD else None
+            if r["rho"] is not None and r["rho"] != defaults.RHO_THRESHOLD else None
         rows.append({"claim": "rho >= 0.05 (dilution-prone)" if r["dilution_prone"] else "rho < 0.05 (capacity-bound)",
                      "model": r["model"], "context_length": r["context_length"], "evictor": r["evictor"],
                      "task": r["task"], "budget": None, "n": r["n"], "estimate": r["rho"], "low": r["low"],
@@ -132,9 +132,11 @@ def claims_table(gated: pl.DataFrame, *, rng: np.random.Generator, power: float 
     polars.DataFrame
         :data:`CLAIM_COLUMNS`: ``settled`` when the interval lies wholly on one side of the threshold
         (for harm: the upper bound below it), ``under_powered`` its negation
-        (:func:`~pagestats.stats.power.straddles`), and ``n_needed`` (null: settled already counts
-        too, or no n up to :data:`~pagestats.stats.power.N_MAX` reaches ``power``, or the estimate
-        is on the threshold) with the power there.
+        (:func:`~pagestats.stats.power.straddles`), both null for a claim without an estimate (no
+        input, or outcomes that were not logged); ``n_needed``, the inputs at which the claim is
+        settled with probability ``power`` were the true value the estimate (given for settled claims
+        too; null when no n up to :data:`~pagestats.stats.power.N_MAX` reaches ``power``, or the
+        estimate is on the threshold, or a harm estimate is at or above the bound), with the power there.
     """
     rows = _rho_rows(gated, evictor, confidence_level, power) + _delta_rows(gated, rng, confidence_level, power)
     if harm_bound is not None:
@@ -143,4 +145,8 @@ def claims_table(gated: pl.DataFrame, *, rng: np.random.Generator, power: float 
     open_ = pw.straddles(frame["low"].to_numpy(), frame["high"].to_numpy(), frame["threshold"].to_numpy())
     harm = frame["claim"].str.starts_with("harm").to_numpy()
     open_ = np.where(harm, frame["high"].to_numpy() >= frame["threshold"].to_numpy(), open_)
-    return frame.with_columns(pl.Series("under_powered", open_), pl.Series("settled", ~open_)).select(CLAIM_COLUMNS)
+    known = frame["estimate"].is_not_null() & frame["low"].is_not_null() & frame["high"].is_not_null()
+    return frame.with_columns(  # a claim without an estimate (no input, or unknown outcomes) is neither
+        pl.when(known).then(pl.Series(open_)).alias("under_powered"),
+        pl.when(known).then(pl.Series(~open_)).alias("settled"),
+    ).select(CLAIM_COLUMNS)

@@ -169,7 +169,9 @@ def run(args) -> int:
         return 2
     _print(table, args.format)
     if args.kind == "claims":
-        n_open = int(table["under_powered"].sum())
-        print(one_line(f"{table.height - n_open} of {table.height} claims settled; {n_open} under-powered "
-                       f"(interval straddles the threshold); n_needed at power {args.power:g}"), file=sys.stderr)
+        n_open, n_settled = int(table["under_powered"].sum()), int(table["settled"].sum())
+        unknown = table.height - n_open - n_settled
+        print(one_line(f"{n_settled} of {table.height} claims settled; {n_open} under-powered (interval straddles the "
+                       f"threshold){f'; {unknown} without an estimate' if unknown else ''}; n_needed at power "
+                       f"{args.power:g}"), file=sys.stderr)
     return 0
