@@ -34,6 +34,8 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "low": ("95% low", "lower end of the 95% interval of the estimate to its left"),
     "high": ("95% high", "upper end of the 95% interval of the estimate to its left"),
     "dilution_prone": ("dilution-prone", "ρ ≥ 0.05 (Eq. 1)"),
+    "under_powered": ("under-powered", "the 95% interval straddles the claim's threshold (ρ: 0.05; Δ: 0), so the "
+                      "claim is not settled either way: more inputs needed (`pagestats power claims` says how many)"),
     "delta": ("Δ", "gated − plain accuracy, mean over inputs and budgets b < 1"),
     "delta_rest": ("Δ without capacity-bound", "Δ over the inputs of the other tasks only"),
     "p_open_rest": ("p_open without capacity-bound", "gate-open share on the other tasks' inputs"),
@@ -255,6 +257,8 @@ FORMULAS: dict[str, str] = {
 FORMULAS_BY_TABLE: dict[str, dict[str, str]] = {
     "tab10_layers": {"margin": "dilution_min - capacity_max"},
     "tabA31_k_sweep": {"margin": "dilution_min - capacity_max"},
+    "tab01_recovery": {"under_powered": "low < 0.05 AND 0.05 <= high"},
+    "tab28_bootstrap": {"under_powered": "low < 0 AND 0 <= high"},
     "tab13_budget_axis": {"delta": "acc_gated - acc_plain"},
     "tab22_compression": {"compression": "1 / kept_kv_gated",
                           "kept_kv_gated": "p_open * COALESCE(kept_kv_open, 0) + (1 - p_open)"},

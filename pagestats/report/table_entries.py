@@ -66,6 +66,15 @@ from pagestats.tables import (
 
 
 
+def _under_powered(frame: pl.DataFrame, threshold: float) -> pl.DataFrame:
+    """``frame`` with ``under_powered``: its interval (``low``, ``high``) straddles ``threshold``
+    (:func:`pagestats.stats.power.straddles`; issue 43)."""
+    from pagestats.stats.power import straddles
+
+    return frame.with_columns(pl.Series("under_powered", straddles(frame["low"].to_numpy(), frame["high"].to_numpy(),
+                                                                   threshold)))
+
+
 def _paper(column: str) -> str:
     """"Paper: VALUE (WHERE)." for a caption (:data:`pagestats.report.paper.PAPER_VALUES`)."""
     value, where = PAPER_VALUES[column]
@@ -164,8 +173,10 @@ def _entries() -> tuple[Entry, ...]:
     ev, both = needs_eviction_budgets, needs_both_classes
     t = _typeset
     return (
-        Entry("tab01_recovery", "table", "Table 1", lambda c: t("tab01_recovery", recovery_table(c.gated)), (ev,),
-              "ρ with Wilson 95% intervals per task × cell; pooled capacity-bound vs dilution-prone contrast."),
+        Entry("tab01_recovery", "table", "Table 1",
+              lambda c: t("tab01_recovery", _under_powered(recovery_table(c.gated), defaults.RHO_THRESHOLD)), (ev,),
+              "ρ with Wilson 95% intervals per task × cell; pooled capacity-bound vs dilution-prone contrast; "
+              "under-powered where the interval straddles 0.05."),
         Entry("tab02_delta_matrix", "table", "Table 2", lambda c: t("tab02_delta_matrix", delta_matrix_table(c.gated)),
               (ev,), "Δ per (model, context, evictor), with and without capacity-bound tasks; identity marker."),
         Entry("tab03_drop_by_task", "table", "Table 3", lambda c: t("tab03_drop_by_task", drop_by_task_table(c.gate)),
@@ -231,8 +242,9 @@ def _entries() -> tuple[Entry, ...]:
               f"plain {PAPER_VALUES['harm_plain'][0]}, gated {PAPER_VALUES['harm_gated'][0]} "
               f"({PAPER_VALUES['harm_gated'][1]})."),
         Entry("tab28_bootstrap", "table", "Table 28",
-              lambda c: t("tab28_bootstrap", bootstrap_table(c.gated, rng=rng())), (ev,),
-              "Δ per matrix cell with cluster-bootstrap 95% intervals and BH-adjusted p."),
+              lambda c: t("tab28_bootstrap", _under_powered(bootstrap_table(c.gated, rng=rng()), 0.0)), (ev,),
+              "Δ per matrix cell with cluster-bootstrap 95% intervals and BH-adjusted p; under-powered where the "
+              "interval straddles 0."),
         Entry("tab29_remaining_deltas", "table", "Table 29", lambda c: t("tab29_remaining_deltas", _tab29(c, rng())),
               (ev, _needs_capacity),
               "The remaining headline numbers of the headline evictor with 95% intervals: Δ at the midpoint τ per "
