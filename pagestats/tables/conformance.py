@@ -42,7 +42,7 @@ QUANTITIES = ("plain", "gated", "full", "delta", "grand_mean_delta", "cells_rest
               "batch_compression", "mean_batch_compression", "harm_plain", "harm_gated", "harm_ratio",
               "crossover_kept_kv", "max_matched_gain", "identical_evicting_rows", "evicting_rows",
               "oracle_grand_mean_delta", "cells_oracle_equal", "cells_beat_oracle", "cells_lose_to_oracle",
-              "max_oracle_gap", "min_oracle_gap")
+              "max_oracle_gap", "min_oracle_gap", "rho", "recovered_inputs", "inputs")
 
 #: How far an interval bound may be from the paper's and still match (issue 40 §2).
 INTERVAL_TOLERANCE = 0.005
@@ -123,6 +123,9 @@ def conformance_table(gated: pl.DataFrame, *, rng: np.random.Generator, paper: p
       point scores at least plain eviction's frontier at the same kept KV
       (:func:`pagestats.metrics.frontier_accuracy` over every logged plain budget, the full cache
       included); ``max_matched_gain``: the largest gated − frontier gap of the listed cells;
+    * ``rho``, ``recovered_inputs``, ``inputs``: Table 1's per-input recovery rate ρ = Pr[max_{b<1}
+      A_plain(b, x) > A(1, x)] (Eq. 1) over the listed cells' inputs pooled, with its Wilson interval
+      (:func:`pagestats.metrics.recovery_rate`);
     * Table 14's task-label oracle (closed on NIAH-MK3, open elsewhere; its gated arm the full-KV
       outcome where closed): ``oracle_grand_mean_delta`` (the mean of the cells' oracle Δ), the
       gaps Δ(gate) − Δ(oracle) (``max_oracle_gap``, ``min_oracle_gap``, ``cells_beat_oracle``,
@@ -137,10 +140,10 @@ def conformance_table(gated: pl.DataFrame, *, rng: np.random.Generator, paper: p
 
     References
     ----------
-    PAGE §4.1 and Table 2 (with Table 28's intervals), App. A.4.1 and Table 12, Table 13, Table 16
-    and App. A.6.3, Table 14 and App. A.4.3, Table 19, App. A.6.2 and Tables 22–23, App. A.7.1 and Table 27,
-    Fig. 4, Fig. 3
-    (the Mistral NIAH-MK3 showcase), Table 17's note on the Qwen2.5-14B H2O cell.
+    PAGE §4 and Table 1 (the pooled NIAH-MK3 contrast), §4.1 and Table 2 (with Table 28's intervals),
+    App. A.4.1 and Table 12, Table 13, Table 16 and App. A.6.3, Table 14 and App. A.4.3, Table 19, App. A.6.2
+    and Tables 22–23, App. A.7.1 and Table 27, Fig. 4, Fig. 3 (the Mistral NIAH-MK3 showcase), Table 17's note
+    on the Qwen2.5-14B H2O cell.
     """
     paper = paper_values() if paper is None else paper
     # the rows of the paper's models only (on other logs nothing is left, and nothing is copied twice)
@@ -247,7 +250,8 @@ def _value(rows: pl.DataFrame, row: dict, *, rng: np.random.Generator, n_boot: i
     if q in ("identical_evicting_rows", "evicting_rows"):
         return _audit(rows, row, cells, q)
     if q in ("grand_mean_delta", "cells_rest_identical", "mean_compression", "mean_batch_compression",
-             "max_matched_gain", "harm_plain", "harm_gated", "harm_ratio", *_ORACLE):
+             "max_matched_gain", "harm_plain", "harm_gated", "harm_ratio", *_ORACLE, "rho", "recovered_inputs",
+             "inputs"):
         return _pooled(rows, row, cells, q)
     (cell,) = cells
     return _cell_value(rows, row, cell, q)
@@ -291,6 +295,9 @@ def _pooled(rows: pl.DataFrame, row: dict, cells: list, q: str) -> float:
         return float(max(_frontier(p)[1] for p in parts))
     if q in _ORACLE:
         return _oracle(parts, q)
+    if q in ("rho", "recovered_inputs", "inputs"):
+        rec = _recovery(parts)
+        return float({"rho": rec["rho"], "recovered_inputs": rec["k"], "inputs": rec["n"]}[q])
     pooled = _need(pl.concat(parts, how="vertical_relaxed").with_columns(pl.col("task").cast(pl.String)), "score_full")
     harm = {arm: metrics.harm_rate(pooled, by=["task"], arm=arm) for arm in ("plain", "gated")}
     k = {arm: int(h["k"].sum()) for arm, h in harm.items()}
@@ -322,6 +329,14 @@ def _oracle(parts: list[pl.DataFrame], q: str) -> float:
     return {"oracle_grand_mean_delta": float(np.mean(deltas)), "cells_oracle_equal": float(sum(equal)),
             "cells_beat_oracle": float((gaps > tol).sum()), "cells_lose_to_oracle": float((gaps < -tol).sum()),
             "max_oracle_gap": float(gaps.max()), "min_oracle_gap": float(gaps.min())}[q]
+
+
+def _recovery(parts: list[pl.DataFrame]) -> dict:
+    """Table 1's pooled contrast: recovered inputs k of n, ρ and its Wilson interval, the inputs of every
+    listed cell pooled (:func:`pagestats.metrics.recovery_rate`, the plain arm)."""
+    pooled = _need(pl.concat(parts, how="vertical_relaxed").with_columns(pl.col("task").cast(pl.String)), "score_full")
+    rec = metrics.recovery_rate(pooled.with_columns(pl.lit("pooled").alias("_cells")), by=["_cells"])
+    return rec.row(0, named=True)
 
 
 def _batch_compression(sel: pl.DataFrame, batch_size: int) -> float:
@@ -364,9 +379,12 @@ def _audit(rows: pl.DataFrame, row: dict, cells: list, q: str) -> float:
 
 
 def _interval(rows: pl.DataFrame, row: dict, *, rng: np.random.Generator, n_boot: int) -> dict:
-    """The cluster-bootstrap interval of a Δ row (Table 28): {"low": …, "high": …}."""
+    """The interval of a row: a Δ's cluster bootstrap (Table 28) or a pooled ρ's Wilson interval (Table 1)."""
+    if row["quantity"] == "rho":
+        rec = _recovery([_select(rows, row, cell) for cell in _cells(row)])
+        return {"low": rec["low"], "high": rec["high"]}
     if row["quantity"] != "delta":
-        raise ValueError(f"paper values: an interval is printed for {row['quantity']!r}; only Δ has one")
+        raise ValueError(f"paper values: an interval is printed for {row['quantity']!r}; only Δ and ρ have one")
     (cell,) = _cells(row)
     boot = metrics.delta_bootstrap(_select(rows, row, cell), by=["model"], rng=rng, n_boot=n_boot)
     return {"low": float(boot["low"][0]), "high": float(boot["high"][0])}

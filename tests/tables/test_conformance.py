@@ -138,6 +138,20 @@ def test_interval_bounds_match_within_the_tolerance():
     assert t["value"].to_list()[1:3] == [1.0, 1.0]
 
 
+def test_pooled_recovery_rate_and_its_wilson_interval():
+    from statsmodels.stats.proportion import proportion_confint
+
+    # vt pooled over M and N at b = 0.5: input 2 recovers (plain 1 > full 0); 3 (1 vs 1), 4, 5 (0 vs 1) do not
+    low, high = proportion_confint(1, 4, alpha=0.05, method="wilson")
+    cells = "M@4096@snapkv;N@4096@snapkv"
+    paper = _paper(f"T,recovered_inputs,pooled,,snapkv,vt,b<1,1,,,0,s,{cells},\n"
+                   f"T,inputs,pooled,,snapkv,vt,b<1,4,,,0,s,{cells},\n"
+                   f"T,rho,pooled,,snapkv,vt,b<1,0.25,{low:.3f},{high:.3f},2,s,{cells},\n"
+                   f"T,rho,pooled,,snapkv,vt,b<1,0.25,{low + 0.006:.3f},{high:.3f},2,s,{cells},\n")
+    t = _table(paper)
+    assert t["status"].to_list() == ["match"] * 6 + ["differs", "match"]
+
+
 def test_rows_the_logs_lack_are_kept_without_a_value():
     paper = _paper("T,delta,X,4096,snapkv,vt,b<1,0.1,,,1,s,,\n"           # no such model
                    "T,delta,M,4096,snapkv,fwe,b<1,0.1,,,1,s,,\n"           # no such task in M
@@ -226,6 +240,12 @@ def release_gated(release_logs):
     return replay.gated_outcomes(release_logs, FixedTau(0.07))
 
 
+def _n_rows() -> int:
+    """Rows of the conformance table of the shipped paper values: one per value and per printed bound."""
+    paper = cf.paper_values()
+    return paper.height + int((paper["ci_low"] != "").sum()) + int((paper["ci_high"] != "").sum())
+
+
 def _release_table(gated, paper=None):
     return cf.conformance_table(gated, rng=np.random.default_rng(defaults.BOOTSTRAP_SEED), paper=paper)
 
@@ -260,7 +280,7 @@ def test_release_table2_cells_match_the_paper(release_gated):
 
 def test_release_rows_of_files_not_shipped_are_kept_as_not_in_logs(release_gated):
     t = _release_table(release_gated)
-    assert t.height == cf.paper_values().height + 1  # every paper row, and Table 28's printed bound
+    assert t.height == _n_rows()  # every paper row, and every printed interval bound
     # Qwen2.5-14B SnapKV (+0.143), the 16-cell grand mean (+0.229) and Table 27's seven cells are not shipped
     assert _status(t, "Table 2", "delta", "Qwen2.5-14B-Instruct")["status"] == "not-in-logs"
     assert set(t.filter(pl.col("item").is_in(["Table 12", "Table 19", "Table 27"]))["status"]) == {"not-in-logs"}
@@ -299,7 +319,7 @@ def test_release_report_leads_with_the_conformance_section(release_logs, tmp_pat
     assert text.index("## Conformance with the paper") < text.index("## Figures")
     assert page.index('id="conformance"') < page.index('id="figures"')
     written = pl.read_csv(index.parent / "tables" / "conformance.csv")
-    assert written.columns == list(cf.COLUMNS) and written.height == cf.paper_values().height + 1
+    assert written.columns == list(cf.COLUMNS) and written.height == _n_rows()
     # the rows these logs hold are shown on the page, a Table 2 cell among them
     assert "| Table 2 | delta | Mistral-7B-Instruct-v0.3 |" in text and "match at the printed precision" in text
 
@@ -309,5 +329,5 @@ def test_the_projects_own_smollm2_logs_hold_no_paper_cell():
     data = Path(__file__).resolve().parents[2] / "data"
     logs = io.load([str(data / f"smollm2-512-{name}ruler-limits") for name in ("", "vt-", "fwe-")])
     t = _release_table(replay.gated_outcomes(logs, FixedTau(0.07)))
-    assert t.height == cf.paper_values().height + 1
+    assert t.height == _n_rows()
     assert set(t["status"]) == {"not-in-logs"} and t["value"].null_count() == t.height
