@@ -8,7 +8,7 @@ Three kinds of claim, each an interval against a threshold:
 * Δ of a (model, context, evictor) cell (Table 2) against 0: settled when the cluster-bootstrap
   interval of Table 28 (App. A.7.2) excludes 0;
 * the gated harm at a budget (Table 27) against a bound A, when one is given: shown when the
-  one-sided Clopper–Pearson upper bound is below A.
+  one-sided Clopper–Pearson upper bound is below A (over the inputs whose full-KV outcome is known).
 
 An unsettled claim gets the n at which it would be settled with the given power were its true
 value the one observed: :func:`~pagestats.stats.power.rho_sample_size`,
@@ -75,7 +75,9 @@ def _rho_rows(gated, evictor, confidence_level, power):
     for r in table.iter_rows(named=True):
         size = pw.rho_sample_size(r["rho"], defaults.RHO_THRESHOLD, power=power, confidence_level=confidence_level) \
             if r["rho"] is not None and r["rho"] != defaults.RHO_THRESHOLD else None
-        rows.append({"claim": "rho >= 0.05 (dilution-prone)" if r["dilution_prone"] else "rho < 0.05 (capacity-bound)",
+        claim = ("rho vs 0.05 (no estimate)" if r["rho"] is None else
+                 "rho >= 0.05 (dilution-prone)" if r["dilution_prone"] else "rho < 0.05 (capacity-bound)")
+        rows.append({"claim": claim,
                      "model": r["model"], "context_length": r["context_length"], "evictor": r["evictor"],
                      "task": r["task"], "budget": None, "n": r["n"], "estimate": r["rho"], "low": r["low"],
                      "high": r["high"], "threshold": defaults.RHO_THRESHOLD,
@@ -105,7 +107,7 @@ def _delta_rows(gated, rng, confidence_level, power):
 def _harm_rows(gated, harm_bound, budget, confidence_level, power):
     from scipy.stats import beta
 
-    at = gated.filter(pl.col("budget") == float(budget))
+    at = gated.filter((pl.col("budget") == float(budget)) & pl.col("score_full").is_not_null())  # harm needs A(1, x)
     if at.height == 0:
         raise ValueError(f"claims_table: no outcomes at budget {budget!r}")
     counts = at.group_by(MATRIX_CELL).agg((pl.col("score_gated") < pl.col("score_full")).sum().alias("k"),
