@@ -199,11 +199,14 @@ def _cells(row: dict) -> list[tuple[str, int, str]]:
     return [(row["model"], int(row["context_length"]), e) for e in row["evictor"].split("=")]
 
 
-def _budgets(spec: str) -> list[float] | str | None:
-    """The row's budget set: a list, "b<1" / "all" (every logged budget below 1 / every one), or None."""
+def _budgets(spec: str, context_length: int) -> list[float] | str | None:
+    """The row's budget set: a list, "b<1" / "all" (every logged budget below 1 / every one), or None.
+
+    "M=128" is an absolute budget of 128 tokens (Table 19), which an imported run records as the
+    nominal b = M / context length (docs/IMPORT.md)."""
     if spec in ("", "b<1", "all"):
         return spec or None
-    return [float(b.removeprefix("M=")) for b in spec.split(_SEP)]
+    return [float(b[2:]) / context_length if b.startswith("M=") else float(b) for b in spec.split(_SEP)]
 
 
 def _select(rows: pl.DataFrame, row: dict, cell: tuple[str, int, str], *, full: bool = False) -> pl.DataFrame:
@@ -220,7 +223,7 @@ def _select(rows: pl.DataFrame, row: dict, cell: tuple[str, int, str], *, full: 
     logged = part.group_by(pl.col("task").cast(pl.String)).agg(pl.col("budget").unique())
     if tasks is not None and set(logged["task"]) != set(tasks):
         raise _NotInLogs
-    budgets = _budgets(row["budget"])
+    budgets = _budgets(row["budget"], ctx)
     if isinstance(budgets, list):
         for have in logged["budget"]:
             if not set(budgets) <= set(have):
@@ -258,7 +261,7 @@ def _value(rows: pl.DataFrame, row: dict, *, rng: np.random.Generator, n_boot: i
 
 
 def _cell_value(rows: pl.DataFrame, row: dict, cell: tuple[str, int, str], q: str) -> float:
-    budgets = _budgets(row["budget"])
+    budgets = _budgets(row["budget"], cell[1])
     include_full = budgets == "all" or (isinstance(budgets, list) and 1.0 in budgets)
     if q in ("plain", "gated", "full", "delta"):
         # over exactly the row's budgets (metrics.accuracy reads every budget present, b = 1 included)

@@ -73,6 +73,7 @@ HAND = (
     # the values below are worked out by hand in _hand_frame's docstring
     "T,plain,M,4096,snapkv,niah_multikey_3;vt,b<1,0.50,,,2,s,,\n"
     "T,gated,M,4096,snapkv,niah_multikey_3;vt,b<1,0.75,,,2,s,,\n"
+    "T,plain,M,4096,snapkv,niah_multikey_3;vt,M=2048,0.50,,,2,s,,\n"          # 2048 tokens of 4096: b = 0.5
     "T,delta,M,4096,snapkv,niah_multikey_3;vt,b<1,0.250,,,3,s,,\n"
     "T,delta,M,4096,snapkv,niah_multikey_3,b<1,0.5,,,1,s,,\n"                 # MK3: gated (1, 0), plain (0, 0)
     "T,p_open,M,4096,snapkv,,,0.75,,,2,s,,\n"
