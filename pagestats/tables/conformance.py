@@ -133,6 +133,8 @@ def conformance_table(gated: pl.DataFrame, *, rng: np.random.Generator, paper: p
     * ``identical_evicting_rows`` / ``evicting_rows`` (evictor "A=B"): evicting rows of A whose plain
       score equals B's on the same input and budget, and the rows compared (the Qwen2.5-14B audit).
 
+    Cells are named as the imported runs name them (:mod:`pagestats.io.imports.names`): the paper's
+    StreamingLLM, which keeps 36 positions at every b < 1, is ``streamingllm-fixed``.
     The evictors of a (model, context) are compared on the same inputs, as in Table 2
     (:func:`pagestats.metrics.equal_inputs`). A match is equality at the printed precision:
     |value − paper| ≤ half a unit of its last printed digit; an interval bound matches within
