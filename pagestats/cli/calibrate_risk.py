@@ -19,11 +19,13 @@ def add_risk_options(p) -> None:
     """``--alpha``, ``--delta``, ``--budget``, ``--evictor`` of ``--policy risk``."""
     g = p.add_argument_group("risk policy (--policy risk)")
     g.add_argument("--alpha", type=number(0.0, 1.0, name="--alpha"), default=None,
-                   help="A: the harm rate at --budget the gate may reach, in (0, 1)")
+                   help="A: the harm rate at --budget the gate may reach, in (0, 1) (no default: required by --policy risk)")
     g.add_argument("--delta", type=number(0.0, 1.0, name="--delta"), default=None,
-                   help="δ: the probability allowed that the certified τ's harm exceeds A, in (0, 1)")
+                   help="δ: the probability allowed that the certified τ's harm exceeds A, in (0, 1) (no default: required by "
+                   "--policy risk)")
     g.add_argument("--budget", type=number(0.0, 1.0, name="--budget"), default=None,
-                   help="b: the eviction budget the harm is measured at (a logged budget < 1)")
+                   help="b: the eviction budget the harm is measured at, a logged budget < 1 (no default: required by "
+                   "--policy risk)")
     g.add_argument("--evictor", default=None,
                    help="the evictor the deployment runs (default: the logs' only evictor; required when they hold several)")
 

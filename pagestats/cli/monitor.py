@@ -29,7 +29,7 @@ def add_parser(sub) -> None:
     p.add_argument("--sequential", action="store_true",
                    help="anytime-valid drift tests (a confidence sequence for p_open, conformal test martingales of D): "
                    "P(any false alarm over every look at a growing log) <= --alpha; each drift names the input it was "
-                   "first detected at")
+                   "first detected at (default: off, the fixed-sample Wilson and KS checks)")
     p.add_argument("--seed", type=number(0, 2**63 - 1, integer=True, name="--seed"), default=None,
                    help="seed of the sequential test's tie-breaking uniforms (with --sequential; default 0)")
 

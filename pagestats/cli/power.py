@@ -55,7 +55,7 @@ def add_parser(sub) -> None:
     d.add_argument("--power", type=_rate("--power"), default=0.8, help="target probability, in (0, 1)")
     d.add_argument("--alpha", type=_rate("--alpha"), default=0.05, help="two-sided level of the test, in (0, 1)")
     d.add_argument("--cell", action="append", default=None, metavar="KEY=VALUE[,KEY=VALUE]",
-                   help=f"only the cells matching (keys: {', '.join(CELL_KEYS)}); repeat for several")
+                   help=f"only the cells matching (keys: {', '.join(CELL_KEYS)}); repeat for several (default: every cell)")
     d.add_argument("--simulations", type=number(0, 100_000, integer=True, name="--simulations"), default=200,
                    help="simulated cells per check of the answer (0: no check)")
     d.add_argument("--seed", type=number(0, 2**63 - 1, integer=True, name="--seed"), default=0, help="simulation seed")
@@ -66,8 +66,8 @@ def add_parser(sub) -> None:
     c.add_argument("--power", type=_rate("--power"), default=0.8, help="target probability, in (0, 1)")
     c.add_argument("--level", type=_rate("--level"), default=defaults.CONFIDENCE_LEVEL, help="interval level")
     c.add_argument("--harm-bound", type=_rate("--harm-bound"), default=None,
-                   help="A: add the claims 'gated harm at --budget <= A' per cell")
-    c.add_argument("--budget", type=_rate("--budget"), default=None, help="the budget of the harm claims")
+                   help="A: add the claims 'gated harm at --budget <= A' per cell (default: no harm claims)")
+    c.add_argument("--budget", type=_rate("--budget"), default=None, help="the budget of the harm claims (default: none; goes with --harm-bound)")
     c.add_argument("--seed", type=number(0, 2**63 - 1, integer=True, name="--seed"), default=defaults.BOOTSTRAP_SEED,
                    help="bootstrap seed")
     c.add_argument("--format", choices=["table", "csv"], default="table", help="output on stdout")
