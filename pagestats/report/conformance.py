@@ -54,7 +54,20 @@ def conformance(ctx, out) -> dict:
     counts = {s: int((frame["status"] == s).sum()) for s in STATUSES}
     held = frame.filter(pl.col("status") != "not-in-logs")
     return {"sentence": _sentence(counts, frame), "counts": counts, "file": CONFORMANCE_FILE,
-            "rows": held.to_dicts()}
+            "rows": held.to_dicts(), "not_in_logs": _not_in_logs(frame) if held.height else ""}
+
+
+def _not_in_logs(frame: pl.DataFrame) -> str:
+    """The paper items whose cells these logs lack, each with the cells: "Table 2 (Qwen2.5-14B-Instruct
+    snapkv); …" (every row of the file keeps its paper value)."""
+    missing = frame.filter(pl.col("status") == "not-in-logs")
+    parts = []
+    for (item,), rows in missing.group_by(["item"], maintain_order=True):
+        # a pooled row's label ("7 SnapKV cells") names its cells itself; a model's row adds its evictor
+        labels = (m if m[:1].isdigit() else f"{m} {e}" for m, e in zip(rows["model"], rows["evictor"]))
+        cells = list(dict.fromkeys(labels))
+        parts.append(f"{item} ({', '.join(cells)})")
+    return "; ".join(parts)
 
 
 def _sentence(counts: dict, frame: pl.DataFrame) -> str:
@@ -93,6 +106,8 @@ def conformance_html(entry: dict | None) -> str:
         body = "".join("<tr>" + "".join(f'<td class="text">{html.escape(_cell(c, r.get(c)))}</td>' for c in COLUMNS)
                        + "</tr>" for r in entry["rows"])
         parts.append(f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>')
+    if entry.get("not_in_logs"):
+        parts.append(f'<p class="caption">Not in these logs: {html.escape(entry["not_in_logs"])}.</p>')
     parts.append(f'<p class="caption">{html.escape(CAPTION)} <span class="files">'
                  f'<a href="{html.escape(entry["file"])}">{html.escape(Path(entry["file"]).name)}</a> (every row)'
                  "</span></p>")
@@ -108,5 +123,7 @@ def conformance_markdown(entry: dict | None) -> list[str]:
         lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
         lines += ["| " + " | ".join(md(_cell(c, r.get(c))) for c in COLUMNS) + " |" for r in entry["rows"]]
         lines.append("")
+    if entry.get("not_in_logs"):
+        lines += [md(f"Not in these logs: {entry['not_in_logs']}."), ""]
     lines += [md(CAPTION) + f" File (every row): [{Path(entry['file']).name}]({entry['file']})", ""]
     return lines

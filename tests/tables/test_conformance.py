@@ -323,6 +323,8 @@ def test_release_report_leads_with_the_conformance_section(release_logs, tmp_pat
     assert written.columns == list(cf.COLUMNS) and written.height == _n_rows()
     # the rows these logs hold are shown on the page, a Table 2 cell among them
     assert "| Table 2 | delta | Mistral-7B-Instruct-v0.3 |" in text and "match at the printed precision" in text
+    # and the items they lack are named with their cells
+    assert "Table 19 (Qwen3-4B-Instruct-2507 dbtrimkv)" in text and "Table 2 (Qwen2.5-14B-Instruct snapkv)" in text
 
 
 def test_the_projects_own_smollm2_logs_hold_no_paper_cell():
