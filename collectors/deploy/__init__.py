@@ -25,10 +25,14 @@ References
 PAGE paper §1, §3 (gate, "Algorithm", Eq. 2; D, Eq. 3), App. A.3.4 (calibration), App. F (bins).
 """
 
-from collectors.deploy.gate import GateDecision, ShortPromptWarning, gate_decision
-from collectors.deploy.generate import GenerationResult, gated_generate
-from collectors.deploy.log import DeploymentLog, close_log, close_logs, deployment_manifest, open_log
-from collectors.deploy.press import REFUSED_CALL_REASON, gated_press_class
+from collectors.extras import require
+
+require("collect", "collectors.deploy")  # one line naming the extra, before any import of torch
+
+from collectors.deploy.gate import GateDecision, ShortPromptWarning, gate_decision  # noqa: E402
+from collectors.deploy.generate import GenerationResult, gated_generate  # noqa: E402
+from collectors.deploy.log import DeploymentLog, close_log, close_logs, deployment_manifest, open_log  # noqa: E402
+from collectors.deploy.press import REFUSED_CALL_REASON, gated_press_class  # noqa: E402
 
 __all__ = ["DeploymentLog", "GateDecision", "GatedPress", "GenerationResult", "gated_generate", "gate_decision",
            "REFUSED_CALL_REASON", "ShortPromptWarning", "close_log", "close_logs", "deployment_manifest", "open_log"]
