@@ -42,10 +42,14 @@ QUANTITIES = ("plain", "gated", "full", "delta", "grand_mean_delta", "cells_rest
               "batch_compression", "mean_batch_compression", "harm_plain", "harm_gated", "harm_ratio",
               "crossover_kept_kv", "max_matched_gain", "identical_evicting_rows", "evicting_rows",
               "oracle_grand_mean_delta", "cells_oracle_equal", "cells_beat_oracle", "cells_lose_to_oracle",
-              "max_oracle_gap", "min_oracle_gap", "rho", "recovered_inputs", "inputs")
+              "max_oracle_gap", "min_oracle_gap", "rho", "recovered_inputs", "inputs", "cells_ci_exclude_zero",
+              "min_ci_low")
 
 #: How far an interval bound may be from the paper's and still match (issue 40 §2).
 INTERVAL_TOLERANCE = 0.005
+
+#: Quantities that are an interval's bound: they match within :data:`INTERVAL_TOLERANCE`.
+_BOUNDS = ("min_ci_low",)
 
 _SEP = ";"
 _READ = ["run_id", "task", "input_id", "model", "context_length", "evictor", "budget", "n_tokens", "gate_open",
@@ -126,6 +130,9 @@ def conformance_table(gated: pl.DataFrame, *, rng: np.random.Generator, paper: p
     * ``rho``, ``recovered_inputs``, ``inputs``: Table 1's per-input recovery rate ρ = Pr[max_{b<1}
       A_plain(b, x) > A(1, x)] (Eq. 1) over the listed cells' inputs pooled, with its Wilson interval
       (:func:`pagestats.metrics.recovery_rate`);
+    * ``cells_ci_exclude_zero``, ``min_ci_low``: over the listed cells, how many of Table 28's
+      cluster-bootstrap intervals of Δ exclude zero, and the smallest lower bound (a bound: it
+      matches within :data:`INTERVAL_TOLERANCE`);
     * Table 14's task-label oracle (closed on NIAH-MK3, open elsewhere; its gated arm the full-KV
       outcome where closed): ``oracle_grand_mean_delta`` (the mean of the cells' oracle Δ), the
       gaps Δ(gate) − Δ(oracle) (``max_oracle_gap``, ``min_oracle_gap``, ``cells_beat_oracle``,
@@ -164,7 +171,8 @@ def conformance_table(gated: pl.DataFrame, *, rng: np.random.Generator, paper: p
         interval = {}
         if bounds and value is not None:
             interval = _interval(rows, row, rng=rng, n_boot=n_boot)
-        out.append(_result(row, row["quantity"], row["paper_value"], value, None))
+        tolerance = INTERVAL_TOLERANCE if row["quantity"] in _BOUNDS else None  # a printed interval bound
+        out.append(_result(row, row["quantity"], row["paper_value"], value, tolerance))
         for (name, printed), side in zip(bounds, ("low", "high")):
             out.append(_result(row, name, printed, interval.get(side), INTERVAL_TOLERANCE))
     schema = {"item": pl.String, "quantity": pl.String, "model": pl.String, "context_length": pl.Int64,
@@ -254,6 +262,8 @@ def _value(rows: pl.DataFrame, row: dict, *, rng: np.random.Generator, n_boot: i
     cells = _cells(row)
     if q in ("identical_evicting_rows", "evicting_rows"):
         return _audit(rows, row, cells, q)
+    if q in ("cells_ci_exclude_zero", "min_ci_low"):
+        return _intervals(rows, row, cells, q, rng=rng, n_boot=n_boot)
     if q in ("grand_mean_delta", "cells_rest_identical", "mean_compression", "mean_batch_compression",
              "max_matched_gain", "harm_plain", "harm_gated", "harm_ratio", *_ORACLE, "rho", "recovered_inputs",
              "inputs"):
@@ -381,6 +391,18 @@ def _audit(rows: pl.DataFrame, row: dict, cells: list, q: str) -> float:
     if q == "evicting_rows":
         return float(joined.height)
     return float((joined["score_plain"] == joined["score_plain_b"]).sum())
+
+
+def _intervals(rows: pl.DataFrame, row: dict, cells: list, q: str, *, rng: np.random.Generator,
+               n_boot: int) -> float:
+    """Table 28 over the listed cells: how many cluster-bootstrap intervals of Δ exclude zero, or the
+    smallest lower bound (one :func:`pagestats.metrics.delta_bootstrap` call, the cells in order)."""
+    parts = [_need(_select(rows, row, cell), "score_gated") for cell in cells]
+    boot = metrics.delta_bootstrap(pl.concat(parts, how="vertical_relaxed"), by=["model", "context_length", "evictor"],
+                                   rng=rng, n_boot=n_boot)
+    if q == "min_ci_low":
+        return float(boot["low"].min())
+    return float(((boot["low"] > 0) | (boot["high"] < 0)).sum())
 
 
 def _interval(rows: pl.DataFrame, row: dict, *, rng: np.random.Generator, n_boot: int) -> dict:

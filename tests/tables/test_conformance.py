@@ -153,6 +153,17 @@ def test_pooled_recovery_rate_and_its_wilson_interval():
     assert t["status"].to_list() == ["match"] * 6 + ["differs", "match"]
 
 
+def test_table28_counts_and_smallest_bound_over_cells():
+    # N's paired differences are all 1: its interval is [1, 1]; M's are 1, 0, 0, 0 (inputs 0-3 at b = 0.5), and a
+    # resample of four inputs holds none of input 0 with probability (3/4)^4 = 0.32 > 2.5%: M's lower bound is 0
+    cells = "M@4096@snapkv;N@4096@snapkv"
+    paper = _paper(f"T,cells_ci_exclude_zero,pooled,4096,snapkv,,b<1,1,,,0,s,{cells},\n"
+                   f"T,min_ci_low,pooled,4096,snapkv,,b<1,0.004,,,3,s,{cells},\n"      # a bound: within 0.005
+                   f"T,min_ci_low,pooled,4096,snapkv,,b<1,0.006,,,3,s,{cells},\n"
+                   f"T,min_ci_low,pooled,4096,snapkv,,b<1,1.000,,,3,s,N@4096@snapkv,\n")
+    assert _table(paper)["status"].to_list() == ["match", "match", "differs", "match"]
+
+
 def test_rows_the_logs_lack_are_kept_without_a_value():
     paper = _paper("T,delta,X,4096,snapkv,vt,b<1,0.1,,,1,s,,\n"           # no such model
                    "T,delta,M,4096,snapkv,fwe,b<1,0.1,,,1,s,,\n"           # no such task in M
