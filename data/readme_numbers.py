@@ -2,14 +2,16 @@
 report's own (its headline: :func:`pagestats.report.headline.headline`).
 
 Run ``.venv/bin/python data/readme_numbers.py`` (``make readme-numbers``) after the logs change: it
-rewrites every block of README.md between ``<!-- readme-numbers:NAME -->`` and
+rewrites every block of README.md, docs/SMOLLM2.md and docs/USAGE.md between ``<!-- readme-numbers:NAME -->`` and
 ``<!-- /readme-numbers -->``. ``--check`` changes nothing and exits 1 when a block differs from what
 the logs give (``tests/io/test_shipped_data.py`` runs it).
 
-Blocks: ``calibration`` (the z-scored pilot's τ and the k sweep's τ), ``query-aware-512``, ``query-aware-1024`` and ``query-agnostic-512``: per evictor, the harm rate
-plain → gated over every task and budget b < 1 and on the capacity-bound tasks at b = 1/16 (Table 27's cell), Δ at matched memory (Table N3)
+Blocks: ``page-release`` (the paper's own released logs: :func:`release`), ``calibration`` (the z-scored pilot's τ and the k sweep's τ), ``query-aware-512``, ``query-aware-1024`` and ``query-agnostic-512``: per evictor, the harm rate
+plain → gated over every task and budget b < 1 and on the capacity-bound anchor NIAH-MK3 at b = 1/16 (Table 27's cell), Δ at matched memory (Table N3)
 and Δ at the nominal budget (Table 28), each with its 95 % cluster-bootstrap interval and BH-adjusted p,
-and the realized compression at b = 1/16 at batch 1 and 8 (Tables 22-23), sorted by Δ at matched memory.
+and the realized compression at b = 1/16 at batch 1 and 8 (Tables 22-23), sorted by Δ at matched memory; under the
+table, the evictors whose outcomes are identical on every input at b = 1/16 (``metrics.identical_evictors``), whose
+b = 1/16 columns therefore agree by construction.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 
 import polars as pl
 
-from pagestats import defaults, io
+from pagestats import defaults, io, metrics
 from pagestats.report.context import Context
 from pagestats.report.headline import headline
 
@@ -68,7 +70,7 @@ def _times(x) -> str:
 
 def table(frame: pl.DataFrame) -> str:
     """One context's rows as the README's Markdown table (sorted by Δ at matched memory)."""
-    lines = ["| evictor | n | harm, every task and b < 1, plain → gated | harm on capacity-bound at b = 1/16, "
+    lines = ["| evictor | n | harm, every task and b < 1, plain → gated | harm on NIAH-MK3 at b = 1/16, "
              "plain → gated | Δ at matched memory, pp [95 % CI] | p (BH) | Δ at nominal budget, pp [95 % CI] | p (BH) "
              "| compression at b = 1/16, batch 1 / 8 |", "|---|---|---|---|---|---|---|---|---|"]
     for r in frame.sort("delta_matched", descending=True).iter_rows(named=True):
@@ -110,8 +112,38 @@ def calibration(logs) -> str:
             "them.\n")
 
 
+def release() -> str:
+    """The README's lead table: the paper's own released logs (data/page-release/condensed, imported as
+    ``make report`` does) per (model, evictor): accuracy plain → gated and Δ over b < 1 (Table 2's cell),
+    with the report's 95 % cluster-bootstrap interval, the harm on NIAH-MK3 at b = 1/16 (Table 27's cell),
+    p_open and the compression at b = 1/16 (Table 22). Yi-1.5-9B (no b = 1 rows) is in `whatif` and the
+    conformance table, not here (docs/IMPORT.md)."""
+    import tempfile
+
+    from pagestats.io.imports import import_page
+    from pagestats.whatif import whatif_summary, whatif_table
+
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = import_page([str(ROOT / "data" / "page-release" / "condensed")], tmp).runs
+        complete = [d for d in runs.values() if io.load([d]).inputs["full_score"].null_count() == 0]
+        logs = io.load(sorted(complete))
+        lead = headline(Context(logs))
+        acc = whatif_summary(whatif_table(logs), by=["model", "evictor"])
+    rows = lead.with_columns(pl.col("model", "evictor").cast(pl.String)).join(
+        acc.select(pl.col("model", "evictor").cast(pl.String), "acc_plain", "acc_gated"), on=["model", "evictor"])
+    lines = ["| model (4K tokens) | evictor | n | accuracy, plain → gated | Δ, pp [95 % CI] | harm on NIAH-MK3 at b = 1/16, "
+             "plain → gated | gate opens | compression at b = 1/16 |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows.sort("model", "evictor").iter_rows(named=True):
+        lines.append(f"| {r['model']} | {LABELS.get(r['evictor'], r['evictor']).split(' (')[0]} | {r['n_inputs']} "
+                     f"| {_share(r['acc_plain'])} → {_share(r['acc_gated'])} "
+                     f"| {_pp(r['delta'])} [{_pp(r['low'])}, {_pp(r['high'])}] "
+                     f"| {_share(r['harm_plain'])} → {_share(r['harm_gated'])} | {_share(r['p_open'])} "
+                     f"| {_times(r['compression'])} |")
+    return "\n".join(lines) + "\n"
+
+
 def blocks() -> dict[str, str]:
-    out = {}
+    out = {"page-release": release()}
     for mode in defaults.MODES:
         runs = _runs(mode)
         if not runs:
@@ -119,39 +151,59 @@ def blocks() -> dict[str, str]:
         logs = io.load(runs, mode=mode)
         if mode == defaults.MODE:
             out["calibration"] = calibration(logs)
-        lead = headline(Context(logs))
+        ctx = Context(logs)
+        lead = headline(ctx)
+        at_b = ctx.gated.filter(pl.col("budget") == defaults.HEADLINE_BUDGET)
+        same = metrics.identical_evictors(metrics.equal_inputs(at_b)[0], by=("context_length",))
         for (context,), part in lead.group_by(["context_length"], maintain_order=True):
-            out[f"{mode}-{context}"] = table(part)
+            out[f"{mode}-{context}"] = table(part) + identical(same.filter(pl.col("context_length") == context))
     return out
+
+
+def identical(same: pl.DataFrame) -> str:
+    """The line under a table naming the evictors whose outcomes are identical on every input at b = 1/16."""
+    classes = sorted({tuple(sorted([str(r["evictor"]), *r["same_as"].split(", ")]))
+                      for r in same.filter(pl.col("same_as").is_not_null()).iter_rows(named=True)})
+    if not classes:
+        return ""
+    named = "; ".join(", ".join(LABELS.get(e, e) for e in c) for c in classes)
+    return (f"\nAt b = 1/16 the outcomes of {named} are identical on every input (`pagestats report`, Table 13's "
+            "\"same outcomes as\"), so their b = 1/16 columns agree by construction, not as a finding.\n")
+
+
+#: The pages whose ``readme-numbers`` blocks this script writes.
+PAGES = ("README.md", "docs/SMOLLM2.md", "docs/USAGE.md")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="change nothing; exit 1 if README.md is not current")
+    ap.add_argument("--check", action="store_true", help="change nothing; exit 1 if a page is not current")
     args = ap.parse_args(argv)
-    readme = ROOT / "README.md"
-    text = readme.read_text()
     made = blocks()
     stale, missing = [], set(made)
+    new_text = {}
+    for page in PAGES:
+        path = ROOT / page
 
-    def fill(m: re.Match) -> str:
-        name = m.group("name")
-        if name not in made:
-            raise SystemExit(f"README.md block {name!r}: the shipped logs have no such cell")
-        missing.discard(name)
-        if m.group("body") != made[name]:
-            stale.append(name)
-        return m.group(1) + made[name] + m.group(4)
+        def fill(m: re.Match, page=page) -> str:
+            name = m.group("name")
+            if name not in made:
+                raise SystemExit(f"{page} block {name!r}: the shipped logs have no such cell")
+            missing.discard(name)
+            if m.group("body") != made[name]:
+                stale.append(f"{page}:{name}")
+            return m.group(1) + made[name] + m.group(4)
 
-    new = BLOCK.sub(fill, text)
+        new_text[path] = BLOCK.sub(fill, path.read_text())
     if args.check:
         if stale:
-            print(f"README.md is not current: blocks {', '.join(stale)} differ from the logs "
-                  "(run data/readme_numbers.py)", file=sys.stderr)
+            print(f"not current: blocks {', '.join(stale)} differ from the logs (run data/readme_numbers.py)",
+                  file=sys.stderr)
             return 1
         return 0
-    readme.write_text(new)
-    print(f"README.md: {len(made) - len(missing)} blocks written"
+    for path, text in new_text.items():
+        path.write_text(text)
+    print(f"{len(made) - len(missing)} blocks written to {', '.join(PAGES)}"
           + (f"; no block for {', '.join(sorted(missing))}" if missing else ""), file=sys.stderr)
     return 0
 

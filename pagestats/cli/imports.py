@@ -30,13 +30,13 @@ def add_parser(sub) -> None:
     p.add_argument("sources", nargs="+", metavar="SRC", help="JSON Lines files or folders (searched recursively)")
     p.add_argument("--out", required=True, metavar="DIR", help="folder the runs are written to (DIR/<run_id>/)")
     p.add_argument("--model", default=None, help="the model of every file: a hub name or file-name token "
-                   f"({', '.join(sorted(names.MODELS_BY_NAME))})")
+                   f"({', '.join(sorted(names.MODELS_BY_NAME))}) (default: from the file names)")
     p.add_argument("--context", type=number(1, 10**7, integer=True, name="--context"), default=None,
                    help="the context length (tokens) of every file (default: from the file names, 4k → 4096)")
     p.add_argument("--evictor", default=None, help="the evictor of every file (default: score_policy, else the "
                    "file name, else snapkv)")
-    p.add_argument("--source-commit", default=None, metavar="SHA", help="the release's commit, recorded in the manifests")
-    p.add_argument("--quiet", action="store_true", help="no progress bar and no skipped-file lines")
+    p.add_argument("--source-commit", default=None, metavar="SHA", help="the release's commit, recorded in the manifests (default: none recorded)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar and no skipped-file lines (default: both shown, on stderr)")
 
 
 def usage_problem(args) -> str | None:

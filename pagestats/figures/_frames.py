@@ -40,6 +40,29 @@ def task_key(tasks: Iterable[str]) -> str:
     return ", ".join(items)
 
 
+def n_inputs(frame: pl.DataFrame) -> int:
+    """The distinct inputs (run_id, task, input_id; those present) of a frame a figure draws."""
+    key = present(frame, ("run_id", "task", "input_id"))
+    require_columns(frame, ["input_id"], "n_inputs")
+    return frame.select(key).n_unique()
+
+
+def tau_text(frame: pl.DataFrame | None = None, tau: float | None = None) -> str:
+    """The threshold a figure's gated numbers were computed at, as its stamp says it: ``τ = 0.07``
+    (``tau`` given, else the one value of the frame's ``tau`` column), ``τ = a–b (per calibration
+    group)`` when it varies (a z-scored or midpoint τ), or that the policy sets no τ (the oracle)."""
+    if tau is not None:
+        return f"τ = {tau:g}"
+    if frame is None or "tau" not in frame.columns:
+        return "τ not recorded in the rows drawn"
+    values = frame.select(pl.col("tau").drop_nulls().unique().sort())["tau"]
+    if values.len() == 0:
+        return "no τ (the policy decides without a threshold)"
+    if values.len() == 1:
+        return f"τ = {values[0]:g}"
+    return f"τ = {values.min():.3g}–{values.max():.3g} (per calibration group)"
+
+
 def present(frame: pl.DataFrame, keys: Iterable[str]) -> list[str]:
     """The subset of ``keys`` that are columns of ``frame``, in order."""
     return [k for k in keys if k in frame.columns]

@@ -216,6 +216,15 @@ def cell_label(row: dict) -> str:
 
 
 
+def stamp(fig, n: int, tau: str, *, what: str = "inputs") -> None:
+    """State what a figure is computed on at its top: ``n = 450 inputs; τ = 0.07`` (the figure's suptitle,
+    small and grey; a figure whose caller gave it a suptitle keeps it). Every figure of the paper says
+    its N and the threshold its gated numbers used (§4 "Setup"; e.g. Figs. 2, 3)."""
+    if fig._suptitle is not None and fig._suptitle.get_text():
+        return
+    fig.suptitle(f"n = {n:,} {what}; {tau}", fontsize=5, color="0.35")
+
+
 def add_task_key(fig, key: str, *, legend=None, width: int = 80) -> None:
     """Spell out the task abbreviations (:func:`pagestats.figures._frames.task_key`), wrapped
     to ``width`` characters: as the title of the figure's ``legend`` when there is one (under

@@ -11,12 +11,14 @@ from pagestats.columns import MATRIX_CELL, with_task_class
 from pagestats.figures import _style as st
 from pagestats.figures._frames import (
     cells,
+    n_inputs,
     present,
     require,
     select_cells,
     short_task,
     task_key,
     task_order,
+    tau_text,
     where,
 )
 
@@ -116,6 +118,7 @@ def accuracy_vs_budget(gated: pl.DataFrame, *, model=None, context_length=None, 
         legend = fig.legend(handles, labels, loc="outside lower center", ncols=3, title=title or None,
                             title_fontsize=6)
         st.add_task_key(fig, task_key(order), legend=legend)
+    st.stamp(fig, n_inputs(sub), tau_text(sub))
     return fig
 
 
@@ -286,4 +289,5 @@ def accuracy_vs_kept_kv(gated: pl.DataFrame, *, evictor=None, context_length=Non
         arm_handles.append(Line2D([], [], color="0.6", alpha=0.4, linewidth=3.5, label="frontier"))
         cell_handles, cell_labels = axis.get_legend_handles_labels()
         fig.legend(handles=arm_handles + cell_handles, loc="outside lower center", ncols=3)
+    st.stamp(fig, n_inputs(sub), tau_text(sub))
     return fig

@@ -40,7 +40,7 @@ def decision_frontier_data(curve: pl.DataFrame, accuracy: pl.DataFrame, gib: pl.
     polars.DataFrame
         One row per (model, context_length, evictor, budget, τ): ``tau``, ``budget``,
         ``accuracy`` (= acc_plain(b) + Δ(τ, b), the gated accuracy, Eq. 2), ``kept_kv``,
-        ``p_open``, ``delta``, ``acc_full``, [``kv_gib``], and ``on_frontier`` (no other point
+        ``p_open``, ``delta``, ``acc_full``, [``kv_gib``], [``n_inputs``, from the curve], and ``on_frontier`` (no other point
         of the same evictor and cell keeps at most as much cache with at least the accuracy,
         strictly better in one, up to :data:`pagestats.figures.accuracy.PARETO_ATOL`:
         :func:`pagestats.figures.accuracy.pareto_mask`).
@@ -68,7 +68,7 @@ def decision_frontier_data(curve: pl.DataFrame, accuracy: pl.DataFrame, gib: pl.
         parts.append(sub.with_columns(pl.Series("on_frontier", pareto_mask(sub["kept_kv"].to_numpy(),
                                                                           sub["accuracy"].to_numpy()))))
     columns = [*keys, "tau", "budget", "accuracy", "kept_kv", *(["kv_gib"] if gib is not None else []),
-               "p_open", "delta", "acc_full", "on_frontier"]
+               "p_open", "delta", "acc_full", *(["n_inputs"] if "n_inputs" in data.columns else []), "on_frontier"]
     return pl.concat(parts).select(columns).sort([*keys, "budget", "tau"])
 
 
@@ -156,6 +156,13 @@ def decision_frontier(data: pl.DataFrame, *, tau: float | None = defaults.TAU, a
         handles.append(Line2D([], [], marker="o", color="0.5", alpha=0.3, linestyle="none", markersize=2))
         labels.append("other (τ, b)")
         fig.legend(handles, labels, loc="outside lower center", ncols=3)
+    said = "every τ of the sweep" + (f", circles at τ = {tau:g}" if tau is not None else "")
+    if "n_inputs" in data.columns:  # per (model, context), the most inputs any of its points counts
+        cell = present(data, ("model", "context_length"))
+        per = data.group_by(cell).agg(pl.col("n_inputs").max()) if cell else data.select(pl.col("n_inputs").max())
+        st.stamp(fig, int(per["n_inputs"].sum()), said)
+    else:
+        fig.suptitle(said, fontsize=5, color="0.35")
     return fig
 
 

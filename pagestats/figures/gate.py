@@ -9,7 +9,8 @@ import polars as pl
 from pagestats import defaults
 from pagestats.columns import MODEL_CELL, names_like, with_task_class
 from pagestats.figures import _style as st
-from pagestats.figures._frames import cells, present, require, short_task, task_key, task_order, where
+from pagestats.figures._frames import (cells, n_inputs, present, require, short_task, task_key, task_order, tau_text,
+                                       where)
 from pagestats.profile import bin_layers
 
 
@@ -119,6 +120,9 @@ def drop_by_task(gate: pl.DataFrame, *, tau: float | None = defaults.TAU, ax=Non
                 axis.set_ylabel("head-agreement drop D")
         legend = _class_legend(fig, data["task_class"].unique().sort().to_list(), tau)
         st.add_task_key(fig, task_key(tasks["task"].to_list()), legend=legend)
+    gate_tau = tau_text(tau=tau) if tau is not None else (tau_text(gate) + ", not drawn" if "tau" in gate.columns
+                                                          else "no τ drawn")
+    st.stamp(fig, n_inputs(gate), gate_tau)
     return fig
 
 
@@ -239,6 +243,7 @@ def agreement_profile(
         handles, labels = axes[0].get_legend_handles_labels()
         legend = fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 5))
         st.add_task_key(fig, task_key(order), legend=legend)
+    st.stamp(fig, n_inputs(inputs), "no τ (the profile a_ℓ behind D; no gate decision drawn)")
     return fig
 
 
@@ -400,4 +405,11 @@ def tau_sensitivity(curve: pl.DataFrame, *, tau0: float = defaults.TAU, delta_to
             handles.append(Patch(color=PLATEAU_COLOR, alpha=0.45, label="plateau"))
         handles.append(Line2D([], [], color=st.TAU_COLOR, linestyle=":", linewidth=0.8, label=f"τ0 = {tau0:g}"))
         fig.legend(handles=handles, loc="outside lower center", ncols=2)
+    swept = data.filter(pl.col("tau").is_finite())["tau"]
+    tau_said = f"τ swept {swept.min():g} to {swept.max():g}, τ0 = {tau0:g}"
+    if "n_inputs" in data.columns:  # the curve's inputs: per group, the most any of its points counts
+        per = data.group_by(keys).agg(pl.col("n_inputs").max()) if keys else data.select(pl.col("n_inputs").max())
+        st.stamp(fig, int(per["n_inputs"].sum()), tau_said)
+    else:
+        fig.suptitle(tau_said, fontsize=5, color="0.35")
     return fig

@@ -3,6 +3,8 @@ function of the capacity-bound share of the workload (Fig. 7)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import polars as pl
 from matplotlib.patches import Rectangle
@@ -10,7 +12,7 @@ from matplotlib.patches import Rectangle
 from pagestats import defaults, metrics
 from pagestats.columns import MATRIX_CELL, MODEL_CELL
 from pagestats.figures import _style as st
-from pagestats.figures._frames import cells, present, require, where
+from pagestats.figures._frames import cells, present, require, tau_text, where
 
 _NEEDS = ("task_class", "budget", "score_plain", "score_gated", "input_id", "task")
 
@@ -90,7 +92,8 @@ def delta_matrix(gated: pl.DataFrame, *, ax=None):
     x_lines = max(label.count("\n") + 1 for label in x_labels)
     row_in = max(0.3, 0.1 * max(label.count("\n") + 1 for label in y_labels) + 0.05)  # ≈ 0.1 in per line
     with st.style():
-        fig, (axis,) = st.panels(1, ax, width=width, row_height=row_in * shown.shape[0] + 0.35 + 0.12 * x_lines)
+        # 0.15 in for the stamp (n, τ) on top
+        fig, (axis,) = st.panels(1, ax, width=width, row_height=row_in * shown.shape[0] + 0.5 + 0.12 * x_lines)
         image = axis.imshow(shown, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
         scale = max(abs(vmin), abs(vmax))  # the light end of every scale is at 0
         for i in range(shown.shape[0]):
@@ -120,6 +123,9 @@ def delta_matrix(gated: pl.DataFrame, *, ax=None):
         left = int(data["n_left_out"].sum())
         note = f"; same inputs per row ({left} left out)" if left else ""
         axis.set_title(f"Δ over budgets b < 1; grand mean {grand:+.1f} pp{note}", fontsize=6)
+    per_cell = data.group_by(present(data, MODEL_CELL)).agg(pl.col("n_inputs").max()) if present(data, MODEL_CELL) \
+        else data.select(pl.col("n_inputs").max())
+    st.stamp(fig, int(per_cell["n_inputs"].sum()), tau_text(gated))
     return fig
 
 
@@ -176,8 +182,8 @@ def _two_line_cell(cell: dict) -> str:
 
 
 # --------------------------------------------------------------------------- Fig. 7
-def delta_of_f_data(gated: pl.DataFrame, *, f=None) -> pl.DataFrame:
-    """Δ(f) = f·Δ_capacity + (1 − f)·Δ_rest for every matrix cell and their mean (data of Fig. 7).
+def delta_of_f_data(gated: pl.DataFrame, *, f=None, anchor: Sequence[str] | None = defaults.ANCHOR_TASKS) -> pl.DataFrame:
+    """Δ(f) = f·Δ_MK3 + (1 − f)·Δ_rest for every matrix cell and their mean (data of Fig. 7).
 
     Parameters
     ----------
@@ -185,14 +191,18 @@ def delta_of_f_data(gated: pl.DataFrame, *, f=None) -> pl.DataFrame:
         ``replay.gated_outcomes(...)`` with ``task_class``.
     f : array_like, optional
         Capacity-bound shares in [0, 1] (default 0, 0.05, …, 1).
+    anchor : sequence of str or None
+        The capacity-bound side (default :data:`pagestats.defaults.ANCHOR_TASKS`, NIAH-MK3: the
+        paper's Δ_MK3; ``None``: the capacity-bound class); Δ_rest is over every other task.
 
     Returns
     -------
     polars.DataFrame
         Long frame with the cell columns (null on the mean line), ``line`` ("cell" or
         "mean"), ``f`` and ``delta`` (:func:`pagestats.metrics.delta_of_f` of the cell's
-        per-class :func:`pagestats.metrics.delta`; cells lacking a class are left out), plus
-        ``suite_share`` (the capacity-bound share of the inputs in ``gated``, pooled).
+        :func:`pagestats.metrics.delta` on the anchor's inputs and on the others'; cells lacking
+        either are left out), plus ``suite_share`` (the anchor's share of the inputs in
+        ``gated``, pooled) and ``n_inputs`` (inputs of the cells drawn, pooled).
 
     References
     ----------
@@ -206,34 +216,37 @@ def delta_of_f_data(gated: pl.DataFrame, *, f=None) -> pl.DataFrame:
     keys = present(gated, MATRIX_CELL)
     if "evictor" in keys:  # the cells of a (model, context) on the same inputs, as Table 2
         gated, _ = metrics.equal_inputs(gated, by=present(gated, MODEL_CELL))
-    by_class = metrics.delta(gated, by=[*keys, "task_class"])
-    wide = by_class.pivot(on="task_class", index=keys or None, values="delta")
-    for name in (defaults.CAPACITY_BOUND, defaults.DILUTION_PRONE):
-        if name not in wide.columns:
-            raise ValueError(f"delta_of_f_data: no {name} inputs; Δ(f) needs both task classes")
-    wide = wide.drop_nulls([defaults.CAPACITY_BOUND, defaults.DILUTION_PRONE])
+    side = pl.when(metrics.capacity_side(anchor)).then(pl.lit("capacity")).otherwise(pl.lit("rest")).alias("_side")
+    by_side = metrics.delta(gated.with_columns(side), by=[*keys, "_side"])
+    wide = by_side.pivot(on="_side", index=keys or None, values="delta")
+    name = metrics.anchor_name(anchor)
+    for col, what in (("capacity", f"no {name} inputs"), ("rest", f"no inputs outside {name}")):
+        if col not in wide.columns:
+            raise ValueError(f"delta_of_f_data: {what}; Δ(f) needs both")
+    wide = wide.drop_nulls(["capacity", "rest"])
     if wide.height == 0:
-        raise ValueError("delta_of_f_data: no cell has inputs of both task classes")
-    lines_np = metrics.delta_of_f(wide[defaults.CAPACITY_BOUND].to_numpy()[:, None],
-                                  wide[defaults.DILUTION_PRONE].to_numpy()[:, None], grid[None, :])
+        raise ValueError(f"delta_of_f_data: no cell has inputs of {name} and of another task")
+    lines_np = metrics.delta_of_f(wide["capacity"].to_numpy()[:, None], wide["rest"].to_numpy()[:, None], grid[None, :])
     lines = wide.select(keys).with_columns(
         pl.Series("f", [grid.tolist()] * wide.height), pl.Series("delta", lines_np.tolist())
     ).explode(["f", "delta"])
     mean = lines.group_by("f").agg(pl.col("delta").mean()).sort("f")
     inputs = gated.select(*present(gated, ("run_id",)), "task", "input_id", "task_class").unique()
-    share = float((inputs["task_class"] == defaults.CAPACITY_BOUND).mean())
+    share = float(inputs.select(metrics.capacity_side(anchor).mean()).item())
     cell_rows = lines.select(*keys, "f", "delta").with_columns(pl.lit("cell").alias("line"))
     mean_rows = mean.with_columns(
         *(pl.lit(None, dtype=lines.schema[k]).alias(k) for k in keys), pl.lit("mean").alias("line")
     ).select(cell_rows.columns)
-    return pl.concat([cell_rows, mean_rows]).with_columns(pl.lit(share).alias("suite_share")).sort(
+    return pl.concat([cell_rows, mean_rows]).with_columns(pl.lit(share).alias("suite_share"),
+                                                          pl.lit(inputs.height, pl.Int64).alias("n_inputs")).sort(
         ["line", *keys, "f"], nulls_last=True
     )
 
 
-def delta_of_f(gated: pl.DataFrame, *, f=None, ax=None):
-    """Figure 7: gating Δ against the capacity-bound share f, grey lines per cell, the
-    mean in blue, and a dashed marker at the suite's own share; the legend under the axes.
+def delta_of_f(gated: pl.DataFrame, *, f=None, ax=None, anchor: Sequence[str] | None = defaults.ANCHOR_TASKS):
+    """Figure 7: gating Δ against the share f of the capacity-bound anchor (NIAH-MK3, the paper's
+    Δ(f) = f·Δ_MK3 + (1 − f)·Δ_rest; ``anchor=None``: the capacity-bound class), grey lines per cell,
+    the mean in blue, and a dashed marker at the suite's own share; the legend under the axes.
 
     Returns
     -------
@@ -243,7 +256,7 @@ def delta_of_f(gated: pl.DataFrame, *, f=None, ax=None):
     ----------
     PAGE paper, Figure 7.
     """
-    data = delta_of_f_data(gated, f=f)
+    data = delta_of_f_data(gated, f=f, anchor=anchor)
     keys = present(data, MATRIX_CELL)
     share = float(data["suite_share"][0])
     with st.style():
@@ -261,9 +274,10 @@ def delta_of_f(gated: pl.DataFrame, *, f=None, ax=None):
                   linestyle="none", label=f"this suite (f = {share:.2f})")
         axis.axhline(0, color="0.85", linewidth=0.5, zorder=0)
         axis.set_xlim(0, 1)
-        axis.set_xlabel("capacity-bound share f of the workload")
+        axis.set_xlabel(f"{st.plain_text(metrics.anchor_name(anchor))} share f of the workload")
         axis.set_ylabel("Δ(f) gated − plain (pp)")
         # under the axes, never over a line
         handles, labels = axis.get_legend_handles_labels()
         fig.legend(handles, labels, loc="outside lower center", ncols=3)
+    st.stamp(fig, int(data["n_inputs"][0]), tau_text(gated))
     return fig

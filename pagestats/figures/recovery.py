@@ -9,7 +9,8 @@ import polars as pl
 from pagestats import metrics, stats
 from pagestats.columns import MODEL_CELL
 from pagestats.figures import _style as st
-from pagestats.figures._frames import cells, present, require, short_task, task_key, task_order, where
+from pagestats.figures._frames import (cells, n_inputs, present, require, short_task, task_key, task_order, tau_text,
+                                       where)
 
 R_VALUES = (-1, 0, 1)
 
@@ -84,6 +85,7 @@ def recovery_distribution(gated: pl.DataFrame, *, ax=None):
             if i >= len(order) - ncols:
                 axis.set_xlabel("r(x)")
         st.add_task_key(fig, task_key(order))
+    st.stamp(fig, n_inputs(gated), tau_text(gated))
     return fig
 
 
@@ -157,6 +159,7 @@ def recovery_fraction(gated: pl.DataFrame, *, confidence_level: float = 0.95, ax
                 axis.set_ylabel("share with r(x) > 0")
                 st.percent_axis(axis)
         st.add_task_key(fig, task_key(order) + "; k/n = inputs with r(x) > 0 / inputs")
+        st.stamp(fig, n_inputs(gated), tau_text(gated))
         _room_for_annotations(fig, axes)
     return fig
 

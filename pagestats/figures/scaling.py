@@ -9,7 +9,7 @@ from matplotlib.transforms import Bbox
 
 from pagestats import defaults, metrics
 from pagestats.figures import _style as st
-from pagestats.figures._frames import require, select_cells, short_task, task_key, task_order
+from pagestats.figures._frames import n_inputs, require, select_cells, short_task, task_key, task_order
 
 
 def scaling_data(gated: pl.DataFrame, *, evictor=None, rule: str = defaults.DILUTION_RULE) -> pl.DataFrame:
@@ -97,6 +97,8 @@ def rho_vs_headroom(gated: pl.DataFrame, *, evictor=None, ax=None, rule: str = d
         handles, labels = axis.get_legend_handles_labels()
         legend = fig.legend(handles, labels, loc="outside lower center", ncols=2)  # off the points
         _label_points(axis, data, legend=legend)
+    st.stamp(fig, n_inputs(gated if evictor is None else select_cells(gated, evictor=evictor)),
+             "no τ (ρ reads the plain arm)")
     return fig
 
 

@@ -8,7 +8,9 @@ over many groups return polars frames sorted by their ``by`` columns; interval
 arithmetic is delegated to :mod:`pagestats.stats`. The scaling relation (Table 25, Fig. 9,
 Table 21) lives in :mod:`~pagestats.metrics.scaling`; rates (ρ, harm, r(x), p_open, AUC) in
 :mod:`~pagestats.metrics.rates`; Δ, Δ(f) and the oracle gap in :mod:`~pagestats.metrics.delta`;
-kept-KV, compression and batching in :mod:`~pagestats.metrics.memory`. The conventions below
+kept-KV, compression and batching in :mod:`~pagestats.metrics.memory`; the two sides a table
+contrasts (the capacity-bound anchor, NIAH-MK3, and the dilution-prone tasks) in
+:mod:`~pagestats.metrics.sides`; evictors whose outcomes are identical in :mod:`~pagestats.metrics.identity`. The conventions below
 hold for all of them.
 
 Conventions (one place, used by every function below)
@@ -35,7 +37,9 @@ from pagestats.metrics.delta import (
     equal_inputs,
     same_inputs,
     oracle_gap,
+    task_oracle,
 )
+from pagestats.metrics.identity import identical_evictors
 from pagestats.metrics.matched import frontier_accuracy, matched_memory
 from pagestats.metrics.memory import compression, full_cache_gib, kept_kv, kv_bytes_per_token, static_batching
 from pagestats.metrics.rates import (
@@ -46,6 +50,7 @@ from pagestats.metrics.rates import (
     recovery_rate,
 )
 from pagestats.metrics.scaling import DILUTION_RULES, in_fit, predict_band, scaling_fit, scaling_rows
+from pagestats.metrics.sides import anchor_name, capacity_side, dilution_side
 
 __all__ = [
     "frontier_accuracy", "matched_memory",
@@ -65,10 +70,15 @@ __all__ = [
     "full_cache_gib",
     "delta_of_f",
     "oracle_gap",
+    "task_oracle",
     "auc_by_signal",
     "scaling_rows",
     "scaling_fit",
     "in_fit",
     "DILUTION_RULES",
     "predict_band",
+    "identical_evictors",
+    "capacity_side",
+    "dilution_side",
+    "anchor_name",
 ]

@@ -12,6 +12,7 @@ import polars as pl
 from pagestats import defaults, formulas, stats
 from pagestats.columns import MATRIX_CELL, MODEL_CELL, input_key, key_codes, require_columns
 from pagestats.metrics._frames import _cell_rows, _outcome_rows, _uniq, _unit_key
+from pagestats.metrics.sides import capacity_side
 from pagestats.schema import INPUT_KEY
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "delta_bootstrap",
     "delta_of_f",
     "oracle_gap",
+    "task_oracle",
 ]
 
 
@@ -255,6 +257,38 @@ def delta_of_f(delta_capacity, delta_rest, f):
         raise ValueError("f must lie in [0, 1]")
     out = f * np.asarray(delta_capacity, dtype=np.float64) + (1.0 - f) * np.asarray(delta_rest, dtype=np.float64)
     return out.item() if out.ndim == 0 else out
+
+
+def task_oracle(gated: pl.DataFrame, closed=defaults.ANCHOR_TASKS) -> pl.DataFrame:
+    """The gated outcomes of the task-label oracle, from the gated outcomes of any policy on the same rows
+    (§4.1, App. A.4.3, Table 14: "a task-label oracle that closes on NIAH-MK3 and opens elsewhere").
+
+    The oracle's gate is closed on the inputs of the ``closed`` tasks (default
+    :data:`pagestats.defaults.ANCHOR_TASKS`; ``None``: the capacity-bound class, as
+    :class:`pagestats.replay.policies.TaskOracle`) and open elsewhere; its arm is Eq. 2 on that
+    decision (:data:`pagestats.formulas.SCORE_GATED`, :data:`~pagestats.formulas.N_KEPT_GATED`),
+    evaluated on the rows' own plain and full-cache outcomes, so the two policies are compared on
+    the same inputs by construction.
+
+    Returns
+    -------
+    polars.DataFrame
+        ``gated`` with ``gate_open``, ``score_gated`` and ``n_kept_gated`` (where present) the
+        oracle's and ``tau`` null (where present); the other columns as they are.
+    """
+    need = ["task", "score_plain", "score_full", *(["task_class"] if closed is None else [])]
+    require_columns(gated, need, "task_oracle")
+    kept = "n_kept_gated" in gated.columns
+    if kept:
+        require_columns(gated, ["n_kept_plain", "n_tokens"], "task_oracle")
+    arm = gated.select((~capacity_side(closed)).alias("gate_open"), pl.col("score_plain").alias("score"),
+                       pl.col("score_full").alias("full_score"),
+                       *([pl.col("n_kept_plain").alias("n_kept"), pl.col("n_tokens")] if kept else []))
+    new = arm.select("gate_open", formulas.expr(formulas.SCORE_GATED).alias("score_gated"),
+                     *([formulas.expr(formulas.N_KEPT_GATED).alias("n_kept_gated")] if kept else []))
+    if "tau" in gated.columns:
+        new = new.with_columns(pl.lit(None, pl.Float64).alias("tau"))
+    return gated.with_columns(new.get_columns())
 
 
 def oracle_gap(frame_gate_policy: pl.DataFrame, frame_oracle: pl.DataFrame, by=MATRIX_CELL) -> pl.DataFrame:

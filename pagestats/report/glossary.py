@@ -26,7 +26,8 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "task": ("task", "RULER task"),
     "task_class": ("task class", "capacity-bound or dilution-prone (from the manifest)"),
     "budget": ("budget b", "nominal KV budget: fraction of the prompt's positions kept"),
-    "scope": ("scope", "cell: one (model, context, task); pooled: all cells of a task class together"),
+    "scope": ("scope", "cell: one (model, context, task); pooled: all cells together, of the capacity-bound anchor "
+              "(NIAH-MK3, named in task) or of the dilution-prone tasks"),
     "n": ("n inputs", "inputs counted"),
     "n_inputs": ("n inputs", "inputs counted"),
     "k": ("n recovered", "inputs with the event counted by the rate"),
@@ -37,10 +38,16 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "under_powered": ("under-powered", "the 95% interval straddles the claim's threshold (ρ: 0.05; Δ: 0), so the "
                       "claim is not settled either way: more inputs needed (`pagestats power claims` says how many)"),
     "delta": ("Δ", "gated − plain accuracy, mean over inputs and budgets b < 1"),
-    "delta_rest": ("Δ without capacity-bound", "Δ over the inputs of the other tasks only"),
-    "p_open_rest": ("p_open without capacity-bound", "gate-open share on the other tasks' inputs"),
-    "identical": ("gated ≡ plain", "the gate opens on every input outside the capacity-bound class, so gated "
+    "delta_rest": ("Δ without the anchor", "Δ over the inputs of every task but the capacity-bound anchor NIAH-MK3 "
+                   "(the paper's \"excluding NIAH-MK3\"; niah_multiquery stays in)"),
+    "p_open_rest": ("p_open without the anchor", "gate-open share on the inputs of every task but NIAH-MK3"),
+    "identical": ("gated ≡ plain", "the gate opens on every input outside the anchor NIAH-MK3, so gated "
                   "equals plain there (the paper's †)"),
+    "same_as": ("same outcomes as", "the other evictors of the (model, context) whose plain outcomes (score, kept "
+                "tokens) equal this one's on every evicting row, b < 1 (so do their gated ones): their cells agree by "
+                "construction, not as a finding"),
+    "decode_limited": ("decode-limited", "tasks of the row's inputs whose full-KV answers the decode limit may have "
+                       "cut (e.g. a draw collected with the first 32-token limit)"),
     "p_open": ("p_open", "share of inputs on which the gate opens (D ≥ τ)"),
     "mean_drop": ("mean D", "mean head-agreement drop D (Eq. 3)"),
     "sd_drop": ("SD of D", "standard deviation of D over the inputs"),
@@ -51,18 +58,21 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "monotone": ("monotone", "mean D decreases strictly along MultiKey 1 → 2 → 3"),
     "ratio_first_last": ("D ratio first/last", "mean D of MultiKey-1 over mean D of MultiKey-3"),
     "statistic": ("signal", "gate signal or profile statistic"),
-    "separated": ("separated", "the task means of the two classes lie on either side of one threshold"),
-    "below": ("capacity below", "every capacity-bound task mean lies below every dilution-prone one"),
-    "margin": ("margin", "smallest dilution-prone task mean minus largest capacity-bound task mean"),
+    "separated": ("separated", "the anchor's (NIAH-MK3) task mean and the dilution-prone task means lie on either "
+                  "side of one threshold"),
+    "below": ("anchor below", "the anchor's (NIAH-MK3) task mean lies below every dilution-prone task mean"),
+    "margin": ("margin", "smallest dilution-prone task mean minus the anchor's (NIAH-MK3) task mean"),
     "margin_minus": ("margin without excluded tasks", "the margin with the listed tasks left out"),
-    "auc": ("AUC", "separability of capacity-bound vs dilution-prone inputs (Mann–Whitney)"),
+    "auc": ("AUC", "separability of the anchor's (NIAH-MK3) inputs from the dilution-prone tasks' inputs "
+            "(Mann–Whitney)"),
     "auc_oriented": ("AUC (either side)", "max(AUC, 1 − AUC)"),
-    "n_capacity": ("n capacity-bound", "capacity-bound inputs"),
-    "n_dilution": ("n dilution-prone", "dilution-prone inputs"),
+    "n_capacity": ("n NIAH-MK3", "inputs of the capacity-bound anchor NIAH-MK3"),
+    "n_dilution": ("n dilution-prone", "inputs of the dilution-prone tasks"),
     "p_value": ("p", "p-value"),
     "p_adjusted": ("p (BH)", "p-value after Benjamini–Hochberg across the table's rows"),
     "rejected": ("significant (BH)", "rejected at q = 0.05 after Benjamini–Hochberg"),
-    "mk_monotone": ("MK monotone", "the signal decreases along MultiKey 1 → 2 → 3"),
+    "mk_monotone": ("MK monotone", "the signal's task means are strictly monotone, increasing or decreasing, along "
+                    "MultiKey 1 → 2 → 3 (Table 5's \"MK mono.\")"),
     "pearson_r": ("r with D", "Pearson correlation with D over inputs"),
     "mean_drop_capacity": ("mean D capacity-bound", "mean D over the capacity-bound calibration inputs"),
     "mean_drop_dilution": ("mean D dilution-prone", "mean D over the dilution-prone calibration inputs"),
@@ -84,11 +94,12 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "layers": ("layers", "layer subset D is computed on"),
     "n_layers": ("n layers", "layers in the subset"),
     "ordered": ("ordered", "the margin is positive"),
-    "capacity_max": ("max capacity-bound mean D", "largest capacity-bound task mean of D"),
+    "capacity_max": ("NIAH-MK3 mean D", "task mean of D of the capacity-bound anchor NIAH-MK3"),
     "dilution_min": ("min dilution-prone mean D", "smallest dilution-prone task mean of D"),
     "note": ("note", "why a value is missing: a layer subset that cannot be computed, a bootstrap cell with "
              "one input or no variation (p is NaN and the cell is left out of the BH family), or a cell without "
-             "the midpoint recipe's 20 inputs of each class (Eq. 5)"),
+             "the midpoint recipe's 20 inputs of each class (Eq. 5), or a prediction band of zero width (Table 21: "
+             "fitted on one context)"),
     "acc_full": ("accuracy full KV", "mean score with the full cache"),
     "acc_plain": ("accuracy plain", "mean score of plain eviction"),
     "acc_gated": ("accuracy gated", "mean score of the gated arm (Eq. 2)"),
@@ -99,7 +110,7 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "kv_gib": ("KV GiB per sequence", "kept KV × the full cache of one sequence in GiB (from the manifest)"),
     "compression": ("compression", "1 / kept KV"),
     "delta_policy": ("Δ gate", "Δ of the gate's policy"),
-    "delta_oracle": ("Δ oracle", "Δ of the task-label oracle (Table 14)"),
+    "delta_oracle": ("Δ oracle", "Δ of the task-label oracle that closes on NIAH-MK3 and opens elsewhere (Table 14)"),
     "gap": ("gap", "Δ gate − Δ oracle"),
     "same_decisions": ("same decisions", "the gate and the oracle decide alike on every input"),
     "best_plain": ("best plain evictor", "evictor with the highest plain accuracy"),
@@ -184,7 +195,8 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "n_budgets": ("n budgets", "budgets b < 1 per input"),
     "n_boot": ("bootstrap replicates", "cluster-bootstrap replicates"),
     "excludes_zero": ("excludes 0", "the 95% interval excludes 0"),
-    "subset": ("subset", "rows of one draw, or the summary over draws"),
+    "subset": ("subset", "the tasks Δ is over: all tasks, or the capacity-bound anchor NIAH-MK3 alone (the paper's "
+               "lower block)"),
     "draw": ("draw", "seed of the input draw"),
     "mean": ("mean Δ", "mean Δ over the draws"),
     "sd": ("SD of Δ", "standard deviation of Δ over the draws"),
@@ -217,7 +229,13 @@ BY_TABLE: dict[str, dict[str, tuple[str, str]]] = {
     "tab24_drop_by_task_strict": {"tau": ("τ", "the policy's threshold for the cell's inputs")},
     "tab21_preregistered": {"n": ("n inputs", "inputs of the measured row")},
     "tab12_delta_by_task": {"identical": ("gated ≡ plain (cell)", "the cell's † of Table 2: the gate opens on every "
-                                          "input of the cell outside the capacity-bound class")},
+                                          "input of the cell outside the anchor NIAH-MK3")},
+    "tab13_budget_axis": {"delta": ("Δ at b", "gated − plain accuracy at this row's budget b, mean over inputs"),
+                          "same_as": ("same outcomes as", "the other evictors of the (model, context) whose plain "
+                                      "outcomes (score, kept tokens) equal this one's on every input at this budget")},
+    "tab10_layers": {"margin": ("margin", "smallest mean D among the other tasks minus the anchor's (NIAH-MK3) "
+                                "(Table 10)"),
+                     "dilution_min": ("min other-task mean D", "smallest task mean of D among the tasks but NIAH-MK3")},
 }
 
 

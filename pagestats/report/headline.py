@@ -1,5 +1,5 @@
 """The headline numbers a report leads with, per (model, context, evictor): the paper's defensible
-quantities first (the harm on the capacity-bound class at b = 1/16, Δ at matched memory, the
+quantities first (the harm on the capacity-bound anchor NIAH-MK3 at b = 1/16, Δ at matched memory, the
 realized compression at b = 1/16 at batch 1 and under batching), then Δ at the nominal budget
 (docs/DEFINITIONS.md; PAGE paper §4, Tables 2, 22, 23, 27, 28, N3), each sentence with the
 paper's own value beside it (:mod:`pagestats.report.paper`)."""
@@ -24,8 +24,9 @@ HEADLINE_COLUMNS = (*MATRIX_CELL, "n_inputs", "n_capacity", "harm_plain", "harm_
 def headline(ctx: Context) -> pl.DataFrame:
     """Per matrix cell, the paper's defensible quantities first (§4: Δ "is at matched nominal budget, not a
     compression win"; "the defensible headline is the harm reduction (Table 27) and the matched-cache
-    frontier"): the harm rates of the plain and the gated arm on the capacity-bound class at
-    b = :data:`~pagestats.defaults.HEADLINE_BUDGET` (Table 27's cell) and their difference, Δ at
+    frontier"): the harm rates of the plain and the gated arm on the capacity-bound anchor NIAH-MK3
+    (:data:`~pagestats.defaults.ANCHOR_TASKS`; not the whole class: niah_multiquery is in none of the
+    paper's tables) at b = :data:`~pagestats.defaults.HEADLINE_BUDGET` (Table 27's cell) and their difference, Δ at
     matched memory (Table N3, :func:`pagestats.metrics.matched_memory`) with its interval and
     BH-adjusted p, Δ at the nominal budget with the 95% cluster-bootstrap interval and BH-adjusted p
     (the same draw as Table 28: :data:`~pagestats.defaults.BOOTSTRAP_SEED`), p_open, and the realized
@@ -37,12 +38,12 @@ def headline(ctx: Context) -> pl.DataFrame:
     The evictors of a (model, context) on the same inputs as in Table 28
     (:func:`pagestats.metrics.equal_inputs`). Δ = mean(gated − plain) over the inputs and budgets
     b < 1; ``kept_kv`` = mean n_kept / n_tokens of the gated arm over the same rows (the memory the
-    matched-memory Δ is matched at). At b = 1/16: ``n_capacity`` capacity-bound inputs, harm = share
+    matched-memory Δ is matched at). At b = 1/16: ``n_capacity`` inputs of the anchor, harm = share
     of them with A(b, x) < A_full(x), per arm (Table 27); ``kept_kv_budget`` the gated arm's mean
     kept fraction and ``compression`` = 1 / kept_kv_budget (Table 22); ``kept_open`` the mean kept
     fraction of the open inputs and ``compression_batch`` = 1 / ((1 − p_open^B) + p_open^B ·
     kept_open) (Table 23, :func:`pagestats.metrics.static_batching`). A cell without b = 1/16 (or
-    without capacity-bound inputs) has those columns null. ``harm_plain_all`` and ``harm_gated_all``:
+    without the anchor's inputs) has those columns null. ``harm_plain_all`` and ``harm_gated_all``:
     the harm rates over every task and budget b < 1 (how much each evictor loses overall). p_open =
     share of the cell's inputs on which the gate opens.
     """
@@ -66,7 +67,7 @@ def headline(ctx: Context) -> pl.DataFrame:
               .join(harm(rows, "plain", "harm_plain_all").drop("n"), on=by)
               .join(harm(rows, "gated", "harm_gated_all").drop("n"), on=by))
     at_b = rows.filter(pl.col("budget") == defaults.HEADLINE_BUDGET)
-    capacity_rows = at_b.filter(pl.col("task_class") == defaults.CAPACITY_BOUND)
+    capacity_rows = at_b.filter(metrics.capacity_side(defaults.ANCHOR_TASKS))  # Table 27's cell: NIAH-MK3 alone
     capacity = (harm(capacity_rows, "plain", "harm_plain").rename({"n": "n_capacity"})
                 .join(harm(capacity_rows, "gated", "harm_gated").drop("n"), on=by))
     memory = metrics.kept_kv(at_b, by).select(*by, pl.col("kept_kv").alias("kept_kv_budget"),
@@ -112,7 +113,8 @@ def headline_sentences(frame: pl.DataFrame, headline_evictor: str | None) -> lis
         if plain is not None:
             harm = (f"leaves the harm rate at {plain:.1%}" if f"{plain:.1%}" == f"{gated:.1%}" else
                     f"{'cuts' if gated < plain else 'raises'} the harm rate from {plain:.1%} to {gated:.1%}")
-            parts.append(f"on the capacity-bound tasks at b = {b} ({r['n_capacity']} inputs) the gate {harm} "
+            parts.append(f"on the capacity-bound anchor {metrics.anchor_name()} at b = {b} ({r['n_capacity']} inputs) "
+                         f"the gate {harm} "
                          f"(paper: {PAPER_VALUES['harm_plain'][0]} to {PAPER_VALUES['harm_gated'][0]}, Table 27)")
         if r.get("delta_matched") is not None:
             parts.append(f"at matched memory (plain eviction's frontier at the same {r['kept_kv']:.0%} of the KV "

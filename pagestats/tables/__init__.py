@@ -4,7 +4,7 @@ this package, in :mod:`pagestats.report.table_entries`; nothing here imports :mo
 
 Modules follow the data flow: :mod:`~pagestats.tables.partition` (ρ, D per task, scaling,
 pre-registration, harm), :mod:`~pagestats.tables.effects` (Δ matrix, budgets, oracle,
-compression, bootstrap, draws), and the gate signal: :mod:`~pagestats.tables.ablation` (signal
+compression), :mod:`~pagestats.tables.intervals` (bootstrap intervals, draws), and the gate signal: :mod:`~pagestats.tables.ablation` (signal
 ablation), :mod:`~pagestats.tables.calibration` (τ variants, midpoint calibration),
 :mod:`~pagestats.tables.subsampling` (k sweep, head-pair / layer subsampling) and
 :mod:`~pagestats.tables.pilot` (pilot sensitivity). :mod:`~pagestats.tables._common` holds the
@@ -35,16 +35,14 @@ from pagestats.tables._render import (
 from pagestats.tables.effects import (
     batching_table,
     best_evictor_table,
-    bootstrap_table,
     budget_axis_table,
     compression_table,
     cross_cell_table,
     delta_by_task_table,
     delta_matrix_table,
-    draw_replicates_table,
     oracle_gap_table,
-    remaining_deltas_table,
 )
+from pagestats.tables.intervals import bootstrap_table, draw_replicates_table, remaining_deltas_table
 from pagestats.tables.partition import (
     MULTIKEY_TASKS,
     distractor_sweep_table,
@@ -82,27 +80,35 @@ _DELTA = "Δ = mean over inputs and budgets b < 1 of gated − plain score."
 LAYOUTS: dict[str, Layout] = {
     "tab01_recovery": Layout("Table 1 — per-input recovery rate ρ (Eq. 1)", {"ρ [95% CI]": ("rho", "low", "high")},
                              notes=(_WILSON, "ρ = Pr[max_{b<1} A_plain(b,x) > A_plain(1,x)]; dilution-prone iff ρ ≥ 0.05.",
-                                    "Pooled rows: all cells of the class together (the contrast of §4).")),
+                                    "Pooled rows: all cells together, of the capacity-bound anchor NIAH-MK3 and of the "
+                                    "dilution-prone tasks (the contrast of §4; niah_multiquery has cell rows only).")),
     "tab02_delta_matrix": Layout("Table 2 — gating Δ per (model, context) × evictor", {},
                                  spanners={"Δ": ["delta", "delta_rest"]},
-                                 notes=(_DELTA, "delta_rest excludes the capacity-bound tasks; identical = gate open on every "
-                                        "other input, so gated ≡ plain there (the paper's †).")),
+                                 notes=(_DELTA, "delta_rest excludes the capacity-bound anchor NIAH-MK3 (the paper's "
+                                        "\"excluding NIAH-MK3\"); identical = gate open on every other input, so gated ≡ "
+                                        "plain there (the paper's †).",
+                                        "same_as: the evictors whose outcomes equal the row's on every evicting row (b < 1): "
+                                        "those cells agree by construction, not as a finding.")),
     "tab03_drop_by_task": Layout("Table 3 — mean D and gate-open fraction per task (deployed bins)",
                                  {"p_open [95% CI]": ("p_open", "low", "high")}, notes=(_WILSON,)),
     "tab04_distractor_sweep": Layout("Table 4 — distractor sweep along NIAH-MultiKey 1 → 2 → 3", {},
                                      notes=("monotone: mean D strictly decreasing along the gradient.",)),
     "tab05_06_signal_ablation": Layout("Tables 5–6 — gate-signal ablation", {"AUC [95% CI]": ("auc", "low", "high")},
-                                       notes=("AUC per input, capacity-bound lower orientation, DeLong interval; p from a "
-                                              f"two-sided Mann–Whitney test, Benjamini–Hochberg at q = {defaults.FDR_Q}.",
-                                              "margin = min dilution-prone task mean − max capacity-bound task mean.",
+                                       notes=("AUC per input of NIAH-MK3 against the pooled dilution-prone tasks, NIAH-MK3 "
+                                              "lower orientation, DeLong interval; p from a two-sided Mann–Whitney test, "
+                                              f"Benjamini–Hochberg at q = {defaults.FDR_Q}.",
+                                              "margin = min dilution-prone task mean − the NIAH-MK3 task mean; mk_monotone: "
+                                              "task means strictly monotone, either direction, along MK1 → MK2 → MK3.",
                                               "tau_gate, p_open: the gate on the statistic at τ = 0.07 recalibrated to it "
                                               "(App. A.3.1); degenerate: it opens on none or all inputs.")),
     "tab07_calibration": Layout("Table 7 — midpoint calibration (Eq. 5) vs fixed τ", {},
                                 spanners={"Δ": ["delta_fixed", "delta_calibrated"]}, notes=(_DELTA,)),
     "tab09_head_pairs": Layout("Table 9 — head-pair subsampling", {}, decimals=4,
-                               notes=("Random pair subsets per fraction; ordering = draws with a positive margin.",)),
+                               notes=("Random pair subsets per fraction; margin = min dilution-prone task mean of D − "
+                                      "the NIAH-MK3 task mean; ordering = draws with a positive margin.",)),
     "tab10_layers": Layout("Table 10 — layer subsampling", {}, decimals=4,
-                           notes=("margin > 0: a single threshold still separates the classes on task means.",
+                           notes=("margin = min task mean of D among the other tasks − the NIAH-MK3 task mean; margin > 0: "
+                                  "NIAH-MK3 still ranks below every other task.",
                                   "tau_gate, p_open: the gate at τ = 0.07 recalibrated to the subset (App. A.3.1); "
                                   "degenerate: it opens on none or all inputs.")),
     "tabA31_k_sweep": Layout("App. A.3.1 — the k sweep, τ recalibrated with k", {}, decimals=4,
@@ -111,8 +117,13 @@ LAYOUTS: dict[str, Layout] = {
                                     "inputs.",)),
     "tab12_delta_by_task": Layout("Table 12 — per-task Δ for every matrix cell", {}, notes=(_DELTA,)),
     "tab13_budget_axis": Layout("Table 13 — plain vs gated accuracy per budget", {},
-                                spanners={"accuracy": ["acc_full", "acc_plain", "acc_gated"]}),
-    "tab14_oracle_gap": Layout("Table 14 — PAGE vs the task-label oracle", {}, notes=(_DELTA,)),
+                                spanners={"accuracy": ["acc_full", "acc_plain", "acc_gated"]},
+                                notes=("Each row is one budget b: Δ = gated − plain at that budget.",
+                                       "same_as: the evictors whose outcomes equal the row's on every input at that "
+                                       "budget (e.g. all that keep only the protected positions where ⌊b·T⌋ is below "
+                                       "them).")),
+    "tab14_oracle_gap": Layout("Table 14 — PAGE vs the task-label oracle", {},
+                               notes=(_DELTA, "The oracle closes on NIAH-MK3 and opens elsewhere (Table 14).")),
     "tab17_best_evictor": Layout("Table 17 — best plain vs best gated evictor", {},
                                  notes=("Accuracy = mean score over inputs and budgets b < 1.",)),
     "tab20_cross_cell": Layout("Table 20 — Δ across (model, context) cells, fixed and calibrated τ", {},
@@ -123,7 +134,9 @@ LAYOUTS: dict[str, Layout] = {
                                   notes=("Band = ratio ρ/(1−A_full) range on the fitting contexts × the target's full-KV "
                                          "headroom. status says whether it was frozen (pagestats prereg freeze, sha256, "
                                          "before the target outcomes' runs were created) or formed post hoc from the same "
-                                         "logs, which is an illustration and not a pre-registration.",)),
+                                         "logs, which is an illustration and not a pre-registration.",
+                                         "Fitted on one context, the band has zero width (ratio low = ratio high): note "
+                                         "says so, and inside then asks for ρ to equal the prediction.")),
     "tab22_compression": Layout("Table 22 — achieved compression of the gated deployment", {},
                                 notes=("Empty budget = grid mean over the budgets b < 1.",)),
     "tab23_batching": Layout("Table 23 — compression under static batch provisioning", {},
@@ -145,7 +158,10 @@ LAYOUTS: dict[str, Layout] = {
                                      {"estimate [95% CI]": ("estimate", "low", "high")}, decimals=4,
                                      notes=(f"Δ rows: cluster bootstrap over inputs, BH at q = {defaults.FDR_Q} across "
                                             "the bootstrap rows; showcase rows: accuracy with a Wilson interval.",)),
-    "tab30_draws": Layout("Table 30 — input-draw replicates of Δ", {}, notes=("SD with ddof = 1.",)),
+    "tab30_draws": Layout("Table 30 — input-draw replicates of Δ", {},
+                          notes=("SD with ddof = 1. Lower block: NIAH-MK3 only, as the paper's.",
+                                 "decode_limited: tasks of the draw whose full-KV answers the decode limit may have cut "
+                                 "(a draw collected with the first 32-token limit): Δ there measures the limit too.")),
     "tabN1_pilot_sensitivity": Layout("New — z-scored gate vs the pilot definition", {},
                                       notes=("closed_call: fewer than half of the task's inputs open; flips: differs from "
                                              "the reference pilot (100 inputs per model, held out); every definition is "

@@ -1,8 +1,8 @@
 """Small helpers shared by the table modules.
 
 Only what the engine (:mod:`pagestats.metrics`, :mod:`pagestats.stats`) does not provide
-lives here: per-task means of a per-input statistic, the class *ordering margin* of
-Tables 6, 9 and 10, the selection of one evictor's rows, and the gate at a recalibrated τ
+lives here: per-task means of a per-input statistic, the *ordering margin* of
+Tables 5–6, 9 and 10 (the anchor NIAH-MK3 below the other side), the selection of one evictor's rows, and the gate at a recalibrated τ
 beside every sweep of D (:func:`gate_at`, App. A.3.1). Everything else is called from the engine.
 """
 
@@ -72,27 +72,33 @@ def task_means(frame: pl.DataFrame, value: str = "drop", by=MODEL_CELL) -> pl.Da
     return out.sort(keys)
 
 
-def ordering_margin(means: pl.DataFrame, by=MODEL_CELL, *, value: str = "mean", exclude: Sequence[str] = ()) -> pl.DataFrame:
-    """The class ordering margin of Tables 6, 9 and 10 per ``by`` group.
+def ordering_margin(means: pl.DataFrame, by=MODEL_CELL, *, value: str = "mean", exclude: Sequence[str] = (),
+                    anchor: Sequence[str] | None = defaults.ANCHOR_TASKS, others: str = "dilution-prone") -> pl.DataFrame:
+    """The ordering margin of Tables 5–6, 9 and 10 per ``by`` group.
 
-    ``margin = min over dilution-prone tasks of the task mean − max over capacity-bound
-    tasks of the task mean``: positive iff every capacity-bound task mean lies strictly
-    below every dilution-prone task mean, i.e. a single threshold separates the classes
-    on task means (Table 9: "the gap between mean D on NIAH-MK3 and the smallest mean D
-    among the dilution-prone tasks"). Tasks in ``exclude`` are left out (Table 6's
-    "margin−" excludes niah_multivalue).
+    ``margin = min over the other side's tasks of the task mean − max over the anchor's task
+    means``: positive iff every anchor task mean lies strictly below every task mean of the other
+    side, i.e. a single threshold separates them on task means. The paper's anchor is NIAH-MK3
+    (:data:`pagestats.defaults.ANCHOR_TASKS`; ``None``: the capacity-bound class); the other side
+    is, with ``others="dilution-prone"``, the dilution-prone tasks (Table 9: "the gap between mean D
+    on NIAH-MK3 and the smallest mean D among the dilution-prone tasks"; Tables 5–6) and, with
+    ``others="other"``, every other task (Table 10: "the smallest mean D among the other tasks").
+    Tasks in ``exclude`` are left out (Table 6's "margin−" excludes niah_multivalue).
 
     Returns
     -------
     polars.DataFrame
-        ``by``, ``capacity_max``, ``dilution_min``, ``margin``, ``ordered`` (margin > 0),
-        ``n_capacity_tasks``, ``n_dilution_tasks``; margin null when a class is missing.
+        ``by``, ``capacity_max`` (largest anchor task mean), ``dilution_min`` (smallest task mean
+        of the other side), ``margin``, ``ordered`` (margin > 0), ``n_capacity_tasks``,
+        ``n_dilution_tasks``; margin null when a side is missing.
     """
     by = as_list(by)
+    if others not in ("dilution-prone", "other"):
+        raise ValueError(f"others must be 'dilution-prone' or 'other', got {others!r}")
     require_columns(means, [*by, "task", "task_class", value], "ordering_margin")
     m = means.filter(~pl.col("task").is_in(list(exclude)))
-    cap = pl.col("task_class") == defaults.CAPACITY_BOUND
-    dil = pl.col("task_class") == defaults.DILUTION_PRONE
+    cap = metrics.capacity_side(anchor)
+    dil = metrics.dilution_side(anchor) if others == "dilution-prone" else ~cap
     agg = [
         pl.col(value).filter(cap).max().alias("capacity_max"),
         pl.col(value).filter(dil).min().alias("dilution_min"),
@@ -104,6 +110,13 @@ def ordering_margin(means: pl.DataFrame, by=MODEL_CELL, *, value: str = "mean", 
     out = out.with_columns((pl.col("margin") > 0).alias("ordered"))
     cols = [*by, "capacity_max", "dilution_min", "margin", "ordered", "n_capacity_tasks", "n_dilution_tasks"]
     return out.select(cols).sort(by) if by else out.select(cols)
+
+
+def same_as(gated: pl.DataFrame, by) -> pl.DataFrame:
+    """``by`` (with ``evictor``) and ``same_as``: the evictors whose outcomes equal the row's on every
+    evicting row of the group (:func:`pagestats.metrics.identical_evictors`)."""
+    group = [c for c in by if c != "evictor"]
+    return metrics.identical_evictors(gated, by=group).select(*group, "evictor", "same_as")
 
 
 @dataclass(frozen=True)

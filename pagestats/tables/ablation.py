@@ -1,6 +1,6 @@
-"""Tables 5–6: the gate-signal ablation — does a statistic other than D separate the task
-classes (task means, per-input AUC with multiplicity-corrected p-values, MK monotonicity,
-correlation with D), and the gate on it at a recalibrated τ.
+"""Tables 5–6: the gate-signal ablation — does a statistic other than D separate the
+capacity-bound anchor (NIAH-MK3) from the dilution-prone tasks (task means, per-input AUC with
+multiplicity-corrected p-values, MK monotonicity, correlation with D), and the gate on it at a recalibrated τ.
 
 These tables replay the logs (:mod:`pagestats.replay`) under several profile statistics, so
 they take :class:`pagestats.io.Logs` first.
@@ -38,7 +38,8 @@ def signal_names(logs) -> list[str]:
 
 
 def auc_table(frames: Mapping[str, pl.DataFrame], by=MODEL_CELL, *, q: float = defaults.FDR_Q,
-              confidence_level: float = defaults.CONFIDENCE_LEVEL) -> pl.DataFrame:
+              confidence_level: float = defaults.CONFIDENCE_LEVEL,
+              anchor: Sequence[str] | None = defaults.ANCHOR_TASKS) -> pl.DataFrame:
     """Per-input AUC of several gate signals with multiplicity-corrected p-values (BH).
 
     Parameters
@@ -49,6 +50,10 @@ def auc_table(frames: Mapping[str, pl.DataFrame], by=MODEL_CELL, *, q: float = d
         with ``run_id, task, input_id, task_class`` and ``drop``: a custom signal).
     by : sequence of str
         Groups (default the (model, context) cell).
+    anchor : sequence of str or None
+        The capacity-bound side (default NIAH-MK3, Table 6: "per-input separability of NIAH-MK3
+        from the pooled dilution-prone tasks"; ``None``: the capacity-bound class); the other side
+        is the dilution-prone tasks outside it.
 
     Returns
     -------
@@ -65,7 +70,8 @@ def auc_table(frames: Mapping[str, pl.DataFrame], by=MODEL_CELL, *, q: float = d
     (Table 5), which the family-wise BH correction then covers.
     """
     by = as_list(by)
-    parts = [metrics.auc_by_signal(frame, "drop", by=by, confidence_level=confidence_level)
+    parts = [metrics.auc_by_signal(frame, "drop", by=by, confidence_level=confidence_level,
+                                   capacity_tasks=None if anchor is None else list(anchor))
              .with_columns(pl.lit(name).alias("statistic")) for name, frame in frames.items()]
     out = pl.concat(parts, how="vertical_relaxed")
     adj = stats.bh(out["p_value"].fill_null(np.nan).to_numpy(), q=q)
@@ -81,7 +87,7 @@ def _mk_monotone(means: pl.DataFrame, by: list[str], tasks: Sequence[str]) -> pl
     sub = means.filter(pl.col("task").is_in(list(tasks)))
     order = names_like(pl.DataFrame({"task": list(tasks), "_pos": list(range(len(tasks)))}), sub)
     sub = sub.join(order, on="task").sort([*by, "_pos"])
-    steps = pl.col("mean").diff().drop_nulls()
+    steps = pl.col("mean").diff().drop_nulls()  # monotone in either direction: Table 5's "MK mono."
     out = sub.group_by(by).agg(pl.len().alias("_n"), (steps > 0).all().alias("_up"), (steps < 0).all().alias("_down"))
     return out.select(*by, pl.when(pl.col("_n") == len(tasks)).then(pl.col("_up") | pl.col("_down"))
                       .otherwise(None).alias("mk_monotone"))
@@ -91,23 +97,27 @@ def signal_ablation_table(logs, *, statistics: Sequence[str] | None = None, prof
                           exclude_from_margin: Sequence[str] = ("niah_multivalue",),
                           mk_tasks: Sequence[str] = ("niah_multikey_1", "niah_multikey_2", "niah_multikey_3"),
                           q: float = defaults.FDR_Q, recalibrate: str = "z", tau: float = defaults.TAU,
-                          pilot_n: int = defaults.PILOT_N) -> pl.DataFrame:
+                          pilot_n: int = defaults.PILOT_N,
+                          anchor: Sequence[str] | None = defaults.ANCHOR_TASKS) -> pl.DataFrame:
     """Tables 5–6: gate-signal ablation over the profile statistics and the logged ``signals``.
 
     For every statistic and (model, context) cell: does a single threshold separate the
-    capacity-bound task means from the dilution-prone ones, by what margin, how well does
-    it separate inputs (AUC), is it monotone along MK1 → MK2 → MK3, and how does it
-    correlate with D.
+    capacity-bound anchor's task mean from the dilution-prone ones (Table 5: "separating the
+    capacity-bound anchor (NIAH-MK3) from the dilution-prone tasks"; ``anchor``, default
+    :data:`pagestats.defaults.ANCHOR_TASKS`, ``None`` for the capacity-bound class), by what
+    margin, how well does it separate inputs (AUC), are its task means monotone (either
+    direction) along MK1 → MK2 → MK3, and how does it correlate with D.
 
     Returns
     -------
     polars.DataFrame
         ``statistic, model, context_length, n_inputs``, ``separated`` (task means on
-        either side: Table 5's "Sep."), ``below`` (capacity-bound means strictly below every
+        either side: Table 5's "Sep."), ``below`` (the anchor's means strictly below every
         dilution-prone mean: Table 6's "sep."), ``margin`` (:func:`~pagestats.tables._common.ordering_margin`,
         capacity-lower orientation), ``margin_minus`` (tasks of ``exclude_from_margin``
         left out: Table 6's "margin−"), the :func:`auc_table` columns (``auc`` … ``rejected``),
-        ``mk_monotone`` (null when an MK task is missing), ``pearson_r`` (per-input
+        ``mk_monotone`` (the task means strictly increase, or strictly decrease, along
+        ``mk_tasks``: Table 5's "MK mono."; null when an MK task is missing), ``pearson_r`` (per-input
         Pearson correlation with D; NaN for a constant signal), and the gate on the statistic at
         τ recalibrated to it (App. A.3.1; ``recalibrate="none"`` keeps the fixed τ, on the
         statistic's own scale): ``tau_gate``, ``p_open``, ``degenerate``, ``recalibration``.
@@ -120,13 +130,15 @@ def signal_ablation_table(logs, *, statistics: Sequence[str] | None = None, prof
     by = list(MODEL_CELL)
     base = _by_statistic(logs, "drop", profile).select(*INPUT_KEY, pl.col("drop").alias("_d"))
     frames = {s: _by_statistic(logs, s, profile) for s in names}
-    aucs = auc_table(frames, by=by, q=q)
+    aucs = auc_table(frames, by=by, q=q, anchor=anchor)
     rows = []
     for s, frame in frames.items():
         means = task_means(frame, "drop", by=by)
-        below = ordering_margin(means, by=by)
-        above = ordering_margin(means.with_columns(-pl.col("mean")), by=by).select(*by, pl.col("ordered").alias("_above"))
-        minus = ordering_margin(means, by=by, exclude=exclude_from_margin).select(*by, pl.col("margin").alias("margin_minus"))
+        below = ordering_margin(means, by=by, anchor=anchor)
+        above = ordering_margin(means.with_columns(-pl.col("mean")), by=by, anchor=anchor).select(
+            *by, pl.col("ordered").alias("_above"))
+        minus = ordering_margin(means, by=by, exclude=exclude_from_margin, anchor=anchor).select(
+            *by, pl.col("margin").alias("margin_minus"))
         mono = _mk_monotone(means, by, mk_tasks)
         joined = frame.join(base, on=list(INPUT_KEY))
         corr = []

@@ -1,7 +1,7 @@
 """Tables of the gate's effect: the Δ matrix (Tables 2, 12), the budget axis (Table 13),
 the task-label oracle gap (Table 14), best plain vs best gated evictor (Table 17), Δ across
-(model, context) cells (Table 20), compression and static batching (Tables 22–23), the
-cluster-bootstrap intervals (Tables 28–29) and the draw replicates (Table 30).
+(model, context) cells (Table 20), compression and static batching (Tables 22–23); the
+intervals of Tables 28–30 are in :mod:`pagestats.tables.intervals`.
 
 Inputs are :func:`pagestats.replay.gated_outcomes` frames; every statistic is a call to
 :mod:`pagestats.metrics`.
@@ -11,13 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 import polars as pl
 
 from pagestats import defaults, formulas, metrics
 from pagestats.columns import MATRIX_CELL, MODEL_CELL, input_key, require_columns, rows_where
 from pagestats.schema import INPUT_KEY
-from pagestats.tables._common import group_tau, one_evictor
+from pagestats.tables._common import group_tau, one_evictor, same_as
 
 __all__ = [
     "delta_matrix_table",
@@ -28,44 +27,50 @@ __all__ = [
     "cross_cell_table",
     "compression_table",
     "batching_table",
-    "bootstrap_table",
-    "draw_replicates_table",
 ]
 
-_CAP = pl.col("task_class") == defaults.CAPACITY_BOUND
-
-
-def _rest(gated: pl.DataFrame, by, cols) -> pl.DataFrame:
-    """The rows of the non-capacity-bound inputs, with only ``by``, the input key and ``cols`` (a
+def _rest(gated: pl.DataFrame, by, cols, anchor) -> pl.DataFrame:
+    """The rows of the inputs outside the anchor, with only ``by``, the input key and ``cols`` (a
     filter copies every column it keeps: at 1M inputs the gated rows are a gigabyte)."""
     keep = dict.fromkeys([*by, *input_key(gated), *cols, "task_class"])
-    return gated.select(list(keep)).filter(~_CAP)
+    return gated.select(list(keep)).filter(~metrics.capacity_side(anchor))
 
 
-def _rest_open(gated: pl.DataFrame, by) -> pl.DataFrame:
-    """Gate-open fraction over the non-capacity-bound inputs of each group, and whether it is 1."""
-    rest = _rest(gated, by, ["gate_open"])
+def _rest_open(gated: pl.DataFrame, by, anchor) -> pl.DataFrame:
+    """Gate-open fraction over the inputs outside the anchor in each group, and whether it is 1."""
+    rest = _rest(gated, by, ["gate_open"], anchor)
     if rest.height == 0:
         return pl.DataFrame(schema={**{c: gated.schema[c] for c in by}, "p_open_rest": pl.Float64, "identical": pl.Boolean})
     po = metrics.p_open(rest, by=by)
     return po.select(*by, pl.col("p_open").alias("p_open_rest"), (pl.col("k") == pl.col("n")).alias("identical"))
 
 
-def delta_matrix_table(gated: pl.DataFrame) -> pl.DataFrame:
+def delta_matrix_table(gated: pl.DataFrame, *, anchor: Sequence[str] | None = defaults.ANCHOR_TASKS) -> pl.DataFrame:
     """Tables 2 and 12 (summary): Δ per (model, context, evictor) cell, with and without the
-    capacity-bound tasks, the gate-open fraction on the other inputs and the identity marker.
+    capacity-bound anchor (the paper's "excluding NIAH-MK3"), the gate-open fraction on the other
+    inputs, the identity marker, and the evictors whose outcomes are the same system.
+
+    Parameters
+    ----------
+    gated : polars.DataFrame
+    anchor : sequence of str or None
+        The tasks left out of ``delta_rest`` (default :data:`pagestats.defaults.ANCHOR_TASKS`,
+        NIAH-MK3; ``None``: the capacity-bound class).
 
     Returns
     -------
     polars.DataFrame
-        ``model, context_length, evictor, delta`` (all tasks), ``delta_rest`` (capacity-bound
-        tasks excluded; null when only capacity-bound tasks are logged), ``n_inputs``,
-        ``p_open_rest`` (gate-open fraction on the non-capacity-bound inputs) and
-        ``identical`` (the gate opens on every non-capacity-bound input, so there gated ≡
+        ``model, context_length, evictor, delta`` (all tasks), ``delta_rest`` (the anchor's
+        tasks excluded; null when only they are logged), ``n_inputs``,
+        ``p_open_rest`` (gate-open fraction on the inputs outside the anchor) and
+        ``identical`` (the gate opens on every input outside the anchor, so there gated ≡
         plain exactly and ``delta_rest`` is 0 by construction; the paper's † rows), and
         ``n_left_out``: the evictors of a (model, context) are compared on the same inputs
         (:func:`pagestats.metrics.equal_inputs`), and this many of the cell's logged inputs
-        are not among them.
+        are not among them; ``same_as``: the other evictors of the (model, context) whose
+        outcomes equal this one's on every evicting row (b < 1), so that their cells agree by
+        construction, not as a finding (the paper's "Qwen2.5-14B H2O is not an independent cell";
+        :func:`pagestats.metrics.identical_evictors`).
 
     References
     ----------
@@ -75,7 +80,7 @@ def delta_matrix_table(gated: pl.DataFrame) -> pl.DataFrame:
     by = list(MATRIX_CELL)
     gated, left = metrics.equal_inputs(gated)
     full = metrics.delta(gated, by=by)
-    rest_rows = _rest(gated, by, ["budget", "score_gated", "score_plain"])
+    rest_rows = _rest(gated, by, ["budget", "score_gated", "score_plain"], anchor)
     rest = metrics.delta(rest_rows, by=by).select(*by, pl.col("delta").alias("delta_rest")) if rest_rows.height else None
     del rest_rows
     out = full.select(*by, "delta", "n_inputs")
@@ -83,11 +88,13 @@ def delta_matrix_table(gated: pl.DataFrame) -> pl.DataFrame:
         out = out.join(rest, on=by, how="left")
     else:
         out = out.with_columns(pl.lit(None, pl.Float64).alias("delta_rest"))
-    out = out.join(_rest_open(gated, by), on=by, how="left").join(left, on=by, how="left")
-    return out.select(*by, "delta", "delta_rest", "n_inputs", "n_left_out", "p_open_rest", "identical").sort(by)
+    out = (out.join(_rest_open(gated, by, anchor), on=by, how="left").join(left, on=by, how="left")
+           .join(same_as(gated, by), on=by, how="left"))
+    return out.select(*by, "delta", "delta_rest", "n_inputs", "n_left_out", "p_open_rest", "identical",
+                      "same_as").sort(by)
 
 
-def delta_by_task_table(gated: pl.DataFrame) -> pl.DataFrame:
+def delta_by_task_table(gated: pl.DataFrame, *, anchor: Sequence[str] | None = defaults.ANCHOR_TASKS) -> pl.DataFrame:
     """Table 12: per-task Δ (gated − plain, b < 1) for every matrix cell, with the
     per-task gate-open fraction and the cell's identity marker.
 
@@ -96,13 +103,15 @@ def delta_by_task_table(gated: pl.DataFrame) -> pl.DataFrame:
     polars.DataFrame
         ``model, context_length, evictor, task, task_class, delta, n_inputs, p_open``
         (of the task's inputs) and ``identical`` (the cell's † marker of
-        :func:`delta_matrix_table`).
+        :func:`delta_matrix_table`: the gate opens on every input outside ``anchor``, the
+        paper's "non-MK3 inputs").
     """
     by = [*MATRIX_CELL, "task", "task_class"]
     gated, _ = metrics.equal_inputs(gated)  # the evictors of a cell on the same inputs, as Table 2
     d = metrics.delta(gated, by=by)
     po = metrics.p_open(gated, by=[*MODEL_CELL, "task"]).select(*MODEL_CELL, "task", "p_open")
-    out = d.join(po, on=[*MODEL_CELL, "task"], how="left").join(_rest_open(gated, list(MATRIX_CELL)), on=list(MATRIX_CELL), how="left")
+    out = d.join(po, on=[*MODEL_CELL, "task"], how="left").join(_rest_open(gated, list(MATRIX_CELL), anchor),
+                                                                on=list(MATRIX_CELL), how="left")
     return out.select(*by, "delta", "n_inputs", "p_open", "identical").sort(by)
 
 
@@ -114,7 +123,10 @@ def budget_axis_table(gated: pl.DataFrame) -> pl.DataFrame:
     polars.DataFrame
         ``model, context_length, evictor, budget, n_inputs, acc_full, acc_plain,
         acc_gated, delta`` (:func:`pagestats.metrics.delta` with ``budget`` in ``by``),
-        ``kept_kv_gated`` (:func:`pagestats.metrics.kept_kv`); budgets b < 1.
+        ``kept_kv_gated`` (:func:`pagestats.metrics.kept_kv`), ``same_as`` (the other evictors of the
+        (model, context) whose outcomes equal this one's on every input at this budget, e.g. every
+        evictor that keeps only the protected positions when ⌊b·T⌋ is below them:
+        :func:`pagestats.metrics.identical_evictors`); budgets b < 1, each row one budget.
 
     References
     ----------
@@ -122,7 +134,8 @@ def budget_axis_table(gated: pl.DataFrame) -> pl.DataFrame:
     """
     by = [*MATRIX_CELL, "budget"]
     require_columns(gated, [*by, "score_full", "score_plain", "score_gated"], "budget_axis_table")
-    read = [*input_key(gated), *by, "score_full", "score_plain", "score_gated", "n_kept_gated", "n_tokens", "gate_open"]
+    read = [*input_key(gated), *by, "score_full", "score_plain", "score_gated", "n_kept_plain", "n_kept_gated", "n_tokens",
+            "gate_open"]
     # the columns read, then the rows; the evictors on the same inputs
     rows, _ = metrics.equal_inputs(gated.select(read).filter(formulas.EVICTED))
     acc = rows.group_by(by).agg(
@@ -131,8 +144,8 @@ def budget_axis_table(gated: pl.DataFrame) -> pl.DataFrame:
     )
     d = metrics.delta(rows, by=by).select(*by, "delta", "n_inputs")
     kept = metrics.kept_kv(rows, by=by).select(*by, pl.col("kept_kv").alias("kept_kv_gated"))
-    out = acc.join(d, on=by).join(kept, on=by)
-    return out.select(*by, "n_inputs", "acc_full", "acc_plain", "acc_gated", "delta", "kept_kv_gated").sort(by)
+    out = acc.join(d, on=by).join(kept, on=by).join(same_as(rows, by), on=by, how="left")
+    return out.select(*by, "n_inputs", "acc_full", "acc_plain", "acc_gated", "delta", "kept_kv_gated", "same_as").sort(by)
 
 
 def oracle_gap_table(gated: pl.DataFrame, gated_oracle: pl.DataFrame) -> pl.DataFrame:
@@ -141,7 +154,9 @@ def oracle_gap_table(gated: pl.DataFrame, gated_oracle: pl.DataFrame) -> pl.Data
     Parameters
     ----------
     gated, gated_oracle : polars.DataFrame
-        Gated outcomes under the policy and under :class:`pagestats.replay.policies.TaskOracle`.
+        Gated outcomes under the policy and under the task-label oracle: the paper's closes on
+        NIAH-MK3 and opens elsewhere (:func:`pagestats.metrics.task_oracle` of ``gated``;
+        :class:`pagestats.replay.policies.TaskOracle` closes on the whole capacity-bound class).
 
     Returns
     -------
@@ -314,172 +329,3 @@ def batching_table(gated: pl.DataFrame, *, evictor: str | None = None, budget: f
     out = out.with_columns(pl.lit(ev).alias("evictor"), pl.lit(b).alias("budget"))
     return out.select(*MODEL_CELL, "evictor", "budget", "batch_size", "p_open", "kept_open", "p_all_open",
                       "provisioned", "compression")
-
-
-def bootstrap_table(gated: pl.DataFrame, *, rng: np.random.Generator, by=MATRIX_CELL, tasks: Sequence[str] | None = None,
-                    n_boot: int = defaults.N_BOOTSTRAP, confidence_level: float = defaults.CONFIDENCE_LEVEL,
-                    q: float = defaults.FDR_Q) -> pl.DataFrame:
-    """Tables 28–29: Δ per cell with cluster-bootstrap 95% intervals and BH-adjusted p-values.
-
-    Parameters
-    ----------
-    gated : polars.DataFrame
-    rng : numpy.random.Generator
-    by : sequence of str
-        Cells (Table 28: the matrix cells (model, context, evictor)); add ``task`` for a
-        per-task family (Table 29's NIAH-MK3 rows).
-    tasks : sequence of str, optional
-        Restrict to these tasks first.
-
-    Returns
-    -------
-    polars.DataFrame
-        :func:`pagestats.metrics.delta_bootstrap` columns (``delta, low, high, p_value,
-        p_adjusted, rejected, n_inputs, n_budgets, n_boot, note``; a cell without variation
-        has p = NaN, note "no variation", and is left out of the BH family), ``n_left_out``
-        (with ``evictor`` in ``by``: the evictors of a group are compared on the same inputs,
-        :func:`pagestats.metrics.equal_inputs`) and ``excludes_zero``.
-
-    References
-    ----------
-    PAGE App. A.7.2, Tables 28–29 (10,000 replicates, 2.5–97.5 percentiles, BH at q = 0.05).
-    """
-    sub = gated if tasks is None else gated.filter(pl.col("task").is_in(list(tasks)))
-    by = list(by)
-    left = None
-    if "evictor" in by:  # cells that differ by evictor are compared on the same inputs
-        sub, left = metrics.equal_inputs(sub, by=[c for c in by if c != "evictor"])
-    out = metrics.delta_bootstrap(sub, by=by, rng=rng, n_boot=n_boot, confidence_level=confidence_level, q=q)
-    if left is not None:
-        out = out.join(left, on=[c for c in left.columns if c != "n_left_out"], how="left")
-    return out.with_columns(((pl.col("low") > 0) | (pl.col("high") < 0)).alias("excludes_zero"))
-
-
-def draw_replicates_table(gated: pl.DataFrame, input_draws: pl.DataFrame, *, evictor: str | None = None) -> pl.DataFrame:
-    """Table 30: Δ per input-draw replicate, with mean, SD (ddof=1) and range over draws.
-
-    Parameters
-    ----------
-    gated : polars.DataFrame
-    input_draws : polars.DataFrame
-        ``run_id`` → ``draw`` (e.g. ``logs.inputs.select("run_id", "draw").unique()``).
-
-    Returns
-    -------
-    polars.DataFrame
-        ``subset`` ("all tasks" / "capacity-bound"), ``model, context_length, evictor, draw,
-        delta, n_inputs``, and per (subset, cell) ``mean, sd, range, n_draws``.
-
-    References
-    ----------
-    PAGE App. A.7.3, Table 30 (three draws of the 4K split; lower block NIAH-MK3 only).
-
-    Notes
-    -----
-    Within a cell only the tasks present in every draw are compared, since a replicate
-    run may cover a subset of the tasks (e.g. the shipped second draw).
-    """
-    require_columns(input_draws, ["run_id", "draw"], "draw_replicates_table")
-    sub, ev = one_evictor(gated, evictor)
-    sub = sub.join(input_draws.select("run_id", "draw").unique(), on="run_id", how="left")
-    if sub["draw"].null_count():
-        raise ValueError("draw_replicates_table: some runs have no draw")
-    # Compare like with like: a replicate run may cover only some tasks, so each cell keeps
-    # the tasks that every one of its draws has (the others are left out of this table only).
-    draws_per_cell = sub.group_by(MATRIX_CELL).agg(pl.col("draw").n_unique().alias("_all"))
-    common = (sub.group_by([*MATRIX_CELL, "task"]).agg(pl.col("draw").n_unique().alias("_n"))
-              .join(draws_per_cell, on=MATRIX_CELL).filter(pl.col("_n") == pl.col("_all")).select(*MATRIX_CELL, "task"))
-    sub = sub.join(common, on=[*MATRIX_CELL, "task"], how="semi")
-    by = [*MATRIX_CELL, "draw"]
-    parts = [metrics.delta(sub, by=by).with_columns(pl.lit("all tasks").alias("subset"))]
-    cap = sub.filter(_CAP)
-    if cap.height:
-        parts.append(metrics.delta(cap, by=by).with_columns(pl.lit(defaults.CAPACITY_BOUND).alias("subset")))
-    out = pl.concat(parts)
-    grp = ["subset", *MATRIX_CELL]
-    out = out.with_columns(
-        pl.col("delta").mean().over(grp).alias("mean"), pl.col("delta").std(ddof=1).over(grp).alias("sd"),
-        (pl.col("delta").max() - pl.col("delta").min()).over(grp).alias("range"),
-        pl.len().over(grp).cast(pl.Int64).alias("n_draws"),
-    )
-    return out.select(*grp, "draw", "delta", "n_inputs", "mean", "sd", "range", "n_draws").sort([*grp, "draw"])
-
-
-def remaining_deltas_table(gated: pl.DataFrame, calibrated: pl.DataFrame | None, *, rng: np.random.Generator,
-                           evictor: str | None = None, budget: float = defaults.HEADLINE_BUDGET,
-                           showcase_task: str = "niah_multikey_3", n_boot: int = defaults.N_BOOTSTRAP,
-                           confidence_level: float = defaults.CONFIDENCE_LEVEL, q: float = defaults.FDR_Q) -> pl.DataFrame:
-    """Table 29: 95% intervals for the remaining headline numbers, as far as the logs hold them.
-
-    Three kinds of row (``row``), for the headline evictor:
-
-    * ``calibrated τ (Table 20)``: Δ per (model, context) with the midpoint τ of Eq. 5 (the
-      ``calibrated`` gated outcomes; none when it is ``None``), cluster bootstrap;
-    * ``capacity-bound task``: Δ per (model, context, task) on each capacity-bound task, cluster
-      bootstrap (the paper's NIAH-MK3 rows);
-    * ``showcase, plain`` / ``showcase, gated``: accuracy of each arm on ``showcase_task`` at
-      ``budget`` (the paper's Mistral NIAH-MK3 cell, §4 and Fig. 3: 0.00 plain, 0.89 gated),
-      Wilson score interval on the inputs' scores (their sum as the count of successes).
-
-    Returns
-    -------
-    polars.DataFrame
-        ``row, model, context_length, evictor, task, estimate, low, high, interval`` ("cluster
-        bootstrap" or "Wilson"), ``n_inputs``, ``p_value`` and ``p_adjusted`` (Benjamini–Hochberg
-        across every bootstrap row of the table; null for Wilson rows), ``excludes_zero``.
-        The paper's cross-architecture and DBTrimKV rows need models and an arm the collector
-        does not log (Tables 16 and 19).
-
-    References
-    ----------
-    PAGE App. A.7.2, Table 29 ("95% CIs for the remaining headline deltas ... The Mistral NIAH-MK3
-    showcase entries are Wilson score intervals on N=100").
-    """
-    from pagestats import stats
-
-    sub, ev = one_evictor(gated, evictor)
-    read = [*input_key(gated), *MODEL_CELL, "evictor", "task_class", "budget", "score_plain", "score_gated"]
-
-    def rows(frame: pl.DataFrame, where: pl.Expr) -> pl.DataFrame:
-        # the columns read, then the rows (a filter copies every column it keeps); each kind's rows are
-        # made when its bootstrap runs and let go after it, so no two are held at once
-        return frame.select(read).filter(formulas.EVICTED & where)
-
-    cols = ["row", "model", "context_length", "evictor", "task", "estimate", "low", "high", "interval", "n_inputs",
-            "p_value"]
-    parts = []
-    kinds = [("capacity-bound task", lambda: rows(sub, pl.col("task_class") == defaults.CAPACITY_BOUND),
-              [*MODEL_CELL, "evictor", "task"])]
-    if calibrated is not None:
-        kinds.insert(0, ("calibrated τ (Table 20)", lambda: rows(one_evictor(calibrated, ev)[0], pl.lit(True)),
-                         [*MODEL_CELL, "evictor"]))
-    for label, make, by in kinds:
-        frame = make()
-        if frame.height == 0:
-            continue
-        boot = metrics.delta_bootstrap(frame, by=by, rng=rng, n_boot=n_boot, confidence_level=confidence_level, q=q)
-        del frame
-        parts.append(boot.with_columns(pl.lit(label).alias("row"), pl.lit("cluster bootstrap").alias("interval"),
-                                       *([] if "task" in by else [pl.lit(None, pl.String).alias("task")]))
-                     .rename({"delta": "estimate"}).select(cols).sort(by))
-    show = rows(sub, (pl.col("task") == showcase_task) & (pl.col("budget") == budget))
-    binary = show.select(pl.col("score_plain", "score_gated").is_in([0.0, 1.0]).all()).row(0) == (True, True)
-    if show.height and binary:  # a Wilson interval counts successes: 0/1 scores
-        for arm in ("plain", "gated"):
-            acc = show.group_by(*MODEL_CELL, "evictor", "task").agg(
-                pl.col(f"score_{arm}").sum().alias("k"), pl.len().alias("n"), pl.col(f"score_{arm}").mean().alias("estimate"))
-            iv = stats.wilson(acc["k"].to_numpy(), acc["n"].to_numpy(), confidence_level)
-            parts.append(acc.with_columns(pl.lit(f"showcase, {arm} at b = {budget}").alias("row"),
-                                          pl.Series("low", iv.low), pl.Series("high", iv.high),
-                                          pl.lit("Wilson").alias("interval"), pl.col("n").alias("n_inputs"),
-                                          pl.lit(None, pl.Float64).alias("p_value")).select(cols)
-                         .sort(*MODEL_CELL))
-    if not parts:
-        return pl.DataFrame(schema={c: pl.String for c in cols})
-    out = pl.concat(parts, how="vertical_relaxed")
-    tested = out["p_value"].is_not_null() & out["p_value"].is_not_nan()
-    adjusted = np.full(out.height, np.nan)
-    if tested.any():
-        adjusted[tested.to_numpy()] = stats.bh(out.filter(tested)["p_value"].to_numpy(), q).adjusted
-    return out.with_columns(pl.Series("p_adjusted", adjusted).fill_nan(None).cast(pl.Float64),
-                            ((pl.col("low") > 0) | (pl.col("high") < 0)).alias("excludes_zero"))

@@ -33,9 +33,10 @@ MULTIKEY_TASKS = ("niah_multikey_1", "niah_multikey_2", "niah_multikey_3")
 
 
 def recovery_table(gated: pl.DataFrame, *, evictor: str | None = None,
-                   confidence_level: float = defaults.CONFIDENCE_LEVEL) -> pl.DataFrame:
+                   confidence_level: float = defaults.CONFIDENCE_LEVEL,
+                   anchor: Sequence[str] | None = defaults.ANCHOR_TASKS) -> pl.DataFrame:
     """Table 1: per-input recovery rate ρ (Eq. 1) with Wilson intervals, per task × cell,
-    and the pooled contrast capacity-bound vs dilution-prone.
+    and the pooled contrast of the capacity-bound anchor (NIAH-MK3) against the dilution-prone tasks.
 
     Parameters
     ----------
@@ -45,15 +46,20 @@ def recovery_table(gated: pl.DataFrame, *, evictor: str | None = None,
     evictor : str, optional
         The evictor whose plain arm defines ρ (the paper: SnapKV; default
         :func:`~pagestats.columns.headline_evictor`).
+    anchor : sequence of str or None
+        The capacity-bound side of the pooled contrast (default NIAH-MK3, the paper's: "only 2/526
+        NIAH-MK3 inputs recover"; ``None``: the capacity-bound class).
 
     Returns
     -------
     polars.DataFrame
-        ``scope`` ("cell" rows per (model, context_length, task); "pooled" rows per
-        task_class over all cells, the contrast on which §4's claim rests), ``model``,
-        ``context_length``, ``task``, ``task_class``, ``evictor``, ``k``, ``n``, ``rho``,
-        ``low``, ``high``, ``dilution_prone`` (ρ ≥ 0.05). Pooled rows have null model,
-        context and task.
+        ``scope`` ("cell" rows per (model, context_length, task); two "pooled" rows over all
+        cells, the contrast on which §4's claim rests: the anchor's inputs, with ``task`` naming
+        the anchor (null for the class), and the inputs of the dilution-prone tasks outside it, with a null ``task``),
+        ``model``, ``context_length``, ``task``, ``task_class``, ``evictor``, ``k``, ``n``,
+        ``rho``, ``low``, ``high``, ``dilution_prone`` (ρ ≥ 0.05). Pooled rows have null model
+        and context. A capacity-bound task outside the anchor (niah_multiquery) has cell rows
+        only.
 
     References
     ----------
@@ -61,11 +67,17 @@ def recovery_table(gated: pl.DataFrame, *, evictor: str | None = None,
     """
     sub, ev = one_evictor(gated, evictor)
     cells = metrics.recovery_rate(sub, by=("model", "context_length", "task_class", "task"), confidence_level=confidence_level)
-    pooled = metrics.recovery_rate(sub, by=("task_class",), confidence_level=confidence_level)
+    side = (pl.when(metrics.capacity_side(anchor)).then(pl.lit(defaults.CAPACITY_BOUND))
+            .when(metrics.dilution_side(anchor)).then(pl.lit(defaults.DILUTION_PRONE)).alias("_side"))
+    read = list(dict.fromkeys([*input_key(sub), "evictor", "task_class", "budget", "score_plain", "score_full"]))
+    sided = sub.select(read).with_columns(side).filter(pl.col("_side").is_not_null())
+    pooled = metrics.recovery_rate(sided, by=("_side",), confidence_level=confidence_level).rename({"_side": "task_class"})
     cells = cells.with_columns(pl.lit("cell").alias("scope"))
     pooled = pooled.with_columns(
         pl.lit("pooled").alias("scope"), pl.lit(None, pl.String).alias("model"),
-        pl.lit(None, pl.Int64).alias("context_length"), pl.lit(None, pl.String).alias("task"),
+        pl.lit(None, pl.Int64).alias("context_length"),
+        pl.when(pl.col("task_class") == defaults.CAPACITY_BOUND)
+        .then(pl.lit(None if anchor is None else metrics.anchor_name(anchor), pl.String)).otherwise(None).alias("task"),
     )
     cols = ["scope", "model", "context_length", "task", "task_class", "k", "n", "rho", "low", "high", "dilution_prone"]
     out = pl.concat([cells.select(cols), pooled.select(cols)], how="vertical_relaxed")
@@ -192,6 +204,9 @@ def scaling_table(gated: pl.DataFrame, *, evictor: str | None = None, rule: str 
 
 #: Table 21's ``status`` when the band was not frozen beforehand.
 POST_HOC = "post-hoc illustration, not a pre-registration"
+#: Table 21's ``note`` on a band fitted on one row.
+ZERO_WIDTH = ("zero-width band: fitted on one context's row, so ratio low = ratio high and the band is one "
+              "value; inside only when ρ equals it")
 BAND_COLUMNS = ("n_fit_rows", "ratio_low", "ratio_high", "headroom", "predicted_low", "predicted_high")
 
 
@@ -258,7 +273,9 @@ def preregistered_table(gated: pl.DataFrame, inputs: pl.DataFrame, *, band: pl.D
         ``by``, ``context_length`` (the predicted one), ``evictor``, ``n_fit_rows``,
         ``ratio_low``, ``ratio_high``, ``headroom``, ``predicted_low``, ``predicted_high``,
         ``task_class``, ``n``, ``rho`` (measured, plain arm), ``low``, ``high`` (Wilson),
-        ``inside`` (measured ρ in the band), ``status``.
+        ``inside`` (measured ρ in the band), ``status``, ``note``: a band fitted on one row (one
+        fitting context, e.g. the shipped 512 → 1,024 logs) has zero width, ratio low = ratio high,
+        so ``inside`` asks whether ρ equals the prediction exactly; the note says so (null otherwise).
     """
     by = as_list(by)
     if band is None:
@@ -282,9 +299,10 @@ def preregistered_table(gated: pl.DataFrame, inputs: pl.DataFrame, *, band: pl.D
     out = out.with_columns(
         ((pl.col("rho") >= pl.col("predicted_low")) & (pl.col("rho") <= pl.col("predicted_high"))).alias("inside"),
         pl.lit(status or "pre-registered").alias("status"),
+        pl.when(pl.col("n_fit_rows") == 1).then(pl.lit(ZERO_WIDTH)).otherwise(None).alias("note"),
     )
     return out.select(*by, "context_length", "evictor", *BAND_COLUMNS, "task_class", "n", "rho", "low", "high",
-                      "inside", "status").sort(by)
+                      "inside", "status", "note").sort(by)
 
 
 def harm_table(gated: pl.DataFrame, *, evictor: str | None = None, by=("task", "task_class"),

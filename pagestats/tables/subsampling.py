@@ -1,6 +1,7 @@
 """The sweeps of D's own parameters, each with the gate at τ recalibrated alongside it
 (App. A.3.1): the k sweep (App. A.3.1), head-pair subsampling (Table 9) and layer subsampling
-(Table 10) — does the class ordering margin of D survive a cheaper D?
+(Table 10) — does the ordering margin of D (the anchor NIAH-MK3 below the other tasks) survive a
+cheaper D?
 
 These tables recompute D from the logs (:mod:`pagestats.replay`) under several profile
 specs, so they take :class:`pagestats.io.Logs` first.
@@ -22,9 +23,12 @@ __all__ = ["k_sweep_table", "head_pair_table", "layer_subset_table"]
 
 
 def k_sweep_table(logs, *, ks=defaults.K_SWEEP, recalibrate: str = "z", tau: float = defaults.TAU,
-                  pilot_n: int = defaults.PILOT_N, profile: replay.ProfileSpec = replay.ProfileSpec()) -> pl.DataFrame:
+                  pilot_n: int = defaults.PILOT_N, profile: replay.ProfileSpec = replay.ProfileSpec(),
+                  anchor: Sequence[str] | None = defaults.ANCHOR_TASKS) -> pl.DataFrame:
     """The k sweep of App. A.3.1: D recomputed from the stored top-k indices at each k ≤ k_max,
-    its class ordering margin, and — because "any sweep of a parameter that rescales D must
+    its separation margin (the anchor NIAH-MK3 below the dilution-prone tasks, as Tables 5–6: "k = 32
+    maximises both the separation margin and the per-input AUC"; ``anchor=None`` reads the
+    capacity-bound class), and — because "any sweep of a parameter that rescales D must
     recalibrate τ alongside it" — the gate-open fraction at the recalibrated τ with a
     ``degenerate`` flag ("we report gate-open fractions beside every Δ in the sweep").
 
@@ -39,7 +43,7 @@ def k_sweep_table(logs, *, ks=defaults.K_SWEEP, recalibrate: str = "z", tau: flo
     parts = []
     for k in (k for k in ks if k <= k_max):
         spec = replay.ProfileSpec(**{**profile.__dict__, "k": int(k)})
-        margins = ordering_margin(task_means(replay.gate(logs, FixedTau(), spec), "drop"))
+        margins = ordering_margin(task_means(replay.gate(logs, FixedTau(), spec), "drop"), anchor=anchor)
         parts.append(margins.join(gate_at(logs, spec, recalibrate, tau, pilot_n), on=list(MODEL_CELL), how="left")
                      .with_columns(pl.lit(int(k), pl.Int64).alias("k")))
     if not parts:
@@ -57,7 +61,7 @@ def _pairs_per_layer(logs) -> pl.DataFrame:
 
 def head_pair_table(logs, *, fractions: Sequence[float] = defaults.PAIR_FRACTIONS, pair_draws: int = defaults.PAIR_DRAWS, seed: int = 0,
                     profile: replay.ProfileSpec = replay.ProfileSpec(), recalibrate: str = "z", tau: float = defaults.TAU,
-                    pilot_n: int = defaults.PILOT_N) -> pl.DataFrame:
+                    pilot_n: int = defaults.PILOT_N, anchor: Sequence[str] | None = defaults.ANCHOR_TASKS) -> pl.DataFrame:
     """Table 9: head-pair subsampling — margin over ``pair_draws`` random pair subsets per fraction.
 
     Returns
@@ -67,7 +71,8 @@ def head_pair_table(logs, *, fractions: Sequence[float] = defaults.PAIR_FRACTION
         (m = max(1, round(f·P)), as :func:`pagestats.replay.pair_subsets`), ``n_draws``,
         ``margin_mean``, ``margin_min``, ``margin_max`` and ``n_ordered`` (draws whose margin
         stayed positive: Table 9's "ordering"), margin as
-        :func:`~pagestats.tables._common.ordering_margin` (capacity-bound below dilution-prone),
+        :func:`~pagestats.tables._common.ordering_margin` (Table 9: "the gap between mean D on NIAH-MK3 and
+        the smallest mean D among the dilution-prone tasks"; ``anchor=None`` reads the capacity-bound class),
         and the gate at τ recalibrated to each subsample (App. A.3.1, :func:`pagestats.replay.recalibrate`;
         ``recalibrate="none"`` keeps the fixed τ): ``tau_gate`` (mean over draws), ``p_open``
         (over inputs and draws), ``degenerate`` (opens on none or all) and ``recalibration``.
@@ -81,7 +86,7 @@ def head_pair_table(logs, *, fractions: Sequence[float] = defaults.PAIR_FRACTION
     for f in fractions:
         spec = replay.ProfileSpec(**{**profile.__dict__, "pairs_fraction": float(f), "pair_draws": int(pair_draws), "seed": int(seed)})
         by = [*MODEL_CELL, "pair_draw"]  # one draw's gate rows at a time: its margin per cell
-        margins = pl.concat([ordering_margin(task_means(gate, "drop", by=by), by=by)
+        margins = pl.concat([ordering_margin(task_means(gate, "drop", by=by), by=by, anchor=anchor)
                              for gate in replay.gate_by_draw(logs, FixedTau(), spec)]).sort(by)
         parts.append(margins.group_by(list(MODEL_CELL)).agg(
             pl.len().cast(pl.Int64).alias("n_draws"), pl.col("margin").mean().alias("margin_mean"),
@@ -99,8 +104,11 @@ def head_pair_table(logs, *, fractions: Sequence[float] = defaults.PAIR_FRACTION
 
 def layer_subset_table(logs, *, subsets: Sequence = replay.LAYER_SUBSETS,
                        profile: replay.ProfileSpec = replay.ProfileSpec(), recalibrate: str = "z",
-                       tau: float = defaults.TAU, pilot_n: int = defaults.PILOT_N) -> pl.DataFrame:
-    """Table 10: layer subsampling — the class ordering margin of D recomputed on layer subsets.
+                       tau: float = defaults.TAU, pilot_n: int = defaults.PILOT_N,
+                       anchor: Sequence[str] | None = defaults.ANCHOR_TASKS) -> pl.DataFrame:
+    """Table 10: layer subsampling — the ordering margin of D recomputed on layer subsets: "the gap
+    between mean D on NIAH-MK3 and the smallest mean D among the other tasks" (``anchor``, default
+    NIAH-MK3; ``None`` reads the capacity-bound class).
 
     Returns
     -------
@@ -128,7 +136,8 @@ def layer_subset_table(logs, *, subsets: Sequence = replay.LAYER_SUBSETS,
             try:
                 kept = len(resolve_layers(spec, n_layers))
                 sub = LogsView(inputs.filter(pl.col("model") == model), getattr(logs, "topk", None))
-                margins = ordering_margin(task_means(replay.gate(sub, FixedTau(), spec), "drop"))
+                margins = ordering_margin(task_means(replay.gate(sub, FixedTau(), spec), "drop"), anchor=anchor,
+                                          others="other")
                 part = margins.with_columns(pl.lit(kept, pl.Int64).alias("n_layers"), pl.lit(None, pl.String).alias("note"))
                 part = part.join(gate_at(sub, spec, recalibrate, tau, pilot_n), on=list(MODEL_CELL), how="left")
             except ValueError as err:

@@ -316,7 +316,7 @@ def test_delta_of_f_data_brute_force(gated):
 
 
 def test_delta_of_f_needs_both_classes(gated):
-    with pytest.raises(ValueError, match="both task classes"):
+    with pytest.raises(ValueError, match="no niah_multikey_3 inputs; Δ\\(f\\) needs both"):
         F.delta_of_f_data(gated.filter(pl.col("task_class") == "dilution-prone"))
 
 
@@ -1028,3 +1028,40 @@ def test_delta_matrix_wraps_a_very_long_name(gated, transposed):
     renderer = _renderer(fig)
     for axis in (ax.xaxis, ax.yaxis):
         _assert_ticklabels_apart(axis, renderer, "Fig. 8 tick labels")
+
+
+def _stamp(fig) -> str:
+    return fig._suptitle.get_text() if fig._suptitle is not None else ""
+
+
+@pytest.mark.parametrize("name", ["fig02", "fig03", "fig04", "fig05", "fig07", "fig08", "fig09", "fig10", "fig11"])
+def test_every_figure_states_its_n_and_tau(every_figure, gated, name):
+    """Each figure's top line says how many inputs it draws on (counted here) and at which τ."""
+    g5 = hand_gated(seed=5, contexts=(4096, 16384), evictors=("snapkv",), n=8)
+    frames = {"fig03": gated.filter((pl.col("model") == "m1") & (pl.col("evictor") == "snapkv")),
+              "fig04": gated.filter(pl.col("evictor") == "snapkv"), "fig09": g5}
+    frame = frames.get(name, gated)
+    if name == "fig05":
+        frame = _hand_inputs()
+    n = len({(r.get("run_id"), r["task"], r["input_id"]) for r in frame.to_dicts()})
+    text = _stamp(every_figure[name])
+    assert text.startswith(f"n = {n:,} inputs; "), text
+    taus = {r["tau"] for r in frame.to_dicts()} if "tau" in frame.columns else set()
+    if name in ("fig05", "fig09"):  # no gate decision drawn: the stamp says there is no τ
+        assert "no τ" in text
+    else:
+        assert taus == {0.07} and text.endswith("τ = 0.07"), text
+
+
+def test_tau_curves_state_their_n_and_the_sweep():
+    curve = _curve().with_columns(pl.when(pl.col("model") == "m1").then(30).otherwise(20).alias("n_inputs"))
+    assert _stamp(F.tau_sensitivity(curve)) == "n = 50 inputs; τ swept 0 to 0.2, τ0 = 0.07"
+    points, acc = _frontier_inputs()
+    points = points.with_columns(pl.when(pl.col("context_length") == 512).then(12).otherwise(7).alias("n_inputs"))
+    text = _stamp(F.decision_frontier(F.decision_frontier_data(points, acc)))
+    assert text == "n = 19 inputs; every τ of the sweep, circles at τ = 0.07"
+
+
+def test_a_varying_tau_is_stated_as_its_range(gated):
+    varied = gated.with_columns(pl.when(pl.col("model") == "m1").then(0.05).otherwise(0.09).alias("tau"))
+    assert _stamp(F.delta_of_f(varied)).endswith("τ = 0.05–0.09 (per calibration group)")

@@ -389,7 +389,7 @@ def _headline_row(**over):
 
 @pytest.mark.parametrize("over, says, never", [
     # a positive point estimate whose BH-adjusted p is 0.65 is not a rise, even with low ≥ 0
-    ({}, "on the capacity-bound tasks at b = 1/16 (20 inputs) the gate cuts the harm rate from 12.0% to 3.0% "
+    ({}, "on the capacity-bound anchor niah_multikey_3 at b = 1/16 (20 inputs) the gate cuts the harm rate from 12.0% to 3.0% "
          "(paper: 75% to 2.6%, Table 27); at matched memory (plain eviction's frontier at the same 58% "
          "of the KV cache) its change in accuracy over plain eviction, +1.2 pp [-1.0, +3.0], is not significant "
          "(BH-adjusted p = 0.4); at the same nominal budget its change in accuracy over plain eviction, +9.4 pp "

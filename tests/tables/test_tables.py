@@ -559,7 +559,7 @@ def test_draw_replicates_by_loops(syn, gated):
     acc = defaultdict(list)
     for r in rows_of(gated):
         if r["evictor"] == "snapkv" and r["budget"] < 1:
-            for subset in ("all tasks", CAP) if r["task_class"] == CAP else ("all tasks",):
+            for subset in ("all tasks", "niah_multikey_3") if r["task"] == "niah_multikey_3" else ("all tasks",):
                 acc[(subset, r["model"], r["context_length"], dmap[r["run_id"]])].append(r["score_gated"] - r["score_plain"])
     for r in rows_of(t):
         assert r["delta"] == pytest.approx(statistics.fmean(acc[(r["subset"], r["model"], r["context_length"], r["draw"])]))
@@ -670,7 +670,7 @@ def test_remaining_deltas_table_by_brute_force(syn, gated):
     ev = "snapkv"
     table = tables.remaining_deltas_table(gated, gated, rng=np.random.default_rng(7), evictor=ev, budget=0.125,
                                           n_boot=200)
-    assert list(dict.fromkeys(table["row"])) == ["calibrated τ (Table 20)", "capacity-bound task",
+    assert list(dict.fromkeys(table["row"])) == ["calibrated τ (Table 20)", "capacity-bound anchor",
                                                  "showcase, plain at b = 0.125", "showcase, gated at b = 0.125"]
     sub = gated.filter((pl.col("evictor") == ev) & (pl.col("budget") < 1))
     ref = metrics.delta_bootstrap(sub, by=["model", "context_length", "evictor"], rng=np.random.default_rng(7),

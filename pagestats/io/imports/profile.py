@@ -65,7 +65,7 @@ def match_profiles(records: Records, inputs: pl.DataFrame, n_layers: int) -> tup
     if wrong_t.height:
         r = wrong_t.row(0, named=True)
         return None, f"line {r['_line']}: T {r['T']} differs from gated input ({r['task']}, {r['input_id']}) T {r['n_tokens']}"
-    agreement = np.array(joined["head_agreement_per_layer"].to_list(), dtype=np.float64)
+    agreement = joined["head_agreement_per_layer"].cast(pl.List(pl.Float64)).list.to_array(n_layers).to_numpy()
     recomputed = drop_from_agreement(agreement, defaults.BIN_FRACTION, defaults.BIN_CONVENTION)
     gap = np.abs(recomputed - joined["drop"].to_numpy())
     if not np.all(gap <= DROP_MATCH):

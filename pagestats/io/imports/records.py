@@ -13,6 +13,7 @@ What the code cannot do: it reads JSON Lines only (one object per line), as the 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 import duckdb
@@ -55,8 +56,10 @@ class Records:
     why: str = ""  # for schema None: what the records are, in a few words
 
 
-def _line_numbers(raw: bytes) -> np.ndarray:
+def _line_numbers(raw: bytes, n_records: int) -> np.ndarray:
     """1-based numbers of the lines of ``raw`` that hold something other than white space."""
+    if not re.search(rb"(^|\n)[ \t\r]*(\n|$)", raw.rstrip(b"\n")):  # no blank line: record i is line i + 1
+        return np.arange(1, n_records + 1, dtype=np.int64)
     lines = raw.split(b"\n")
     return np.array([i + 1 for i, text in enumerate(lines) if text.strip()], dtype=np.int64)
 
@@ -93,7 +96,7 @@ def read_records(path: str) -> Records:
         raw = fh.read()
     if not raw.strip():
         return Records(path, pl.DataFrame(), None, "it holds no records (an empty stub)")
-    con = connect(threads=1)
+    con = connect()
     try:
         with open(path, "rb") as fh:
             relation = con.read_json(fh, format="newline_delimited", sample_size=-1)
@@ -104,7 +107,7 @@ def read_records(path: str) -> Records:
         raise RecordError(path, _diagnose(path, raw)) from None
     finally:
         con.close()
-    lines = _line_numbers(raw)
+    lines = _line_numbers(raw, frame.height)
     if len(lines) != frame.height:  # cannot happen for JSON Lines DuckDB read; named rather than guessed
         raise RecordError(path, [f"{path}: {frame.height} records on {len(lines)} non-empty lines"])
     frame = frame.with_columns(pl.Series("_line", lines))

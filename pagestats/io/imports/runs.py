@@ -10,6 +10,7 @@ by several files must agree on T, D and the full-KV outcome.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -68,11 +69,11 @@ class File:
     def name(self) -> str:
         return Path(self.records.path).name
 
-    @property
+    @functools.cached_property
     def keys(self) -> frozenset:
         return frozenset(self.inputs.select("task", "input_id").iter_rows())
 
-    @property
+    @functools.cached_property
     def arms(self) -> frozenset:
         return frozenset(self.outcomes.select("evictor", "budget").unique().iter_rows())
 
