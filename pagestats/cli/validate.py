@@ -91,5 +91,6 @@ def _decode_table(profile: pl.DataFrame) -> str:
                    tbl_hide_column_data_types=True, tbl_formatting="ASCII_MARKDOWN"):
         text = str(body)
     return (f"{text}\nwhy decodes stopped, per (run, task, arm): shares of decodes that stopped at the decode limit, "
-            "of those that loop (repeating text), of texts that end inside a reference they do not contain, and of "
-            "reasons a v1 log did not record; arm 'full' is the full-KV answer, the evictors' rows are budgets b < 1")
+            "of those that loop (repeating text), of those (or of reasons unknown) whose text ends inside a "
+            "reference it does not contain, and of reasons a v1 log did not record; arm 'full' is the full-KV "
+            "answer, the evictors' rows are budgets b < 1")

@@ -39,21 +39,31 @@ LENGTH_WARN_SHARE = 0.05
 #: Fewest words a text needs before the loop reading applies.
 LOOP_MIN_WORDS = 9
 
-# The text ends with a proper prefix r[1:k] of a reference r it does not contain, the prefix starting a word.
+# The text ends with a proper prefix r[1:k] of a reference r it does not contain, the prefix starting a word
+# (``_p``: the text in lower case, :func:`_read`).
 _CUT = """coalesce(list_bool_or(list_transform("references", lambda r:
-    NOT contains(lower(pred), lower(r)) AND coalesce(list_bool_or(list_transform(range(2, length(r)), lambda k:
-        ends_with(lower(pred), lower(substr(r, 1, k)))
+    NOT contains(_p, lower(r)) AND coalesce(list_bool_or(list_transform(range(2, length(r)), lambda k:
+        ends_with(_p, lower(substr(r, 1, k)))
         AND (length(pred) = k OR NOT regexp_matches(substr(pred, length(pred) - k, 1), '[[:alnum:]]')))), false))),
     false)"""
-# The run's directory name (a file <run>/inputs/<part>), else its run_id (loose files).
-_RUN_DIR = "coalesce(nullif(regexp_extract(filename, '([^/]+)/inputs/[^/]+$', 1), ''), run_id)"
-# Words (lower-case runs of letters and digits); the last third of them, without the last word, must all
-# occur among the first two thirds, one- and two-digit numbers aside.
-_WORDS = "regexp_extract_all(lower(pred), '[a-z0-9]+')"
-_CUT_AT = f"((2 * len({_WORDS}) + 2) // 3)"
-_LOOP = f"""(len({_WORDS}) >= {LOOP_MIN_WORDS} AND coalesce(list_bool_and(list_transform(
-    list_slice({_WORDS}, {_CUT_AT} + 1, len({_WORDS}) - 1),
-    lambda w: regexp_full_match(w, '[0-9]{{1,2}}') OR list_contains(list_slice({_WORDS}, 1, {_CUT_AT}), w))), false))"""
+# The run's directory name (a file <run>/inputs/<part> or <run>/outcomes/<part>), else its run_id (loose files).
+_RUN_DIR = "coalesce(nullif(regexp_extract(filename, '([^/]+)/(inputs|outcomes)/[^/]+$', 1), ''), run_id)"
+# The decodes the limit may have cut: those that stopped at it, and those whose reason a v1 log did not record.
+_MAY_BE_CUT = f"stop_reason IN ('length', '{schema.STOP_UNKNOWN}')"
+_CELL = ("run", "run_id", "task", "arm")
+# Words (lower-case runs of letters and digits, ``_w``); the last third of them without the last word (``_tail``)
+# must all occur among the first two thirds (``_head``), one- and two-digit numbers aside.
+_LOOP = f"""(len(_w) >= {LOOP_MIN_WORDS} AND coalesce(list_bool_and(list_transform(_tail,
+    lambda w: regexp_full_match(w, '[0-9]{{1,2}}') OR list_contains(_head, w))), false))"""
+
+
+def _read(rows: str) -> str:
+    """SQL of ``rows`` (with ``pred``, null read as '') and what :data:`_CUT` and :data:`_LOOP` read of it,
+    each computed once per text: ``_p`` (lower case), ``_w`` (its words), ``_head`` and ``_tail``."""
+    words = f"SELECT * REPLACE (coalesce(pred, '') AS pred) FROM ({rows})"
+    words = f"SELECT *, lower(pred) AS _p, regexp_extract_all(lower(pred), '[a-z0-9]+') AS _w FROM ({words})"
+    return (f"SELECT *, list_slice(_w, 1, _c) AS _head, list_slice(_w, _c + 1, len(_w) - 1) AS _tail "
+            f"FROM (SELECT *, (2 * len(_w) + 2) // 3 AS _c FROM ({words}))")
 
 
 def _relation(con: duckdb.DuckDBPyConnection, files, table: str, columns: dict[str, str]) -> str:
@@ -91,26 +101,43 @@ def _relation(con: duckdb.DuckDBPyConnection, files, table: str, columns: dict[s
     return " UNION ALL BY NAME ".join(selects)
 
 
-def _rows(con, files, *, arms: bool) -> str:
-    """SQL of one row per decode: run_id, task, input_id, arm ('full' or the evictor), budget, stop_reason,
-    pred, references (references come from the input)."""
-    inputs = _relation(con, files, "inputs", {
-        "run": _RUN_DIR, "run_id": "run_id", "task": "task", "input_id": "input_id", "pred": "full_prediction",
-        "stop_reason": "full_stop_reason", "n_generated": "full_n_generated", "\"references\"": "\"references\""})
-    full = f"SELECT run, run_id, task, input_id, 'full' AS arm, 1.0 AS budget, stop_reason, n_generated, pred, \"references\" FROM ({inputs})"
+def _rows(con, files, *, arms: bool, text: bool) -> str | None:
+    """SQL of one row per decode: run, run_id, task, input_id, arm ('full' or the evictor), budget,
+    stop_reason, n_generated (``None`` without inputs files). With ``text``, only the decodes the limit
+    may have cut (:data:`_MAY_BE_CUT`), each with its ``pred`` and its input's ``references``; without it,
+    no text column is read."""
+    texts = {"pred": "full_prediction", '"references"': '"references"'} if text else {}
+    inputs = _relation(con, files, "inputs", {"run": _RUN_DIR, "run_id": "run_id", "task": "task",
+                                              "input_id": "input_id", "stop_reason": "full_stop_reason",
+                                              "n_generated": "full_n_generated", **texts})
+    if inputs is None:
+        return None
+    keep = f" WHERE {_MAY_BE_CUT}" if text else ""
+    full = f"SELECT * EXCLUDE (input_id), 'full' AS arm FROM ({inputs}){keep}"
     if not arms:
         return full
-    outcomes = _relation(con, files, "outcomes", {
-        "run_id": "run_id", "task": "task", "input_id": "input_id", "arm": "evictor", "budget": "budget",
-        "pred": "prediction", "stop_reason": "stop_reason", "n_generated": "n_generated"})
-    evicted = (f"SELECT i.run, o.run_id, o.task, o.input_id, o.arm, o.budget, o.stop_reason, o.n_generated, o.pred, "
-               f"i.\"references\" FROM ({outcomes}) o JOIN ({inputs}) i USING (run_id, task, input_id) "
-               f"WHERE {formulas.evicted('o')}")
-    return f"{full} UNION ALL {evicted}"
+    outcomes = _relation(con, files, "outcomes", {"run": _RUN_DIR, "run_id": "run_id", "task": "task",
+                                                  "input_id": "input_id", "arm": "evictor", "budget": "budget",
+                                                  "stop_reason": "stop_reason", "n_generated": "n_generated",
+                                                  **({"pred": "prediction"} if text else {})})
+    if outcomes is None:
+        return full
+    evicted = f"SELECT * FROM ({outcomes}) WHERE {formulas.evicted()}" + (f" AND {_MAY_BE_CUT}" if text else "")
+    if text:  # the references are the input's
+        refs = _relation(con, files, "inputs", {"run_id": "run_id", "task": "task", "input_id": "input_id",
+                                                '"references"': '"references"'})
+        evicted = f"SELECT * FROM ({evicted}) JOIN ({refs}) USING (run_id, task, input_id)"
+    return f"{full} UNION ALL BY NAME SELECT * EXCLUDE (input_id, budget) FROM ({evicted})"
 
 
 def decode_profile(files, *, arms: bool = True) -> pl.DataFrame:
     """Per (run, run_id, task, arm): how the decodes stopped (two copies of one run count apart).
+
+    Two queries: the counts read no text; the text readings (looping, cut inside a reference) read the
+    texts of the decodes the limit may have cut only, those that stopped by ``length`` or for a reason a
+    v1 log did not record (:data:`_MAY_BE_CUT`), and do not run when there is none. A decode that
+    stopped at EOS or at a stop string was not cut by the limit, so at 1M inputs whose decodes end at
+    EOS no text is read (docs/PERFORMANCE.md, "The first calls on a new release").
 
     Parameters
     ----------
@@ -124,28 +151,33 @@ def decode_profile(files, *, arms: bool = True) -> pl.DataFrame:
     -------
     polars.DataFrame
         ``run, run_id, task, arm, n, n_length, n_looping, n_cut, n_unknown, max_generated`` — decodes, those
-        that stopped at the limit, those of them that loop, those whose text ends inside a reference
-        (any reason), those whose reason a v1 log did not record, and the most tokens any generated
-        (null in v1 logs); ``run`` is the run's directory name (its run_id for loose files). Sorted by
-        run, task, arm ('full' first).
+        that stopped at the limit, those of them that loop, those that stopped at the limit (or for an
+        unrecorded reason) with a text that ends inside a reference, those whose reason a v1 log did not
+        record, and the most tokens any generated (null in v1 logs); ``run`` is the run's directory name
+        (its run_id for loose files). Sorted by run, task, arm ('full' first).
     """
     con = duck.connect(threads=1)
     try:
-        rows = _rows(con, files, arms=arms)
+        rows = _rows(con, files, arms=arms, text=False)
         if rows is None:
             raise ValueError("no inputs files to profile")
-        out = con.sql(f"""
+        counts = con.sql(f"""
             SELECT run, run_id, task, arm, count(*)::BIGINT AS n,
                    count_if(stop_reason = 'length')::BIGINT AS n_length,
-                   count_if(stop_reason IN ('length', '{schema.STOP_UNKNOWN}') AND {_LOOP})::BIGINT AS n_looping,
-                   count_if({_CUT})::BIGINT AS n_cut,
                    count_if(stop_reason = '{schema.STOP_UNKNOWN}')::BIGINT AS n_unknown,
                    max(n_generated)::BIGINT AS max_generated
-            FROM (SELECT * REPLACE (coalesce(pred, '') AS pred) FROM ({rows}))
-            GROUP BY run, run_id, task, arm ORDER BY run, run_id, task, (arm <> 'full'), arm""").pl()
+            FROM ({rows}) GROUP BY run, run_id, task, arm""").pl()
+        readings = pl.DataFrame(schema={k: pl.String for k in _CELL} | {"n_looping": pl.Int64, "n_cut": pl.Int64})
+        if (counts["n_length"] + counts["n_unknown"]).sum() > 0:
+            readings = con.sql(f"""
+                SELECT run, run_id, task, arm, count_if({_LOOP})::BIGINT AS n_looping, count_if({_CUT})::BIGINT AS n_cut
+                FROM ({_read(_rows(con, files, arms=arms, text=True))})
+                GROUP BY run, run_id, task, arm""").pl()
     finally:
         con.close()
-    return out
+    out = counts.join(readings, on=list(_CELL), how="left").with_columns(pl.col("n_looping", "n_cut").fill_null(0))
+    return out.select(*_CELL, "n", "n_length", "n_looping", "n_cut", "n_unknown", "max_generated").sort(
+        "run", "run_id", "task", pl.col("arm") != "full", "arm")
 
 
 def text_flags(predictions, references) -> pl.DataFrame:
@@ -157,8 +189,7 @@ def text_flags(predictions, references) -> pl.DataFrame:
     con = duck.connect(threads=1)
     try:
         con.register("_texts", frame)
-        return con.sql(f"SELECT {_CUT} AS cut, {_LOOP} AS looping FROM (SELECT coalesce(pred, '') AS pred, "
-                       f"\"references\" FROM _texts)").pl()
+        return con.sql(f"SELECT {_CUT} AS cut, {_LOOP} AS looping FROM ({_read('SELECT * FROM _texts')})").pl()
     finally:
         con.close()
 

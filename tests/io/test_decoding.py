@@ -103,8 +103,8 @@ def test_validate_warns_and_strict_fails(cut_run, capsys):
 
 
 def test_whatif_and_report_warn_and_strict_fails(cut_run, tmp_path, capsys):
-    assert cli.main(["whatif", str(cut_run), "--tau", "0.07"]) == 0
-    assert "stopped at the 4-token decode limit" in capsys.readouterr().err
+    assert cli.main(["whatif", str(cut_run), "--tau", "0.07"]) == 0  # both tasks flagged: one folded line
+    assert "2 (run, task) cells hold full-KV answers the decode limit may have cut" in capsys.readouterr().err
     assert cli.main(["whatif", str(cut_run), "--tau", "0.07", "--strict"]) == 1
     assert "--strict" in capsys.readouterr().err
     assert cli.main(["report", str(cut_run), "--out", str(tmp_path / "rep"), "--strict"]) == 1
