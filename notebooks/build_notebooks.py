@@ -322,14 +322,35 @@ def build(folder: Path = HERE) -> list[Path]:
     return out
 
 
-def execute(path: Path, timeout: int = 600) -> nbformat.NotebookNode:
-    """Run the notebook at ``path`` in its own folder (so ``PAGESTATS_LOGS`` defaults to
-    ``../data``) and write it back with its outputs; raise on an error in any cell."""
+#: Seconds each cell of a headless run may take (``make notebooks``, the tests): a hang fails within 2 minutes.
+CELL_TIMEOUT = 120
+
+
+def client(nb: nbformat.NotebookNode, folder: Path, timeout: int = CELL_TIMEOUT):
+    """The ``nbclient.NotebookClient`` of every headless run (``make notebooks``, the tests): the
+    cells of ``nb`` run in ``folder``, each within ``timeout`` seconds (a kernel gets 60 s to start).
+
+    nbclient's stand-in for the ipywidgets Output widget is switched off (``widget_registry``). It
+    answers every output the widget captures (the τ explorer's slider in notebook 01) with a
+    ``comm_msg`` on the shell channel, which jupyter_client sends through a raw copy of the
+    asyncio socket; when the cell's ``execute_reply`` arrives at that moment, the raw send takes the
+    socket's wake-up, and nbclient reads the reply only when the cell's timeout runs out (a suite
+    run sat idle 900 s on that cell, then passed). Without the stand-in the figures of the slider's
+    first draw are outputs of the cell itself.
+    """
     import nbclient
 
+    run = nbclient.NotebookClient(nb, timeout=timeout, startup_timeout=60, kernel_name="python3",
+                                  resources={"metadata": {"path": str(folder)}})
+    run.widget_registry = {}
+    return run
+
+
+def execute(path: Path, timeout: int = CELL_TIMEOUT) -> nbformat.NotebookNode:
+    """Run the notebook at ``path`` in its own folder (so ``PAGESTATS_LOGS`` defaults to
+    ``../data``) and write it back with its outputs; raise on an error in any cell."""
     nb = nbformat.read(path, as_version=4)
-    nbclient.NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                            resources={"metadata": {"path": str(path.parent)}}).execute()
+    client(nb, path.parent, timeout).execute()
     nbformat.write(nb, path)
     return nb
 

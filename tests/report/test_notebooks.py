@@ -76,6 +76,12 @@ def test_builder_reproduces_committed_cells(tmp_path):
         assert fresh.metadata["pagestats"] == committed.metadata["pagestats"]
 
 
+#: A notebook test's own limit (pytest-timeout): each cell has CELL_TIMEOUT (120 s) and a kernel 60 s to start,
+#: so a hang fails within 2 minutes; this bounds what is left (the kernel's shutdown, this process).
+NOTEBOOK_TIMEOUT = 600
+
+
+@pytest.mark.timeout(NOTEBOOK_TIMEOUT)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_and_shows_its_figures(path, logs_location, monkeypatch):
     monkeypatch.setenv("PAGESTATS_LOGS", logs_location)
@@ -85,9 +91,7 @@ def test_notebook_runs_and_shows_its_figures(path, logs_location, monkeypatch):
     for cell in nb.cells:  # run the cells as written, not the stored outputs
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
-    client = nbclient.NotebookClient(nb, timeout=900, kernel_name="python3",
-                                     resources={"metadata": {"path": str(NB_DIR)}})
-    client.execute()  # a cell has 900 s (a hang fails; CI once took 315 s for this whole notebook, 22 s here): no wall-time bar
+    _builder().client(nb, NB_DIR).execute()  # each cell within CELL_TIMEOUT (120 s): a hang fails there, named
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors
     text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
@@ -97,6 +101,7 @@ def test_notebook_runs_and_shows_its_figures(path, logs_location, monkeypatch):
     assert _builder().image_outputs(nb) >= nb.metadata["pagestats"]["min_images"], path.name
 
 
+@pytest.mark.timeout(NOTEBOOK_TIMEOUT)
 def test_quickstart_reads_a_log_database(logs_location, monkeypatch, tmp_path):
     """With PAGESTATS_DB the notebook reads the logs through `pagestats index`'s database: same counts."""
     from pagestats import io
@@ -109,12 +114,12 @@ def test_quickstart_reads_a_log_database(logs_location, monkeypatch, tmp_path):
     monkeypatch.setenv("PAGESTATS_DB", db)
     monkeypatch.setenv("MPLBACKEND", "Agg")
     nb = nbformat.read(NB_DIR / "01_quickstart.ipynb", as_version=4)
-    nbclient.NotebookClient(nb, timeout=900, kernel_name="python3",
-                            resources={"metadata": {"path": str(NB_DIR)}}).execute()
+    _builder().client(nb, NB_DIR).execute()
     text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert f"{logs.inputs.height} inputs, {logs.outcomes.height} outcome rows" in text
 
 
+@pytest.mark.timeout(NOTEBOOK_TIMEOUT)
 def test_a_wrong_logs_location_is_an_error_not_a_demo(tmp_path, monkeypatch):
     """PAGESTATS_LOGS naming a folder without runs stops the notebook at its set-up cell with the
     location named; it does not fall back to synthetic logs (only an unset PAGESTATS_LOGS may)."""
@@ -124,10 +129,8 @@ def test_a_wrong_logs_location_is_an_error_not_a_demo(tmp_path, monkeypatch):
     monkeypatch.setenv("MPLBACKEND", "Agg")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     nb = nbformat.read(NB_DIR / "01_quickstart.ipynb", as_version=4)
-    client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
-                                     resources={"metadata": {"path": str(NB_DIR)}})
     with pytest.raises(nbclient.exceptions.CellExecutionError, match="names no run") as err:
-        client.execute()
+        _builder().client(nb, NB_DIR).execute()
     assert str(empty) in str(err.value) and "synthetic" not in "".join(
         o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
 
@@ -149,3 +152,31 @@ def test_quickstart_summary_is_the_librarys(logs_location, monkeypatch):
         ((pl.col("delta") * pl.col("n_inputs")).sum() / pl.col("n_inputs").sum()).alias("d"))
     got = whatif.whatif_summary(table).join(by_hand, on=keys)
     assert got.height == by_hand.height and ((got["delta"] - got["d"]).abs() < 1e-12).all()
+
+
+@pytest.mark.timeout(NOTEBOOK_TIMEOUT)
+def test_a_headless_run_sends_nothing_on_the_shell_channel_while_a_widget_cell_runs():
+    """The cause of a 900 s idle wait: nbclient's stand-in for the Output widget answered each output
+    the τ explorer's slider captured with a comm_msg on the shell channel, sent raw beside the asyncio
+    poll of the cell's execute_reply, which could then be read only when the cell's timeout ran out.
+    The headless client (build_notebooks.client) sends nothing there during a cell; what the widget
+    shows is still an output of the cell."""
+    pytest.importorskip("ipywidgets")
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    nb = new_notebook(cells=[new_code_cell(
+        "import ipywidgets as widgets\n"
+        "widgets.interact(lambda x=1: print(f'drawn at {x}'), x=widgets.IntSlider(value=3, min=0, max=5))")],
+        metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+    run = _builder().client(nb, NB_DIR)
+    sent = []
+
+    def watch_shell(cell, cell_index):
+        send = run.kc.shell_channel.send
+        run.kc.shell_channel.send = lambda msg: (sent.append(msg["header"]["msg_type"]), send(msg))
+
+    run.on_cell_execute = watch_shell  # just before the execute_request goes out
+    run.execute()
+    assert sent == ["execute_request"]
+    text = "".join(o.get("text", "") for o in nb.cells[0].outputs)
+    assert "drawn at 3" in text
