@@ -57,7 +57,7 @@ def _arm(arm: str, n_tokens: int) -> dict:
               "torch_threads": torch.get_num_threads()}
     if arm == "gated":
         result["drop"] = press.last.drop
-        result["realized_compression_ratio"] = press.compression_ratio
+        result["realized_compression_ratio"] = press.realized_compression_ratio
     return result
 
 

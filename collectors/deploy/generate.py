@@ -15,7 +15,7 @@ import torch
 
 from collectors import capture, presses
 from collectors.decode import decode_arms, eos_token_ids, stop_reason
-from collectors.deploy.gate import GateDecision, gate_decision, resolve_gate, warn_short_prompt
+from collectors.deploy.gate import GateDecision, check_deployment, gate_decision, resolve_gate, warn_short_prompt
 from collectors.deploy.log import deployment_manifest, open_log
 from collectors.evict import ACCUMULATED_EVICTORS, EVICTORS, is_evictor, kept_positions
 from collectors.tasks import tokenize_prompt
@@ -53,6 +53,7 @@ def _prompt_ids(tokenizer, prompt) -> torch.LongTensor:
 def gated_generate(model, tokenizer, prompt, *, evictor: str = "snapkv", budget: float = 0.5, tau=None, gate=None,
                    max_new_tokens: int = 64, window=None, k=None, bin_fraction=None, convention=None,
                    n_sink: int = defaults.N_SINK, n_recent: int = defaults.N_RECENT,
+                   budget_floor: str = defaults.BUDGET_FLOOR, allow_mode_mismatch: bool = False,
                    snapkv_window: int = defaults.SNAPKV_WINDOW, pool_kernel: int = defaults.SNAPKV_POOL_KERNEL,
                    stop_strings=None, model_name: str | None = None, log_dir=None, log_text: bool = False,
                    log_part_size: int = 1) -> GenerationResult:
@@ -76,12 +77,16 @@ def gated_generate(model, tokenizer, prompt, *, evictor: str = "snapkv", budget:
         Greedy tokens at most (EOS stops earlier, as in the collector).
     window, k, bin_fraction, convention
         D's definition (§3, App. F; defaults or the gate's).
-    n_sink, n_recent, snapkv_window, pool_kernel
-        The evictor's protection and window, as in the collector (docs/COLLECTION.md).
+    n_sink, n_recent, budget_floor, snapkv_window, pool_kernel
+        The evictor's protection, least kept count and window, as in the collector (docs/COLLECTION.md).
+    allow_mode_mismatch : bool
+        Deploy a gate calibrated on query-agnostic logs anyway (gated_generate prefills the whole
+        prompt: query-aware; otherwise refused in one line).
     stop_strings : sequence of str, optional
         Extra stop condition on the text.
     model_name : str, optional
-        Checked against the gate's model (default ``model.config._name_or_path``).
+        Checked against the gate's model (default ``model.config._name_or_path``;
+        :func:`collectors.deploy.gate.model_matches`).
     log_dir : path, optional
         Append this input's row to the deployment log there (:class:`DeploymentLog`).
     log_text : bool
@@ -110,8 +115,8 @@ def gated_generate(model, tokenizer, prompt, *, evictor: str = "snapkv", budget:
     if log_text and log_dir is None:
         raise ValueError("log_text=True logs the text to a deployment log: give log_dir")
     name = model_name or getattr(model.config, "_name_or_path", None) or None
-    if gate is not None:
-        gate.check(model=name, n_layers=model.config.num_hidden_layers)
+    check_deployment(gate, model_name=name, n_layers=model.config.num_hidden_layers, mode="query-aware",
+                     allow_mode_mismatch=allow_mode_mismatch)
     log = None
     if log_dir is not None:
         manifest = deployment_manifest(model, model_name=name, tau=tau, gate=gate, window=window, k=k,
@@ -127,7 +132,8 @@ def gated_generate(model, tokenizer, prompt, *, evictor: str = "snapkv", budget:
                              convention=convention)
     kept = None
     if decision.gate_open:
-        kept = kept_positions(evictor, pf, float(budget), n_sink=n_sink, n_recent=n_recent, pool_kernel=pool_kernel)
+        kept = kept_positions(evictor, pf, float(budget), n_sink=n_sink, n_recent=n_recent, pool_kernel=pool_kernel,
+                              budget_floor=budget_floor)
         count = int(kept.shape[-1])
         if count == n_tokens:
             kept = None

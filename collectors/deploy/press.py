@@ -11,14 +11,20 @@ changes nothing but memory: until the last layer, the compressed copy of each la
 the full cache (at most (1 − r) of the full cache, r the compression ratio) — the cost
 bench/deploy.py measures.
 
-Supported: presses that act through ``forward_hook`` (every ``ScorerPress``, ``DMSPress`` — also
-with ``decoding=True``: its decode-time hooks run only when the gate opened —, ``ComposedPress``,
-``PerLayerCompressionPress``, ``AdaKVPress``, ...). Refused with one line: presses that override
-``BasePress.__call__`` (``KVzipPress``, ``FastKVzipPress``, ``KVGradPress``, ``DecodingPress``,
-``PrefillDecodingPress``, ``FinchPress``, ``KVComposePress``): their compression runs outside the
-per-layer hook (extra forward passes, decode-time hooks), so there is no per-layer result to hold.
-Batch size: 1 (one prompt per prefill, as the capture and the collector); a batch > 1 is refused
-with one line — per-row decisions would give the rows caches of different lengths, which kvpress's
+A base press may edit the cache in place (``ThinKPress`` zeroes key channels), so it runs on a copy
+of the layer's keys and values; the full cache a closed gate keeps is the prefill's own tensors.
+
+Supported: presses that act through ``forward_hook`` at prefill (every ``ScorerPress``,
+``DMSPress``, ``ThinKPress``, ``ComposedPress``, ``PerLayerCompressionPress``, ``AdaKVPress``, ...).
+Refused with one line when the press is built, before any compute (:func:`refusal`): presses that
+override ``BasePress.__call__`` (``KVzipPress``, ``FastKVzipPress``, ``KVgradPress``,
+``DecodingPress`` and its subclasses, ``PrefillDecodingPress``, ``FinchPress``, ``KVComposePress``),
+whose compression runs outside the per-layer hook; and presses that kvpress's pipeline treats by
+their class (``KeyRerotationPress``, ``RestoreKVPress``, ``DMSPress(decoding=True)``), which the
+gate would hide from it (wrong decode positions, no decode-time eviction). The gate must be the
+outermost press: nested in ``ComposedPress`` or ``PrefillDecodingPress`` it is refused when the
+outer press is applied, before the prefill. A batch of more than one prompt is refused before the
+model runs — per-row decisions would give the rows caches of different lengths, which kvpress's
 cache layout (one length per layer) cannot hold. A prompt shorter than the window w keeps the full
 cache, and ``press.last.reason`` says so.
 
@@ -33,14 +39,37 @@ import functools
 from dataclasses import dataclass, field
 
 from collectors import capture, hf
-from collectors.deploy.gate import GateDecision, gate_decision, resolve_gate, warn_short_prompt
+from collectors.deploy.gate import GateDecision, check_deployment, check_mode, gate_decision, resolve_gate, warn_short_prompt
 from collectors.deploy.log import deployment_manifest, open_log
+from pagestats import defaults
 from pagestats.gatefile import Gate
 
 
 #: Why presses that override ``BasePress.__call__`` are refused.
 REFUSED_CALL_REASON = ("it overrides BasePress.__call__, so its compression does not run through the per-layer "
                        "forward_hook whose result the gate holds until D is known")
+#: Why presses that kvpress's pipeline treats by their class are refused.
+REFUSED_CLASS_REASON = ("kvpress's pipeline picks its decoding for this press by the press's class, which the gate "
+                        "hides (it would decode from the wrong positions or skip decode-time compression)")
+#: Why a GatedPress inside another press is refused.
+NESTED_REASON = ("GatedPress must be the outermost press (its gate needs its own capture of the prefill); wrap the "
+                 "other press in it instead: GatedPress(press=ComposedPress([...]), ...)")
+
+
+def refusal(press) -> str | None:
+    """Why ``press`` cannot be gated (one line), or None. Decided from the press alone, before any compute."""
+    from kvpress import DMSPress, KeyRerotationPress, RestoreKVPress
+    from kvpress.presses.base_press import BasePress
+
+    name = type(press).__name__
+    if not isinstance(press, BasePress):
+        return f"GatedPress wraps a kvpress BasePress, got {name}"
+    if type(press).__call__ is not BasePress.__call__:
+        return f"GatedPress cannot wrap {name}: {REFUSED_CALL_REASON}"
+    if isinstance(press, (KeyRerotationPress, RestoreKVPress)) or (isinstance(press, DMSPress) and press.decoding):
+        what = f"{name}(decoding=True)" if isinstance(press, DMSPress) else name
+        return f"GatedPress cannot wrap {what}: {REFUSED_CLASS_REASON}"
+    return None
 
 
 def _import_kvpress():
@@ -62,6 +91,20 @@ def _patch_masked_keys(name: str, base: str) -> None:
 
     if base != "eager":
         hf.wrap_kernel(name, attention_patch)
+
+
+def _check_inputs(module, args, kwargs):
+    """Refuse, before the model runs, a batch of several prompts (one decision per prefill) and a
+    QuantizedCache (whose layers the gate cannot hold and put back)."""
+    from transformers import QuantizedCache
+
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    if ids is None:
+        ids = kwargs.get("inputs_embeds")
+    if ids is not None and ids.shape[0] != 1:
+        raise ValueError(f"GatedPress supports batch size 1 (one decision per prefill), got a batch of {ids.shape[0]}")
+    if isinstance(kwargs.get("past_key_values"), QuantizedCache):
+        raise ValueError("GatedPress does not hold QuantizedCache layers; use a DynamicCache")
 
 
 @functools.cache
@@ -87,8 +130,14 @@ def gated_press_class():
         bin_fraction, convention : optional
             D's layer bins (App. F; default 1/3, ``"deployed"``, or the gate's).
         model_name : str, optional
-            The model's label, checked against the gate's and written to the deployment log
-            (default: ``model.config._name_or_path``).
+            The model's label, checked against the gate's (:func:`collectors.deploy.gate.model_matches`)
+            and written to the deployment log (default: ``model.config._name_or_path``).
+        mode : {"query-aware", "query-agnostic"}
+            How the press is used: the whole prompt prefilled under it (query-aware, the default, as the
+            paper), or the context alone with the question after (kvpress's pipeline with ``question=``:
+            query-agnostic). A gate calibrated in the other mode is refused (one line).
+        allow_mode_mismatch : bool
+            Deploy a gate calibrated in the other mode anyway.
         log_dir : path, optional
             Append one row per prefill to this deployment log (:class:`DeploymentLog`), at the decision.
         log_part_size : int
@@ -99,7 +148,11 @@ def gated_press_class():
         last : GateDecision or None
             The decision on the last prefill.
         compression_ratio : float
-            Realized ratio of the last input, 1 − kept_fraction (0 when the gate stayed closed).
+            The base press's own (nominal) ratio, read and set through the gate as kvpress's wrappers
+            do, so that ratio sweeps (``press.compression_ratio = r``) work; the ratio applies when the
+            gate opens.
+        realized_compression_ratio : float or None
+            1 − kept_fraction of the last input (0 when the gate stayed closed; None before a prefill).
         """
 
         press: object = None
@@ -112,16 +165,18 @@ def gated_press_class():
         model_name: str | None = None
         log_dir: object = None
         log_part_size: int = 1
+        mode: str = defaults.MODE
+        allow_mode_mismatch: bool = False
         last: GateDecision | None = field(default=None, init=False, repr=False)
 
         def __post_init__(self):
-            if not isinstance(self.press, BasePress):
-                raise ValueError(f"GatedPress wraps a kvpress BasePress, got {type(self.press).__name__}")
-            if type(self.press).__call__ is not BasePress.__call__:
-                raise ValueError(f"GatedPress cannot wrap {type(self.press).__name__}: {REFUSED_CALL_REASON}")
+            reason = refusal(self.press)
+            if reason is not None:
+                raise ValueError(reason)
             (self.tau, self.gate, self.window, self.k, self.bin_fraction,
              self.convention) = resolve_gate(self.tau, self.gate, self.window, self.k, self.bin_fraction,
                                               self.convention)
+            check_mode(self.gate, self.mode, self.allow_mode_mismatch)  # before any model is seen
             self._state = None
             self._log = None
 
@@ -136,23 +191,39 @@ def gated_press_class():
 
         # ---- what kvpress reads
         @property
-        def compression_ratio(self) -> float:
-            """Realized compression of the last input: 1 − kept KV entries / (L · H_kv · T)."""
-            if self.last is None:
-                raise RuntimeError("GatedPress.compression_ratio is known after a prefill has run through the press")
-            return 1.0 - self.last.kept_fraction
+        def compression_ratio(self):
+            """The base press's compression ratio; None when it has none or knows it only after a forward
+            pass (kvpress's SimLayerKVPress and DMSPress raise then), so that probing never raises."""
+            try:
+                return getattr(self.press, "compression_ratio", None)
+            except (ValueError, AssertionError):  # kvpress's "Forward pass must be run to compute ..."
+                return None
 
         @compression_ratio.setter
         def compression_ratio(self, value):
-            raise AttributeError("GatedPress's compression ratio is realized per input; set the base press's")
+            cls = type(self.press)
+            if not (hasattr(cls, "compression_ratio") or "compression_ratio" in vars(self.press)):
+                raise AttributeError(f"{cls.__name__} has no compression_ratio to set")
+            try:
+                self.press.compression_ratio = value
+            except AttributeError:
+                raise AttributeError(f"{cls.__name__}'s compression_ratio is computed from its other parameters "
+                                     "and cannot be set") from None
+
+        @property
+        def realized_compression_ratio(self):
+            """Realized compression of the last input: 1 − kept KV entries / (L · H_kv · T); None before one."""
+            return None if self.last is None else 1.0 - self.last.kept_fraction
 
         def post_init_from_model(self, model):
+            if self._state is None:  # called by an outer press (ComposedPress, PrefillDecodingPress), not by us
+                raise ValueError(NESTED_REASON)
             self.press.post_init_from_model(model)
 
         def _check_model(self, model):
             name = self.model_name or getattr(model.config, "_name_or_path", None) or None
-            if self.gate is not None:
-                self.gate.check(model=name, n_layers=model.config.num_hidden_layers)
+            check_deployment(self.gate, model_name=name, n_layers=model.config.num_hidden_layers, mode=self.mode,
+                             allow_mode_mismatch=self.allow_mode_mismatch)
             if self.log_dir is not None:
                 manifest = deployment_manifest(model, model_name=name, tau=self.tau, gate=self.gate,
                                                window=self.window, k=self.k, bin_fraction=self.bin_fraction,
@@ -166,13 +237,6 @@ def gated_press_class():
             q_len = hidden_states.shape[1]
             if not is_prefilling(kwargs["cache_position"], q_len):
                 return None
-            from transformers import QuantizedCache
-
-            if hidden_states.shape[0] != 1:
-                raise ValueError(f"GatedPress supports batch size 1 (one decision per prefill), got a batch of "
-                                 f"{hidden_states.shape[0]}")
-            if isinstance(kwargs.get("past_key_values"), QuantizedCache):
-                raise ValueError("GatedPress does not hold QuantizedCache layers; use a DynamicCache")
             layer = module.layer_idx
             state = self._state
             if layer == 0:
@@ -189,13 +253,13 @@ def gated_press_class():
             state = self._state
             q_len = kwargs["hidden_states"].shape[1]
             if not is_prefilling(kwargs["cache_position"], q_len):
-                # decode steps: a press that also acts while decoding (DMSPress(decoding=True)) acts
-                # only on an input whose gate opened
-                return self.press.forward_hook(module, input, kwargs, output) if state["open"] else output
+                return output  # decode steps: no press that acts while decoding is gated (refusal)
             layer = module.layer_idx
             if not state["short"]:
                 cache_layer = kwargs["past_key_values"].layers[layer]
                 before = (cache_layer.keys, cache_layer.values, getattr(module, "masked_key_indices", None))
+                # the base press works on a copy: one that edits keys in place (ThinK) leaves the full cache whole
+                cache_layer.keys, cache_layer.values = before[0].clone(), before[1].clone()
                 output = self.press.forward_hook(module, input, kwargs, output)
                 after = (cache_layer.keys, cache_layer.values, getattr(module, "masked_key_indices", None))
                 cache_layer.keys, cache_layer.values = before[0], before[1]
@@ -252,6 +316,7 @@ def gated_press_class():
                 self._state = {"recorder": recorder, "n_layers": len(layers), "held": {}, "open": False,
                                "short": False, "n_tokens": 0, "base": base}
                 try:
+                    handles.append(hf.language_model(model).register_forward_pre_hook(_check_inputs, with_kwargs=True))
                     for layer in layers:
                         handles.append(layer.self_attn.register_forward_pre_hook(self._pre_hook, with_kwargs=True))
                     with BasePress.__call__(self, model):
@@ -262,7 +327,7 @@ def gated_press_class():
                     for layer in layers:  # nothing held past the context
                         if getattr(layer.self_attn, "masked_key_indices", None) is not None and not self._state["open"]:
                             layer.self_attn.masked_key_indices = None
-                    self._state["held"] = {}
+                    self._state = None  # nothing held past the context; a later outer press is seen as one
 
     GatedPress.__module__ = __package__  # collectors.deploy, where the class is found by name
     GatedPress.__qualname__ = "GatedPress"
