@@ -44,11 +44,11 @@ INPUT_KEY = ("run_id", "task", "input_id")
 
 #: Columns that may be null in an *imported* run (a manifest with an ``imported`` block, written by
 #: ``pagestats import``): what released logs of other tools do not record. The PAGE release has no
-#: prompts, no pair Jaccards, no timings, per-layer profiles only for some runs, texts only in some
-#: files, and no full-KV outcome for the gate-open inputs of a file without b = 1 rows
+#: prompts, no pair Jaccards, no timings, no D in its RULER sweeps (plain arm only), per-layer
+#: profiles only for some runs, texts only in some files, and no full-KV outcome for the gate-open inputs of a file without b = 1 rows
 #: (docs/IMPORT.md). Every other rule applies to imported runs as to collected ones.
 IMPORTED_NULLABLE = {
-    "inputs": ("agreement", "pair_jaccard", "prompt", "references", "full_prediction", "full_score",
+    "inputs": ("drop", "agreement", "pair_jaccard", "prompt", "references", "full_prediction", "full_score",
                "prefill_ms", "gate_ms"),
     "outcomes": ("prediction", "decode_ms"),
 }

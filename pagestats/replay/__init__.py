@@ -30,6 +30,7 @@ from pagestats.replay.gate import (
     gate,
     gate_by_draw,
     gated_from_decisions,
+    plain_outcomes,
 )
 from pagestats.replay.pilot import PILOT_SPLITS, pilot_mask
 from pagestats.replay.policies import (
@@ -82,6 +83,7 @@ __all__ = [
     "gated_outcomes",
     "pair_subsets",
     "pilot_composition",
+    "plain_outcomes",
     "pilot_mask",
     "profile_drop",
     "profile_drop_by_draw",

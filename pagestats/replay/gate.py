@@ -216,3 +216,17 @@ def gated_from_decisions(outcomes: pl.DataFrame, decided: pl.DataFrame, columns=
     columns = {c: rows.get_column(c) for c in cols}
     del rows
     return pl.DataFrame([columns.pop(c).gather(index) for c in cols])
+
+
+def plain_outcomes(logs) -> pl.DataFrame:
+    """The rows of :func:`pagestats.replay.gated_outcomes` for inputs the gate cannot decide (no D: an
+    imported RULER sweep logs the plain arm alone, docs/IMPORT.md): the plain and full-KV arms, with
+    ``tau``, ``gate_open``, ``score_gated`` and ``n_kept_gated`` null. ρ (Eq. 1) and Table 1 read
+    these; nothing that needs the gate does."""
+    inputs = with_task_class(logs.inputs).select("run_id", "task", "input_id", "model", "context_length", "task_class",
+                                                 "n_tokens", "drop", pl.col("full_score").alias("score_full"))
+    rows = logs.outcomes.select("run_id", "task", "input_id", "evictor", "budget", pl.col("score").alias("score_plain"),
+                                pl.col("n_kept").alias("n_kept_plain")).join(inputs, on=["run_id", "task", "input_id"])
+    return rows.with_columns(pl.lit(None, pl.Float64).alias("tau"), pl.lit(None, pl.Boolean).alias("gate_open"),
+                             pl.lit(None, pl.Float64).alias("score_gated"), pl.lit(None, pl.Int64).alias("n_kept_gated")
+                             ).select(*(c for c in GATED_OUTCOME_COLUMNS if c != "pair_draw"))

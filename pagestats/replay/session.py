@@ -158,6 +158,7 @@ class Replay:
         with ``held_out`` marking the inputs that set τ (polars, computed once)."""
         def make():
             out = decided(self.frames(), self.policy, self.profile, self.dropped())
+            _refuse_no_drop(out.filter(pl.col("gate_open").is_null()).group_by("run_id").len().sort("run_id").rows())
             missing = out.filter(~pl.col("gate_open") & pl.col("full_score").is_null()).group_by("run_id").len()
             _refuse_unknown_full(missing.sort("run_id").rows())
             return out
@@ -181,6 +182,8 @@ class Replay:
             draw_columns, held = self._decided()
             con = self._connection()
             sql.decide(con, draw_columns, held)
+            _refuse_no_drop(con.sql("SELECT run_id, count(DISTINCT (task, input_id)) FROM decisions WHERE gate_open "
+                                    "IS NULL GROUP BY run_id ORDER BY run_id").fetchall())
             _refuse_unknown_full(con.sql("SELECT run_id, count(DISTINCT (task, input_id)) FROM decisions WHERE NOT "
                                          "gate_open AND full_score IS NULL GROUP BY run_id ORDER BY run_id").fetchall())
             return draw_columns
@@ -231,6 +234,14 @@ def _refuse_unknown_full(missing: list[tuple[str, int]]) -> None:
         raise UnknownFullError(f"the gate closes on {runs} whose full-KV outcome the logs do not record (a release "
                                "without b = 1 rows has it only where its own gate closed): use a threshold at or "
                                "below the one the file ran at (manifest imported.sources[].tau_run)")
+
+
+def _refuse_no_drop(missing: list[tuple[str, int]]) -> None:
+    """Refuse a replay over inputs without D (an imported RULER sweep: the plain arm alone), in one line."""
+    if missing:
+        runs = "; ".join(f"{n} input{'s' if n != 1 else ''} of {run}" for run, n in missing)
+        raise UnknownFullError(f"the gate cannot decide {runs}: they have no D (a RULER sweep logs the plain arm "
+                               "alone); leave the run out (its ρ is in the report)")
 
 
 def decide_all(logs, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec()) -> pl.DataFrame:

@@ -296,12 +296,14 @@ def _control_lines(ctx: Context) -> list[str]:
 
 def _unknown_full_lines(ctx: Context) -> list[str]:
     """The runs with unknown full-KV outcomes, set apart from every entry but the conformance table
-    (:func:`~pagestats.report.context.split_unknown_full`)."""
+    (:func:`~pagestats.report.context.split_incomplete`)."""
     if ctx.unknown_full is None:
         return []
-    runs = ctx.unknown_full.inputs.group_by("run_id").agg(pl.len(), pl.col("full_score").null_count().alias("u"))
-    return [f"set apart: {r} ({n} inputs, {u} without a full-KV outcome: the release has no b = 1 rows for them); "
-            "the conformance table and `pagestats whatif` read it" for r, n, u in runs.sort("run_id").iter_rows()]
+    runs = ctx.unknown_full.inputs.group_by("run_id").agg(pl.len(), pl.col("full_score").null_count().alias("u"),
+                                                          pl.col("drop").null_count().alias("d"))
+    return [f"set apart: {r} ({n} inputs, " + (f"{d} without D: a RULER sweep, plain arm only; read by the "
+            "conformance table's ρ)" if d else f"{u} without a full-KV outcome: the release has no b = 1 rows for "
+            "them; the conformance table and `pagestats whatif` read it)") for r, n, u, d in runs.sort("run_id").iter_rows()]
 
 
 def _pilots(ctx: Context) -> list[dict]:

@@ -20,7 +20,7 @@ from pagestats import defaults, replay
 from pagestats.escape import markdown as md
 from pagestats.replay import FixedTau, ProfileSpec
 from pagestats.tables.conformance import COLUMNS, STATUSES, conformance_table
-from pagestats.report.context import first_draw
+from pagestats.report.context import split_runs, first_draw
 
 __all__ = ["conformance", "conformance_html", "conformance_markdown"]
 
@@ -40,8 +40,13 @@ def _paper_gated(ctx) -> pl.DataFrame:
     the logged D, else a replay of the same logs at it."""
     if ctx.fixed_tau == defaults.TAU and ctx.profile == ProfileSpec() and ctx.unknown_full is None:
         return ctx.gated
-    # every run, those without some full-KV outcomes included (Table 16's Yi-1.5-9B: no b = 1 rows)
-    return replay.gated_outcomes(first_draw(ctx.every_run), FixedTau(defaults.TAU), ProfileSpec())
+    # every run, those without some full-KV outcomes included (Table 16's Yi-1.5-9B: no b = 1 rows), and
+    # the plain arm of runs without D (RULER sweeps: Table 1's ρ)
+    logs = first_draw(ctx.every_run)
+    gated, sweeps = split_runs(logs, logs.inputs.filter(pl.col("drop").is_null())["run_id"])
+    rows = replay.gated_outcomes(gated, FixedTau(defaults.TAU), ProfileSpec()) if gated.inputs.height else None
+    plain = None if sweeps is None else replay.plain_outcomes(sweeps)
+    return pl.concat([r for r in (rows, plain) if r is not None], how="vertical_relaxed")
 
 
 def conformance(ctx, out) -> dict:

@@ -49,9 +49,9 @@ class Context:
         logs, self.controls = split_controls(logs)
         #: every run, those with unknown full-KV outcomes included: the conformance table reads these
         self.every_run = logs
-        #: runs some of whose inputs have no full-KV outcome (an imported file without b = 1 rows,
-        #: docs/IMPORT.md): set apart, since almost every entry reads the full-KV arm
-        logs, self.unknown_full = split_unknown_full(logs)
+        #: runs some of whose inputs have no full-KV outcome (an imported file without b = 1 rows) or no D
+        #: (an imported RULER sweep), docs/IMPORT.md: set apart, since almost every entry reads both
+        logs, self.unknown_full = split_incomplete(logs)
         #: every input draw of the other runs: Table 30 (seed replicates) reads these
         self.all_logs = logs
         #: the first input draw of each (model, context): every other entry reads these, so that a
@@ -178,10 +178,10 @@ def split_controls(logs):
     of the main runs to compare an informed scorer with the control, so its inputs and outcomes are
     kept out of every other entry (docs/decisions.md, "Control runs"). The second item is ``None``
     when there are none (and the first is ``logs`` itself)."""
-    return _split_runs(logs, logs.outcomes.filter(pl.col("evictor").is_in(list(defaults.CONTROL_EVICTORS)))["run_id"])
+    return split_runs(logs, logs.outcomes.filter(pl.col("evictor").is_in(list(defaults.CONTROL_EVICTORS)))["run_id"])
 
 
-def _split_runs(logs, runs: pl.Series):
+def split_runs(logs, runs: pl.Series):
     """``(logs without the runs ``runs``, those runs)``; ``(logs, None)`` when ``runs`` is empty."""
     runs = runs.unique()
     if runs.len() == 0:
@@ -194,12 +194,13 @@ def _split_runs(logs, runs: pl.Series):
                                      topk=part(logs.topk, keep)) for keep in (False, True))
 
 
-def split_unknown_full(logs):
-    """``(logs without the runs that lack some full-KV outcome, those runs)``: in an imported file
-    without b = 1 rows the full-KV outcome of a gate-open input is unknown (docs/IMPORT.md), and the
-    harm, ρ, A_full and frontier entries cannot be computed on such a run; ``pagestats whatif`` and
-    the conformance table read it. The second item is ``None`` when every run is complete."""
-    return _split_runs(logs, logs.inputs.filter(pl.col("full_score").is_null())["run_id"])
+def split_incomplete(logs):
+    """``(logs without the runs that lack some full-KV outcome or some D, those runs)``: in an imported
+    file without b = 1 rows the full-KV outcome of a gate-open input is unknown, and an imported RULER
+    sweep has no D (docs/IMPORT.md), so the harm, ρ, A_full, frontier and gate entries cannot be
+    computed on such a run; the conformance table reads it (``pagestats whatif`` too, where it can).
+    The second item is ``None`` when every run is complete."""
+    return split_runs(logs, logs.inputs.filter(pl.col("full_score").is_null() | pl.col("drop").is_null())["run_id"])
 
 
 def first_draw(logs):

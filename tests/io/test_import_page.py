@@ -386,3 +386,35 @@ def test_longbench_answers_are_the_references(tmp_path):
     run = Path(import_page([str(_write(tmp_path / "longbench_mistral7b.jsonl", rows))], tmp_path / "out",
                            context=16384).runs["page-mistral-7b-instruct-v0.3-16k"])
     assert load([str(run)], columns="all").inputs["references"].to_list()[0] == ["an answer", "another"]
+
+
+def _sweep(n=3, budgets=(1.0, 0.5, 0.25)):
+    return [{"id": i, "task": "vt", "budget": b, "T": 1000, "n_kept": int(1000 * b), "gold": ["x"], "pred": "x",
+             "correct": b == 1.0 or i == 0} for i in range(n) for b in budgets]
+
+
+def test_a_ruler_sweep_is_a_run_without_d_that_no_gate_replay_reads(tmp_path, capsys):
+    src = _write(tmp_path / "ruler_4k_qwen3b.jsonl", _sweep())
+    run = Path(import_page([str(src)], tmp_path / "out").runs["page-qwen2.5-3b-instruct-4k-ruler"])
+    assert validate_paths([str(run)]) == []
+    logs = load([str(run)])
+    assert logs.inputs["drop"].null_count() == 3 and logs.inputs["full_score"].to_list() == [1.0, 1.0, 1.0]
+    assert main(["whatif", str(run)]) == 2
+    assert "they have no D (a RULER sweep" in capsys.readouterr().err
+    from pagestats import metrics, replay
+    rho = metrics.recovery_rate(replay.plain_outcomes(logs), arm="plain")
+    assert rho["k"].to_list() == [0] and rho["n"].to_list() == [3]  # full is right on every input: none recovers
+
+
+def test_a_sweep_input_without_its_full_cache_row_is_named(tmp_path):
+    rows = [r for r in _sweep() if not (r["id"] == 2 and r["budget"] == 1.0)]
+    lines = _import_error([_write(tmp_path / "ruler_4k_qwen3b.jsonl", rows)], tmp_path)
+    assert lines == [f"{tmp_path / 'ruler_4k_qwen3b.jsonl'}:7: input (vt, 2) has no b = 1 (full-cache) row"]
+
+
+def test_line_numbers_count_blank_lines(tmp_path):
+    rows = _gated()
+    rows.insert(3, "")
+    rows.append(dict(rows[1]))
+    lines = _import_error([_write(tmp_path / "gated_4k_qwen15b.jsonl", rows)], tmp_path)
+    assert len(lines) == 1 and f":{len(rows)}:" in lines[0]

@@ -37,6 +37,7 @@ from pagestats.io.imports.adakv import read_adakv
 from pagestats.io.imports.gated import gated_tables, incomplete_inputs, read_gated, summed_kept_problem
 from pagestats.io.imports.profile import match_profiles
 from pagestats.io.imports.records import RecordError, read_records
+from pagestats.io.imports.sweep import read_sweep
 from pagestats.io.imports.runs import File, ImportError_, Run, group, merge_inputs, merge_outcomes, run_id, write_all
 
 __all__ = ["ImportError_", "ImportReport", "import_page", "source_files"]
@@ -112,6 +113,10 @@ def _read(f: File, evictor: str | None, skip) -> bool:
     if f.records.schema == "adakv":
         f.family = "adakv"
         f.inputs, f.outcomes, f.threshold = read_adakv(f.records)
+        rows = f.outcomes
+    elif f.records.schema == "sweep":
+        f.family = "ruler"
+        f.inputs, f.outcomes = read_sweep(f.records, _evictor(f.records.path, evictor))
         rows = f.outcomes
     else:
         rows, f.threshold, f.absolute = read_gated(f.records)

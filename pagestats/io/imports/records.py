@@ -27,12 +27,9 @@ from pagestats.io.duck import connect
 SCHEMAS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "profile": (("task", "T", "head_agreement_per_layer"), ("head_agreement_per_layer",)),
     "adakv": (("id", "task", "budget", "T", "drop", "gate_open", "correct_full"), ("correct_full", "correct_plain_shared")),
+    "sweep": (("id", "task", "budget", "T", "n_kept", "correct"), ("correct", "n_kept")),
     "gated": (("id", "task", "budget", "T", "drop", "gate_open", "n_kept_plain", "correct_plain", "correct_gated"),
               ("drop", "gate_open", "correct_gated")),
-}
-#: Keys of the release's other schemas, for the one line that says what a skipped file is.
-OTHER_SCHEMAS: dict[str, tuple[str, ...]] = {
-    "RULER sweep (plain arm only, no D; read by ρ and Table 1)": ("correct", "n_kept"),
 }
 #: The most bad lines named for one file.
 MAX_LINES_NAMED = 5
@@ -115,9 +112,6 @@ def read_records(path: str) -> Records:
     for name, (_, marks) in SCHEMAS.items():
         if set(marks) <= keys:
             return Records(path, frame, name)
-    for what, marks in OTHER_SCHEMAS.items():
-        if set(marks) <= keys:
-            return Records(path, frame, None, f"its records are the {what} schema, which this importer does not read")
     return Records(path, frame, None, f"its records (keys {sorted(keys - {'_line'})[:8]}) match no schema "
                    "this importer reads")
 

@@ -26,6 +26,7 @@ from pagestats.io.imports.records import Records
 #: ``created_at`` of an imported run: the release does not record when its logs were made, and a
 #: time of import would make two imports of the same files differ (``imported.created_at`` says so).
 UNKNOWN_TIME = "1970-01-01T00:00:00+00:00"
+NO_DROP = "the gate: a RULER sweep logs the plain arm alone and no D; ρ and Table 1 read it"
 NO_TOPK = "k: the release stores no top-k key sets"
 NO_PAIRS = "head pairs: the release stores no per-pair Jaccards"
 NO_PROFILE = "layer subsets, bins and profile statistics: no per-layer profile (drops_*) was matched to these inputs"
@@ -37,6 +38,8 @@ CONVENTIONS = (
     "absolute budget B tokens → nominal budget B / context_length; an n_kept summed over layers × KV heads is "
     "divided by them",
     "Ada-KV files: evictors snapkv (shared mask) and adakv-snapkv, n_kept rounded to positions, run suffix -adakv",
+    "RULER sweeps: the plain arm alone (correct, n_kept), no D (null drop), run suffix -ruler; evictor snapkv "
+    "unless named",
     "no score_policy and no evictor in the file name: SnapKV (the release's unnamed gated_* files)",
     "input_id = the release's id; draw = the file name's seedN, else 0",
 )
@@ -59,7 +62,7 @@ class File:
     model: names.Model
     context: int
     draw: int
-    family: str = "gated"  # "gated" or "adakv": files of two families never share a run
+    family: str = "gated"  # "gated", "adakv" or "ruler": files of two families never share a run
     inputs: pl.DataFrame | None = None
     outcomes: pl.DataFrame | None = None
     threshold: Threshold | None = None
@@ -123,7 +126,7 @@ def run_id(model: names.Model, context: int, draw: int, family: str, files: list
     return f"{base}-part{n}"
 
 
-_NAME_WORDS = {"gated", "drops", "adakv", "capbound", *names.MODELS, *names.CONTEXTS, *names.EVICTORS,
+_NAME_WORDS = {"gated", "drops", "adakv", "capbound", "ruler", *names.MODELS, *names.CONTEXTS, *names.EVICTORS,
                *(w for k in names.MODELS for w in k.split("_"))}
 
 
@@ -190,14 +193,17 @@ def manifest(run: Run, source_commit: str | None) -> dict:
             "source_commit": source_commit,
             "sources": [{"file": f.name, "sha256": f.sha256, "schema": f.records.schema,
                          "records": f.records.frame.height, "evictors": sorted(f.outcomes["evictor"].unique().to_list()),
-                         "tau_run": f.threshold.tau, "tau_interval": [_finite(f.threshold.low), _finite(f.threshold.high)],
+                         **({"tau_run": f.threshold.tau, "tau_interval": [_finite(f.threshold.low),
+                                                                          _finite(f.threshold.high)]}
+                            if f.threshold else {"tau_run": None}),
                          "absolute_budgets": f.absolute, "has_full_rows": bool((f.outcomes["budget"] == 1.0).any())}
                         for f in run.files] + run.profiles,
             "conventions": list(CONVENTIONS),
             **({} if product else {"arms": [list(a) for a in arms]}),
             "full_score_unknown": int(inputs["full_score"].null_count()),
             "text": bool(inputs["references"].is_not_null().any()),
-            "unsupported": [NO_TOPK, NO_PAIRS] + ([] if run.profiles else [NO_PROFILE]),
+            "unsupported": ([NO_DROP] if inputs["drop"].null_count() else [])
+            + [NO_TOPK, NO_PAIRS] + ([] if run.profiles else [NO_PROFILE]),
         },
     }
 
