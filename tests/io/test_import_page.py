@@ -268,15 +268,16 @@ def test_a_profile_is_matched_only_when_its_d_equals_the_logged_drop(tmp_path):
 
 def test_other_schemas_stubs_and_invalid_folders_are_skipped_with_one_line_each(tmp_path):
     _write(tmp_path / "rel" / "gated_4k_qwen15b.jsonl", _gated())
-    _write(tmp_path / "rel" / "ruler_4k_qwen3b.jsonl", [{"id": 0, "task": "vt", "budget": 0.5, "T": 900, "n_kept": 450,
-                                                         "correct": True}])
+    _write(tmp_path / "rel" / "dynamickv_qwen3_4k.jsonl", [{"id": 0, "task": "vt", "budget": 0.5, "T": 900,
+                                                            "layer_budgets": [1, 2], "acc": 1.0}])
     (tmp_path / "rel" / "gated_16k_smoke.jsonl").write_text("")
     _write(tmp_path / "rel" / "INVALID_prefill_bug" / "gated_4k_qwen3b.jsonl", _gated())
     (tmp_path / "rel" / "notes.md").write_text("# notes\n")
     report = import_page([str(tmp_path / "rel")], tmp_path / "out")
     assert list(report.runs) == ["page-qwen2.5-1.5b-instruct-4k"]
     text = "\n".join(report.skipped)
-    assert "ruler_4k_qwen3b.jsonl: skipped: its records are the RULER sweep" in text
+    assert "dynamickv_qwen3_4k.jsonl: skipped: its records (keys ['T', 'acc', 'budget', 'id', 'layer_budgets', " \
+        "'task']) match no schema this importer reads" in text
     assert "gated_16k_smoke.jsonl: skipped: it holds no records" in text
     assert "INVALID_prefill_bug/gated_4k_qwen3b.jsonl: skipped: the authors marked its folder invalid" in text
     assert "1 files in the folders given are not .jsonl" in text
