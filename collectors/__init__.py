@@ -5,6 +5,8 @@ Its modules form a one-way order of layers; each imports only from the layers be
 imports included), and from :mod:`pagestats` only the NumPy/pyarrow parts (``defaults``,
 ``schema``, ``profile``; ``gatefile`` in ``deploy``, ``io`` in ``ray_launcher``):
 
+0. :mod:`collectors.extras` — which extra each entry point needs, named in one line when missing
+   (imports nothing of torch or of the collector).
 1. :mod:`collectors.hf` — the transformers adapters: everything version-specific about
    transformers (the cache keyword, text config, attention registries, the decode kernel choice
    ``decode_attn_impl``); :mod:`collectors.tasks` — RULER-style inputs and scoring (no other

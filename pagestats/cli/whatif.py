@@ -8,6 +8,7 @@ degenerate cells, and the answers the decode limit may have cut.
 from __future__ import annotations
 
 import sys
+import textwrap
 
 import polars as pl
 
@@ -36,8 +37,8 @@ from pagestats.replay import RECALIBRATE_MODES
 def add_parser(sub) -> None:
     """The ``pagestats whatif`` subparser."""
     p = sub.add_parser("whatif", help="replay the gate under a policy and print the per-cell table",
-                       description="Replay the gate under a policy and print, per (model, context), the "
-                       "summary of --by: " + COLUMN_HELP)
+                       description=textwrap.fill("Replay the gate under a policy and print, per (model, "
+                                                 "context), the summary of --by. " + COLUMN_HELP, 79))
     add_logs(p)
     add_policy(p)
     p.add_argument("--recalibrate", choices=list(RECALIBRATE_MODES), default="none",

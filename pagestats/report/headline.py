@@ -149,4 +149,4 @@ def _effect(delta, low, high, p) -> str:
 def _p_text(p) -> str:
     if p is None or p != p:
         return "no BH-adjusted p"
-    return "BH-adjusted p < 0.001" if p < 0.001 else f"BH-adjusted p = {p:.3g}"
+    return "BH-adjusted p < 0.001" if p < 0.001 else f"BH-adjusted p = {p:.3f}"  # as verdict.p_text

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 import math
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from pagestats.escape import markdown as md
 from pagestats.report.conformance import conformance_html, conformance_markdown
 from pagestats.report.glossary import glossary, header
 from pagestats.report.paper import PAPER_VALUES
+from pagestats.report.verdict import p_text, verdict_lines
 
 #: Headline columns shown, as (tidy name, header).
 HEADLINE_SHOWN = (("model", "model"), ("context_length", "context"), ("evictor", "evictor"),
@@ -65,13 +65,15 @@ body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max
 padding:0 1em;color:#1d1d1f;line-height:1.45}
 h1{margin-bottom:.2em} h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}
 .meta{color:#555;font-size:.9em} .finding{font-size:1.05em;margin:.4em 0}
-table{border-collapse:collapse;font-size:.82em;margin:.5em 0}
-th,td{border-bottom:1px solid #e4e4e4;padding:.25em .45em;text-align:right;white-space:nowrap}
-th{background:#f5f5f7;position:sticky;top:0;white-space:normal;vertical-align:bottom} td.text,th.text{text-align:left}
-table.headline{font-size:.72em;width:100%} table.headline th{white-space:normal} table.headline td{padding:.2em .3em}
-table.headline tr:last-child td,table.headline td.text{white-space:normal;overflow-wrap:anywhere} table.headline td.text{min-width:10em}
+.verdict{font-size:1.05em;margin:.3em 0} .verdict b{font-size:1.1em}
+table{border-collapse:collapse;font-size:.78em;margin:.5em 0;max-width:100%}
+th,td{border-bottom:1px solid #e4e4e4;padding:.25em .4em;text-align:right;white-space:normal;vertical-align:top}
+th{background:#f5f5f7;position:sticky;top:0;vertical-align:bottom}
+td.text,th.text{text-align:left} td.text{overflow-wrap:anywhere;min-width:4em}
+table.headline{font-size:.72em;width:100%} table.headline td{padding:.2em .3em}
+table.wide{font-size:.62em} table.wide td,table.wide th{padding:.15em .2em} table.wide th{overflow-wrap:anywhere}
 table.headline tr:last-child td{font-style:italic;color:#555;border-top:2px solid #ccc}
-.scroll{max-height:28em;overflow:auto;border:1px solid #eee;display:inline-block;max-width:100%}
+.scroll{max-height:28em;overflow-y:auto;border:1px solid #eee;max-width:100%}
 figure{margin:1.2em 0} figure img{max-width:100%;border:1px solid #eee}
 figcaption,.caption{color:#333;font-size:.9em} .files{font-size:.8em;color:#666}
 dl.glossary{font-size:.8em;color:#444;display:grid;grid-template-columns:max-content auto;gap:.1em 1em}
@@ -94,8 +96,20 @@ def _number(value) -> str:
     return str(value)
 
 
-def _p(value) -> str:
-    return "< 0.001" if value is not None and value < 0.001 else _number(value)
+#: Tables with more columns than this are set in smaller type (``table.wide``) to fit a 1024-px window.
+WIDE_TABLE = 16
+#: Columns that hold p-values: every one is written as :func:`p_text` writes it.
+P_COLUMNS = ("p_value", "p_adjusted", "matched_p")
+
+
+def plain(value) -> str:
+    """A value of the appendix as text, never a Python or JSON repr: a list joined by commas, a
+    mapping as ``key = value`` pairs, nothing as "none"."""
+    if isinstance(value, dict):
+        return "; ".join(f"{k} = {plain(v)}" for k, v in value.items()) or "none"
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return ", ".join(plain(v) for v in value) or "none"
+    return "none" if value is None else _number(value)
 
 
 def decode_limited_note(cells) -> str:
@@ -116,8 +130,8 @@ def headline_rows(frame: pl.DataFrame) -> list[dict]:
             "matched_ci": ("–" if r.get("delta_matched") is None else
                            f"{r['delta_matched'] * 100:+.1f} pp [{r['matched_low'] * 100:+.1f}, "
                            f"{r['matched_high'] * 100:+.1f}]"),
-            "matched_p": "–" if r.get("matched_p") is None else _p(r["matched_p"]),
-            "p_adjusted": _p(r["p_adjusted"]),
+            "matched_p": "–" if r.get("matched_p") is None else p_text(r["matched_p"]),
+            "p_adjusted": p_text(r["p_adjusted"]),
             "harm_plain": _share(r["harm_plain"]), "harm_gated": _share(r["harm_gated"]),
             "harm_reduction": "–" if r["harm_reduction"] is None else f"{r['harm_reduction'] * 100:+.1f} pp",
             "p_open": f"{r['p_open']:.1%}", "kept_kv": f"{r['kept_kv']:.1%}",
@@ -150,8 +164,10 @@ def _read_table(out: Path, path: str) -> pl.DataFrame:
 def _table_html(name: str, frame: pl.DataFrame) -> str:
     text = {header(name, c) for c, dtype in frame.schema.items() if dtype == pl.String}
     columns = [header(name, c) for c in frame.columns]
-    rows = [[_number(v) for v in row] for row in frame.iter_rows()]
-    return f'<div class="scroll">{_html_table(columns, rows, text)}</div>'
+    shown = [p_text if c in P_COLUMNS else _number for c in frame.columns]
+    rows = [[f(v) for f, v in zip(shown, row)] for row in frame.iter_rows()]
+    wide = "wide" if len(columns) > WIDE_TABLE else ""  # smaller type, so that it fits 1024 px
+    return f'<div class="scroll">{_html_table(columns, rows, text, css_class=wide)}</div>'
 
 
 def _glossary_html(name: str, columns) -> str:
@@ -178,6 +194,7 @@ def write_index_html(index: dict, out) -> str:
              *(f'<p class="finding">See also: <a href="{html.escape(link["href"])}">{html.escape(link["text"])}</a></p>'
                for link in index.get("see_also", [])),
              '<h2 id="headline">Headline</h2>']
+    parts += [f'<p class="verdict"><b>{html.escape(v)}.</b> {html.escape(m)}.</p>' for v, m in _verdicts(index)]
     parts += [f'<p class="finding">{html.escape(s)}</p>' for s in index.get("headline_sentences", [])]
     if index.get("headline"):
         hl = pl.DataFrame(index["headline"])
@@ -224,12 +241,11 @@ def write_index_html(index: dict, out) -> str:
     parts.append("<h3>Exclusions</h3><ul>" + ("".join(f"<li>{html.escape(e)}</li>" for e in index["exclusions"])
                                               or "<li>none</li>") + "</ul>")
     parts.append(f"<h3>Policy and profile</h3><p>collection mode: {html.escape(str(index.get('mode')))}<br>"
-                 f"<code>{html.escape(json.dumps(index['policy'], default=str))}</code>"
-                 f"<br><code>{html.escape(json.dumps(index['profile'], default=str))}</code></p>")
+                 f"policy: {html.escape(plain(index['policy']))}<br>profile: {html.escape(plain(index['profile']))}</p>")
     parts.append("<h3>Calibration pilots and pre-registration</h3><ul>"
                  + "".join(f"<li>{html.escape(line)}</li>" for line in calibration_lines(index)) + "</ul>")
     parts.append("<h3>Defaults (pagestats.defaults)</h3>" + _html_table(
-        ["name", "value"], [[k, str(v)] for k, v in index["defaults"].items()], {"name", "value"}))
+        ["name", "value"], [[k, plain(v)] for k, v in index["defaults"].items()], {"name", "value"}))
     parts.append("<h3>Log files</h3>" + (_html_table(
         ["path", "table", "sha256", "rows"], [[f["path"], f["table"], f["sha256"], str(f["rows"])] for f in index["files"]],
         {"path", "table", "sha256"}) if index["files"] else "<p>The logs were not read from files: no hashes.</p>"))
@@ -249,8 +265,8 @@ def calibration_lines(index: dict) -> list[str]:
             continue
         held = "held out of the evaluation" if p["held_out"] else "evaluated with the rest"
         lines.append(f"{p['pilot']} {p['policy']}, {p['model']}: τ = {', '.join(f'{t:.6g}' for t in p['tau'])}; "
-                     f"{p['n_inputs']} inputs, {held}; per task {p['by_task']}; per context "
-                     f"{p['by_context_length']}; per run {p['by_run_id']}")
+                     f"{p['n_inputs']} inputs, {held}; per task {plain(p['by_task'])}; per context "
+                     f"{plain(p['by_context_length'])}; per run {plain(p['by_run_id'])}")
     if not index.get("pilots"):
         lines.append("no calibration pilot")
     band = index.get("prereg")
@@ -258,6 +274,11 @@ def calibration_lines(index: dict) -> list[str]:
                  f"Table 21: band frozen {band['frozen_at']} for {band['target_context']} tokens ({band['evictor']}), "
                  "sha256 checked, frozen before the target outcome runs were created")
     return lines
+
+
+def _verdicts(index: dict) -> list[tuple[str, str]]:
+    """The verdict lines above the headline table (:func:`pagestats.report.verdict.verdict_lines`)."""
+    return verdict_lines(pl.DataFrame(index["headline"]), index.get("headline_evictor")) if index.get("headline") else []
 
 
 def _meta_line(index: dict) -> str:
@@ -274,6 +295,7 @@ def index_markdown(index: dict, out) -> str:
     lines = ["# pagestats report", "", md(_meta_line(index)), ""]
     lines += [f"See also: [{md(link['text'])}]({link['href'].replace(' ', '%20')})" for link in index.get("see_also", [])]
     lines += ["", "## Headline", ""]
+    lines += [f"**{md(v)}.** {md(m)}.  " for v, m in _verdicts(index)] + ([""] if _verdicts(index) else [])
     lines += [f"- {md(s)}" for s in index.get("headline_sentences", [])]
     if index.get("headline"):
         rows = headline_rows(pl.DataFrame(index["headline"]))
@@ -306,12 +328,12 @@ def index_markdown(index: dict, out) -> str:
     lines += ["", "## Appendix: provenance", "", "### Exclusions", ""]
     lines += [f"- {md(e)}" for e in index["exclusions"]] or ["none"]
     lines += ["", "### Policy and profile", "", f"- collection mode: {index.get('mode')}",
-              f"- policy: {md(json.dumps(index['policy'], default=str))}",
-              f"- profile: {md(json.dumps(index['profile'], default=str))}", "",
+              f"- policy: {md(plain(index['policy']))}",
+              f"- profile: {md(plain(index['profile']))}", "",
               "### Calibration pilots and pre-registration", ""]
     lines += [f"- {md(line)}" for line in calibration_lines(index)]
     lines += ["", "### Defaults (pagestats.defaults)", ""]
-    lines += [f"- {k} = {v}" for k, v in index["defaults"].items()]
+    lines += [f"- {k} = {md(plain(v))}" for k, v in index["defaults"].items()]
     lines += ["", "### Log files", ""]
     if index["files"]:
         lines += ["| path | table | sha256 | rows |", "|---|---|---|---|"]

@@ -392,9 +392,9 @@ def _headline_row(**over):
     ({}, "on the capacity-bound anchor niah_multikey_3 at b = 1/16 (20 inputs) the gate cuts the harm rate from 12.0% to 3.0% "
          "(paper: 75% to 2.6%, Table 27); at matched memory (plain eviction's frontier at the same 58% "
          "of the KV cache) its change in accuracy over plain eviction, +1.2 pp [-1.0, +3.0], is not significant "
-         "(BH-adjusted p = 0.4); at the same nominal budget its change in accuracy over plain eviction, +9.4 pp "
-         "[+0.0, +28.1], is not significant (BH-adjusted p = 0.65)", "raises accuracy"),
-    ({"low": 0.02, "p_adjusted": 0.2}, "is not significant (BH-adjusted p = 0.2)", "raises accuracy"),
+         "(BH-adjusted p = 0.400); at the same nominal budget its change in accuracy over plain eviction, +9.4 pp "
+         "[+0.0, +28.1], is not significant (BH-adjusted p = 0.650)", "raises accuracy"),
+    ({"low": 0.02, "p_adjusted": 0.2}, "is not significant (BH-adjusted p = 0.200)", "raises accuracy"),
     ({"low": 0.05, "p_adjusted": 0.0004, "matched_low": 0.002, "matched_p": 0.01},
      "at the same nominal budget it raises accuracy by +9.4 pp [+5.0, +28.1] over plain eviction (BH-adjusted "
      "p < 0.001)", "not significant"),
@@ -402,7 +402,7 @@ def _headline_row(**over):
      "the gate raises the harm rate from 12.0% to 20.0% (paper: 75% to 2.6%, Table 27); at matched memory", "cuts"),
     ({"delta": -0.05, "low": -0.09, "high": -0.01, "p_adjusted": 0.01},
      "at the same nominal budget it lowers accuracy by -5.0 pp [-9.0, -1.0] over plain eviction (BH-adjusted "
-     "p = 0.01)", "raises accuracy"),
+     "p = 0.010)", "raises accuracy"),
     ({"harm_gated": 0.12}, "the gate leaves the harm rate at 12.0%", "cuts"),
     ({}, "at b = 1/16 it keeps 30% of the KV cache, 3.33× compression at batch 1 and 1.10× at batch 8 (paper: "
          "1.8–3.4× (mean 2.9×) at batch 1, Table 22", "n/a"),
