@@ -55,12 +55,12 @@ report: $(VENV)/.core
 readme-numbers: $(VENV)/.core
 	$(PY) data/readme_numbers.py
 
-# Open the report in headless Chromium (apt-get install chromium) and save a screenshot to look at.
+# Open the report in headless Chromium (apt-get install chromium) and save screenshots at 1024 and 1280 px to look at.
 CHROMIUM ?= chromium
 check-report: report
-	$(CHROMIUM) --headless=new --no-sandbox --disable-gpu --hide-scrollbars --window-size=1200,4000 \
-	    --screenshot=$(OUT)/screenshot.png file://$(abspath $(OUT))/index.html
-	@echo "screenshot of the page's first 4000 px: $(OUT)/screenshot.png"
+	for w in 1024 1280; do $(CHROMIUM) --headless=new --no-sandbox --disable-gpu --hide-scrollbars \
+	    --window-size=$$w,4000 --screenshot=$(OUT)/screenshot-$$w.png file://$(abspath $(OUT))/index.html; done
+	@echo "screenshots of the page's first 4000 px at 1024 and 1280 px: $(OUT)/screenshot-1024.png, $(OUT)/screenshot-1280.png"
 
 $(KVPRESS_VENV)/.done: pyproject.toml
 	$(PYTHON) -m venv $(KVPRESS_VENV)
