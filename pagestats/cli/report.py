@@ -36,7 +36,7 @@ def add_parser(sub) -> None:
                    help="seed of the pilot hash of a random/held-out pilot (default: 0)")
     p.add_argument("--see-also", action="append", default=[], metavar="TEXT=HREF",
                    help="a link shown under the page's title (repeatable), e.g. to a companion report: "
-                   "\"the PAGE paper's own logs=page-release/index.html\"")
+                   "\"the PAGE paper's own logs=page-release/index.html\" (default: no link)")
     p.add_argument("--headline-evictor", default=None, metavar="EVICTOR",
                    help="the evictor of the headline sentences and of the single-evictor figures and tables "
                    f"(default: {defaults.HEADLINE_EVICTOR} when logged, else the first in name order)")

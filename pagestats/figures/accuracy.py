@@ -52,7 +52,7 @@ def accuracy_by_budget_data(gated: pl.DataFrame) -> pl.DataFrame:
     gated = with_task_class(gated)
     keys = present(gated, MATRIX_CELL) + ["task", "task_class", "budget"]
     wide = gated.group_by(keys).agg(
-        pl.col("score_full").mean().alias("full"),
+        formulas.full_mean("score_full").alias("full"),
         pl.col("score_plain").mean().alias("plain"),
         pl.col("score_gated").mean().alias("gated"),
         pl.len().alias("n_inputs"),
@@ -182,7 +182,7 @@ def frontier_data(gated: pl.DataFrame, *, by=MATRIX_CELL) -> pl.DataFrame:
     unit = list(dict.fromkeys([*present(gated, ("run_id",)), "task", "input_id", *keys]))
     inputs = gated.select(*unit, "score_full").unique(subset=unit, keep="first")
     full = inputs.group_by(keys or pl.lit(0)).agg(
-        pl.col("score_full").mean().alias("accuracy"), pl.len().alias("n_inputs")
+        formulas.full_mean("score_full").alias("accuracy"), pl.len().alias("n_inputs")
     ).with_columns(pl.lit(1.0).alias("budget"), pl.lit(1.0).alias("kept_kv"), pl.lit("full").alias("arm"))
     cols = [*keys, "budget", "arm", "kept_kv", "accuracy", "n_inputs"]
     data = pl.concat([p.select(cols) for p in points] + [full.select(cols)], how="vertical_relaxed")

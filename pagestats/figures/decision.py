@@ -125,8 +125,9 @@ def decision_frontier(data: pl.DataFrame, *, tau: float | None = defaults.TAU, a
                     at = e.filter(pl.col("tau") == shown_tau).sort("kept_kv")
                     axis.plot(at["kept_kv"].to_numpy(), at["accuracy"].to_numpy(), color=color, linestyle="none",
                               marker="o", markersize=2.6, markerfacecolor="white", markeredgewidth=0.8, zorder=4)
-            full = float(sub["acc_full"].mean())
-            axis.plot([1.0], [full], marker="*", color="0.2", markersize=6, linestyle="none", zorder=5)
+            if sub["acc_full"].null_count() == 0:  # unknown where a release lacks full-KV outcomes
+                axis.plot([1.0], [float(sub["acc_full"].mean())], marker="*", color="0.2", markersize=6,
+                          linestyle="none", zorder=5)
             axis.set_xlim(0, 1.03)
             axis.set_ylim(*ylim)
             axis.set_xlabel("kept KV (share of the prompt)")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from pagestats import defaults, metrics, replay
+from pagestats import defaults, formulas, metrics, replay
 from pagestats.columns import with_task_class
 from pagestats.schema import INPUT_KEY
 from pagestats.replay.policies import Midpoint
@@ -110,6 +110,9 @@ def _needs_pair_jaccard(ctx) -> str | None:
     inputs = ctx.logs.inputs
     if "pair_jaccard" not in inputs.columns or inputs.select(pl.col("pair_jaccard").list.len().min()).item() in (0, None):
         return "no per-pair Jaccards (pair_jaccard) in the inputs"
+    if inputs["pair_jaccard"].null_count():
+        return (f"{inputs['pair_jaccard'].null_count()} of {inputs.height} inputs have no per-pair Jaccards "
+                "(runs imported from a release that does not record them)")
     return None
 
 
@@ -117,7 +120,7 @@ def _needs_prediction_fit(ctx) -> str | None:
     inputs = ctx.logs.inputs
     largest = max(ctx.context_lengths)
     fit = (inputs.filter(pl.col("context_length") < largest).group_by("model", "task")
-           .agg((1.0 - pl.col("full_score").mean()).alias("h")).filter(pl.col("h") > 0))
+           .agg((1.0 - formulas.full_mean("full_score")).alias("h")).filter(pl.col("h") > 0))
     target = inputs.filter(pl.col("context_length") == largest).select("model", "task").unique()
     if fit.join(target, on=["model", "task"], how="semi").height == 0:
         return (f"no (model, task) has full-KV headroom > 0 below the largest context {largest} "

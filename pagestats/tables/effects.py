@@ -139,7 +139,7 @@ def budget_axis_table(gated: pl.DataFrame) -> pl.DataFrame:
     # the columns read, then the rows; the evictors on the same inputs
     rows, _ = metrics.equal_inputs(gated.select(read).filter(formulas.EVICTED))
     acc = rows.group_by(by).agg(
-        pl.col("score_full").mean().alias("acc_full"), pl.col("score_plain").mean().alias("acc_plain"),
+        formulas.full_mean("score_full").alias("acc_full"), pl.col("score_plain").mean().alias("acc_plain"),
         pl.col("score_gated").mean().alias("acc_gated"),
     )
     d = metrics.delta(rows, by=by).select(*by, "delta", "n_inputs")

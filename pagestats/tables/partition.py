@@ -247,7 +247,7 @@ def prediction_band(gated: pl.DataFrame, inputs: pl.DataFrame, *, fit_contexts: 
     fit_rows = metrics.scaling_rows(fit)
     require_columns(inputs, [*by, "context_length", "full_score"], "prediction_band")
     headroom = (inputs.filter(pl.col("context_length") == target).group_by(by)
-                .agg((1.0 - pl.col("full_score").mean()).alias("headroom")))
+                .agg((1.0 - formulas.full_mean("full_score")).alias("headroom")))
     fittable = fit_rows.filter(pl.col("headroom") > 0).select(by).unique()
     headroom = headroom.join(fittable, on=by, how="semi")
     if headroom.height == 0:
@@ -387,7 +387,7 @@ def random_control_table(gated: pl.DataFrame, *, scored: str = "snapkv", control
     rho = _paired_rho(gated, arms, confidence_level)
     keys = ["model", "context_length", "task_class", "task"]
     acc = [one_evictor(gated, ev)[0].select(*keys, "budget", "score_full", "score_plain").filter(formulas.EVICTED)
-           .group_by(keys).agg(pl.col("score_full").mean().alias("acc_full"),
+           .group_by(keys).agg(formulas.full_mean("score_full").alias("acc_full"),
                                pl.col("score_plain").mean().alias(f"acc_{name}"))
            for name, ev in arms.items()]  # the columns read, then the rows
     out = rho.join(acc[0], on=keys).join(acc[1].drop("acc_full"), on=keys)
