@@ -50,6 +50,8 @@ _CUT = """coalesce(list_bool_or(list_transform("references", lambda r:
 _RUN_DIR = "coalesce(nullif(regexp_extract(filename, '([^/]+)/(inputs|outcomes)/[^/]+$', 1), ''), run_id)"
 # The decodes the limit may have cut: those that stopped at it, and those whose reason a v1 log did not record.
 _MAY_BE_CUT = f"stop_reason IN ('length', '{schema.STOP_UNKNOWN}')"
+# Of those, the ones with a text to read (an empty or absent text neither loops nor ends inside a reference).
+_READ_TEXT = f"{_MAY_BE_CUT} AND coalesce(pred, '') <> ''"
 _CELL = ("run", "run_id", "task", "arm")
 # Words (lower-case runs of letters and digits, ``_w``); the last third of them without the last word (``_tail``)
 # must all occur among the first two thirds (``_head``), one- and two-digit numbers aside.
@@ -104,15 +106,15 @@ def _relation(con: duckdb.DuckDBPyConnection, files, table: str, columns: dict[s
 def _rows(con, files, *, arms: bool, text: bool) -> str | None:
     """SQL of one row per decode: run, run_id, task, input_id, arm ('full' or the evictor), budget,
     stop_reason, n_generated (``None`` without inputs files). With ``text``, only the decodes the limit
-    may have cut (:data:`_MAY_BE_CUT`), each with its ``pred`` and its input's ``references``; without it,
-    no text column is read."""
+    may have cut that logged a text (:data:`_READ_TEXT`; imported runs log none), each with its ``pred`` and
+    its input's ``references``; without it, no text column is read."""
     texts = {"pred": "full_prediction", '"references"': '"references"'} if text else {}
     inputs = _relation(con, files, "inputs", {"run": _RUN_DIR, "run_id": "run_id", "task": "task",
                                               "input_id": "input_id", "stop_reason": "full_stop_reason",
                                               "n_generated": "full_n_generated", **texts})
     if inputs is None:
         return None
-    keep = f" WHERE {_MAY_BE_CUT}" if text else ""
+    keep = f" WHERE {_READ_TEXT}" if text else ""
     full = f"SELECT * EXCLUDE (input_id), 'full' AS arm FROM ({inputs}){keep}"
     if not arms:
         return full
@@ -122,7 +124,7 @@ def _rows(con, files, *, arms: bool, text: bool) -> str | None:
                                                   **({"pred": "prediction"} if text else {})})
     if outcomes is None:
         return full
-    evicted = f"SELECT * FROM ({outcomes}) WHERE {formulas.evicted()}" + (f" AND {_MAY_BE_CUT}" if text else "")
+    evicted = f"SELECT * FROM ({outcomes}) WHERE {formulas.evicted()}" + (f" AND {_READ_TEXT}" if text else "")
     if text:  # the references are the input's
         refs = _relation(con, files, "inputs", {"run_id": "run_id", "task": "task", "input_id": "input_id",
                                                 '"references"': '"references"'})
