@@ -17,7 +17,7 @@ import pytest
 from pagestats.cli import main
 from pagestats.io import load, validate_paths
 from pagestats.io.imports import ImportError_, import_page
-from pagestats.io.imports.gated import infer_tau
+from pagestats.io.imports.rules import infer_tau
 from pagestats.replay import ProfileSpec
 from pagestats.replay.policies import FixedTau
 from pagestats.whatif import whatif_summary, whatif_table

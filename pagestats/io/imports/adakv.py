@@ -16,12 +16,9 @@ from __future__ import annotations
 
 import polars as pl
 
-from pagestats.io.imports.gated import Threshold, infer_tau
-from pagestats.io.imports.records import MAX_LINES_NAMED, Records, RecordError
+from pagestats.io.imports.records import Records, RecordError
+from pagestats.io.imports.rules import Threshold, differing, keyed_rows, repeated, stored_threshold
 
-#: Keys every Ada-KV / capbound record holds.
-REQUIRED = ("id", "task", "budget", "T", "drop", "gate_open", "correct_full", "correct_plain_shared",
-            "n_kept_shared", "correct_plain_adakv", "n_kept_adakv")
 #: (evictor, score key, kept key) of each arm.
 ARMS = (("snapkv", "correct_plain_shared", "n_kept_shared"), ("adakv-snapkv", "correct_plain_adakv", "n_kept_adakv"))
 
@@ -37,42 +34,18 @@ def read_adakv(records: Records) -> tuple[pl.DataFrame, pl.DataFrame, Threshold]
         its rows, a (task, id, budget) twice, or a stored gate that fits no single τ.
     """
     path, frame = records.path, records.frame
-    absent = [k for k in REQUIRED if k not in frame.columns]
-    if absent:
-        raise RecordError(path, [f"{path}: no record has {', '.join(repr(k) for k in absent)}"])
-    null = frame.filter(pl.any_horizontal(pl.col(k).is_null() for k in REQUIRED)).head(MAX_LINES_NAMED)
-    problems = [f"{path}:{r['_line']}: missing {', '.join(repr(k) for k in REQUIRED if r[k] is None)}"
-                for r in null.iter_rows(named=True)]
-    if problems:
-        raise RecordError(path, problems)
-    try:
-        rows = frame.select(
-            pl.col("task").cast(pl.String), pl.col("id").cast(pl.Int64).alias("input_id"),
-            pl.col("budget").cast(pl.Float64), pl.col("T").cast(pl.Int64).alias("n_tokens"),
-            pl.col("drop").cast(pl.Float64), pl.col("gate_open").cast(pl.Boolean),
-            pl.col("correct_full").cast(pl.Float64).alias("full_score"),
-            *(pl.col(k).cast(pl.Float64) for _, k, _ in ARMS), *(pl.col(k).cast(pl.Float64) for _, _, k in ARMS),
-            (pl.col("pred_full").cast(pl.String) if "pred_full" in frame.columns
-             else pl.lit(None, pl.String)).alias("full_prediction"), "_line")
-    except pl.exceptions.InvalidOperationError as err:
-        raise RecordError(path, [f"{path}: a value of the wrong type ({str(err).splitlines()[0]})"]) from None
-    key = pl.struct("task", "input_id", "budget")
-    for r in rows.filter(key.is_duplicated() & ~key.is_first_distinct()).head(MAX_LINES_NAMED).iter_rows(named=True):
-        problems.append(f"{path}:{r['_line']}: (task, id, budget) = ({r['task']}, {r['input_id']}, {r['budget']:g}) "
-                        "repeats an earlier record")
-    for column in ("n_tokens", "drop", "gate_open", "full_score"):
-        first = rows.group_by("task", "input_id", maintain_order=True).agg(pl.col(column).first().alias("_first"))
-        for r in rows.join(first, on=["task", "input_id"]).filter(pl.col(column) != pl.col("_first")).head(
-                MAX_LINES_NAMED).iter_rows(named=True):
-            problems.append(f"{path}:{r['_line']}: {column} {r[column]} of input ({r['task']}, {r['input_id']}) "
-                            f"differs from its first record's {r['_first']}")
+    rows = keyed_rows(
+        records, pl.col("drop").cast(pl.Float64), pl.col("gate_open").cast(pl.Boolean),
+        pl.col("correct_full").cast(pl.Float64).alias("full_score"),
+        *(pl.col(k).cast(pl.Float64) for _, k, _ in ARMS), *(pl.col(k).cast(pl.Float64) for _, _, k in ARMS),
+        (pl.col("pred_full").cast(pl.String) if "pred_full" in frame.columns
+         else pl.lit(None, pl.String)).alias("full_prediction"))
+    problems = repeated(path, rows) + differing(path, rows, {"n_tokens": "T", "drop": "drop", "gate_open": "gate_open",
+                                                             "full_score": "correct_full"})
     if problems:
         raise RecordError(path, problems)
     per_input = rows.unique(["task", "input_id"], keep="first", maintain_order=True)
-    threshold = infer_tau(per_input["drop"], per_input["gate_open"])
-    if threshold is None:
-        raise RecordError(path, [f"{path}: the stored gate fits no single τ (a closed input's D is at or above an "
-                                 "open input's)"])
+    threshold = stored_threshold(path, per_input)
     inputs = per_input.select("task", "input_id", "n_tokens", "drop", "_line", "full_score",
                               pl.lit(None, pl.List(pl.String)).alias("references"), "full_prediction")
     outcomes = pl.concat([rows.select("task", "input_id", pl.lit(evictor).alias("evictor"), "budget",

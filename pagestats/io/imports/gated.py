@@ -18,67 +18,15 @@ PAGE paper, §3 (Eq. 2: gated = plain if D ≥ τ, else the full-KV outcome; Eq.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import polars as pl
 
-from pagestats import defaults
-from pagestats.io.imports.records import MAX_LINES_NAMED, Records, RecordError, missing_keys
-
-
-@dataclass(frozen=True)
-class Threshold:
-    """The τ a file's stored gate ran at: every τ in (``low``, ``high``] reproduces its ``gate_open``;
-    ``tau`` is the paper's 0.07 when it lies there, else the shortest decimal that does."""
-
-    tau: float
-    low: float  # largest D of a closed input (−inf when none is closed)
-    high: float  # smallest D of an open input (+inf when none is open)
-
-
-def _shortest_decimal(low: float, high: float) -> float:
-    """The number in (low, high] with the fewest decimals (ties: the smallest)."""
-    for digits in range(0, 17):
-        scale = 10.0 ** digits
-        candidate = math.floor(low * scale) / scale + 1 / scale
-        candidate = round(candidate, digits)
-        if low < candidate <= high:
-            return candidate
-    return high
-
-
-def infer_tau(drops: pl.Series, gate_open: pl.Series) -> Threshold | None:
-    """The threshold of a stored gate (one value per input), or ``None`` when no single τ gives it.
-
-    The gate is open iff D ≥ τ (Eq. 2), so the stored decisions fit exactly the τ in
-    (max D of the closed inputs, min D of the open ones]. The paper's default τ = 0.07 is recorded
-    when it fits (App. F); otherwise the shortest decimal that fits (the release's Qwen2.5-3B file
-    ran at 0.04, its README says). With every input on one side, one bound is infinite and τ is the
-    paper's default when it fits, else the open bound's side of it.
-    """
-    closed = drops.filter(~gate_open)
-    opened = drops.filter(gate_open)
-    low = float(closed.max()) if closed.len() else -math.inf
-    high = float(opened.min()) if opened.len() else math.inf
-    if not low < high:
-        return None
-    if low < defaults.TAU <= high:
-        return Threshold(defaults.TAU, low, high)
-    if math.isinf(high):
-        return Threshold(_shortest_decimal(low, low + 1.0), low, high)
-    if math.isinf(low):
-        return Threshold(_shortest_decimal(high - 1.0, high), low, high)
-    return Threshold(_shortest_decimal(low, high), low, high)
+from pagestats.io.imports.records import Records, RecordError, missing_keys
+from pagestats.io.imports.rules import Threshold, differing, lines, repeated, stored_threshold
 
 
 def _score(column: str) -> pl.Expr:
     """A correctness field as a score in [0, 1] (booleans → 0/1; numbers kept)."""
     return pl.col(column).cast(pl.Float64).alias(column)
-
-
-def _lines(path: str, frame: pl.DataFrame, message) -> list[str]:
-    return [f"{path}:{row['_line']}: {message(row)}" for row in frame.head(MAX_LINES_NAMED).iter_rows(named=True)]
 
 
 def read_gated(records: Records) -> tuple[pl.DataFrame, Threshold, bool]:
@@ -100,7 +48,7 @@ def read_gated(records: Records) -> tuple[pl.DataFrame, Threshold, bool]:
     types = {"id": pl.Int64, "T": pl.Int64, "n_kept_plain": pl.Int64, "budget": pl.Float64, "drop": pl.Float64}
     for key, dtype in types.items():
         bad = frame.filter(pl.col(key).cast(dtype, strict=False).is_null())
-        problems += _lines(path, bad, lambda row, k=key: f"{k} {row[k]!r} is not a number")
+        problems += lines(path, bad, lambda row, k=key: f"{k} {row[k]!r} is not a number")
     for key in ("gate_open",):
         if frame.schema[key] != pl.Boolean:
             problems.append(f"{path}: {key} is not true/false on every record")
@@ -121,43 +69,29 @@ def read_gated(records: Records) -> tuple[pl.DataFrame, Threshold, bool]:
         (pl.col("score_policy").cast(pl.String) if "score_policy" in frame.columns
          else pl.lit(None, pl.String)).alias("score_policy"),
         _references(frame), _text(frame, "pred_plain").alias("prediction"), "_line")
-    problems += _lines(path, rows.filter(~pl.col("score_plain").is_between(0, 1) | ~pl.col("score_gated").is_between(0, 1)),
+    problems += lines(path, rows.filter(~pl.col("score_plain").is_between(0, 1) | ~pl.col("score_gated").is_between(0, 1)),
                        lambda r: f"correct_plain / correct_gated {r['score_plain']} / {r['score_gated']} outside [0, 1]")
-    problems += _lines(path, rows.filter(pl.col("drop").is_nan() | pl.col("drop").is_infinite()),
+    problems += lines(path, rows.filter(pl.col("drop").is_nan() | pl.col("drop").is_infinite()),
                        lambda r: f"drop {r['drop']} is not a finite number")
-    problems += _lines(path, rows.filter(pl.col("n_tokens") < 1), lambda r: f"T {r['n_tokens']} is not ≥ 1")
+    problems += lines(path, rows.filter(pl.col("n_tokens") < 1), lambda r: f"T {r['n_tokens']} is not ≥ 1")
     absolute = bool((rows["budget"] > 1).any())
     if absolute:
-        problems += _lines(path, rows.filter((pl.col("budget") < 1) | (pl.col("budget") != pl.col("budget").floor())),
+        problems += lines(path, rows.filter((pl.col("budget") < 1) | (pl.col("budget") != pl.col("budget").floor())),
                            lambda r: f"budget {r['budget']} mixes a fraction into a file of absolute budgets")
     else:
-        problems += _lines(path, rows.filter(pl.col("budget") <= 0), lambda r: f"budget {r['budget']} is not in (0, 1]")
-    repeated = rows.filter(pl.struct("task", "input_id", "budget").is_duplicated()
-                           & ~pl.struct("task", "input_id", "budget").is_first_distinct())
-    problems += _lines(path, repeated, lambda r: f"(task, id, budget) = ({r['task']}, {r['input_id']}, {r['budget']:g}) "
-                       "repeats an earlier record")
-    for column, what in (("n_tokens", "T"), ("drop", "drop"), ("gate_open", "gate_open")):
-        first = rows.group_by("task", "input_id", maintain_order=True).agg(pl.col(column).first().alias("_first"))
-        differs = rows.join(first, on=["task", "input_id"]).filter(pl.col(column) != pl.col("_first"))
-        problems += _lines(path, differs, lambda r, c=column, w=what: f"{w} {r[c]} of input ({r['task']}, "
-                           f"{r['input_id']}) differs from its first record's {r['_first']}")
+        problems += lines(path, rows.filter(pl.col("budget") <= 0), lambda r: f"budget {r['budget']} is not in (0, 1]")
+    problems += repeated(path, rows)
+    problems += differing(path, rows, {"n_tokens": "T", "drop": "drop", "gate_open": "gate_open"})
     if "tau" in frame.columns:  # a recorded threshold (DBTrimKV's runner): the stored gate must follow it
         recorded = frame.select(pl.col("tau").cast(pl.Float64, strict=False), "_line")
         wrong = rows.with_columns(recorded["tau"].alias("_tau")).filter(
             pl.col("_tau").is_null() | (pl.col("gate_open") != (pl.col("drop") >= pl.col("_tau"))))
-        problems += _lines(path, wrong, lambda r: f"gate_open {str(r['gate_open']).lower()} contradicts drop "
+        problems += lines(path, wrong, lambda r: f"gate_open {str(r['gate_open']).lower()} contradicts drop "
                            f"{r['drop']!r} and the record's tau {r['_tau']!r} (open iff drop ≥ tau)")
     if problems:
         raise RecordError(path, problems)
     per_input = rows.unique(["task", "input_id"], keep="first", maintain_order=True)
-    threshold = infer_tau(per_input["drop"], per_input["gate_open"])
-    if threshold is None:
-        closed = per_input.filter(~pl.col("gate_open")).sort("drop", descending=True).row(0, named=True)
-        opened = per_input.filter(pl.col("gate_open")).sort("drop").row(0, named=True)
-        raise RecordError(path, [f"{path}:{closed['_line']}: the stored gate fits no single τ: input ({closed['task']}, "
-                                 f"{closed['input_id']}) is closed at D = {closed['drop']!r}, at or above the D = "
-                                 f"{opened['drop']!r} of open input ({opened['task']}, {opened['input_id']}, line "
-                                 f"{opened['_line']})"])
+    threshold = stored_threshold(path, per_input)
     return rows, threshold, absolute
 
 
@@ -222,5 +156,5 @@ def summed_kept_problem(rows: pl.DataFrame, kv_slots: int, path: str) -> list[st
     if not over.height:
         return []
     bad = rows.filter((pl.col("n_kept") % kv_slots != 0) | (pl.col("n_kept") // kv_slots > pl.col("n_tokens")))
-    return _lines(path, bad, lambda r: f"n_kept_plain {r['n_kept']} is above T {r['n_tokens']} and not a sum over "
+    return lines(path, bad, lambda r: f"n_kept_plain {r['n_kept']} is above T {r['n_tokens']} and not a sum over "
                   f"the model's {kv_slots} layer × KV-head slots of at most T positions each")

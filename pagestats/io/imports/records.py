@@ -25,7 +25,8 @@ from pagestats.io.duck import connect
 #: whose marking keys its records hold; docs/IMPORT.md describes each.
 SCHEMAS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "profile": (("task", "T", "head_agreement_per_layer"), ("head_agreement_per_layer",)),
-    "adakv": (("id", "task", "budget", "T", "drop", "gate_open", "correct_full"), ("correct_full", "correct_plain_shared")),
+    "adakv": (("id", "task", "budget", "T", "drop", "gate_open", "correct_full", "correct_plain_shared",
+               "n_kept_shared", "correct_plain_adakv", "n_kept_adakv"), ("correct_full", "correct_plain_shared")),
     "sweep": (("id", "task", "budget", "T", "n_kept", "correct"), ("correct", "n_kept")),
     "gated": (("id", "task", "budget", "T", "drop", "gate_open", "n_kept_plain", "correct_plain", "correct_gated"),
               ("drop", "gate_open", "correct_gated")),

@@ -20,7 +20,7 @@ import polars as pl
 
 from pagestats import __version__, defaults, schema
 from pagestats.io.imports import names
-from pagestats.io.imports.gated import Threshold
+from pagestats.io.imports.rules import Threshold
 from pagestats.io.imports.records import Records
 
 #: ``created_at`` of an imported run: the release does not record when its logs were made, and a

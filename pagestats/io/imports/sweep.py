@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import polars as pl
 
-from pagestats.io.imports.records import MAX_LINES_NAMED, Records, RecordError, missing_keys
-
-
-def _lines(path: str, frame: pl.DataFrame, message) -> list[str]:
-    return [f"{path}:{r['_line']}: {message(r)}" for r in frame.head(MAX_LINES_NAMED).iter_rows(named=True)]
+from pagestats.io.imports.records import Records, RecordError
+from pagestats.io.imports.rules import differing, keyed_rows, lines, repeated
 
 
 def read_sweep(records: Records, evictor: pl.Expr) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -28,34 +25,22 @@ def read_sweep(records: Records, evictor: pl.Expr) -> tuple[pl.DataFrame, pl.Dat
         input's rows, or an input without its b = 1 row.
     """
     path, frame = records.path, records.frame
-    problems = missing_keys(records)
-    if problems:
-        raise RecordError(path, problems)
-    try:
-        rows = frame.select(
-            pl.col("task").cast(pl.String), pl.col("id").cast(pl.Int64).alias("input_id"),
-            pl.col("budget").cast(pl.Float64), pl.col("T").cast(pl.Int64).alias("n_tokens"),
-            pl.col("n_kept").cast(pl.Int64), pl.col("correct").cast(pl.Float64).alias("score"),
-            (pl.col("gold").cast(pl.List(pl.String)) if "gold" in frame.columns
-             else pl.lit(None, pl.List(pl.String))).alias("references"),
-            (pl.col("pred").cast(pl.String) if "pred" in frame.columns else pl.lit(None, pl.String)).alias("prediction"),
-            *([pl.col("score_policy").cast(pl.String)] if "score_policy" in frame.columns
-              else [pl.lit(None, pl.String).alias("score_policy")]), "_line")
-    except pl.exceptions.InvalidOperationError as err:
-        raise RecordError(path, [f"{path}: a value of the wrong type ({str(err).splitlines()[0]})"]) from None
-    key = pl.struct("task", "input_id", "budget")
-    problems += _lines(path, rows.filter(key.is_duplicated() & ~key.is_first_distinct()),
-                       lambda r: f"(task, id, budget) = ({r['task']}, {r['input_id']}, {r['budget']:g}) repeats an earlier record")
-    problems += _lines(path, rows.filter(~pl.col("budget").is_between(0, 1, closed="right")),
-                       lambda r: f"budget {r['budget']} is not in (0, 1]")
-    first = rows.group_by("task", "input_id", maintain_order=True).agg(pl.col("n_tokens").first().alias("_first"))
-    problems += _lines(path, rows.join(first, on=["task", "input_id"]).filter(pl.col("n_tokens") != pl.col("_first")),
-                       lambda r: f"T {r['n_tokens']} of input ({r['task']}, {r['input_id']}) differs from its first "
-                       f"record's {r['_first']}")
+    rows = keyed_rows(
+        records, pl.col("n_kept").cast(pl.Int64), pl.col("correct").cast(pl.Float64).alias("score"),
+        (pl.col("gold").cast(pl.List(pl.String)) if "gold" in frame.columns
+         else pl.lit(None, pl.List(pl.String))).alias("references"),
+        (pl.col("pred").cast(pl.String) if "pred" in frame.columns else pl.lit(None, pl.String)).alias("prediction"),
+        (pl.col("score_policy").cast(pl.String) if "score_policy" in frame.columns
+         else pl.lit(None, pl.String)).alias("score_policy"))
+    problems = []
+    problems += repeated(path, rows)
+    problems += lines(path, rows.filter(~pl.col("budget").is_between(0, 1, closed="right")),
+                      lambda r: f"budget {r['budget']} is not in (0, 1]")
+    problems += differing(path, rows, {"n_tokens": "T"})
     full = rows.filter(pl.col("budget") == 1.0)
     lacking = rows.unique(["task", "input_id"], keep="first", maintain_order=True).join(
         full, on=["task", "input_id"], how="anti")
-    problems += _lines(path, lacking, lambda r: f"input ({r['task']}, {r['input_id']}) has no b = 1 (full-cache) row")
+    problems += lines(path, lacking, lambda r: f"input ({r['task']}, {r['input_id']}) has no b = 1 (full-cache) row")
     if problems:
         raise RecordError(path, problems)
     inputs = rows.unique(["task", "input_id"], keep="first", maintain_order=True).select(
