@@ -70,7 +70,7 @@ table{border-collapse:collapse;font-size:.78em;margin:.5em 0;max-width:100%}
 th,td{border-bottom:1px solid #e4e4e4;padding:.25em .4em;text-align:right;white-space:normal;vertical-align:top}
 th{background:#f5f5f7;position:sticky;top:0;vertical-align:bottom}
 td.text,th.text{text-align:left} td.text{overflow-wrap:anywhere;min-width:4em}
-table.headline{font-size:.72em;width:100%} table.headline td{padding:.2em .3em}
+table.headline{font-size:.72em;width:100%} table.headline td{padding:.2em .3em} table.headline td.text{min-width:6.5em}
 table.wide{font-size:.62em} table.wide td,table.wide th{padding:.15em .2em} table.wide th{overflow-wrap:anywhere}
 table.headline tr:last-child td{font-style:italic;color:#555;border-top:2px solid #ccc}
 .scroll{max-height:28em;overflow-y:auto;border:1px solid #eee;max-width:100%}

@@ -58,13 +58,16 @@ def _judged(r: dict) -> str:
 
 
 def verdict_lines(headline: pl.DataFrame, headline_evictor: str | None) -> list[tuple[str, str]]:
-    """One line per (model, context) of the headline evictor's rows of ``headline``
-    (:func:`pagestats.report.headline.headline`), as (the verdict, what was measured)."""
+    """One line per (model, context) of ``headline`` (:func:`pagestats.report.headline.headline`), as
+    (the verdict, what was measured), on the headline evictor's row, or where a (model, context) lacks
+    that evictor, on its first evictor by name (the line names it)."""
     if headline.height == 0:
         return []
-    rows = headline.filter(pl.col("evictor") == headline_evictor) if headline_evictor else headline
+    first = (pl.col("evictor") != headline_evictor) if headline_evictor else pl.lit(True)
+    rows = (headline.sort("model", "context_length", first, "evictor")
+            .unique(["model", "context_length"], keep="first", maintain_order=True))
     lines = []
-    for r in rows.sort("model", "context_length").iter_rows(named=True):
+    for r in rows.iter_rows(named=True):
         cell = f"{r['model']}, {r['context_length']:,} tokens"
         if in_paper_setting(r["model"], r["context_length"]):
             lines.append((f"{cell}: {_judged(r)}", f"{r['evictor']}: {_measured(r)}"))

@@ -128,3 +128,13 @@ def test_a_table_too_wide_is_seen(page, tmp_path):
     assert _overflowing_tables(wide / "index.html", 1024)["wide"] and index["headline"]
     write_index_html(index, wide)  # the page as the report writes it fits again
     assert _overflowing_tables(wide / "index.html", 1024)["wide"] == []
+
+
+def test_a_model_and_context_without_the_headline_evictor_still_gets_its_verdict():
+    """The paper's 14B cell has H2O and PyramidKV, no SnapKV: its line is judged on its first evictor."""
+    frame = pl.DataFrame([_row(), _row(model="Qwen2.5-14B-Instruct", evictor="pyramidkv", p_adjusted=0.3),
+                          _row(model="Qwen2.5-14B-Instruct", evictor="h2o")])
+    lines = verdict_lines(frame, "snapkv")
+    assert [v for v, _ in lines] == ["Qwen2.5-14B-Instruct, 4,096 tokens: consistent with the paper",
+                                     "Qwen2.5-3B-Instruct, 4,096 tokens: consistent with the paper"]
+    assert lines[0][1].startswith("h2o: ") and lines[1][1].startswith("snapkv: ")
