@@ -75,3 +75,12 @@ def test_pagestats_needs_no_extra(tmp_path):
     for argv in (["--version"], ["whatif", "--help"], ["report", "--help"]):
         out = subprocess.run([str(BIN / "pagestats"), *argv], capture_output=True, text=True, env=env)
         assert out.returncode == 0 and out.stderr == "", (argv, out.stderr)
+
+
+def test_collect_with_a_kvpress_evictor_without_kvpress_names_the_extra(tmp_path):
+    argv = [str(BIN / "pagestats-collect"), "--tasks", "vt", "--context-length", "640", "--n", "1",
+            "--evictors", "kvpress:SnapKVPress", "--out", "never-written"]
+    out = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=_blocked(tmp_path, "kvpress"))
+    err = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(err) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert "pip install 'pagestats[kvpress]'" in err[0] and not (tmp_path / "never-written").exists()
