@@ -419,3 +419,19 @@ def test_line_numbers_count_blank_lines(tmp_path):
     rows.append(dict(rows[1]))
     lines = _import_error([_write(tmp_path / "gated_4k_qwen15b.jsonl", rows)], tmp_path)
     assert len(lines) == 1 and f":{len(rows)}:" in lines[0]
+
+
+def test_nested_files_repeating_rows_identically_keep_them_once(tmp_path):
+    # the release's gated_4k_llama31_8b_seed1_n20 / _n30 / _n100: the smaller runs are prefixes of the larger
+    small = _write(tmp_path / "gated_4k_llama31_8b_seed1_n2.jsonl", [r for r in _gated() if r["id"] in (0, 2)])
+    large = _write(tmp_path / "gated_4k_llama31_8b_seed1_n4.jsonl", _gated())
+    report = import_page([str(small), str(large)], tmp_path / "out")
+    run = Path(report.runs["page-llama-3.1-8b-instruct-4k-seed1"])
+    assert load([str(run)]).outcomes.height == 12 and any("6 rows repeat an earlier file's identically" in s
+                                                           for s in report.skipped)
+    rows = _gated()
+    rows[0]["correct_plain"] = not rows[0]["correct_plain"]
+    rows[0]["budget"] = 1.0
+    other = _write(tmp_path / "b" / "gated_4k_llama31_8b_seed1_n4.jsonl", rows)
+    lines = _import_error([small, other], tmp_path / "b")
+    assert any("with another" in line or "full-KV outcome" in line for line in lines)

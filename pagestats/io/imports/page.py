@@ -193,14 +193,14 @@ def import_page(sources: Sequence[str], out: str | os.PathLike, *, model: str | 
             problems += err.lines
     if problems:
         raise ImportError_(problems)
-    runs = _runs(data)
+    runs = _runs(data, skip)
     for f in profiles:
         _attach_profile(f, runs, skip)
     report.runs = write_all(Path(out), runs, source_commit)
     return report
 
 
-def _runs(files: list[File]) -> list[Run]:
+def _runs(files: list[File], note) -> list[Run]:
     """The runs of the files read (:func:`pagestats.io.imports.runs.group`), in file order."""
     by_cell: dict[tuple, list[File]] = {}
     for f in files:
@@ -210,7 +210,7 @@ def _runs(files: list[File]) -> list[Run]:
         for members in sorted(group(cell), key=lambda g: -sum(f.inputs.height for f in g)):
             rid = run_id(members[0].model, length, draw, family, members, taken)
             taken.add(rid)
-            runs.append(Run(rid, members, merge_inputs(members), merge_outcomes(members)))
+            runs.append(Run(rid, members, merge_inputs(members), merge_outcomes(members, note)))
     return runs
 
 

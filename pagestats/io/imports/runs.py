@@ -149,16 +149,24 @@ def merge_inputs(files: list[File]) -> pl.DataFrame:
         pl.col("references").drop_nulls().first(), pl.col("full_prediction").drop_nulls().first())
 
 
-def merge_outcomes(files: list[File]) -> pl.DataFrame:
-    """The outcomes of one run; :class:`ImportError_` names a row two files both hold, or an input
-    missing arms the others have (the schema's one-grid rule)."""
+def merge_outcomes(files: list[File], note) -> pl.DataFrame:
+    """The outcomes of one run. A row that an earlier file holds with the same ``n_kept`` and score (the
+    release's nested seed files, ``…_n20`` ⊂ ``…_n100``) is kept once, and ``note`` gets one line per file;
+    a row two files hold with different values, or an input missing arms the others have (the schema's
+    one-grid rule), is an :class:`ImportError_`."""
     out = pl.concat([f.outcomes.with_columns(pl.lit(f.records.path).alias("_file")) for f in files],
                     how="vertical_relaxed")
     key = pl.struct("evictor", "task", "input_id", "budget")
-    repeated = out.filter(key.is_duplicated() & ~key.is_first_distinct())
-    if repeated.height:
+    later = key.is_duplicated() & ~key.is_first_distinct()
+    same = pl.struct("evictor", "task", "input_id", "budget", "n_kept", "score")
+    conflicting = out.filter(later & ~(same.is_duplicated() & ~same.is_first_distinct()))
+    if conflicting.height:
         raise ImportError_([f"{r['_file']}:{r['_line']}: ({r['evictor']}, {r['task']}, {r['input_id']}, budget "
-                            f"{r['budget']:g}) is also in an earlier file" for r in repeated.head(5).iter_rows(named=True)])
+                            f"{r['budget']:g}) is also in an earlier file, with another outcome"
+                            for r in conflicting.head(5).iter_rows(named=True)])
+    for path, n in out.filter(later).group_by("_file", maintain_order=True).len().iter_rows():
+        note(f"{path}: {n} rows repeat an earlier file's identically; kept once")
+    out = out.filter(~later)
     n_arms = out.select("evictor", "budget").n_unique()
     short = out.group_by("task", "input_id").agg(pl.len(), pl.col("_file").first()).filter(pl.col("len") < n_arms)
     if short.height:
