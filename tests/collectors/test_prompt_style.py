@@ -119,3 +119,20 @@ def test_make_input_defaults_to_page_and_records_the_style():
     y = make_input("niah_single_1", tokenizer=tok, context_length=700, input_id=0, draw=0, prompt_style="ruler")
     assert y.metadata["prompt_style"] == "ruler" and "You are a helpful assistant." in y.prompt
     assert x.references == y.references
+
+
+def test_smollm2s_own_template_gives_the_hand_built_page_prompt():
+    """The embedded SmolLM2's real chat template (it has a default system prompt, which page replaces)."""
+    from transformers import AutoTokenizer
+
+    from collectors.model import default_gguf_path
+
+    path = default_gguf_path()
+    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    prompt, _ = render(tok, TEXT, QUESTION, PREFIX, "page")
+    assert prompt == ("<|im_start|>system\nAnswer the question concisely.<|im_end|>\n<|im_start|>user\n" + USER_PAGE
+                      + "<|im_end|>\n<|im_start|>assistant\n")
+    ids = tokenize_prompt(tok, prompt)
+    assert ids == tok(prompt, add_special_tokens=False)["input_ids"]
+    ruler, _ = render(tok, TEXT, QUESTION, PREFIX, "ruler")
+    assert ruler.startswith("<|im_start|>system\n") and "Answer the question concisely." not in ruler
