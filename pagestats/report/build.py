@@ -322,6 +322,8 @@ def _pilots(ctx: Context) -> list[dict]:
             out.append({
                 "pilot": label, "policy": policy.name, "model": model, "held_out": bool(part["held_out"].any()),
                 "tau": sorted(set(part["tau"].to_list())), "n_inputs": int(part["n_pilot"].sum()),
+                "tau_by_context_length": {str(c): sorted(set(g["tau"].to_list())) for (c,), g in  # the τ each gates
+                                          part.sort("context_length").group_by(["context_length"], maintain_order=True)},
                 **{f"by_{c}": {str(k): int(n) for k, n in part.group_by(c).agg(pl.col("n_pilot").sum()).sort(c).iter_rows()}
                    for c in ("task", "context_length", "run_id")},
             })

@@ -264,7 +264,7 @@ def calibration_lines(index: dict) -> list[str]:
             lines.append(f"{p['pilot']} {p['policy']}: not computed ({p['unavailable']})")
             continue
         held = "held out of the evaluation" if p["held_out"] else "evaluated with the rest"
-        lines.append(f"{p['pilot']} {p['policy']}, {p['model']}: τ = {', '.join(f'{t:.6g}' for t in p['tau'])}; "
+        lines.append(f"{p['pilot']} {p['policy']}, {p['model']}: {_taus(p)}; "
                      f"{p['n_inputs']} inputs, {held}; per task {plain(p['by_task'])}; per context "
                      f"{plain(p['by_context_length'])}; per run {plain(p['by_run_id'])}")
     if not index.get("pilots"):
@@ -279,6 +279,18 @@ def calibration_lines(index: dict) -> list[str]:
 def _verdicts(index: dict) -> list[tuple[str, str]]:
     """The verdict lines above the headline table (:func:`pagestats.report.verdict.verdict_lines`)."""
     return verdict_lines(pl.DataFrame(index["headline"]), index.get("headline_evictor")) if index.get("headline") else []
+
+
+def _taus(pilot: dict) -> str:
+    """A pilot's τ labelled with the contexts it gates: one per context (the midpoint recipe, Eq. 5),
+    or one for the contexts it pools (the z-scored pilot, App. A.3.4)."""
+    by = pilot.get("tau_by_context_length") or {}
+    values = lambda taus: ", ".join(f"{t:.6g}" for t in taus)  # noqa: E731
+    if len({tuple(t) for t in by.values()}) > 1:
+        return "τ = " + "; ".join(f"{values(t)} at {int(c):,} tokens" for c, t in by.items())
+    pooled = f" ({', '.join(f'{int(c):,}' for c in by)} tokens pooled)" if len(by) > 1 else \
+        (f" ({int(next(iter(by))):,} tokens)" if by else "")
+    return f"τ = {values(pilot['tau'])}{pooled}"
 
 
 def _meta_line(index: dict) -> str:

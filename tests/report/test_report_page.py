@@ -138,3 +138,23 @@ def test_a_model_and_context_without_the_headline_evictor_still_gets_its_verdict
     assert [v for v, _ in lines] == ["Qwen2.5-14B-Instruct, 4,096 tokens: consistent with the paper",
                                      "Qwen2.5-3B-Instruct, 4,096 tokens: consistent with the paper"]
     assert lines[0][1].startswith("h2o: ") and lines[1][1].startswith("snapkv: ")
+
+
+def test_each_calibrated_tau_names_the_contexts_it_gates(tmp_path):
+    """The appendix's pilots: a τ per context is labelled with its context (the midpoint recipe), one τ
+    pooled over contexts says which (a z-scored pilot per model)."""
+    from pagestats.replay import ZScored
+    from pagestats.report.build import _pilots
+    from pagestats.report.context import Context
+    from pagestats.report.html import _taus, calibration_lines
+
+    assert _taus({"tau": [0.1, 0.2], "tau_by_context_length": {"512": [0.1], "1024": [0.2]}}) == \
+        "τ = 0.1 at 512 tokens; 0.2 at 1,024 tokens"
+    syn = testing.synthetic_logs(models={"m": (6, 3)}, evictors=("snapkv",), tasks=("niah_multikey_3", "vt"),
+                                 context_lengths=(512, 1024), n_inputs=6, budgets=(0.5, 1.0), with_topk=False,
+                                 with_text=False)
+    logs = io.load([str(r) for r in syn.write(tmp_path / "logs")])
+    (z,) = [p for p in _pilots(Context(logs, policy=ZScored(pilot_n=8, pilot_split="first"))) if "tau" in p
+            and p["pilot"] == "report policy"]
+    assert z["tau_by_context_length"] == {"512": z["tau"], "1024": z["tau"]} and len(z["tau"]) == 1
+    assert f"τ = {z['tau'][0]:.6g} (512, 1,024 tokens pooled)" in calibration_lines({"pilots": [z]})[0]
