@@ -377,6 +377,7 @@ def test_decode_limit_warnings_fold_into_one_line_naming_validate():
     assert "`pagestats validate run other` lists them" in folded[0]
     long_names = [f"data/a-very-long-run-directory-name-{i}/" for i in range(4)]
     assert "`pagestats validate` on the same LOGS lists them" in folded_warnings(many, long_names)[0]
+    assert "`pagestats validate` on the logs the database was indexed from" in folded_warnings(many, [])[0]  # --db
 
 
 def test_whatif_on_shipped_runs_folds_their_warnings_and_validate_lists_them():
