@@ -107,8 +107,9 @@ def folded_warnings(lines: list[str], logs) -> list[str]:
     if len(lines) < 2:
         return lines
     named = " ".join(shlex.quote(str(a)) for a in logs or ())
-    command = (f"`pagestats validate {named}`" if named and len(named) <= 60 else "`pagestats validate` on the same LOGS"
-               if named else "`pagestats validate` on the logs the database was indexed from")
+    command = (f"`pagestats validate {named}`" if named and len(named) <= 60
+               else "`pagestats validate` on the same LOGS" if named
+               else "`pagestats validate` on the logs the database was indexed from")
     return [f"warning: {len(lines)} (run, task) cells hold full-KV answers the decode limit may have cut, so their "
             f"outcomes may measure the limit, not eviction; {command} lists them"]
 

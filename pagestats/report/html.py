@@ -241,7 +241,8 @@ def write_index_html(index: dict, out) -> str:
     parts.append("<h3>Exclusions</h3><ul>" + ("".join(f"<li>{html.escape(e)}</li>" for e in index["exclusions"])
                                               or "<li>none</li>") + "</ul>")
     parts.append(f"<h3>Policy and profile</h3><p>collection mode: {html.escape(str(index.get('mode')))}<br>"
-                 f"policy: {html.escape(plain(index['policy']))}<br>profile: {html.escape(plain(index['profile']))}</p>")
+                 f"policy: {html.escape(plain(index['policy']))}<br>"
+                 f"profile: {html.escape(plain(index['profile']))}</p>")
     parts.append("<h3>Calibration pilots and pre-registration</h3><ul>"
                  + "".join(f"<li>{html.escape(line)}</li>" for line in calibration_lines(index)) + "</ul>")
     parts.append("<h3>Defaults (pagestats.defaults)</h3>" + _html_table(
@@ -278,7 +279,9 @@ def calibration_lines(index: dict) -> list[str]:
 
 def _verdicts(index: dict) -> list[tuple[str, str]]:
     """The verdict lines above the headline table (:func:`pagestats.report.verdict.verdict_lines`)."""
-    return verdict_lines(pl.DataFrame(index["headline"]), index.get("headline_evictor")) if index.get("headline") else []
+    if not index.get("headline"):
+        return []
+    return verdict_lines(pl.DataFrame(index["headline"]), index.get("headline_evictor"))
 
 
 def _taus(pilot: dict) -> str:

@@ -40,7 +40,8 @@ def test_a_run_ends_with_a_summary_and_is_validated(model_dir, tmp_path, capsys)
     code, _, err = _collect(model_dir, out, capsys)
     assert code == 1
     assert err[-2].startswith("collected 0 input(s)") and ", 2 there before" in err[-2]
-    assert err[-1].startswith("error: the run does not validate: ") and f"`pagestats validate {out}` lists them" in err[-1]
+    assert err[-1].startswith("error: the run does not validate: ")
+    assert f"`pagestats validate {out}` lists them" in err[-1]
 
 
 def test_a_shard_says_how_to_validate_the_whole_run(model_dir, tmp_path, capsys):

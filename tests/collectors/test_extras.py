@@ -6,6 +6,7 @@ without kvpress; ``pagestats`` needs no extra. torch (or kvpress) is blocked in 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tomllib
@@ -37,7 +38,7 @@ def _one_line_naming(result, extra: str, module: str):
 def test_the_extras_are_pyprojects():
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     for extra, modules in EXTRAS.items():
-        names = [req.split(";")[0].split("[")[0].split(">")[0].split("=")[0].split("<")[0].strip() for req in extras[extra]]
+        names = [re.split(r"[<>=!~;\[ ]", req, maxsplit=1)[0] for req in extras[extra]]
         assert tuple(names) == modules, extra
 
 

@@ -90,7 +90,8 @@ def test_every_p_value_of_the_page_has_one_format(page):
 def test_no_python_or_json_repr_on_the_page(page):
     text = page.read_text()
     appendix = text[text.index('id="appendix"'):]
-    for repr_start in ("{&#x27;", "(&#x27;", "[&#x27;", "{&quot;", "&quot;: ", "': ", "{'", "('", "[0.0625,", "(0.0625,"):
+    for repr_start in ("{&#x27;", "(&#x27;", "[&#x27;", "{&quot;", "&quot;: ", "': ", "{'", "('", "[0.0625,",
+                       "(0.0625,"):
         assert repr_start not in appendix, repr_start
 
 
