@@ -6,7 +6,8 @@ inside a reference) concern only the decodes the limit may have cut, those that 
 or for a reason a v1 log did not record (pagestats.io.decoding). Here every decode ended at EOS, and
 the pages of every text column are overwritten with bytes no parquet reader can decode, the
 manifest's sha256 updated: reading any text value fails, so validate and whatif pass only if they read
-none.
+none. A second test holds the rule that decides which texts are read: an answer ending inside its
+reference counts as cut only when its decode stopped at the limit.
 """
 
 from __future__ import annotations
@@ -68,3 +69,30 @@ def test_validate_then_whatif_read_no_text(spoiled_run, capsys):
     assert main(["whatif", str(spoiled_run), "--format", "csv"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("model,") and len(out.splitlines()) == 1 + 2 * 3  # 2 tasks × 3 budgets
+
+
+def test_only_decodes_stopped_at_the_limit_count_as_cut(tmp_path):
+    """An answer ending inside its reference counts as cut when its decode stopped by ``length`` (or for an
+    unknown reason), not when it ended at EOS: the limit did not cut that one."""
+    import polars as pl
+
+    from pagestats.io import load
+    from pagestats.io.decoding import decode_profile
+
+    logs = synthetic_logs(models={"m": (4, 2)}, n_inputs=4, tasks=("niah_multikey_3",), evictors=("snapkv",),
+                          budgets=(0.5, 1.0), with_topk=False, with_text=True, seed=2)
+    ref = pl.col("references").list.first()
+    cut = pl.lit("Answer: ") + ref.str.slice(0, 4)  # the first 4 of 7 digits
+    inputs = logs.inputs.with_columns(pl.when(pl.col("input_id") == 0).then(cut).otherwise(pl.col("full_prediction"))
+                                      .alias("full_prediction"))  # ended at EOS: not cut by the limit
+    evicted = pl.col("budget") < 1
+    outcomes = logs.outcomes.join(inputs.select("input_id", "references"), on="input_id").with_columns(
+        pl.when(evicted & (pl.col("input_id") <= 1)).then(cut).otherwise(pl.col("prediction")).alias("prediction"),
+        pl.when(evicted & (pl.col("input_id").is_in([0, 2]))).then(pl.lit("length")).otherwise(pl.col("stop_reason"))
+        .alias("stop_reason")).select(logs.outcomes.columns)
+    logs.inputs, logs.outcomes = inputs, outcomes
+    (run,) = logs.write(tmp_path / "logs")
+    profile = decode_profile(load([str(run)]).files)
+    got = {r["arm"]: (r["n"], r["n_length"], r["n_cut"]) for r in profile.iter_rows(named=True)}
+    # input 0: stopped by length inside its reference (cut); 1: the same text at EOS; 2: length, whole answer
+    assert got == {"full": (4, 0, 0), "snapkv": (4, 2, 1)}
