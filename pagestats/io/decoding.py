@@ -19,16 +19,24 @@ reason). Two label-based and one label-free reading of the logged text tell the 
 :func:`decode_profile` gives, per (run, task, arm), the shares of these; :func:`limit_warnings` the
 one-line warnings for a (run, task) whose full-KV answers stop at the limit without looping on more
 than :data:`LENGTH_WARN_SHARE` of inputs, or are cut inside a reference at all. Both read only the
-columns they need from the validated files, in DuckDB.
+columns they need from the validated files, in DuckDB, and the texts only of the decodes the limit may
+have cut; the full-KV rows of a profile are kept in the user cache by the files' sha256, so that the
+``whatif`` after a ``validate`` does not read those texts again.
 """
 
 from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
 
 import duckdb
 import polars as pl
 
 from pagestats import formulas, schema
-from pagestats.io import duck
+from pagestats.io import duck, record
 from pagestats.io.discovery import log_format
 from pagestats.io.upgrades import V2_COLUMNS
 
@@ -53,6 +61,9 @@ _MAY_BE_CUT = f"stop_reason IN ('length', '{schema.STOP_UNKNOWN}')"
 # Of those, the ones with a text to read (an empty or absent text neither loops nor ends inside a reference).
 _READ_TEXT = f"{_MAY_BE_CUT} AND coalesce(pred, '') <> ''"
 _CELL = ("run", "run_id", "task", "arm")
+#: The columns of :func:`decode_profile`.
+_PROFILE = {**{c: pl.String for c in _CELL}, **{c: pl.Int64 for c in (
+    "n", "n_length", "n_looping", "n_cut", "n_unknown", "max_generated")}}
 # Words (lower-case runs of letters and digits, ``_w``); the last third of them without the last word (``_tail``)
 # must all occur among the first two thirds (``_head``), one- and two-digit numbers aside.
 _LOOP = f"""(len(_w) >= {LOOP_MIN_WORDS} AND coalesce(list_bool_and(list_transform(_tail,
@@ -158,6 +169,11 @@ def decode_profile(files, *, arms: bool = True) -> pl.DataFrame:
         record, and the most tokens any generated (null in v1 logs); ``run`` is the run's directory name
         (its run_id for loose files). Sorted by run, task, arm ('full' first).
     """
+    kept = _kept_path(files)
+    if not arms and kept is not None:
+        found = _kept(kept)
+        if found is not None:
+            return found
     con = duck.connect(threads=1)
     try:
         rows = _rows(con, files, arms=arms, text=False)
@@ -178,8 +194,53 @@ def decode_profile(files, *, arms: bool = True) -> pl.DataFrame:
     finally:
         con.close()
     out = counts.join(readings, on=list(_CELL), how="left").with_columns(pl.col("n_looping", "n_cut").fill_null(0))
-    return out.select(*_CELL, "n", "n_length", "n_looping", "n_cut", "n_unknown", "max_generated").sort(
-        "run", "run_id", "task", pl.col("arm") != "full", "arm")
+    out = out.select(*_CELL, "n", "n_length", "n_looping", "n_cut", "n_unknown", "max_generated").cast(
+        _PROFILE).sort("run", "run_id", "task", pl.col("arm") != "full", "arm")
+    if kept is not None:
+        _keep(kept, out.filter(pl.col("arm") == "full"))
+    return out
+
+
+def _kept_path(files) -> Path | None:
+    """Where the full-KV profile of ``files`` is kept in the user cache (:func:`pagestats.io.record.cache_dir`,
+    under ``decoded/``): named by the real paths and sha256 of the inputs files and by the validator's digest
+    (this module's code and the libraries' versions), so that a changed file or code reads the texts again.
+    ``None`` when a file has no sha256.
+
+    ``validate`` (every arm) keeps the full-KV rows; each later ``whatif`` or ``report`` on the same
+    files (the validation record gives their sha256) reads them here instead of reading the full-KV
+    answers' texts again (docs/PERFORMANCE.md, "The first calls on a new release")."""
+    inputs = sorted((os.path.realpath(f.path), f.sha256) for f in files if f.table == "inputs")
+    if not inputs or not all(isinstance(sha, str) and sha for _, sha in inputs):
+        return None
+    key = hashlib.sha256(json.dumps([inputs, record.validator_digest()]).encode()).hexdigest()
+    return record.cache_dir() / "decoded" / f"{key}.json"
+
+
+def _kept(path: Path) -> pl.DataFrame | None:
+    """The profile kept at ``path``; ``None`` when there is none or it cannot be read (it is then made again)."""
+    try:
+        rows = json.loads(path.read_text(encoding="utf-8"))
+        return pl.DataFrame(rows, schema=_PROFILE, orient="row")
+    except (OSError, UnicodeDecodeError, ValueError, TypeError, pl.exceptions.PolarsError):
+        return None
+
+
+def _keep(path: Path, profile: pl.DataFrame) -> None:
+    """Write ``profile`` at ``path`` atomically; a cache folder that cannot be written is left as it is
+    (the profile is then made from the files again next time)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".decoded-", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump(profile.rows(), fh)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError:
+        return
 
 
 def text_flags(predictions, references) -> pl.DataFrame:

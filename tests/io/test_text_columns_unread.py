@@ -7,19 +7,24 @@ or for a reason a v1 log did not record (pagestats.io.decoding). Here every deco
 the pages of every text column are overwritten with bytes no parquet reader can decode, the
 manifest's sha256 updated: reading any text value fails, so validate and whatif pass only if they read
 none. A second test holds the rule that decides which texts are read: an answer ending inside its
-reference counts as cut only when its decode stopped at the limit.
+reference counts as cut only when its decode stopped at the limit; a third, that the full-KV readings
+``validate`` made are not made again by the ``whatif`` after it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import duckdb
+import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
 from pagestats import schema
 from pagestats.cli import main
+from pagestats.io import decoding, load
+from pagestats.io.decoding import decode_profile
 from pagestats.testing import synthetic_logs
 
 TEXT = {"inputs": ("prompt", "full_prediction", "references"), "outcomes": ("prediction",)}
@@ -71,20 +76,19 @@ def test_validate_then_whatif_read_no_text(spoiled_run, capsys):
     assert out.startswith("model,") and len(out.splitlines()) == 1 + 2 * 3  # 2 tasks × 3 budgets
 
 
-def test_only_decodes_stopped_at_the_limit_count_as_cut(tmp_path):
-    """An answer ending inside its reference counts as cut when its decode stopped by ``length`` (or for an
-    unknown reason), not when it ended at EOS: the limit did not cut that one."""
-    import polars as pl
-
-    from pagestats.io import load
-    from pagestats.io.decoding import decode_profile
-
+def _cut_run(tmp_path):
+    """A run of 4 NIAH-MK3 inputs whose answers at b = 0.5 are: input 0 stopped by ``length`` inside its
+    reference (cut), 1 the same text ended at EOS, 2 stopped by ``length`` with its whole answer; the
+    full-KV answer of input 0 ends inside its reference at EOS, that of input 3 stopped by ``length``
+    with its whole answer."""
     logs = synthetic_logs(models={"m": (4, 2)}, n_inputs=4, tasks=("niah_multikey_3",), evictors=("snapkv",),
                           budgets=(0.5, 1.0), with_topk=False, with_text=True, seed=2)
     ref = pl.col("references").list.first()
     cut = pl.lit("Answer: ") + ref.str.slice(0, 4)  # the first 4 of 7 digits
-    inputs = logs.inputs.with_columns(pl.when(pl.col("input_id") == 0).then(cut).otherwise(pl.col("full_prediction"))
-                                      .alias("full_prediction"))  # ended at EOS: not cut by the limit
+    inputs = logs.inputs.with_columns(
+        pl.when(pl.col("input_id") == 0).then(cut).otherwise(pl.col("full_prediction")).alias("full_prediction"),
+        pl.when(pl.col("input_id") == 3).then(pl.lit("length")).otherwise(pl.col("full_stop_reason"))
+        .alias("full_stop_reason"))
     evicted = pl.col("budget") < 1
     outcomes = logs.outcomes.join(inputs.select("input_id", "references"), on="input_id").with_columns(
         pl.when(evicted & (pl.col("input_id") <= 1)).then(cut).otherwise(pl.col("prediction")).alias("prediction"),
@@ -92,7 +96,29 @@ def test_only_decodes_stopped_at_the_limit_count_as_cut(tmp_path):
         .alias("stop_reason")).select(logs.outcomes.columns)
     logs.inputs, logs.outcomes = inputs, outcomes
     (run,) = logs.write(tmp_path / "logs")
-    profile = decode_profile(load([str(run)]).files)
+    return run
+
+
+def test_only_decodes_stopped_at_the_limit_count_as_cut(tmp_path):
+    """An answer ending inside its reference counts as cut when its decode stopped by ``length`` (or for an
+    unknown reason), not when it ended at EOS: the limit did not cut that one."""
+    profile = decode_profile(load([str(_cut_run(tmp_path))]).files)
     got = {r["arm"]: (r["n"], r["n_length"], r["n_cut"]) for r in profile.iter_rows(named=True)}
-    # input 0: stopped by length inside its reference (cut); 1: the same text at EOS; 2: length, whole answer
-    assert got == {"full": (4, 0, 0), "snapkv": (4, 2, 1)}
+    assert got == {"full": (4, 1, 0), "snapkv": (4, 2, 1)}
+
+
+def test_the_full_kv_profile_is_read_once(tmp_path, monkeypatch, capsys):
+    """``validate`` keeps the full-KV rows of its profile; a later ``whatif`` on the same files reads them
+    instead of the texts, and files with another sha256 are read again, to the same rows."""
+    run = _cut_run(tmp_path)
+    texts = []  # every SQL reading of texts
+    real = decoding._read
+    monkeypatch.setattr(decoding, "_read", lambda rows: texts.append(rows) or real(rows))
+    assert main(["validate", str(run)]) == 0 and len(texts) == 1
+    assert main(["whatif", str(run), "--format", "csv"]) == 0 and len(texts) == 1
+    capsys.readouterr()
+    files = load([str(run)]).files
+    kept = decode_profile(files, arms=False)
+    assert len(texts) == 1 and kept.height == 1 and kept["arm"].to_list() == ["full"]
+    other = [dataclasses.replace(f, sha256="0" * 64) if f.table == "inputs" else f for f in files]
+    assert decode_profile(other, arms=False).equals(kept) and len(texts) == 2
