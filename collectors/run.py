@@ -111,9 +111,11 @@ class CollectConfig:
         if self.mode not in defaults.MODES:
             raise ValueError(f"mode must be one of {', '.join(defaults.MODES)}, got {self.mode!r}")
         if self.prompt_style not in defaults.PROMPT_STYLES:
-            raise ValueError(f"prompt_style must be one of {', '.join(defaults.PROMPT_STYLES)}, got {self.prompt_style!r}")
+            raise ValueError(f"prompt_style must be one of {', '.join(defaults.PROMPT_STYLES)}, "
+                             f"got {self.prompt_style!r}")
         if self.budget_floor not in defaults.BUDGET_FLOORS:
-            raise ValueError(f"budget_floor must be one of {', '.join(defaults.BUDGET_FLOORS)}, got {self.budget_floor!r}")
+            raise ValueError(f"budget_floor must be one of {', '.join(defaults.BUDGET_FLOORS)}, "
+                             f"got {self.budget_floor!r}")
         essay_only = [t for t in self.tasks if t in T.ESSAY_TASKS]
         if essay_only and self.haystack_file is None:
             raise ValueError(f"{', '.join(essay_only)} need RULER's essay haystack: give a haystack file (RULER's "
@@ -162,7 +164,8 @@ def task_options(cfg: CollectConfig) -> dict:
         entry = {"max_new_tokens": cfg.tokens_to_generate(task), "metric": T.metric_name(task)}
         if ruler:
             entry["ruler_haystack"] = ruler
-            entry["haystack"] = "essay" if (ruler == "essay" and cfg.haystack_file) else ("needle" if ruler == "needle" else "noise")
+            essay = ruler == "essay" and cfg.haystack_file
+            entry["haystack"] = "essay" if essay else ("needle" if ruler == "needle" else "noise")
             if entry["haystack"] == "essay":
                 entry["essay_sha256"] = file_sha256(cfg.haystack_file)
         qa_file = qa_file_for(task, cfg.qa_files)

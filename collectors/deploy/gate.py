@@ -121,7 +121,8 @@ def model_matches(gate: Gate, deployed: str) -> bool:
         base = os.path.basename(os.path.normpath(deployed))
         if base in recorded or any(base == r.rsplit("/", 1)[-1] for r in recorded if not r.endswith(".gguf")):
             return True
-        return any(r.endswith(".gguf") and os.path.isfile(os.path.join(deployed, os.path.basename(r))) for r in recorded)
+        return any(r.endswith(".gguf") and os.path.isfile(os.path.join(deployed, os.path.basename(r)))
+                   for r in recorded)
     return False
 
 
@@ -148,8 +149,8 @@ def check_deployment(gate: Gate | None, *, model_name: str | None, n_layers: int
     if gate is None:
         return
     if gate.model is not None and (model_name is None or not model_matches(gate, model_name)):
-        raise ValueError(f"gate: calibrated on model {gate.model!r}, deployed on {model_name!r}; D's distribution is per "
-                         f"model (App. A.3.4): if this is that model, pass model_name={gate.model!r}")
+        raise ValueError(f"gate: calibrated on model {gate.model!r}, deployed on {model_name!r}; D's distribution is "
+                         f"per model (App. A.3.4): if this is that model, pass model_name={gate.model!r}")
     gate.check(n_layers=n_layers)
 
 

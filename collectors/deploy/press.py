@@ -39,7 +39,8 @@ import functools
 from dataclasses import dataclass, field
 
 from collectors import capture, hf
-from collectors.deploy.gate import GateDecision, check_deployment, check_mode, gate_decision, resolve_gate, warn_short_prompt
+from collectors.deploy.gate import (GateDecision, check_deployment, check_mode, gate_decision, resolve_gate,
+                                    warn_short_prompt)
 from collectors.deploy.log import deployment_manifest, open_log
 from pagestats import defaults
 from pagestats.gatefile import Gate

@@ -12,7 +12,8 @@ Inputs are deterministic functions of ``(task, draw, input_id)`` and the tokeniz
 every random choice is derived from those three by SHA-256 (:func:`input_seed`).
 
 The prompt is the whole RULER input — instruction, context, question and answer prefix — in the chat
-template, in one of two prompt styles (:mod:`collectors.tasks.prompt`: the authors' ``page``, RULER's ``ruler``). Query-aware runs prefill all of it (as RULER runs; docs/COLLECTION.md); query-agnostic
+template, in one of two prompt styles (:mod:`collectors.tasks.prompt`: the authors' ``page``, RULER's
+``ruler``). Query-aware runs prefill all of it (as RULER runs; docs/COLLECTION.md); query-agnostic
 runs prefill the tokens before ``TaskInput.question_start`` (instruction and context), evict there, and
 append the rest (question, end of the chat turn, answer prefix) afterwards (:func:`split_prompt`).
 """
@@ -91,7 +92,8 @@ class DecodeLimitError(ValueError):
 
 __all__ = [
     "TaskInput", "make_input", "split_prompt", "score", "postprocess", "string_match_all", "string_match_part", "metric_name",
-    "TASK_NAMES", "ESSAY_TASKS", "TASK_TOKENS_TO_GENERATE", "PREAMBLE_MARGIN", "answer_tokens", "check_decode_budget", "DecodeLimitError",
+    "TASK_NAMES", "ESSAY_TASKS", "TASK_TOKENS_TO_GENERATE", "PREAMBLE_MARGIN", "answer_tokens", "check_decode_budget",
+    "DecodeLimitError",
     "has_chat_template", "render", "tokenize_prompt", "input_seed", "TOLERANCE",
 ]
 
