@@ -117,7 +117,7 @@ def risk_gate(logs, *, harm_bound: float, delta: float, budget: float, evictor: 
         ``left_out``: the model's inputs whose harm at b is not known (:func:`labelled_rows`), which
         the pilot is not drawn from.
     """
-    from pagestats.calibrate import _n_layers, _statistic, logs_sha256
+    from pagestats.calibrate import _model_source, _n_layers, _prompt_style, _statistic, logs_sha256
     from pagestats.replay.pilot import pilot_mask
 
     model, evictor, budget = _choices(logs, model, evictor, budget)
@@ -139,7 +139,8 @@ def risk_gate(logs, *, harm_bound: float, delta: float, budget: float, evictor: 
     }
     file_paths = files if files is not None else [f.path for f in logs.files]
     return Gate(tau=NEVER_OPENS if cert.tau is None else cert.tau, policy="risk", model=model,
-                n_layers=_n_layers(manifests), pilot=pilot, logs_sha256=logs_sha256(file_paths),
+                n_layers=_n_layers(manifests), pilot=pilot, logs_sha256=logs_sha256(file_paths), mode=logs.mode,
+                prompt_style=_prompt_style(manifests), model_source=_model_source(manifests),
                 created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **statistic)
 
 

@@ -56,7 +56,7 @@ def run_risk(args) -> int:
     from pagestats.risk import risk_gate
 
     try:
-        logs = load(args.logs)
+        logs = load(args.logs, mode=args.mode)
     except ExclusionError as err:
         print(exclusion_line(err), file=sys.stderr)
         return 2

@@ -43,6 +43,7 @@ def test_gate_file_recomputes(runs, tmp_path, capsys):
     gate = json.loads(out.read_text())
     p = gate["pilot"]
     assert gate["policy"] == "risk" and (p["harm_bound"], p["delta"], p["budget"], p["evictor"]) == (0.3, 0.1, 0.125, "snapkv")
+    assert gate["mode"] == "query-aware" and gate["prompt_style"] == "ruler"  # as calibrate's other policies record
     keys = pl.DataFrame(p["calibration_inputs"], schema=["run_id", "task", "input_id"], orient="row")
     assert keys.height == p["n"] == 60 and keys.unique().height == 60
     # labels read here from the synthetic frames, not through pagestats.risk
