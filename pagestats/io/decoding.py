@@ -150,7 +150,9 @@ def decode_profile(files, *, arms: bool = True) -> pl.DataFrame:
     texts of the decodes the limit may have cut only, those that stopped by ``length`` or for a reason a
     v1 log did not record (:data:`_MAY_BE_CUT`), and do not run when there is none. A decode that
     stopped at EOS or at a stop string was not cut by the limit, so at 1M inputs whose decodes end at
-    EOS no text is read (docs/PERFORMANCE.md, "The first calls on a new release").
+    EOS no text is read (docs/PERFORMANCE.md, "The first calls on a new release"). The full-KV rows
+    are kept in the user cache by the inputs files' sha256 (:func:`_kept_path`); a later call with
+    ``arms=False`` on the same files returns them without reading the files.
 
     Parameters
     ----------
