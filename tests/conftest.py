@@ -40,9 +40,15 @@ _SESSION_CACHE: list[str] = []
 
 
 def pytest_configure(config):
-    """Validation records of the whole session go to a temporary folder, never the user's cache."""
+    """Validation records of the whole session go to a temporary folder, never the user's cache. Under
+    xdist each worker's torch runs one thread: with two workers on two cores, OpenMP's spinning threads
+    of one worker starved the other's (the real-model collection fixture took 35 s alone and over 300 s
+    beside another worker, which killed that worker in a clean-clone `make test`)."""
     _SESSION_CACHE.append(tempfile.mkdtemp(prefix="pagestats-test-cache-"))
     os.environ["PAGESTATS_CACHE_DIR"] = _SESSION_CACHE[-1]
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ.setdefault(name, "1")
 
 
 #: Seconds a real-model test (marker ``slow``: the embedded SmolLM2 loaded from its GGUF) may take, setup
