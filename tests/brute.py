@@ -36,3 +36,17 @@ def brute_whatif(logs, policy, profile=ProfileSpec()):
             ])  # fmt: skip
         table.append((*cell, *np.mean(per_draw, axis=0)))
     return table
+
+
+def brute_ltt_tau(drops, harmed, harm_bound, delta):
+    """Learn then Test's fixed-sequence threshold by loops (issue 43): candidates from the highest D down;
+    reject while scipy's one-sided exact p-value of "harm > A" is at most δ; the last rejected τ, or None."""
+    from scipy.stats import binomtest
+
+    n, last = len(drops), None
+    for tau in sorted(set(drops), reverse=True):
+        x = sum(1 for d, h in zip(drops, harmed) if d >= tau and h)
+        if binomtest(x, n, harm_bound, alternative="less").pvalue > delta:
+            break
+        last = tau
+    return last

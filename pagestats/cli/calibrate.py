@@ -8,10 +8,8 @@ import sys
 
 from pagestats import defaults
 from pagestats.calibrate import ModelChoiceError, ThresholdCountError, calibrate
-from pagestats.cli.calibrate_risk import add_risk_options, risk_usage_problem, run_risk
-from pagestats.cli.logs import exclusion_line
+from pagestats.cli.calibrate_risk import add_risk_options, load_logs, risk_usage_problem, run_risk
 from pagestats.cli.options import MAX_PILOT, MAX_SEED, add_midpoint_tasks, add_mode, number, policy_from_args
-from pagestats.io import ExclusionError, LogError, load
 from pagestats.io.validation.problems import one_line
 from pagestats.replay.pilot import PILOT_SPLITS
 
@@ -66,14 +64,9 @@ def run(args) -> int:
     except ValueError as err:
         print(one_line(f"error: {err}"), file=sys.stderr)
         return 2
-    try:
-        logs = load(args.logs, mode=args.mode)
-    except ExclusionError as err:
-        print(exclusion_line(err), file=sys.stderr)
-        return 2
-    except LogError as err:
-        print(one_line(f"error: bad logs: {'; '.join(p.message for p in err.problems[:3])}"), file=sys.stderr)
-        return 1
+    logs = load_logs(args)
+    if isinstance(logs, int):
+        return logs
     try:
         gate = calibrate(logs, policy, model=args.model)
         gate.write(args.out)

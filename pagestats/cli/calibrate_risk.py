@@ -50,19 +50,27 @@ def risk_usage_problem(args) -> str | None:
     return None
 
 
-def run_risk(args) -> int:
-    """Exit 0 with the gate written (also when no τ is certified: the gate then never opens, said on
-    stderr), 1 on bad logs, 2 on bad usage."""
-    from pagestats.risk import risk_gate
-
+def load_logs(args):
+    """The logs of ``calibrate`` (its LOGS, of its ``--mode``), or the exit code after one line on stderr:
+    2 for an exclusion that matches nothing, 1 for bad logs."""
     try:
-        logs = load(args.logs, mode=args.mode)
+        return load(args.logs, mode=args.mode)
     except ExclusionError as err:
         print(exclusion_line(err), file=sys.stderr)
         return 2
     except LogError as err:
         print(one_line(f"error: bad logs: {'; '.join(p.message for p in err.problems[:3])}"), file=sys.stderr)
         return 1
+
+
+def run_risk(args) -> int:
+    """Exit 0 with the gate written (also when no τ is certified: the gate then never opens, said on
+    stderr), 1 on bad logs, 2 on bad usage."""
+    from pagestats.risk import risk_gate
+
+    logs = load_logs(args)
+    if isinstance(logs, int):
+        return logs
     try:
         gate = risk_gate(logs, harm_bound=args.alpha, delta=args.delta, budget=args.budget, evictor=args.evictor,
                          model=args.model, pilot_n=int(args.pilot_n or defaults.PILOT_N), seed=int(args.seed or 0))

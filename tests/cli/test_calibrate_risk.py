@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import polars as pl
 import pytest
-from scipy.stats import binomtest
 
 from pagestats.cli import main
 from pagestats.risk import NEVER_OPENS
 from pagestats.testing import synthetic_logs
+from brute import brute_ltt_tau
 
 
 @pytest.fixture(scope="module")
@@ -23,14 +22,6 @@ def runs(tmp_path_factory):
     return s, [str(p) for p in s.write(root)]
 
 
-def brute_tau(drops, harmed, a, delta):
-    n, last = len(drops), None
-    for tau in sorted(set(drops), reverse=True):
-        x = sum(1 for d, h in zip(drops, harmed) if d >= tau and h)
-        if binomtest(x, n, a, alternative="less").pvalue > delta:
-            break
-        last = tau
-    return last
 
 
 def test_gate_file_recomputes(runs, tmp_path, capsys):
@@ -51,7 +42,7 @@ def test_gate_file_recomputes(runs, tmp_path, capsys):
     rows = rows.join(s.outcomes.filter((pl.col("evictor") == "snapkv") & (pl.col("budget") == 0.125))
                      .select("run_id", "task", "input_id", "score"), on=["run_id", "task", "input_id"])
     harmed = (rows["score"] < rows["full_score"]).to_list()
-    tau = brute_tau(rows["drop"].to_list(), harmed, 0.3, 0.1)
+    tau = brute_ltt_tau(rows["drop"].to_list(), harmed, 0.3, 0.1)
     assert tau is not None and gate["tau"] == tau and p["certified"]
     x = sum(1 for d, h in zip(rows["drop"], harmed) if d >= tau and h)
     assert p["observed_harm"] == x / 60

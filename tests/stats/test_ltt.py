@@ -9,18 +9,9 @@ from scipy.stats import binomtest
 
 from pagestats import risk
 from pagestats.stats.ltt import fixed_sequence_threshold
+from brute import brute_ltt_tau
 
 
-def brute(drops, harmed, a, delta):
-    """The issue's recipe by loops: candidates from the highest D down, scipy's one-sided exact p-value."""
-    n = len(drops)
-    last = None
-    for tau in sorted(set(drops), reverse=True):
-        x = sum(1 for d, h in zip(drops, harmed) if d >= tau and h)
-        if binomtest(x, n, a, alternative="less").pvalue > delta:
-            break
-        last = tau
-    return last
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -31,7 +22,7 @@ def test_matches_the_brute_force(seed):
     harmed = rng.random(n) < np.clip(4 * drops, 0, 0.9)
     a, delta = float(rng.choice([0.05, 0.1, 0.2])), float(rng.choice([0.05, 0.1]))
     cert = fixed_sequence_threshold(drops, harmed, harm_bound=a, delta=delta)
-    assert cert.tau == brute(drops.tolist(), harmed.tolist(), a, delta)
+    assert cert.tau == brute_ltt_tau(drops.tolist(), harmed.tolist(), a, delta)
     if cert.tau is not None:
         x = int(np.sum((drops >= cert.tau) & harmed))
         assert (cert.n_harmed, cert.harm, cert.p_open) == (x, x / n, np.mean(drops >= cert.tau))
