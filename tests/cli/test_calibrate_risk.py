@@ -24,14 +24,18 @@ def runs(tmp_path_factory):
 
 
 
+def _calibrate_risk(paths, out, capsys, alpha: str, delta: str, pilot_n: str):
+    """``pagestats calibrate --policy risk`` at b = 1/8 for SnapKV: exit code, stderr and the gate file."""
+    rc = main(["calibrate", *paths, "--policy", "risk", "--alpha", alpha, "--delta", delta, "--budget", "0.125",
+               "--evictor", "snapkv", "--pilot-n", pilot_n, "--out", str(out)])
+    err = capsys.readouterr().err
+    return rc, err, json.loads(out.read_text()) if out.exists() else None
+
+
 def test_gate_file_recomputes(runs, tmp_path, capsys):
     s, paths = runs
-    out = tmp_path / "gate.json"
-    rc = main(["calibrate", *paths, "--policy", "risk", "--alpha", "0.3", "--delta", "0.1", "--budget", "0.125",
-               "--evictor", "snapkv", "--pilot-n", "60", "--out", str(out)])
-    err = capsys.readouterr().err
+    rc, err, gate = _calibrate_risk(paths, tmp_path / "gate.json", capsys, "0.3", "0.1", "60")
     assert rc == 0, err
-    gate = json.loads(out.read_text())
     p = gate["pilot"]
     assert gate["policy"] == "risk" and (p["harm_bound"], p["delta"], p["budget"], p["evictor"]) == (0.3, 0.1, 0.125, "snapkv")
     assert gate["mode"] == "query-aware" and gate["prompt_style"] == "ruler"  # as calibrate's other policies record
@@ -51,11 +55,7 @@ def test_gate_file_recomputes(runs, tmp_path, capsys):
 
 def test_nothing_certified_never_opens(runs, tmp_path, capsys):
     _, paths = runs
-    out = tmp_path / "gate.json"
-    rc = main(["calibrate", *paths, "--policy", "risk", "--alpha", "0.001", "--delta", "0.05", "--budget", "0.125",
-               "--evictor", "snapkv", "--pilot-n", "20", "--out", str(out)])
-    err = capsys.readouterr().err
-    gate = json.loads(out.read_text())
+    rc, err, gate = _calibrate_risk(paths, tmp_path / "gate.json", capsys, "0.001", "0.05", "20")
     assert rc == 0 and gate["tau"] == NEVER_OPENS and gate["pilot"]["certified"] is False
     assert "never opens" in err and "no τ certified" in err
 
