@@ -9,7 +9,7 @@ PY=${PY:-/work/main/.venv/bin/python}
 export PYTHONPATH="$TREE" PAGESTATS_CACHE_DIR="$OUT/.cache" MPLBACKEND=Agg
 cd "$TREE"
 ps() { "$PY" -m pagestats "$@"; }
-LOGS=$(ls -d data/smollm2-*/ controls/*/ 2>/dev/null || ls -d data/smollm2-*/ data/controls/*/)
+if [ -d controls ]; then LOGS=$(ls -d data/smollm2-*/ controls/*/); else LOGS=$(ls -d data/smollm2-*/ data/controls/*/); fi
 ps report $LOGS --out "$OUT/report" >"$OUT/report.stdout" 2>"$OUT/report.stderr"
 ps import page data/page-release/condensed/ --out "$OUT/release-runs" --source-commit df8ad09b9d5d6e2c0e70f2bceaf9fc5c55ec4845 --quiet
 ps report "$OUT"/release-runs/*/ --out "$OUT/report-release" >"$OUT/report-release.stdout" 2>"$OUT/report-release.stderr"
