@@ -1,7 +1,6 @@
 """The what-if table of ``pagestats whatif``: the gate replayed under any policy and profile
 spec, one row per (model, context_length, evictor, task, budget), computed by one DuckDB query
-over in-memory logs or a :class:`pagestats.io.LogDB` (out of core); and the per-cell ρ, p_open
-(:func:`rates_table`) and Δ bootstrap (:func:`delta_bootstrap_table`) computed the same way.
+over in-memory logs or a :class:`pagestats.io.LogDB` (out of core).
 
 Every query reads the relations of a :class:`pagestats.replay.Replay` (``inputs``,
 ``outcomes``, ``decisions``, ``held_out``; its docstring): :func:`replay_whatif` is the table of
@@ -18,11 +17,10 @@ from __future__ import annotations
 
 import re
 
-import numpy as np
 import polars as pl
 
 from pagestats import formulas
-from pagestats.columns import MATRIX_CELL, MODEL_CELL, TASK_CELL, WHATIF_CELL, key_codes, repeats_a_key
+from pagestats.columns import MATRIX_CELL, MODEL_CELL, WHATIF_CELL
 from pagestats.formulas import N_KEPT_GATED, SCORE_GATED
 from pagestats.replay import FixedTau, Policy, ProfileSpec, Replay
 from pagestats.schema import INPUT_KEY
@@ -348,128 +346,6 @@ def write_whatif(table: pl.DataFrame, path) -> str:
     else:
         table.write_json(path)
     return str(path)
-
-
-def _gated_rows(draw_columns: list[str], where: str = "TRUE") -> str:
-    """Gated-outcome rows with b < 1 (the columns the formulas read), as a DuckDB subquery."""
-    draw = "".join(f", d.{c}" for c in draw_columns)
-    return f"""
-        SELECT d.model, d.context_length, d.task_class, o.evictor, o.task, o.budget, o.run_id, o.input_id{draw},
-            d.full_score AS score_full, o.score AS score_plain, {SCORE_GATED} AS score_gated, gate_open
-        FROM outcomes o JOIN decisions d USING ({", ".join(INPUT_KEY)})
-        WHERE {formulas.evicted("o")} AND {where}"""
-
-
-def _by(by, draw_columns: list[str]) -> list[str]:
-    by = [by] if isinstance(by, str) else list(by)
-    bad = [c for c in by if c not in ("model", "context_length", "task_class", "evictor", "task", "run_id")]
-    if bad:
-        raise ValueError(f"cannot group by {bad}")
-    return [*by, *draw_columns]
-
-
-def rates_table(
-    logs,
-    policy: Policy = FixedTau(),
-    profile: ProfileSpec = ProfileSpec(),
-    by=TASK_CELL,
-    *,
-    confidence_level: float | None = None,
-) -> pl.DataFrame:
-    """ρ of the plain and gated arms (Eq. 1) and p_open per cell, computed in DuckDB.
-
-    The out-of-core counterpart of :func:`pagestats.metrics.recovery_rate` (plain and gated)
-    and :func:`pagestats.metrics.p_open` on the gated outcomes: the same formulas
-    (:func:`pagestats.formulas.recovered`, :data:`~pagestats.formulas.OPEN_COUNT`) over the
-    same units, with Wilson intervals (:func:`pagestats.stats.wilson`) on the counts.
-
-    Returns
-    -------
-    polars.DataFrame
-        ``by`` columns (plus ``pair_draw`` with head-pair draws), ``metric`` (``rho_plain``,
-        ``rho_gated``, ``p_open``), ``k``, ``n``, ``estimate``, ``low``, ``high``; sorted.
-        ρ counts units (input × evictor), p_open counts inputs once per group.
-    """
-    from pagestats import defaults, stats
-
-    level = defaults.CONFIDENCE_LEVEL if confidence_level is None else confidence_level
-    with Replay(logs, policy, profile) as session:
-        con, draw_columns = session.con, session.decide()
-        by = _by(by, draw_columns)
-        g = ", ".join(by)
-        unit = ", ".join(dict.fromkeys([*by, *INPUT_KEY, *draw_columns, "evictor"]))
-        query = f"""
-            WITH units AS (
-                SELECT {unit}, {formulas.recovered("score_plain")} AS rec_plain,
-                    {formulas.recovered("score_gated")} AS rec_gated, any_value(gate_open) AS gate_open
-                FROM ({_gated_rows(draw_columns)}) GROUP BY {unit}
-            ), inputs AS (SELECT DISTINCT {", ".join(dict.fromkeys([*by, *INPUT_KEY, *draw_columns]))}, gate_open FROM units)
-            SELECT {g}, 'rho_plain' AS metric, {formulas.known_count("rec_plain")} AS k, count(*) AS n FROM units GROUP BY {g}
-            UNION ALL
-            SELECT {g}, 'rho_gated', {formulas.known_count("rec_gated")}, count(*) FROM units GROUP BY {g}
-            UNION ALL
-            SELECT {g}, 'p_open', {formulas.OPEN_COUNT}, count(*) FROM inputs GROUP BY {g}
-            ORDER BY {g}, metric"""
-        out = con.sql(query).pl().with_columns(pl.col("k").cast(pl.Int64), pl.col("n").cast(pl.Int64))
-    iv = stats.wilson(out["k"].to_numpy(), out["n"].to_numpy(), level) if out.height else None
-    return out.with_columns(
-        *(pl.Series(c, np.atleast_1d(getattr(iv, c)) if iv else [], dtype=pl.Float64)
-          for c in ("estimate", "low", "high")),
-    )  # fmt: skip
-
-
-def delta_bootstrap_table(
-    logs,
-    policy: Policy = FixedTau(),
-    profile: ProfileSpec = ProfileSpec(),
-    by=MATRIX_CELL,
-    *,
-    rng: np.random.Generator,
-    n_boot: int | None = None,
-    confidence_level: float | None = None,
-    q: float | None = None,
-    shared_inputs: bool = False,
-) -> pl.DataFrame:
-    """:func:`pagestats.metrics.delta_bootstrap` of the gated outcomes, with the paired
-    differences computed in DuckDB: only one (n_inputs × n_budgets) matrix per cell reaches
-    NumPy, in the same row order, so the intervals are bit-identical for the same ``rng``.
-
-    Returns
-    -------
-    polars.DataFrame
-        As :func:`pagestats.metrics.delta_bootstrap`.
-    """
-    from pagestats import defaults
-    from pagestats.metrics.delta import bootstrap_table  # NumPy and SciPy: only for the bootstrap
-
-    with Replay(logs, policy, profile) as session:
-        con, draw_columns = session.con, session.decide()
-        by = _by(by, draw_columns)
-        unit = [*INPUT_KEY, *draw_columns, "evictor"]
-        rows = _gated_rows(draw_columns, " AND ".join(f"{c} IS NOT DISTINCT FROM ${c}" for c in by) or "TRUE")
-        cells = con.sql(f"SELECT DISTINCT {', '.join(by)} FROM ({_gated_rows(draw_columns)}) ORDER BY ALL").pl()
-        keys, matrices, inputs = [], [], []
-        for i in range(cells.height):
-            cell = cells.slice(i, 1)
-            params = cell.row(0, named=True)
-            part = con.sql(
-                f"SELECT {', '.join(unit)}, budget, {formulas.PAIRED_DIFFERENCE} AS _d FROM ({rows}) "
-                f"ORDER BY {', '.join(dict.fromkeys([*by, *unit]))}, budget", params=params
-            ).pl()
-            n_units = key_codes(part, unit).n_unique()
-            n_budgets = part["budget"].n_unique()
-            if part.height != n_units * n_budgets or repeats_a_key(part, [*unit, "budget"]):
-                raise ValueError(f"delta_bootstrap: cell {params} has units with different budget sets")
-            keys.append(cell)
-            matrices.append(part["_d"].to_numpy().reshape(n_units, n_budgets))
-            if shared_inputs:
-                inputs.append(part.select(*INPUT_KEY, *draw_columns).unique(maintain_order=True))
-    return bootstrap_table(
-        keys, matrices, inputs, dict(cells.schema), rng=rng,
-        n_boot=defaults.N_BOOTSTRAP if n_boot is None else n_boot,
-        confidence_level=defaults.CONFIDENCE_LEVEL if confidence_level is None else confidence_level,
-        q=defaults.FDR_Q if q is None else q, shared_inputs=shared_inputs,
-    )  # fmt: skip
 
 
 def describe_profile(profile: ProfileSpec) -> str:

@@ -196,7 +196,7 @@ def delta_bootstrap(
 
 def bootstrap_table(keys, cells, inputs, by_schema, *, rng, n_boot, confidence_level, q, shared_inputs):
     """The bootstrap, BH and result frame of :func:`delta_bootstrap` from its per-cell matrices
-    (also fed by :func:`pagestats.whatif.delta_bootstrap_table`, which reads them from DuckDB).
+    (one (n_inputs × n_budgets) matrix per cell).
 
     Parameters
     ----------

@@ -178,46 +178,6 @@ def test_index_validates_run_by_run(tmp_path):
     assert any(f"{path}:row 1: score outside [0, 1]" in str(p) for p in err.value.problems)
 
 
-@pytest.mark.parametrize("policy,profile", [(FixedTau(0.03), ProfileSpec()), (ZScored(pilot_n=6), ProfileSpec()),
-                                            (FixedTau(0.03), ProfileSpec(pairs_fraction=0.5, pair_draws=2))])
-def test_rates_table_equals_metrics(written, policy, profile):
-    from pagestats import metrics
-    from pagestats.replay import gated_outcomes
-    from pagestats.whatif import rates_table
-
-    _, logs, db = written
-    gated = gated_outcomes(logs, policy, profile)
-    by = ["model", "context_length", "evictor", *(["pair_draw"] if profile.pairs_fraction else [])]
-    for source in (logs, db):
-        got = rates_table(source, policy, profile, by=by[:3])
-        for metric, ref in (("rho_plain", metrics.recovery_rate(gated, by, "plain")),
-                            ("rho_gated", metrics.recovery_rate(gated, by, "gated")),
-                            ("p_open", metrics.p_open(gated, by))):
-            part = got.filter(pl.col("metric") == metric).drop("metric")
-            ref = ref.rename({ref.columns[len(by) + 2]: "estimate"}).select(*by, "k", "n", "estimate", "low", "high")
-            assert_frame_equal(part, ref.sort(by), check_dtypes=False)
-
-
-def test_delta_bootstrap_table_bit_identical(written):
-    from pagestats import metrics
-    from pagestats.replay import gated_outcomes
-    from pagestats.whatif import delta_bootstrap_table
-
-    _, logs, db = written
-    policy, by = ZScored(pilot_n=6), ("model", "context_length", "evictor")
-    ref = metrics.delta_bootstrap(gated_outcomes(logs, policy), by, rng=np.random.default_rng(7), n_boot=500)
-    assert ref.height == 4
-    for source in (logs, db):
-        got = delta_bootstrap_table(source, policy, by=by, rng=np.random.default_rng(7), n_boot=500)
-        assert_frame_equal(got, ref, check_dtypes=False)  # exact: same matrices, same draws
-    # the two evictor cells hold the same inputs: resampled jointly
-    shared = delta_bootstrap_table(db, policy, by=("evictor",), rng=np.random.default_rng(7), n_boot=500,
-                                   shared_inputs=True)
-    assert_frame_equal(shared, metrics.delta_bootstrap(gated_outcomes(logs, policy), ("evictor",),
-                                                       rng=np.random.default_rng(7), n_boot=500, shared_inputs=True),
-                       check_dtypes=False)
-
-
 def test_validate_paths_run_by_run_finds_the_same_problems(tmp_path):
     from pagestats.io import validate_paths
     from pagestats.io.load import _load
