@@ -34,7 +34,6 @@ from pagestats.replay.gate import (
 )
 from pagestats.replay.pilot import PILOT_SPLITS, pilot_mask
 from pagestats.replay.policies import (
-    POLICY_TYPES,
     RECALIBRATE_MODES,
     CustomPolicy,
     FixedTau,
@@ -62,7 +61,6 @@ __all__ = [
     "LAYER_SUBSETS",
     "PILOT_COLUMNS",
     "PILOT_SPLITS",
-    "POLICY_TYPES",
     "RECALIBRATE_MODES",
     "STATISTICS",
     "TAU_CURVE_COLUMNS",

@@ -1,11 +1,12 @@
-"""A pilot's threshold, set in SQL: the pilot moments, τ per group, and τ joined back to every
-row (the ``calibrate`` methods of :mod:`pagestats.replay.policies` are written with these).
+"""The policy contract and a pilot's threshold, set in SQL: :class:`Policy` (one
+``calibrate(con, source)``), the pilot moments, τ per group, and τ joined back to every row.
 
-A policy's ``calibrate(con, source)`` draws its pilot (:mod:`pagestats.replay.pilot`) and
-stores the pilot inputs and τ per group on ``con`` (:func:`store_calibration`: the tables
-``_pilot_units`` and ``_pilot_tau``); :func:`decision_query` then gives every row of ``source``
-its τ and pilot membership. :func:`decide_on_frame` runs that on a polars frame (the
-policies' ``decide``); :mod:`pagestats.replay.sql` runs it on the logs.
+A policy's ``calibrate(con, source)`` gives every row of the relation ``source`` its ``tau``,
+``in_pilot`` and ``gate_open``, as SQL. A policy with a pilot draws it first
+(:mod:`pagestats.replay.pilot`) and stores the pilot inputs and τ per group on ``con``
+(:func:`store_calibration`: the tables ``_pilot_units`` and ``_pilot_tau``), which
+:func:`decision_query` joins back to every row; :meth:`Policy.record` reads what set τ there (the gate
+file records it, :mod:`pagestats.calibrate`). :func:`calibration` runs it on a polars frame.
 
 References
 ----------
@@ -14,12 +15,90 @@ PAGE paper, §3 "Calibration"; App. A.3.4 (z-scored variant: μ, σ with ddof = 
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
 import polars as pl
 
 from pagestats.formulas import GATE_RULE
+from pagestats.registry import short_name
 from pagestats.replay.pilot import frame_query, pilot_query, refuse_small_groups
-from pagestats.replay.sqltext import draw_columns, group_columns, join_on, quoted
+from pagestats.replay.sqltext import draw_columns, group_columns, join_on, quoted, relation_columns
 from pagestats.schema import INPUT_KEY
+
+
+class Policy(ABC):
+    """How τ is chosen (§3 "Calibration"); the gate opens iff D ≥ τ (Eq. 2).
+
+    A subclass writes :meth:`calibrate` and :attr:`name`, and says what it needs in class
+    attributes, so that no caller asks which policy it has.
+    """
+
+    #: What the policy needs besides D (Table 8), and where the report applies it.
+    labels: ClassVar[str] = ""
+    used_in: ClassVar[str] = ""
+    #: Whether τ is set on a calibration pilot (its inputs are reported: ``whatif``'s pilot lines).
+    has_pilot: ClassVar[bool] = False
+    #: Columns the policy reads beyond the per-input scalars (``drop``, ``task_class``, ...):
+    #: ``reference_drop`` (the logged D), ``agreement`` (the a_ℓ list), ``harmed`` (a harm label).
+    reads: ClassVar[tuple[str, ...]] = ()
+    #: Whether each head-pair draw is decided on its own (τ set per draw), so draws may be decided apart.
+    per_draw: ClassVar[bool] = True
+
+    @property
+    @abstractmethod
+    def name(self) -> str:
+        """The policy and its parameters, in one line."""
+
+    @property
+    def short(self) -> str | None:
+        """The short name of :data:`pagestats.registry.POLICIES` (``--policy``, gate.json), or None."""
+        return short_name(type(self))
+
+    @property
+    def held_out(self) -> bool:
+        """Whether the pilot inputs are left out of every evaluated number."""
+        return False
+
+    @property
+    def fixed_tau(self) -> float | None:
+        """τ when it is one number set before any input is read, else None."""
+        return None
+
+    @abstractmethod
+    def calibrate(self, con, source: str) -> str:
+        """SQL of every row of the relation ``source`` on the DuckDB connection ``con`` with
+        ``tau`` (DOUBLE, null without a threshold), ``in_pilot`` and ``gate_open`` added; what it
+        needs (a pilot, τ per group) is made on ``con`` first. A refused calibration raises ``ValueError``."""
+
+    def record(self, con) -> list[tuple[dict, dict]]:
+        """After :meth:`calibrate` on ``con``: per calibration group, its columns and what set its τ,
+        in the gate file's words (``pilot`` of :class:`pagestats.gatefile.Gate`); none by default."""
+        return []
+
+    def recalibrated(self, mode: str, **pilot) -> Policy:
+        """The policy whose τ is re-derived on a changed statistic (App. A.3.1,
+        :func:`pagestats.replay.policies.recalibrate`); only a fixed τ can be."""
+        raise ValueError(f"recalibrating ({mode}) applies to a fixed τ; {self.name} "
+                         "already derives its threshold from the statistic it gates on")
+
+    def decide(self, frame: pl.DataFrame) -> pl.DataFrame:
+        """``frame`` with ``in_pilot``, ``tau`` and ``gate_open`` added, row order kept (:func:`calibration`)."""
+        return calibration(self, frame)[0]
+
+
+def calibration(policy: Policy, frame: pl.DataFrame) -> tuple[pl.DataFrame, list[tuple[dict, dict]]]:
+    """``policy.calibrate`` run by DuckDB on ``frame``: the frame with ``in_pilot``, ``tau`` and
+    ``gate_open`` added (row order kept), and :meth:`Policy.record` of the same calibration."""
+    recorded = []
+
+    def query(con, source):
+        decided = policy.calibrate(con, source)
+        recorded.extend(policy.record(con))
+        return f"SELECT in_pilot, tau, gate_open FROM ({decided}) ORDER BY _row"
+
+    decided = frame_query(frame, query, lists=policy.reads)
+    return frame.with_columns(decided["in_pilot"], decided["tau"].cast(pl.Float64), decided["gate_open"]), recorded
 
 
 def pilot_moments(source: str, pilot: str, by, groups, columns: dict[str, str]) -> str:
@@ -52,25 +131,12 @@ def refuse_one_input_pilots(con) -> None:
 
 def decision_query(source: str, groups, pilot_on) -> str:
     """Every row of ``source`` with the threshold ``tau`` of its group (``groups`` columns of
-    ``_pilot_tau``) and ``in_pilot``: whether its input is a pilot input (``pilot_on`` columns of
-    ``_pilot_units``), after a policy's ``calibrate``."""
-    return (f"SELECT s.*, t.tau, p._in IS NOT NULL AS in_pilot FROM {source} s "
+    ``_pilot_tau``), ``in_pilot`` (its input is a pilot input: ``pilot_on`` columns of
+    ``_pilot_units``) and ``gate_open`` (:data:`GATE_RULE`): what :meth:`Policy.calibrate` returns."""
+    return (f"SELECT *, {GATE_RULE} AS gate_open FROM (SELECT s.*, t.tau, p._in IS NOT NULL AS in_pilot FROM {source} s "
             f"LEFT JOIN _pilot_tau t ON {join_on(groups, 's', 't')} "
             f"LEFT JOIN (SELECT DISTINCT {quoted(pilot_on)}, true AS _in FROM _pilot_units) p "
-            f"ON {join_on(pilot_on, 's', 'p')}")
-
-
-def decide_on_frame(policy, frame: pl.DataFrame) -> pl.DataFrame:
-    """``frame`` with ``in_pilot``, ``tau`` and ``gate_open`` (:data:`GATE_RULE`) added, row order
-    kept: ``policy.calibrate`` and :func:`decision_query` run by DuckDB on ``frame``."""
-
-    def query(con, source):
-        groups, pilot_on = policy.calibrate(con, source)
-        return f"SELECT in_pilot, tau FROM ({decision_query(source, groups, pilot_on)}) ORDER BY _row"
-
-    decided = frame_query(frame, query)
-    out = frame.with_columns(decided["in_pilot"], decided["tau"].cast(pl.Float64))
-    return out.with_columns(pl.sql_expr(GATE_RULE).alias("gate_open"))
+            f"ON {join_on(pilot_on, 's', 'p')})")
 
 
 def standardised(policy, con, source: str, columns, moments: dict[str, str], tau_sql: str):
@@ -78,7 +144,7 @@ def standardised(policy, con, source: str, columns, moments: dict[str, str], tau
     :class:`~pagestats.replay.policies.RecalibratedTau`: the pilot of ``policy``
     (``pilot_by``, ``pilot_n``, ``pilot_split``, ``seed``; small groups refused), the pilot moments of
     ``moments`` (prefix → column) per pilot group and head-pair draw, and τ = ``tau_sql`` over
-    them; returns what :meth:`~pagestats.replay.policies.ZScored.calibrate` returns."""
+    them; returns what :meth:`Policy.calibrate` returns."""
     by = group_columns(columns, policy.pilot_by, f"{type(policy).__name__}.pilot_by")
     groups = [*by, *draw_columns(columns)]
     refuse_small_groups(con, source, by, policy.pilot_n, policy.pilot_split)
@@ -86,4 +152,15 @@ def standardised(policy, con, source: str, columns, moments: dict[str, str], tau
     store_calibration(con, source, pilot_query(source, by, policy.pilot_n, policy.pilot_split, policy.seed),
                       f"SELECT *, {tau_sql} AS tau FROM ({stats})")
     refuse_one_input_pilots(con)
-    return groups, [*by, *INPUT_KEY]
+    return decision_query(source, groups, [*by, *INPUT_KEY])
+
+
+def stored_groups(con, group_by, fields: dict[str, str]) -> list[tuple[dict, dict]]:
+    """The rows of ``_pilot_tau`` on ``con`` (:meth:`Policy.record`): per group, its ``group_by`` columns
+    (with ``pair_draw`` when it has head-pair draws) and ``fields`` (name → column of ``_pilot_tau``)."""
+    groups = [*group_by, *draw_columns(relation_columns(con, "_pilot_tau"))]
+    cols = ", ".join([*(f'"{c}"' for c in groups), *(f'"{c}" AS "{n}"' for n, c in fields.items())])
+    out = []
+    for row in con.sql(f"SELECT {cols} FROM _pilot_tau ORDER BY ALL").fetchall():
+        out.append((dict(zip(groups, row[:len(groups)])), dict(zip(fields, row[len(groups):]))))
+    return out

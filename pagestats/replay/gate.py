@@ -20,7 +20,7 @@ import polars as pl
 
 from pagestats.columns import input_key, sorting_order, with_task_class
 from pagestats.formulas import N_KEPT_GATED, SCORE_GATED
-from pagestats.replay.policies import POLICY_TYPES, CustomPolicy, FixedTau, Policy
+from pagestats.replay.policies import FixedTau, Policy
 from pagestats.replay.spec import ProfileSpec, _require, profile_drop, profile_drop_by_draw
 from pagestats.schema import INPUT_KEY
 
@@ -57,11 +57,11 @@ def _decision_frame(logs, profile: ProfileSpec, policy: Policy, prof: pl.DataFra
                     meta: pl.DataFrame | None = None) -> pl.DataFrame:
     """The frame ``policy.decide`` reads: D per input (and head-pair draw; ``prof``, default
     :func:`profile_drop`) with the input's columns (``meta``, default :func:`_input_meta`); the
-    stored a_ℓ list only for a :class:`~pagestats.replay.policies.CustomPolicy` (the only policy
-    that reads it; with head-pair draws it would be repeated on every draw)."""
+    stored a_ℓ list only for a policy that reads it (a :class:`~pagestats.replay.policies.CustomPolicy`;
+    with head-pair draws it would be repeated on every draw)."""
     prof = profile_drop(logs, profile) if prof is None else prof
     meta = _input_meta(logs) if meta is None else meta
-    if not isinstance(policy, CustomPolicy):
+    if "agreement" not in policy.reads:
         meta = meta.drop("agreement")
     return prof.join(meta, on=INPUT_KEY, how="left", maintain_order="left")
 
@@ -69,27 +69,27 @@ def _decision_frame(logs, profile: ProfileSpec, policy: Policy, prof: pl.DataFra
 def _decide(logs, policy: Policy, profile: ProfileSpec, prof: pl.DataFrame | None = None,
             meta: pl.DataFrame | None = None) -> pl.DataFrame:
     """Every input's decision, pilot inputs included (column ``in_pilot`` when the policy has one)."""
-    if not hasattr(policy, "decide"):
-        raise TypeError(f"policy must be one of {[t.__name__ for t in POLICY_TYPES]}, got {policy!r}")
+    if not isinstance(policy, Policy):
+        raise TypeError(f"policy must be one of pagestats.replay's policies (a Policy), got {policy!r}")
     frame = _decision_frame(logs, profile, policy, prof, meta)
     decided = policy.decide(frame)
     if decided.height != frame.height or "gate_open" not in decided.columns or "tau" not in decided.columns:
         raise ValueError(f"policy {policy!r} must return the frame with tau and gate_open added")
     decided = decided.with_columns(pl.col("tau").cast(pl.Float64), pl.col("gate_open").cast(pl.Boolean))
     if decided["gate_open"].null_count():
-        raise ValueError(f"policy {getattr(policy, 'name', policy)!r} left gate_open undecided for some inputs")
+        raise ValueError(f"policy {policy.name!r} left gate_open undecided for some inputs")
     return decided
 
 
 def _evaluated(decided: pl.DataFrame, policy: Policy) -> pl.DataFrame:
     """The decisions that are evaluated: all of them, less a held-out pilot."""
-    if getattr(policy, "held_out", False) and "in_pilot" in decided.columns:
+    if policy.held_out:
         return decided.filter(~pl.col("in_pilot"))
     return decided
 
 
 def _with_held_out(decided: pl.DataFrame, policy: Policy) -> pl.DataFrame:
-    held = pl.col("in_pilot") if getattr(policy, "held_out", False) and "in_pilot" in decided.columns else pl.lit(False)
+    held = pl.col("in_pilot") if policy.held_out else pl.lit(False)
     out = decided.with_columns(held.alias("held_out"))
     return out.select([*(c for c in GATE_COLUMNS if c in out.columns), "held_out"])
 
@@ -134,11 +134,11 @@ def gate_by_draw(logs, policy: Policy = FixedTau(), profile: ProfileSpec = Profi
     A policy's pilot is the same inputs in every draw and its τ is set per draw (the draw is
     one of its calibration groups), so draws can be decided apart: they are decided in blocks
     of about :data:`DRAW_BLOCK_ROWS` rows, and only one block's rows are held (Table 9 holds
-    20 draws of every input otherwise). A :class:`~pagestats.replay.policies.CustomPolicy`
-    may pool draws, so it is refused here.
+    20 draws of every input otherwise). A policy that may pool draws (not ``per_draw``: a
+    :class:`~pagestats.replay.policies.CustomPolicy`) is refused here.
     """
-    if isinstance(policy, CustomPolicy) and profile.has_draws:
-        raise TypeError("gate_by_draw: a CustomPolicy may pool head-pair draws; use gate()")
+    if not policy.per_draw and profile.has_draws:
+        raise TypeError(f"gate_by_draw: {policy.name} may pool head-pair draws; use gate()")
     meta = _input_meta(logs)
     per_block = max(1, DRAW_BLOCK_ROWS // max(1, meta.height))
     block: list[pl.DataFrame] = []

@@ -116,10 +116,11 @@ def refuse_small_groups(con, source: str, by, n: int, split: str) -> None:
                          + (" and a held-out pilot must leave one to evaluate" if split == "held-out" else ""))
 
 
-def frame_query(frame: pl.DataFrame, query, *, con=None) -> pl.DataFrame:
+def frame_query(frame: pl.DataFrame, query, *, con=None, lists=()) -> pl.DataFrame:
     """Run ``query(con, source)`` (a function returning SQL over the relation ``source``) on the
-    scalar columns of ``frame`` registered in DuckDB, with ``_row`` (the row index) added."""
-    scalar = [c for c, t in frame.schema.items() if not t.is_nested()]
+    scalar columns of ``frame`` (and those of ``lists`` it has) registered in DuckDB, with ``_row``
+    (the row index) added."""
+    scalar = [c for c, t in frame.schema.items() if not t.is_nested() or c in lists]
     own = con is None
     con = duck.connect(threads=1, memory_limit=duck.IN_MEMORY_REPLAY_LIMIT) if own else con  # one thread: bit-identical reruns
     try:

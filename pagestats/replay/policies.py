@@ -15,15 +15,10 @@ also ``agreement`` (the stored a_ℓ list, for a rule that reads the whole profi
 policies read D only, and their frame leaves the list out, which head-pair draws would repeat
 on every draw).
 
-The policies that calibrate τ on a pilot (:data:`PILOT_POLICIES`: :class:`ZScored`,
-:class:`RecalibratedTau`, :class:`Midpoint`) are written once, as DuckDB SQL:
-:func:`pagestats.replay.pilot.pilot_query` draws the pilot, their ``calibrate`` method sets τ
-per group, :func:`pagestats.replay.calibration.decision_query` joins it back to every row.
-``decide(frame)`` runs that SQL on the frame registered in DuckDB, and
-:mod:`pagestats.replay.sql` runs it on the logs, so the two paths share one definition. The
-pilot hash (:func:`pagestats.replay.pilot.pilot_hash`) is Python, called by DuckDB as a
-vectorised function. Every policy but :class:`CustomPolicy` (Python code) is
-:data:`SQL_POLICIES`: :class:`pagestats.replay.Replay` decides those in DuckDB.
+Every policy is a :class:`~pagestats.replay.calibration.Policy`: one ``calibrate(con, source)``
+gives every row of a DuckDB relation its τ and decision in SQL, so the replay on the logs
+(:mod:`pagestats.replay.sql`) and ``decide(frame)`` on a polars frame share one definition. The
+registered ones are found by short name in :data:`pagestats.registry.POLICIES`.
 
 References
 ----------
@@ -43,7 +38,7 @@ import polars as pl
 from pagestats import defaults
 from pagestats.columns import names_like, with_task_class
 from pagestats.formulas import GATE_RULE
-from pagestats.replay.calibration import decide_on_frame, standardised, store_calibration
+from pagestats.replay.calibration import Policy, decision_query, standardised, store_calibration, stored_groups
 from pagestats.replay.pilot import frame_query, pilot_query
 from pagestats.replay.sqltext import (
     draw_columns,
@@ -57,16 +52,10 @@ from pagestats.replay.sqltext import (
 from pagestats.schema import INPUT_KEY
 
 
-def _with_tau(frame: pl.DataFrame, tau: float) -> pl.DataFrame:
-    out = frame.with_columns(pl.lit(float(tau)).cast(pl.Float64).alias("tau"))
-    return out.with_columns(pl.sql_expr(GATE_RULE).alias("gate_open"))
-
-
 @dataclass(frozen=True)
-class FixedTau:
+class FixedTau(Policy):
     """One global threshold: open iff D ≥ τ (§3 "Calibration"; τ = 0.07, Table 8)."""
 
-    #: What the policy needs besides D (Table 8), and where the report applies it.
     labels: ClassVar[str] = "none: τ is a constant"
     used_in: ClassVar[str] = "every table and figure (the report's policy by default)"
 
@@ -76,14 +65,33 @@ class FixedTau:
     def name(self) -> str:
         return f"fixed(tau={self.tau!r})"
 
-    def decide(self, frame: pl.DataFrame) -> pl.DataFrame:
-        if not isinstance(self.tau, (int, float)) or np.isnan(self.tau):
+    @property
+    def fixed_tau(self) -> float:
+        return self._checked()
+
+    def _checked(self) -> float:
+        if isinstance(self.tau, bool) or not isinstance(self.tau, (int, float)) or np.isnan(self.tau):
             raise ValueError(f"FixedTau.tau must be a number, got {self.tau!r}")
-        return _with_tau(frame, self.tau)
+        return self.tau
+
+    def calibrate(self, con, source: str) -> str:
+        tau = sql_float(self._checked())
+        return f"SELECT *, false AS in_pilot, {GATE_RULE} AS gate_open FROM (SELECT *, {tau} AS tau FROM {source})"
+
+    def decide(self, frame: pl.DataFrame) -> pl.DataFrame:
+        """:meth:`calibrate`'s decision by polars (the same rule, no DuckDB round trip: the report
+        gates every table at a fixed τ)."""
+        out = frame.with_columns(pl.lit(False).alias("in_pilot"), pl.lit(float(self._checked())).alias("tau"))
+        return out.with_columns(pl.sql_expr(GATE_RULE).alias("gate_open"))
+
+    def recalibrated(self, mode: str, **pilot) -> Policy:
+        if mode == "z":
+            return RecalibratedTau(tau=self.tau, **pilot)
+        return Midpoint()
 
 
 @dataclass(frozen=True)
-class ZScored:
+class ZScored(Policy):
     """Per-model standardised threshold τ_M = μ_M + θ_z σ_M (App. A.3.4, "Architecture-normalized
     variant": z(x) = (D(x) − μ_M)/σ_M ≥ θ_z, θ_z = −0.69).
 
@@ -117,6 +125,7 @@ class ZScored:
 
     labels: ClassVar[str] = "none: an unlabeled pilot of each model's inputs gives μ_M and σ_M"
     used_in: ClassVar[str] = "Table N1 (pilot sensitivity); whatif --policy z"
+    has_pilot: ClassVar[bool] = True
 
     theta_z: float = defaults.THETA_Z
     pilot_n: int = defaults.PILOT_N
@@ -132,19 +141,19 @@ class ZScored:
     def held_out(self) -> bool:
         return self.pilot_split == "held-out"
 
-    def calibrate(self, con, source: str) -> tuple[list[str], list[str]]:
-        """Draw the pilot of the relation ``source`` on the DuckDB connection ``con`` and set
-        τ = μ + θ_z σ per pilot group and head-pair draw (``_pilot_units``, ``_pilot_tau``);
-        return the columns that join τ and pilot membership back to a row (:func:`decision_query`)."""
+    def calibrate(self, con, source: str) -> str:
+        """Draw the pilot and set τ = μ + θ_z σ per pilot group and head-pair draw."""
         return standardised(self, con, source, relation_columns(con, source), {"_z": "drop"},
                              f"_z_mu + {sql_float(self.theta_z)} * _z_sigma")
 
-    def decide(self, frame: pl.DataFrame) -> pl.DataFrame:
-        return decide_on_frame(self, frame)
+    def record(self, con) -> list[tuple[dict, dict]]:
+        """μ and σ as they set τ (τ = μ + θ σ in doubles, as DuckDB added them), and the pilot."""
+        return [(group, {**moments, "theta": float(self.theta_z), "split": self.pilot_split, "seed": int(self.seed)})
+                for group, moments in stored_groups(con, self.pilot_by, {"mu": "_z_mu", "sigma": "_z_sigma", "n": "_n"})]
 
 
 @dataclass(frozen=True)
-class RecalibratedTau:
+class RecalibratedTau(Policy):
     """A fixed threshold carried onto a changed statistic by standardisation (App. A.3.1:
     "any sweep of a parameter that rescales D must recalibrate τ alongside it").
 
@@ -163,6 +172,8 @@ class RecalibratedTau:
 
     labels: ClassVar[str] = "none: τ keeps its z-position in an unlabeled pilot of the reference D"
     used_in: ClassVar[str] = "whatif --recalibrate; the k, layer and head-pair sweeps (Tables 9, 10, App. A.3.1)"
+    has_pilot: ClassVar[bool] = True
+    reads: ClassVar[tuple[str, ...]] = ("reference_drop",)
 
     tau: float = defaults.TAU
     pilot_n: int = defaults.PILOT_N
@@ -178,7 +189,7 @@ class RecalibratedTau:
     def held_out(self) -> bool:
         return self.pilot_split == "held-out"
 
-    def calibrate(self, con, source: str) -> tuple[list[str], list[str]]:
+    def calibrate(self, con, source: str) -> str:
         """As :meth:`ZScored.calibrate`, with τ' = μ' + θ σ', θ = (τ − μ_ref)/σ_ref per pilot group
         and head-pair draw (``reference_drop`` is the reference D, ``drop`` the changed one)."""
         columns = relation_columns(con, source)
@@ -188,12 +199,9 @@ class RecalibratedTau:
         return standardised(self, con, source, columns, {"_r": "reference_drop", "_c": "drop"},
                              f"_c_mu + {theta} * _c_sigma")
 
-    def decide(self, frame: pl.DataFrame) -> pl.DataFrame:
-        return decide_on_frame(self, frame)
-
 
 @dataclass(frozen=True)
-class Midpoint:
+class Midpoint(Policy):
     """The 40-input recipe, Eq. 5: τ = (D̄_C + D̄_D)/2 per calibration group (App. A.3.4).
 
     Parameters
@@ -224,6 +232,7 @@ class Midpoint:
     labels: ClassVar[str] = ("task labels of the pilot (20 inputs of a known capacity-bound task, 20 of a "
                              "dilution-prone one); no accuracy labels")
     used_in: ClassVar[str] = "Tables 7 and 20; whatif --policy midpoint"
+    has_pilot: ClassVar[bool] = True
 
     n: int = defaults.MIDPOINT_N
     by: tuple[str, ...] = ("model", "context_length")
@@ -301,11 +310,9 @@ class Midpoint:
                                   **({} if topk is None else {"topk": topk.join(keys, on=INPUT_KEY, how="semi")}))
         return sub, short.filter(pl.col("note").is_not_null())
 
-    def calibrate(self, con, source: str) -> tuple[list[str], list[str]]:
+    def calibrate(self, con, source: str) -> str:
         """Refuse a group short of ``n`` inputs of a class (:meth:`shortfall`), draw the pilot of
-        each class of the relation ``source`` on the DuckDB connection ``con`` and set
-        τ = (D̄_C + D̄_D)/2 per group and head-pair draw (``_pilot_units``, ``_pilot_tau``);
-        return the columns that join τ and pilot membership back to a row (:func:`decision_query`)."""
+        each class and set τ = (D̄_C + D̄_D)/2 per group and head-pair draw."""
         columns = relation_columns(con, source)
         by = group_columns(columns, self.by, "Midpoint.by")
         short = con.sql(f"SELECT * FROM ({self.shortfall_query(source, by)}) WHERE note IS NOT NULL").fetchall()
@@ -321,20 +328,25 @@ class Midpoint:
             pilot = pilot_query(part, by, self.n, self.pilot_split, self.seed)
             pilots.append(f"SELECT '{label}' AS _class, * FROM ({pilot})")
             means.append(f'SELECT {quoted(groups)}, list_avg(list("drop" ORDER BY {quoted(INPUT_KEY)})) '
-                         f"AS _mean_{label} "
+                         f"AS _mean_{label}, count(*) AS _n_{label}, list_sort(list_distinct(list(task))) AS _tasks_{label} "
                          f"FROM {part} s SEMI JOIN (SELECT * FROM _pilot_units WHERE _class = '{label}') p "
                          f"ON {join_on([*by, *INPUT_KEY], 's', 'p')} GROUP BY {quoted(groups)}")
         tau = (f"SELECT *, (_mean_c + _mean_d) / 2 AS tau FROM ({means[0]}) FULL JOIN ({means[1]}) "
                f"USING ({quoted(groups)})")
         store_calibration(con, source, " UNION ALL ".join(f"({p})" for p in pilots), tau)
-        return groups, list(INPUT_KEY)
+        return decision_query(source, groups, list(INPUT_KEY))
 
-    def decide(self, frame: pl.DataFrame) -> pl.DataFrame:
-        return decide_on_frame(self, frame)
+    def record(self, con) -> list[tuple[dict, dict]]:
+        """The two class means as they set τ (Eq. 5), their sizes and tasks."""
+        fields = {"capacity_mean": "_mean_c", "dilution_mean": "_mean_d", "n_capacity": "_n_c",
+                  "n_dilution": "_n_d", "capacity": "_tasks_c", "dilution": "_tasks_d"}
+        return [(group, {**{k: v for k, v in f.items() if k not in ("capacity", "dilution")},
+                         "tasks": {"capacity": f["capacity"], "dilution": f["dilution"]}})
+                for group, f in stored_groups(con, self.by, fields)]
 
 
 @dataclass(frozen=True)
-class TaskOracle:
+class TaskOracle(Policy):
     """Task-label oracle (§4.1, Table 14): closed on capacity-bound task inputs, open elsewhere.
 
     It reads the ``task_class`` column (task → class mapping from the logs), not D; ``tau``
@@ -356,24 +368,34 @@ class TaskOracle:
         as the formulas of :mod:`pagestats.formulas`)."""
         return f"task_class <> {sql_string(self.capacity_class)}"
 
-    def decide(self, frame: pl.DataFrame) -> pl.DataFrame:
-        if frame["task_class"].null_count():
+    def calibrate(self, con, source: str) -> str:
+        if con.sql(f"SELECT count(*) FROM {source} WHERE task_class IS NULL").fetchall()[0][0]:
             raise ValueError("TaskOracle: task_class is null for some inputs")
-        return frame.with_columns(
-            pl.lit(None, dtype=pl.Float64).alias("tau"), pl.sql_expr(self.rule).alias("gate_open")
-        )
+        return f"SELECT *, CAST(NULL AS DOUBLE) AS tau, false AS in_pilot, {self.rule} AS gate_open FROM {source}"
 
 
 @dataclass(frozen=True)
-class CustomPolicy:
+class CustomPolicy(Policy):
     """Any decision computed from the stored profile: ``fn(frame) -> bool array``, open where True.
 
     ``fn`` receives the gate frame (per-input ``drop`` and the profile columns listed in the
-    module docstring) and must return one boolean per row, in row order. ``tau`` is null.
+    module docstring) and must return one boolean per row, in row order. ``tau`` is null. It sees
+    every head-pair draw at once, so it may pool them.
     """
+
+    reads: ClassVar[tuple[str, ...]] = ("agreement",)
+    per_draw: ClassVar[bool] = False
 
     fn: Callable[[pl.DataFrame], object] = field(compare=False)
     name: str = "custom"
+
+    def calibrate(self, con, source: str) -> str:
+        """``fn`` on the rows of ``source`` in key order (Python, on a polars frame), joined back."""
+        keys = [*INPUT_KEY, *draw_columns(relation_columns(con, source))]
+        frame = con.sql(f"SELECT * FROM {source} ORDER BY {quoted(keys)}").pl()
+        con.register("_custom_decisions", self.decide(frame).select(*keys, "gate_open"))
+        return (f"SELECT s.*, CAST(NULL AS DOUBLE) AS tau, false AS in_pilot, c.gate_open FROM {source} s "
+                f"JOIN _custom_decisions c ON {join_on(keys, 's', 'c')}")
 
     def decide(self, frame: pl.DataFrame) -> pl.DataFrame:
         result = self.fn(frame)
@@ -384,16 +406,9 @@ class CustomPolicy:
             raise ValueError(f"CustomPolicy {self.name!r}: fn returned shape {arr.shape}, expected ({frame.height},)")
         if arr.dtype != bool:
             raise TypeError(f"CustomPolicy {self.name!r}: fn must return booleans, got dtype {arr.dtype}")
-        return frame.with_columns(pl.lit(None, dtype=pl.Float64).alias("tau"), pl.Series("gate_open", arr))
+        return frame.with_columns(pl.lit(False).alias("in_pilot"), pl.lit(None, dtype=pl.Float64).alias("tau"),
+                                  pl.Series("gate_open", arr))
 
-
-Policy = FixedTau | ZScored | RecalibratedTau | Midpoint | TaskOracle | CustomPolicy
-POLICY_TYPES = (FixedTau, ZScored, RecalibratedTau, Midpoint, TaskOracle, CustomPolicy)
-#: The policies decided in SQL (by DuckDB, in memory or out of core: :mod:`pagestats.replay.sql`);
-#: a :class:`CustomPolicy` is Python code, decided by polars (:mod:`pagestats.replay.gate`).
-SQL_POLICIES = (FixedTau, ZScored, RecalibratedTau, Midpoint, TaskOracle)
-#: The policies that set τ on a calibration pilot (their ``calibrate`` method).
-PILOT_POLICIES = (ZScored, RecalibratedTau, Midpoint)
 
 #: ``--recalibrate`` modes: keep τ, carry it by standardisation, or re-derive it with Eq. 5.
 RECALIBRATE_MODES = ("none", "z", "midpoint")
@@ -413,9 +428,4 @@ def recalibrate(policy: Policy, mode: str, *, pilot_n: int = defaults.PILOT_N, p
         raise ValueError(f"the recalibration mode must be one of {RECALIBRATE_MODES}, got {mode!r}")
     if mode == "none":
         return policy
-    if not isinstance(policy, FixedTau):
-        raise ValueError(f"recalibrating ({mode}) applies to a fixed τ; {getattr(policy, 'name', policy)} "
-                         "already derives its threshold from the statistic it gates on")
-    if mode == "z":
-        return RecalibratedTau(tau=policy.tau, pilot_n=pilot_n, pilot_by=tuple(pilot_by), pilot_split=pilot_split, seed=seed)
-    return Midpoint()
+    return policy.recalibrated(mode, pilot_n=pilot_n, pilot_by=tuple(pilot_by), pilot_split=pilot_split, seed=seed)

@@ -22,7 +22,7 @@ from pagestats.io import duck
 from pagestats.io.database import is_database
 from pagestats.replay import sql
 from pagestats.replay.gate import decided, gated_from_decisions
-from pagestats.replay.policies import PILOT_POLICIES, SQL_POLICIES, FixedTau, Policy
+from pagestats.replay.policies import FixedTau, Policy
 from pagestats.replay.spec import ProfileSpec, profile_drop
 from pagestats.schema import INPUT_KEY
 
@@ -48,9 +48,9 @@ class Replay:
     The engine is chosen here, once. The per-input frames (:meth:`decisions`,
     :meth:`gated_outcomes`) are polars (:mod:`pagestats.replay.gate`) on the in-memory frames,
     or on the per-input frame a :class:`~pagestats.io.LogDB` gives (:func:`pagestats.replay.sql.per_input`).
-    The aggregates run in DuckDB (:mod:`pagestats.replay.sql`): a policy of
-    :data:`~pagestats.replay.policies.SQL_POLICIES` is decided there, a
-    :class:`~pagestats.replay.policies.CustomPolicy` (Python code) by polars and joined back.
+    The aggregates run in DuckDB (:mod:`pagestats.replay.sql`): a policy
+    is decided there, one that reads the a_ℓ lists (a
+    :class:`~pagestats.replay.policies.CustomPolicy`) by polars and joined back.
     D, the decisions and the connection are made on first use and kept: the what-if and
     the pilot composition of one session read the same decisions.
 
@@ -79,11 +79,13 @@ class Replay:
     def __init__(self, logs, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec()):
         if not isinstance(profile, ProfileSpec):
             raise TypeError(f"profile must be a ProfileSpec, got {type(profile).__name__}")
+        if not isinstance(policy, Policy):
+            raise TypeError(f"policy must be one of pagestats.replay's policies (a Policy), got {policy!r}")
         self.logs, self.policy, self.profile = logs, policy, profile
         #: Whether ``logs`` is a :class:`~pagestats.io.LogDB` (read in SQL, out of core).
         self.out_of_core = is_database(logs)
         #: Whether the policy is decided in SQL (else by polars, and joined back).
-        self.in_sql = isinstance(policy, SQL_POLICIES)
+        self.in_sql = "agreement" not in policy.reads  # the relation drops holds no a_ℓ list
         self._con = None
         self._done: dict[str, object] = {}
 
@@ -209,7 +211,7 @@ class Replay:
         in SQL (:meth:`decide`), so only they reach polars."""
         draw_columns = self.decide()
         con = self._connection()
-        pilot = sql.pilot_rows(con, draw_columns) if isinstance(self.policy, PILOT_POLICIES) else sql.no_pilot_rows(con)
+        pilot = sql.pilot_rows(con, draw_columns) if self.policy.has_pilot else sql.no_pilot_rows(con)
         cols = list(PILOT_COLUMNS[:4])
         draw_columns = [c for c in ("pair_draw",) if c in pilot.columns]
         tau = pl.col("tau")  # one τ per group and draw: its value, not a float mean of equal values
@@ -217,7 +219,7 @@ class Replay:
             pl.when(tau.min() == tau.max()).then(tau.first()).otherwise(tau.mean()))
         out = pilot.group_by(cols).agg(pl.struct(INPUT_KEY).n_unique().cast(pl.Int64).alias("n_pilot")).join(
             taus.group_by(cols).agg(tau.mean()), on=cols, how="left", nulls_equal=True)
-        return out.with_columns(pl.lit(bool(getattr(self.policy, "held_out", False))).alias("held_out")).select(
+        return out.with_columns(pl.lit(self.policy.held_out).alias("held_out")).select(
             *PILOT_COLUMNS).sort(cols)
 
 

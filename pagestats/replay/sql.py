@@ -14,13 +14,10 @@ views over its parquet files (out of core). The session chooses what runs where:
   subsets, k, statistics) recomputes it with :func:`pagestats.replay.profile_drop` on the
   per-input frame (:func:`per_input`: only the list columns the spec reads) and joins it back
   (:func:`register_drops`);
-* the policies of :data:`~pagestats.replay.policies.SQL_POLICIES` (a fixed τ, the task-label
-  oracle and the policies that calibrate τ on a pilot) decide in SQL over ``drops``
-  (:func:`decide`), with the policy's own SQL (:data:`~pagestats.formulas.GATE_RULE`,
-  :attr:`TaskOracle.rule <pagestats.replay.policies.TaskOracle.rule>`, the ``calibrate``
-  methods of :mod:`pagestats.replay.policies`): only the pilot inputs and τ per group are
+* a policy decides in SQL over ``drops`` (:func:`decide_rows`), with its own ``calibrate``
+  (:class:`~pagestats.replay.calibration.Policy`): only the pilot inputs and τ per group are
   materialised;
-* a :class:`~pagestats.replay.policies.CustomPolicy` (a Python callable) is decided by polars
+* a policy that reads the a_ℓ lists (a :class:`~pagestats.replay.policies.CustomPolicy`) is decided by polars
   (:mod:`pagestats.replay.gate`) and its decisions are joined back (:func:`register_decisions`).
 
 Both create ``decisions`` (``run_id, task, input_id, [pair_draw], drop, tau, gate_open`` and
@@ -41,12 +38,9 @@ from types import SimpleNamespace
 import polars as pl
 
 from pagestats.columns import repeats_a_key, require_columns, with_task_class
-from pagestats.formulas import GATE_RULE
-from pagestats.replay.calibration import decision_query
 from pagestats.replay.pilot import register_functions
-from pagestats.replay.policies import PILOT_POLICIES, FixedTau, Policy, RecalibratedTau
+from pagestats.replay.policies import Policy
 from pagestats.replay.spec import ProfileSpec
-from pagestats.replay.sqltext import sql_float
 from pagestats.schema import INPUT_KEY
 
 #: The scalar columns of ``inputs`` that the replay reads.
@@ -125,28 +119,15 @@ def register_drops(con, frame: pl.DataFrame) -> list[str]:
 
 def decide_rows(con, policy: Policy) -> str:
     """Create ``_decided`` on ``con``: every row of ``drops`` with ``tau``, ``gate_open`` and
-    ``in_pilot``, decided in SQL by a policy of :data:`~pagestats.replay.policies.SQL_POLICIES`;
+    ``in_pilot``, decided in SQL by the policy's :meth:`~pagestats.replay.calibration.Policy.calibrate`;
     return the SQL condition of a held-out row."""
-    if not isinstance(policy, PILOT_POLICIES):  # a fixed τ or the task-label oracle: no pilot
-        if isinstance(policy, FixedTau):
-            policy.decide(pl.DataFrame({"drop": [0.0]}))  # the policy's own check of τ
-            tau, rule = sql_float(policy.tau), GATE_RULE
-        else:
-            tau, rule = "CAST(NULL AS DOUBLE)", policy.rule
-            if con.sql("SELECT count(*) FROM drops WHERE task_class IS NULL").fetchall()[0][0]:
-                raise ValueError("TaskOracle: task_class is null for some inputs")
-        con.execute(f"CREATE OR REPLACE TEMP VIEW _decided AS SELECT *, {rule} AS gate_open, false AS in_pilot "
-                    f"FROM (SELECT *, {tau} AS tau FROM drops)")
-        return "false"
     source = "drops"
-    if isinstance(policy, RecalibratedTau):  # the reference D: the logged one
+    if "reference_drop" in policy.reads:  # the reference D: the logged one
         con.execute(f"CREATE OR REPLACE TEMP VIEW _gate_source AS SELECT d.*, CAST(i.\"drop\" AS DOUBLE) AS "
                     f"reference_drop FROM drops d JOIN (SELECT {_KEY}, \"drop\" FROM inputs) i USING ({_KEY})")
         source = "_gate_source"
     register_functions(con)
-    groups, pilot_on = policy.calibrate(con, source)
-    con.execute(f"CREATE OR REPLACE TEMP VIEW _decided AS SELECT *, {GATE_RULE} AS gate_open FROM "
-                f"({decision_query(source, groups, pilot_on)})")
+    con.execute(f"CREATE OR REPLACE TEMP VIEW _decided AS {policy.calibrate(con, source)}")
     if con.sql("SELECT count(*) FROM _decided WHERE gate_open IS NULL").fetchall()[0][0]:
         raise ValueError(f"policy {policy.name!r} left gate_open undecided for some inputs")
     return "in_pilot" if policy.held_out else "false"

@@ -21,7 +21,6 @@ from pagestats.replay import (
     decide_all,
     gated_outcomes,
     pilot_composition,
-    policies,
     session as session_module,
     sql,
 )
@@ -67,12 +66,12 @@ def test_whatif_and_pilot_decide_once(written, policy, counted):
     logs, _ = written
     table, pilot = whatif_with_pilot(logs, policy)
     assert len(counted) == 1  # one decision step for the table and the pilot
-    assert counted == (["sql"] if isinstance(policy, policies.SQL_POLICIES) else ["polars"])
+    assert counted == (["polars"] if "agreement" in policy.reads else ["sql"])
     counted.clear()
     assert table.equals(whatif_table(logs, policy))
     assert pilot.equals(pilot_composition(logs, policy))
     assert len(counted) == 2  # apart: one each
-    if isinstance(policy, policies.PILOT_POLICIES):
+    if policy.has_pilot:
         assert pilot.height and pilot["n_pilot"].sum() > 0
     else:
         assert pilot.height == 0
