@@ -6,7 +6,7 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-LOGS   ?= data/smollm2-*/ controls/*/
+LOGS   ?= data/smollm2-*/ data/controls/*/
 OUT    ?= out/report
 
 # gpu-env: PyPI's Linux torch wheel is a CUDA build (CUDA 13 for torch 2.14; it needs an NVIDIA driver

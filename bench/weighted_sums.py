@@ -9,8 +9,8 @@ Commit 0dec93b replaced ``weights @ values`` (BLAS) by :func:`pagestats.stats.we
 (``replay.spec.profile_statistic``). Three measurements:
 
 - ``micro``: per shape, the new expression against the exact expression it replaced, at the shapes
-  the callers use. The ``report`` shapes are those the report on the shipped data (``data/*/
-  controls/*/``) passes (recorded by wrapping the functions during one report run, 2026-12-03):
+  the callers use. The ``report`` shapes are those the report on the shipped data (``data/smollm2-*/
+  data/controls/*/``) passes (recorded by wrapping the functions during one report run, 2026-12-03):
   count replicates (10,000 × K distinct rows) @ (K × 1), K = 1, 2, 3; matched memory
   (10,000 × n inputs) @ (n × 9 budgets), n = 125, 450, and its point estimate (1 × n); head pairs
   (575 inputs × L = 30 × P = 36 pairs) @ (36 × 20 draws); the slope (575 × 30) · (30); the fit
@@ -24,11 +24,11 @@ Commit 0dec93b replaced ``weights @ values`` (BLAS) by :func:`pagestats.stats.we
   one thread per core), and 4) computes both sides on the same seeded inputs and prints the
   SHA-256 of each result's bytes; the result says, per shape, whether each side is bit-identical
   across the settings, and whether einsum and BLAS agree with each other bitwise (max |diff|).
-- ``e2e`` (with ``--before TREE``): ``pagestats report data/*/ controls/*/ --out DIR --no-pdf``
+- ``e2e`` (with ``--before TREE``): ``pagestats report data/smollm2-*/ data/controls/*/ --out DIR --no-pdf``
   as a child process (reaped with ``os.wait4``: wall and CPU of the child alone), from the checkout
   ``TREE`` (the code before the change: ``git worktree add --detach TREE 0dec93b^``), from this
   checkout, and with ``--fix TREE2`` from a checkout of 0dec93b itself (the change alone; this
-  checkout also holds every later commit). All read this checkout's ``data/`` and ``controls/``.
+  checkout also holds every later commit). All read this checkout's ``data/smollm2-*/`` and ``data/controls/``.
   ``--rounds`` rounds, the order of the checkouts rotating by round; ratios per round, median and
   max. The CLI runs as ``python -c "from pagestats.cli import main; ..."`` with ``PYTHONPATH`` set
   to the checkout (0dec93b^ has no ``python -m pagestats``; at HEAD the two are the same call).
@@ -278,7 +278,7 @@ def thread_check() -> dict:
 
 
 def _report_cmd(out: Path) -> list[str]:
-    runs = sorted(glob.glob(f"{ROOT}/data/*/")) + sorted(glob.glob(f"{ROOT}/controls/*/"))  # folders only
+    runs = sorted(glob.glob(f"{ROOT}/data/smollm2-*/")) + sorted(glob.glob(f"{ROOT}/data/controls/*/"))  # folders only
     return [sys.executable, "-c", LAUNCHER, "report", *runs, "--out", str(out), "--no-pdf"]
 
 

@@ -86,7 +86,7 @@ def table(frame: pl.DataFrame) -> str:
 
 def calibration(logs) -> str:
     """The README's calibration paragraph: the z-scored pilot's τ and p_open as `pagestats whatif
-    data/*/ --policy z [--pilot-split first]` prints them, and the k sweep's recalibrated τ (the
+    data/smollm2-*/ --policy z [--pilot-split first]` prints them, and the k sweep's recalibrated τ (the
     report's App. A.3.1 table)."""
     from pagestats import replay, tables
     from pagestats.replay import ZScored

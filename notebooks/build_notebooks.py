@@ -6,12 +6,13 @@ they show their figures before anyone runs them. Each notebook's metadata
 (``pagestats.min_images``) states how many figures it shows at least; the tests execute every
 notebook and check that count. Every notebook reads its logs from the
 environment variable ``PAGESTATS_LOGS`` (a run directory, a folder of runs, or a glob);
-the default is ``../data`` (the logs shipped in ``data/``, seen from ``notebooks/``). With
+the default is ``../data/smollm2-*`` (the runs shipped in ``data/``, seen from ``notebooks/``, without the
+Table 31 control run of ``data/controls/``). With
 ``PAGESTATS_DB`` set to a database written by ``pagestats index LOGS --db FILE``, the logs are
 read through it instead (validated when it was built, so not again). ``PAGESTATS_MODE`` picks the
 collection mode (``query-aware``, the default, or ``query-agnostic``; docs/CLI.md). A
 ``PAGESTATS_LOGS`` that holds no run stops the notebook with an error naming it; only when it is
-unset and ``../data`` holds no run does the notebook draw small synthetic logs
+unset and ``../data/smollm2-*`` names no run does the notebook draw small synthetic logs
 (:func:`pagestats.testing.synthetic_logs`) into a temporary folder, and says so.
 """
 
@@ -25,7 +26,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 HERE = Path(__file__).resolve().parent
 
 SETUP = '''%matplotlib inline
-import os, tempfile
+import glob, os, tempfile
 from pathlib import Path
 
 import numpy as np
@@ -35,14 +36,17 @@ from IPython.display import Markdown, display
 from pagestats import io, metrics, replay, tables, whatif
 from pagestats.replay.policies import FixedTau, Midpoint, ZScored
 
-# Where the logs are: PAGESTATS_LOGS (run directory, folder of runs, or glob); default ../data (shipped logs).
+# Where the logs are: PAGESTATS_LOGS (run directory, folder of runs, or glob); default ../data/smollm2-* (the shipped
+# logs, without the Table 31 control run in ../data/controls/, which repeats smollm2-512's prompts).
 # A PAGESTATS_LOGS that names no run is an error; only the default falls back to a synthetic demo.
-LOGS = os.environ.get("PAGESTATS_LOGS", "../data")
+LOGS = os.environ.get("PAGESTATS_LOGS", "../data/smollm2-*")
 
 
 def find_runs(location):
     p = Path(location)
-    if p.is_file() or any(ch in location for ch in "*?["):
+    if any(ch in location for ch in "*?["):
+        return sorted(str(Path(m)) for m in glob.glob(location))
+    if p.is_file():
         return [location]
     return sorted(str(m.parent) for m in p.glob("**/manifest.json")) if p.exists() else []
 
@@ -50,7 +54,7 @@ def find_runs(location):
 paths = find_runs(LOGS)
 if not paths and "PAGESTATS_LOGS" in os.environ:
     raise FileNotFoundError(f"PAGESTATS_LOGS={LOGS!r} names no run (no manifest.json there): point it at a run "
-                            "directory, a folder of runs or a glob, or unset it to read ../data")
+                            "directory, a folder of runs or a glob, or unset it to read ../data/smollm2-*")
 if not paths:
     from pagestats import testing
     tmp = Path(tempfile.mkdtemp(prefix="pagestats-demo-"))

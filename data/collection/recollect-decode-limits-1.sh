@@ -5,14 +5,14 @@
 # (niah 128), the shipped runs' evictors, kvpress environment, two single-threaded shards at once.
 # Resumable: rerun this script (finished inputs are skipped).
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 EVICTORS=snapkv,snapkv-perhead,h2o,h2o-perhead,streamingllm,pyramidkv,snapkv-perlayer,kvpress:SnapKVPress:window_size=32
 COMMON="--k-max 64 --part-size 2 --dtype float32 --device cpu --no-progress"
 run() {  # tasks context n out evictors [extra options]
   for s in 0 1; do
     OMP_NUM_THREADS=1 .venv-kvpress/bin/pagestats-collect --shard $s/2 --tasks "$1" \
-      --context-length "$2" --n "$3" --evictors "$5" $COMMON ${6:-} --out "data-in-progress/$4" \
-      >> "data-in-progress/$4.shard$s.log" 2>&1 &
+      --context-length "$2" --n "$3" --evictors "$5" $COMMON ${6:-} --out "parts/$4" \
+      >> "parts/$4.shard$s.log" 2>&1 &
   done
   wait
 }

@@ -5,11 +5,11 @@
 # runs' evictors, kvpress environment, one single-threaded process at low priority (one core of
 # its own). Resumable: rerun this script (finished inputs are skipped).
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 EVICTORS=snapkv,snapkv-perhead,h2o,h2o-perhead,streamingllm,pyramidkv,snapkv-perlayer,kvpress:SnapKVPress:window_size=32
 COMMON="--k-max 64 --part-size 2 --dtype float32 --device cpu --no-progress"
 for task in niah_multivalue vt fwe; do
   OMP_NUM_THREADS=1 nice -n 10 .venv-kvpress/bin/pagestats-collect --tasks "$task" \
-    --context-length 512 --n 50 --evictors $EVICTORS $COMMON --out "data-in-progress/smollm2-512-$task-ruler-limits" \
-    >> "data-in-progress/smollm2-512-$task-ruler-limits.log" 2>&1
+    --context-length 512 --n 50 --evictors $EVICTORS $COMMON --out "parts/smollm2-512-$task-ruler-limits" \
+    >> "parts/smollm2-512-$task-ruler-limits.log" 2>&1
 done

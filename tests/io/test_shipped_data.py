@@ -19,8 +19,8 @@ def test_data_ships_runs():
     assert RUNS, f"no run (manifest.json) under {DATA}"
 
 
-#: The control runs (Table 31), shipped apart from data/ so that `whatif data/*/` never pools them.
-CONTROL_RUNS = sorted(str(m.parent) for m in (DATA.parent / "controls").glob("*/manifest.json"))
+#: The control runs (Table 31), shipped in data/controls/ so that `whatif data/smollm2-*/` never pools them.
+CONTROL_RUNS = sorted(str(m.parent) for m in (DATA / "controls").glob("*/manifest.json"))
 
 
 @pytest.mark.parametrize("run", RUNS + CONTROL_RUNS, ids=[Path(r).name for r in RUNS + CONTROL_RUNS])

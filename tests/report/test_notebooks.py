@@ -30,9 +30,9 @@ def _builder():
 
 @pytest.fixture(scope="module")
 def logs_location(tmp_path_factory):
-    shipped = sorted((ROOT / "data").glob("**/manifest.json"))
+    shipped = sorted((ROOT / "data").glob("smollm2-*/manifest.json"))
     if shipped:
-        return str(ROOT / "data")
+        return str(ROOT / "data" / "smollm2-*")
     from pagestats import testing
 
     tmp = tmp_path_factory.mktemp("nb-logs")
