@@ -138,7 +138,8 @@ def gate_by_draw(logs, policy: Policy = FixedTau(), profile: ProfileSpec = Profi
     :class:`~pagestats.replay.policies.CustomPolicy`) is refused here.
     """
     if not policy.per_draw and profile.has_draws:
-        raise TypeError(f"gate_by_draw: {policy.name} may pool head-pair draws; use gate()")
+        raise TypeError(f"gate_by_draw: the policy {policy.name!r} sees every head-pair draw at once (a CustomPolicy "
+                        "may pool them); use gate()")
     meta = _input_meta(logs)
     per_block = max(1, DRAW_BLOCK_ROWS // max(1, meta.height))
     block: list[pl.DataFrame] = []
