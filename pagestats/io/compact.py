@@ -17,11 +17,15 @@ import os
 import shutil
 from pathlib import Path
 
+import polars as pl
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
+import pyarrow.parquet as pq
 
 from pagestats import schema
+from pagestats.io.deployment import is_deployment_dir
 from pagestats.io.discovery import log_format
+from pagestats.io.upgrades import upgrade_manifest, upgrade_table
 from pagestats.io.validate import validate_paths
 from pagestats.io.validation.problems import LogError
 
@@ -68,8 +72,6 @@ def compact_run(run, out, *, rows_per_file: int | None = None, tasks=None) -> st
     manifest_path = run / "manifest.json"
     if not manifest_path.is_file():
         raise ValueError(f"{run}: not a run directory (no manifest.json)")
-    from pagestats.io.deployment import is_deployment_dir
-
     if is_deployment_dir(run):
         raise ValueError(f"{run} is a deployment run: compact merges a collection run's parts, and a deployment log "
                          "is appended to where it lies")
@@ -89,12 +91,6 @@ def compact_run(run, out, *, rows_per_file: int | None = None, tasks=None) -> st
         if unknown or not tasks:
             raise ValueError(f"{run}: tasks {unknown or tasks} are not among the run's tasks "
                              f"{sorted(manifest.get('tasks') or {})}")
-    import polars as pl
-    import pyarrow.parquet as pq
-
-    from pagestats.io.upgrades import upgrade_manifest, upgrade_table
-  # imported where used: the what-if's start-up does not pay for it
-
     entries = manifest.get("files") or []
     loose = [e["path"] for e in entries if log_format(str(e["path"])) != "parquet"]
     if loose:

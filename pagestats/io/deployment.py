@@ -32,9 +32,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pagestats import profile, schema
+from pagestats.io.discovery import _Discovery
 from pagestats.io.guard import Refused, check_regular, read_manifest
 from pagestats.io.validation.manifest import BIN_CONVENTIONS, listed_files, parse_bins
-from pagestats.io.validation.problems import MAX_ROWS_PER_RULE, ExclusionError, Problem, unreadable_parquet, value_text
+from pagestats.io.validation.problems import (
+    MAX_ROWS_PER_RULE,
+    ExclusionError,
+    LogError,
+    Problem,
+    unreadable_parquet,
+    value_text,
+)
 
 __all__ = ["DeploymentRun", "DeploymentRunError", "check_deployment", "deployment_refusal", "is_deployment_dir",
            "is_deployment_manifest", "read_deployment", "split_deployments", "DROP_TOLERANCE", "ENTRIES"]
@@ -107,8 +115,6 @@ def split_deployments(paths) -> tuple[list, list[str]]:
     A path that also names collection logs (or files the discovery reports a problem with) is kept:
     its deployment runs are set apart by the discovery itself (:mod:`pagestats.io.discovery`).
     """
-    from pagestats.io.discovery import _Discovery
-
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     kept, dirs = [], {}
@@ -373,8 +379,6 @@ def check_deployment(run_dir) -> tuple[DeploymentRun | None, list[Problem]]:
 
 def read_deployment(run_dir) -> DeploymentRun:
     """The checked deployment run at ``run_dir``; :class:`pagestats.io.LogError` with every problem otherwise."""
-    from pagestats.io.validation.problems import LogError
-
     run, problems = check_deployment(run_dir)
     if problems:
         raise LogError(problems)

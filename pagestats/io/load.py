@@ -55,6 +55,7 @@ import polars as pl
 
 from pagestats import defaults, schema
 from pagestats.io import record
+from pagestats.io.deployment import deployment_refusal
 from pagestats.io.discovery import _sha256_or_none
 from pagestats.io.duck import MEMORY_LIMIT
 from pagestats.io.exclusions import _apply_exclusions, _of_mode
@@ -88,8 +89,6 @@ def _load(paths, exclude: Sequence[str], columns: str, mode: str | None = defaul
         exclude = [exclude]
     disc = _discover(paths)
     if disc.deployments:  # no outcomes to load
-        from pagestats.io.deployment import deployment_refusal
-
         raise deployment_refusal([run.dir for run in disc.deployments.values()])
     picked = _of_mode(disc, mode)
     names = [s.path for s in picked[0]]

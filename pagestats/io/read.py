@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import duckdb
 import polars as pl
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from pagestats import schema
 from pagestats.io.discovery import _one_line, _Source
@@ -96,8 +97,6 @@ def _magic_problem(path: str) -> str | None:
 
 def _inspect(src: _Source, con: duckdb.DuckDBPyConnection) -> list[Problem]:
     """Read the schema (parquet footer, or the whole jsonl file), decide the table, check types."""
-    import pyarrow.parquet as pq  # imported where used: the what-if's start-up does not pay for it
-
     try:
         if src.fmt == "parquet":
             magic = _magic_problem(src.path)
@@ -211,8 +210,6 @@ def _literal_name(path: str) -> bool:
 def _read_parquet(con, table: str, sources: list[_Source], wanted: list[str]) -> pl.DataFrame:
     """One DuckDB query over the parquet files whose names DuckDB takes literally; the others
     (names with glob characters) are read one by one with pyarrow, so that no name is a pattern."""
-    import pyarrow.parquet as pq  # imported where used: the what-if's start-up does not pay for it
-
     present = set().union(*(s.arrow_schema.names for s in sources))
     cols = [c for c in wanted if c in present]
     literal = [s for s in sources if _literal_name(s.path)]
