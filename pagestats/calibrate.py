@@ -2,7 +2,7 @@
 
 The gate evicts iff D ≥ τ (PAGE §3, Eq. 2). τ is computed by the very policy object ``whatif`` uses
 (:mod:`pagestats.replay.policies`: ``FixedTau``, ``ZScored`` — τ = μ + θ_z σ on an unlabelled pilot,
-App. A.3.4 —, ``Midpoint`` — Eq. 5), on the validated inputs of the logs (:func:`pagestats.io.load`),
+App. A.3.4 —, ``Midpoint`` — Eq. 5), in its SQL, on the validated inputs of the logs (:func:`pagestats.io.load`),
 so the τ a deployed :class:`collectors.deploy.GatedPress` uses is the one ``whatif`` used for the same
 policy. The file records what τ depends on (:class:`pagestats.gatefile.Gate`): the model, D's window
 w, k, bin fraction and convention (read from the manifests, which must agree), the pilot's μ and σ
@@ -19,6 +19,7 @@ import numpy as np
 import polars as pl
 
 from pagestats.gatefile import Gate
+from pagestats.registry import gated
 
 
 def logs_sha256(files) -> str:
@@ -91,8 +92,9 @@ def calibrate(logs, policy, *, model: str | None = None, files=None) -> Gate:
     ----------
     logs : pagestats.io.Logs
         Validated logs.
-    policy : FixedTau, ZScored or Midpoint
-        As ``pagestats whatif`` builds it (:func:`pagestats.cli.options.policy_from_args`).
+    policy : pagestats.replay.Policy
+        A policy a gate file holds (:func:`pagestats.registry.gated`), as ``pagestats whatif`` builds
+        it (:func:`pagestats.cli.options.policy_from_args`).
     model : str, optional
         The model to calibrate for; required when the logs hold several.
     files : sequence of paths, optional
@@ -101,6 +103,8 @@ def calibrate(logs, policy, *, model: str | None = None, files=None) -> Gate:
     Returns
     -------
     Gate
+        ``pilot`` holds what set τ as the policy's SQL computed it (:meth:`pagestats.replay.Policy.record`:
+        μ and σ of a z-scored pilot, the class means of Eq. 5), so that τ is recomputed from them exactly.
 
     Raises
     ------
@@ -112,11 +116,11 @@ def calibrate(logs, policy, *, model: str | None = None, files=None) -> Gate:
     ValueError
         One line: an unknown model, a policy without a threshold, or statistics that differ between runs.
     """
-    from pagestats.replay.policies import FixedTau, Midpoint, ZScored
+    from pagestats.replay.calibration import calibration
 
-    kinds = {FixedTau: "fixed", ZScored: "z", Midpoint: "midpoint"}
-    if type(policy) not in kinds:
-        raise ValueError(f"calibrate: policy {getattr(policy, 'name', policy)!r} has no threshold; use fixed, z or midpoint")
+    if policy.short not in gated():
+        raise ValueError(f"calibrate: policy {policy.name!r} has no threshold a gate file holds; use "
+                         f"{', '.join(gated())}")
     inputs = logs.inputs
     models = sorted(inputs["model"].unique().to_list())
     if model is None:
@@ -128,7 +132,7 @@ def calibrate(logs, policy, *, model: str | None = None, files=None) -> Gate:
     runs = inputs.filter(pl.col("model") == model)["run_id"].unique().to_list()
     manifests = {r: logs.manifests[r] for r in runs if r in logs.manifests}
     statistic = _statistic(manifests)
-    decided = policy.decide(inputs)  # on all the inputs, as whatif runs it
+    decided, groups = calibration(policy, inputs)  # on all the inputs, as whatif runs it
     rows = decided.filter(pl.col("model") == model)
     taus = rows["tau"].drop_nulls().unique().to_list()
     if len(taus) != 1:
@@ -137,26 +141,11 @@ def calibrate(logs, policy, *, model: str | None = None, files=None) -> Gate:
     drops = rows["drop"].to_numpy().astype(float)
     pilot: dict = {"drops": [float(d) for d in drops], "p_open": float(np.mean(drops >= tau)), "n_inputs": int(len(drops)),
                    "policy_name": policy.name}
-    if isinstance(policy, ZScored):
-        from pagestats.replay.pilot import pilot_mask
-
-        mask = pilot_mask(rows, policy.pilot_by, policy.pilot_n, policy.pilot_split, policy.seed)
-        sample = rows.filter(mask)["drop"].to_numpy().astype(float)
-        pilot.update({"mu": float(sample.mean()), "sigma": float(sample.std(ddof=1)), "theta": float(policy.theta_z),
-                      "n": int(len(sample)), "split": policy.pilot_split, "seed": int(policy.seed)})
-    if isinstance(policy, Midpoint):  # the two sample means of Eq. 5, from the policy's own pilot membership (in_pilot)
-        from pagestats import defaults
-
-        sample = rows.filter(pl.col("in_pilot"))
-        capacity = (pl.col("task").is_in(list(policy.capacity_tasks)) if policy.capacity_tasks is not None
-                    else pl.col("task_class") == defaults.CAPACITY_BOUND)
-        cap, dil = sample.filter(capacity), sample.filter(~capacity)
-        pilot.update({"capacity_mean": float(cap["drop"].mean()), "dilution_mean": float(dil["drop"].mean()),
-                      "n_capacity": cap.height, "n_dilution": dil.height,
-                      "tasks": {"capacity": sorted(cap["task"].unique().to_list()),
-                                "dilution": sorted(dil["task"].unique().to_list())}})
+    for group, recorded in groups:
+        if group.get("model", model) == model:
+            pilot.update(recorded)
     file_paths = files if files is not None else [f.path for f in logs.files]
-    return Gate(tau=tau, policy=kinds[type(policy)], model=model, n_layers=_n_layers(manifests), pilot=pilot,
+    return Gate(tau=tau, policy=policy.short, model=model, n_layers=_n_layers(manifests), pilot=pilot,
                 logs_sha256=logs_sha256(file_paths), mode=logs.mode,
                 prompt_style=_prompt_style(manifests), model_source=_model_source(manifests),
                 created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **statistic)

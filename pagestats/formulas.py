@@ -65,6 +65,14 @@ def recovered(score: str) -> str:
     return with_full(f"max({score}) > min(score_full)")
 
 
+def group_tau(column: str = "tau") -> str:
+    """A group's τ, over its rows (§3 "Calibration"): a policy sets one τ per calibration group and
+    head-pair draw, repeated on each of its rows, and that value is the group's τ as it is; over
+    head-pair draws (one τ each) or a policy without one τ per group it is their mean. The value
+    itself, not a mean of equal copies, so that the result does not round with the summation order."""
+    return f"CASE WHEN min({column}) = max({column}) THEN min({column}) ELSE avg({column}) END"
+
+
 #: Gate-open rows (p_open's numerator; Tables 12, 22).
 OPEN_COUNT = "sum(CAST(gate_open AS BIGINT))"
 

@@ -21,12 +21,10 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 
 from pagestats import defaults
+from pagestats.registry import gated
 
 #: Version of the ``gate.json`` layout.
 GATE_FORMAT = 1
-#: Calibration policies a gate file can record (``pagestats whatif`` policies with a threshold, and
-#: ``"risk"``: τ certified by Learn then Test, :mod:`pagestats.risk`).
-GATE_POLICIES = ("fixed", "z", "midpoint", "risk")
 
 
 @dataclass(frozen=True)
@@ -38,8 +36,9 @@ class Gate:
     tau : float
         The threshold τ.
     policy : str
-        ``"fixed"``, ``"z"`` (τ = μ + θ_z σ, App. A.3.4), ``"midpoint"`` (Eq. 5) or ``"risk"`` (harm at a
-        budget ≤ A with probability ≥ 1 − δ, :func:`pagestats.risk.risk_gate`).
+        The short name of the policy that set τ (:func:`pagestats.registry.gated`): ``"fixed"``, ``"z"``
+        (τ = μ + θ_z σ, App. A.3.4), ``"midpoint"`` (Eq. 5) or ``"risk"`` (harm at a budget ≤ A with
+        probability ≥ 1 − δ, :func:`pagestats.risk.risk_gate`).
     model : str or None
         The model label of the logs the gate was calibrated on (the manifest's ``model.name``).
     window, k : int
@@ -51,7 +50,9 @@ class Gate:
     n_layers : int or None
         L of the calibration model (checked against the deployed model when recorded).
     pilot : dict
-        Policy details: ``{"mu", "sigma", "theta", "n"}`` for ``z``; ``{"capacity_mean",
+        Policy details, as the policy's calibration computed them (:meth:`pagestats.replay.Policy.record`,
+        so τ = μ + θ σ and τ = (capacity_mean + dilution_mean) / 2 hold exactly in doubles):
+        ``{"mu", "sigma", "theta", "n", "split", "seed"}`` for ``z``; ``{"capacity_mean",
         "dilution_mean", "n_capacity", "n_dilution", "tasks"}`` for ``midpoint``; ``{"harm_bound", "delta",
         "budget", "evictor", "n", "observed_harm", "certified", "certificate", "calibration_inputs"}`` for
         ``risk`` (τ is :data:`pagestats.risk.NEVER_OPENS` when nothing was certified); the D distribution
@@ -89,8 +90,8 @@ class Gate:
     def __post_init__(self):
         if isinstance(self.tau, bool) or not isinstance(self.tau, (int, float)) or not math.isfinite(self.tau):
             raise ValueError(f"gate: tau must be a finite number, got {self.tau!r}")
-        if self.policy not in GATE_POLICIES:
-            raise ValueError(f"gate: policy must be one of {', '.join(GATE_POLICIES)}, got {self.policy!r}")
+        if self.policy not in gated():
+            raise ValueError(f"gate: policy must be one of {', '.join(gated())}, got {self.policy!r}")
         for name in ("window", "k"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -17,23 +17,88 @@ and compression (App. A.6.2) at b.
 from __future__ import annotations
 
 import datetime as _dt
+import itertools
+import json
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import polars as pl
 
-from pagestats import defaults
+from pagestats import defaults, formulas
 from pagestats.gatefile import Gate
+from pagestats.registry import POLICIES, gated, policy_class
+from pagestats.replay.calibration import Policy, calibration, decision_query, stored_groups
+from pagestats.replay.pilot import pilot_query, refuse_small_groups
+from pagestats.replay.sqltext import group_columns, join_on, quoted, relation_columns, sql_string
 from pagestats.schema import INPUT_KEY
 from pagestats.stats._results import _Result
 from pagestats.stats.ltt import Certificate, fixed_sequence_threshold
 
-__all__ = ["NEVER_OPENS", "SplitValidation", "harm_labels", "labelled_rows", "policy_comparison", "risk_gate",
-           "split_validation"]
+__all__ = ["NEVER_OPENS", "RiskControlled", "SplitValidation", "harm_labels", "labelled_rows", "policy_comparison",
+           "risk_gate", "split_validation"]
 
 #: The τ of a gate that never opens: D is a difference of two means of Jaccard indices (Eq. 3), so
 #: it lies in [−1, 1] and no input reaches 2.
 NEVER_OPENS = 2.0
+
+
+@dataclass(frozen=True)
+class RiskControlled(Policy):
+    """τ certified by Learn then Test on a held-out pilot of each model (module docstring): with
+    probability ≥ 1 − δ the gated harm at the budget is ≤ A.
+
+    It reads ``harmed``, each input's harm under plain eviction at (``evictor``, ``budget``)
+    (:func:`harm_labels`), which the logs' inputs do not carry: :func:`risk_gate` adds it, and
+    ``whatif`` does not replay it (:data:`pagestats.registry.POLICIES`).
+    """
+
+    labels: ClassVar[str] = "harm labels of the pilot: plain eviction below the full KV cache at the budget (Table 27)"
+    used_in: ClassVar[str] = "calibrate --policy risk"
+    has_pilot: ClassVar[bool] = True
+    reads: ClassVar[tuple[str, ...]] = ("harmed",)
+
+    harm_bound: float
+    delta: float
+    budget: float
+    evictor: str
+    pilot_n: int = defaults.PILOT_N
+    seed: int = 0
+
+    @property
+    def name(self) -> str:
+        return (f"risk(A={float(self.harm_bound)!r}, delta={float(self.delta)!r}, budget={float(self.budget)!r}, "
+                f"evictor={self.evictor})")
+
+    @property
+    def held_out(self) -> bool:
+        return True
+
+    def calibrate(self, con, source: str) -> str:
+        """The held-out pilot per model, and per model the τ of :func:`~pagestats.stats.ltt.fixed_sequence_threshold`
+        on its pilot's D and harm labels in input order (:data:`NEVER_OPENS` when none is certified)."""
+        by = group_columns(relation_columns(con, source), ("model",), "RiskControlled")
+        refuse_small_groups(con, source, by, self.pilot_n, "held-out")
+        con.execute(f"CREATE OR REPLACE TEMP TABLE _pilot_units AS "
+                    f"{pilot_query(source, by, int(self.pilot_n), 'held-out', int(self.seed))}")
+        rows = con.sql(f'SELECT model, "drop", harmed FROM {source} s SEMI JOIN _pilot_units p '
+                       f"ON {join_on([*by, *INPUT_KEY], 's', 'p')} ORDER BY model, {quoted(INPUT_KEY)}").fetchall()
+        taus = []
+        for model, group in itertools.groupby(rows, key=lambda r: r[0]):
+            group = list(group)
+            cert = fixed_sequence_threshold(np.array([r[1] for r in group], dtype=np.float64),
+                                            np.array([r[2] for r in group], dtype=bool),
+                                            harm_bound=self.harm_bound, delta=self.delta)
+            taus.append(f"SELECT {sql_string(model)} AS model, "
+                        f"CAST('{NEVER_OPENS if cert.tau is None else cert.tau!r}' AS DOUBLE) AS tau, "
+                        f"{sql_string(json.dumps(cert.to_dict()))} AS _certificate")
+        con.execute(f"CREATE OR REPLACE TEMP TABLE _pilot_tau AS {' UNION ALL '.join(taus)}")
+        return decision_query(source, by, [*by, *INPUT_KEY])
+
+    def record(self, con) -> list[tuple[dict, dict]]:
+        """The certificate of each model's τ (:class:`~pagestats.stats.ltt.Certificate`)."""
+        return [(group, {"certificate": json.loads(f["certificate"])})
+                for group, f in stored_groups(con, ("model",), {"certificate": "_certificate"})]
 
 
 def _one(values: list, what: str, option_free_hint: str):
@@ -118,27 +183,27 @@ def risk_gate(logs, *, harm_bound: float, delta: float, budget: float, evictor: 
         the pilot is not drawn from.
     """
     from pagestats.calibrate import _model_source, _n_layers, _prompt_style, _statistic, logs_sha256
-    from pagestats.replay.pilot import pilot_mask
 
     model, evictor, budget = _choices(logs, model, evictor, budget)
     rows = logs.inputs.filter(pl.col("model") == model)
     manifests = {r: logs.manifests[r] for r in rows["run_id"].unique().to_list() if r in logs.manifests}
     statistic = _statistic(manifests)
     rows, left_out = labelled_rows(logs, rows, budget=budget, evictor=evictor)
-    cal = rows.filter(pilot_mask(rows, ("model",), int(pilot_n), "held-out", int(seed), strict=True)).sort(INPUT_KEY)
-    harmed = harm_labels(logs, cal, budget=budget, evictor=evictor)
-    drops = cal["drop"].to_numpy().astype(np.float64)
-    cert = fixed_sequence_threshold(drops, harmed, harm_bound=harm_bound, delta=delta)
+    policy = RiskControlled(harm_bound, delta, budget, evictor, int(pilot_n), int(seed))
+    rows = rows.with_columns(pl.Series("harmed", harm_labels(logs, rows, budget=budget, evictor=evictor)))
+    decided, ((_, recorded),) = calibration(policy, rows)
+    cal = decided.filter(pl.col("in_pilot")).sort(INPUT_KEY)
+    cert = recorded["certificate"]
     pilot = {
-        "policy_name": f"risk(A={float(harm_bound)!r}, delta={float(delta)!r}, budget={budget!r}, evictor={evictor})",
+        "policy_name": policy.name,
         "harm_bound": float(harm_bound), "delta": float(delta), "budget": budget, "evictor": evictor,
-        "n": cert.n, "observed_harm": cert.harm, "certified": cert.tau is not None, "certificate": cert.to_dict(),
+        "n": cert["n"], "observed_harm": cert["harm"], "certified": "tau" in cert, "certificate": cert,
         "split": "held-out", "pilot_n": int(pilot_n), "seed": int(seed),
         "calibration_inputs": [list(k) for k in cal.select(INPUT_KEY).iter_rows()],
-        "drops": [float(d) for d in drops], "p_open": cert.p_open, "n_inputs": cert.n, "left_out": left_out,
+        "drops": [float(d) for d in cal["drop"]], "p_open": cert["p_open"], "n_inputs": cert["n"], "left_out": left_out,
     }
     file_paths = files if files is not None else [f.path for f in logs.files]
-    return Gate(tau=NEVER_OPENS if cert.tau is None else cert.tau, policy="risk", model=model,
+    return Gate(tau=float(decided["tau"][0]), policy=policy.short, model=model,
                 n_layers=_n_layers(manifests), pilot=pilot, logs_sha256=logs_sha256(file_paths), mode=logs.mode,
                 prompt_style=_prompt_style(manifests), model_source=_model_source(manifests),
                 created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **statistic)
@@ -213,22 +278,20 @@ def policy_comparison(logs, gate: Gate) -> pl.DataFrame:
     budget = float(gate.pilot["budget"])
     cal = pl.DataFrame([tuple(k) for k in gate.pilot["calibration_inputs"]], schema=list(zip(INPUT_KEY, (
         logs.inputs.schema[c] for c in INPUT_KEY))), orient="row")
-    risk_tau = replay.FixedTau(float(gate.tau))
-    policies = {"fixed": replay.FixedTau(), "z": replay.ZScored(), "midpoint": replay.Midpoint(), "risk": risk_tau}
+    recipes = [name for name in gated() if POLICIES[name].replay]  # the paper's: fixed, z, midpoint
+    policies = {**{name: policy_class(name)() for name in recipes}, "risk": replay.FixedTau(float(gate.tau))}
     frames = []
     for name, policy in policies.items():
-        use = logs
-        if name == "midpoint":
-            use, _ = policy.applicable(logs)
-            if use.inputs.height == 0:
-                continue
+        use, _ = policy.applicable(logs)
+        if use.inputs.height == 0:
+            continue
         g = replay.gated_outcomes(use, policy, evictor=gate.pilot["evictor"]).filter(pl.col("budget") == budget)
         if name == "risk":
             g = g.join(cal, on=list(INPUT_KEY), how="anti")
         harm = metrics.harm_rate(g, by=MATRIX_CELL, arm="gated").select(*MATRIX_CELL, "harm",
                                                                          pl.col("n").alias("n_inputs"))
         opened = g.group_by(MATRIX_CELL).agg(pl.col("gate_open").mean().alias("p_open"),
-                                             pl.col("tau").mean().alias("tau"))
+                                             formulas.expr(formulas.group_tau()).alias("tau"))
         kept = metrics.kept_kv(g, by=MATRIX_CELL).select(*MATRIX_CELL, "compression")
         frames.append(harm.join(opened, on=list(MATRIX_CELL)).join(kept, on=list(MATRIX_CELL))
                       .with_columns(pl.lit(name).alias("policy")))

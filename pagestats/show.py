@@ -103,7 +103,7 @@ def show_input(logs, run_id: str, task: str, input_id: int, *, policy: Policy = 
     verdict = "open: the arms evict" if opened else "closed: the gated arms keep the full cache"
     if decision["gate_open"].n_unique() > 1:
         verdict = f"open in {int(decision['gate_open'].sum())} of {decision.height} head-pair draws"
-    lines.append(f"D = {drop:.4f}   τ = {tau:.4f} ({getattr(policy, 'name', type(policy).__name__)})   gate {verdict}")
+    lines.append(f"D = {drop:.4f}   τ = {tau:.4f} ({policy.name})   gate {verdict}")
     agreement = row.get("agreement")
     if agreement is not None:
         a = np.asarray(agreement, dtype=float)

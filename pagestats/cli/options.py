@@ -8,6 +8,7 @@ a value that ``float``/``int`` would read but a person would not mean is refused
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import re
@@ -16,17 +17,8 @@ from fractions import Fraction
 from pagestats import defaults
 from pagestats.io.duck import MEMORY_LIMIT
 from pagestats.io.validation.problems import one_line
-from pagestats.replay import (
-    LAYER_SUBSETS,
-    PILOT_SPLITS,
-    FixedTau,
-    Midpoint,
-    Policy,
-    ProfileSpec,
-    TaskOracle,
-    ZScored,
-    recalibrate,
-)
+from pagestats.registry import policy_class, replayed
+from pagestats.replay import LAYER_SUBSETS, PILOT_SPLITS, Policy, ProfileSpec, recalibrate
 
 #: Bounds of the numeric options: beyond them a value is a typo, or a run of hours.
 MAX_DRAWS = 1000
@@ -144,25 +136,41 @@ def _given(args, name: str) -> bool:
     return getattr(args, name, None) is not None
 
 
+#: The policy options and the policy parameter each sets (a field of the policy classes).
+POLICY_OPTIONS = {"tau": "tau", "theta": "theta_z", "pilot_n": "pilot_n", "pilot_by": "pilot_by",
+                  "pilot_split": "pilot_split", "midpoint_tasks": "capacity_tasks"}
+
+
+def _fields(name: str) -> set[str]:
+    return {f.name for f in dataclasses.fields(policy_class(name))}
+
+
+def _readers(option: str) -> str:
+    """``--policy NAME`` of every registered policy that reads ``option``, joined by "or"."""
+    return " or ".join(f"--policy {n}" for n in replayed() if POLICY_OPTIONS[option] in _fields(n))
+
+
 def check_options(args) -> None:
     """Refuse options that the chosen policy and profile do not read (docs/CLI.md: exit 2).
 
-    ``--theta`` applies to ``--policy z``; ``--pilot-n``, ``--pilot-by`` and ``--pilot-split``
-    to a policy with a pilot (``--policy z`` or ``--recalibrate z``); ``--midpoint-tasks`` to
-    ``--policy midpoint``; ``--pair-draws`` to ``--pairs-fraction``; ``--seed`` to a
-    head-pair draw or a hashed pilot.
+    An option applies to a policy with the parameter it sets (:data:`POLICY_OPTIONS`): ``--theta``
+    to ``--policy z``; ``--pilot-n``, ``--pilot-by`` and ``--pilot-split`` to a policy with a
+    pilot size (``--policy z``, or ``--recalibrate z``); ``--midpoint-tasks`` to ``--policy
+    midpoint``; ``--pair-draws`` to ``--pairs-fraction``; ``--seed`` to a head-pair draw or a hashed pilot.
     """
     name = getattr(args, "policy", None) or "fixed"
+    fields = _fields(name)
     recal = getattr(args, "recalibrate", None) or "none"
-    has_pilot = name == "z" or recal == "z"
-    if _given(args, "theta") and name != "z":
-        raise ValueError(f"--theta applies to --policy z, not the {name} policy")
+    has_pilot = "pilot_n" in fields or recal == "z"
+    for opt in ("theta", "midpoint_tasks"):
+        if _given(args, opt) and POLICY_OPTIONS[opt] not in fields:
+            raise ValueError(f"--{opt.replace('_', '-')} applies to {_readers(opt)}, not the {name} policy")
     for opt in ("pilot_n", "pilot_by", "pilot_split"):
         if _given(args, opt) and not has_pilot:
-            raise ValueError(f"--{opt.replace('_', '-')} applies to a pilot (--policy z or --recalibrate z), "
+            raise ValueError(f"--{opt.replace('_', '-')} applies to a pilot ({_readers('pilot_n')} or --recalibrate z), "
                              f"not the {name} policy")
-    if _given(args, "midpoint_tasks") and name != "midpoint":
-        raise ValueError(f"--midpoint-tasks applies to --policy midpoint, not the {name} policy")
+    if _given(args, "tau") and "tau" not in fields:
+        raise ValueError(f"--tau applies to the fixed policy, not --policy {name}")
     if _given(args, "pair_draws") and getattr(args, "pairs_fraction", None) is None:
         raise ValueError("--pair-draws applies to --pairs-fraction (head-pair subsampling)")
     split = getattr(args, "pilot_split", None) or defaults.PILOT_SPLIT
@@ -175,52 +183,43 @@ def _pilot_by(args) -> tuple[str, ...]:
     return tuple(s.strip() for s in str(text).split(",") if s.strip())
 
 
+def _midpoint_samples(text: str) -> dict:
+    """``--midpoint-tasks`` → the two samples of :class:`Midpoint`: ``class`` pools by task class."""
+    if str(text).strip() == "class":
+        return {"capacity_tasks": None, "dilution_tasks": None}
+    parts = [t.strip() for t in str(text).split(",")]
+    if len(parts) != 2 or not all(parts) or parts[0] == parts[1]:
+        raise ValueError(f"--midpoint-tasks takes two different tasks CAPACITY_TASK,DILUTION_TASK "
+                         f"(e.g. niah_multikey_3,vt), got {text!r}")
+    return {"capacity_tasks": (parts[0],), "dilution_tasks": (parts[1],)}
+
+
 def policy_from_args(args) -> Policy:
     """The gate policy named by the ``pagestats whatif`` options.
 
-    ``--tau X`` → :class:`FixedTau` (X); ``--policy fixed`` or no flag → fixed τ = 0.07;
-    ``--policy z`` → :class:`ZScored` (``--theta``, ``--pilot-n``, ``--pilot-by``,
-    ``--pilot-split``, ``--seed``); ``--policy midpoint`` → :class:`Midpoint` (the paper's
-    samples, 20 NIAH-MK3 and 20 VT inputs, App. A.3.4 and Table 7; ``--midpoint-tasks CAP,DIL``
-    names two other tasks, ``--midpoint-tasks class`` pools every capacity-bound against every
-    dilution-prone input); ``--policy oracle`` →
-    :class:`TaskOracle`. ``--recalibrate z|midpoint`` then re-derives a fixed τ on the
-    changed statistic (:func:`pagestats.replay.recalibrate`, App. A.3.1). Options the policy
-    does not read are refused (:func:`check_options`).
+    ``--policy NAME`` (default ``fixed``) is the class of :data:`pagestats.registry.POLICIES`,
+    built with the options given for its parameters (:data:`POLICY_OPTIONS`; the class's defaults
+    otherwise, the paper's: τ = 0.07, θ_z = −0.69, a held-out pilot of 100 inputs per model, the
+    midpoint recipe's 20 NIAH-MK3 and 20 VT inputs, App. A.3.4 and Table 7). ``--midpoint-tasks
+    CAP,DIL`` names two other tasks, ``--midpoint-tasks class`` pools every capacity-bound against
+    every dilution-prone input. ``--recalibrate z|midpoint`` then re-derives a fixed τ on the
+    changed statistic (:func:`pagestats.replay.recalibrate`, App. A.3.1). Options the policy does
+    not read are refused (:func:`check_options`).
     """
     check_options(args)
-    tau = getattr(args, "tau", None)
-    name = getattr(args, "policy", None)
+    name = getattr(args, "policy", None) or "fixed"
     seed = int(getattr(args, "seed", None) or 0)
     pilot_n = int(getattr(args, "pilot_n", None) or defaults.PILOT_N)
     split = getattr(args, "pilot_split", None) or defaults.PILOT_SPLIT
     recal = getattr(args, "recalibrate", None) or "none"
-    if tau is not None:
-        if name not in (None, "fixed"):
-            raise ValueError(f"--tau applies to the fixed policy, not --policy {name}")
-        policy = FixedTau(float(tau))
-    elif name in (None, "fixed"):
-        policy = FixedTau(defaults.TAU)
-    elif name == "z":
-        theta = getattr(args, "theta", None)
-        policy = ZScored(theta_z=defaults.THETA_Z if theta is None else float(theta), pilot_n=pilot_n,
-                         pilot_by=_pilot_by(args), pilot_split=split, seed=seed)
-    elif name == "midpoint":
-        tasks = getattr(args, "midpoint_tasks", None)
-        if tasks is None:
-            policy = Midpoint()
-        elif str(tasks).strip() == "class":
-            policy = Midpoint(capacity_tasks=None, dilution_tasks=None)
-        else:
-            parts = [t.strip() for t in str(tasks).split(",")]
-            if len(parts) != 2 or not all(parts) or parts[0] == parts[1]:
-                raise ValueError(f"--midpoint-tasks takes two different tasks CAPACITY_TASK,DILUTION_TASK "
-                                 f"(e.g. niah_multikey_3,vt), got {tasks!r}")
-            policy = Midpoint(capacity_tasks=(parts[0],), dilution_tasks=(parts[1],))
-    elif name == "oracle":
-        policy = TaskOracle()
-    else:
-        raise ValueError(f"unknown policy {name!r}; expected fixed, z, midpoint or oracle")
+    given = {"tau": getattr(args, "tau", None), "theta_z": getattr(args, "theta", None),
+             "pilot_n": getattr(args, "pilot_n", None), "pilot_split": getattr(args, "pilot_split", None),
+             "pilot_by": _pilot_by(args) if _given(args, "pilot_by") else None, "seed": getattr(args, "seed", None)}
+    given = {k: v for k, v in given.items() if v is not None}  # the options given; the class's defaults else
+    if _given(args, "midpoint_tasks"):
+        given.update(_midpoint_samples(args.midpoint_tasks))
+    fields = _fields(name)
+    policy = policy_class(name)(**{k: v for k, v in given.items() if k in fields})
     return recalibrate(policy, recal, pilot_n=pilot_n, pilot_by=_pilot_by(args), pilot_split=split, seed=seed)
 
 
@@ -338,7 +337,7 @@ def add_policy(p: argparse.ArgumentParser) -> None:
     """The gate policy options of ``whatif`` and ``report`` (read by :func:`policy_from_args`)."""
     pol = p.add_mutually_exclusive_group()
     pol.add_argument("--tau", type=number(-1.0, 1.0, name="--tau"), help=f"fixed threshold τ (default: {defaults.TAU})")
-    pol.add_argument("--policy", choices=["fixed", "z", "midpoint", "oracle"], help="gate policy (default: fixed, τ = 0.07)")
+    pol.add_argument("--policy", choices=replayed(), help="gate policy (default: fixed, τ = 0.07)")
     p.add_argument("--theta", type=number(-1e3, 1e3, name="--theta"), default=None,
                    help=f"θ_z of the z-scored policy (default: {defaults.THETA_Z})")
     add_midpoint_tasks(p)

@@ -13,7 +13,6 @@ from pagestats.cli.prereg import band_problem
 from pagestats.io.logs import categorical_names
 from pagestats.io.validation.problems import one_line
 from pagestats.prereg import PreregistrationError, verified_band
-from pagestats.replay import FixedTau
 
 
 def add_parser(sub) -> None:
@@ -89,7 +88,7 @@ def run(args) -> int:
         db = logs
         logs = db.load(categorical=True)
         db.close()
-    if not isinstance(args.parsed_policy, FixedTau):  # a pilot or a sample the logs may not hold
+    if args.parsed_policy.fixed_tau is None:  # a pilot or a sample the logs may not hold
         try:
             replay.gate(first_draw(logs), args.parsed_policy)
         except ValueError as err:

@@ -82,6 +82,11 @@ class Policy(ABC):
         raise ValueError(f"recalibrating ({mode}) applies to a fixed τ; {self.name} "
                          "already derives its threshold from the statistic it gates on")
 
+    def applicable(self, logs):
+        """``logs`` restricted to the groups where the policy applies, and the rows (with a ``note``)
+        of the groups left out, or None: every group, by default."""
+        return logs, None
+
     def decide(self, frame: pl.DataFrame) -> pl.DataFrame:
         """``frame`` with ``in_pilot``, ``tau`` and ``gate_open`` added, row order kept (:func:`calibration`)."""
         return calibration(self, frame)[0]

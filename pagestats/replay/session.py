@@ -20,6 +20,7 @@ import polars as pl
 from pagestats.columns import rows_where
 from pagestats.io import duck
 from pagestats.io.database import is_database
+from pagestats import formulas
 from pagestats.replay import sql
 from pagestats.replay.gate import decided, gated_from_decisions
 from pagestats.replay.policies import FixedTau, Policy
@@ -214,11 +215,10 @@ class Replay:
         pilot = sql.pilot_rows(con, draw_columns) if self.policy.has_pilot else sql.no_pilot_rows(con)
         cols = list(PILOT_COLUMNS[:4])
         draw_columns = [c for c in ("pair_draw",) if c in pilot.columns]
-        tau = pl.col("tau")  # one τ per group and draw: its value, not a float mean of equal values
-        taus = pilot.group_by([*cols, *draw_columns]).agg(
-            pl.when(tau.min() == tau.max()).then(tau.first()).otherwise(tau.mean()))
+        tau = formulas.expr(formulas.group_tau()).alias("tau")  # per group and draw, then over the draws
+        taus = pilot.group_by([*cols, *draw_columns]).agg(tau)
         out = pilot.group_by(cols).agg(pl.struct(INPUT_KEY).n_unique().cast(pl.Int64).alias("n_pilot")).join(
-            taus.group_by(cols).agg(tau.mean()), on=cols, how="left", nulls_equal=True)
+            taus.group_by(cols).agg(tau), on=cols, how="left", nulls_equal=True)
         return out.with_columns(pl.lit(self.policy.held_out).alias("held_out")).select(
             *PILOT_COLUMNS).sort(cols)
 

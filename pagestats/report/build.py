@@ -314,7 +314,7 @@ def _pilots(ctx: Context) -> list[dict]:
         try:
             comp = pilot_composition(ctx.logs, policy, ctx.profile)
         except ValueError as err:  # the pilot does not fit these logs: say so
-            out.append({"pilot": label, "policy": getattr(policy, "name", repr(policy)), "unavailable": str(err)})
+            out.append({"pilot": label, "policy": policy.name, "unavailable": str(err)})
             continue
         if comp.height == 0:
             continue

@@ -16,9 +16,11 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import polars as pl
 
 from pagestats import defaults, formulas, metrics, replay
+from pagestats.io.decoding import decode_profile, flagged_tasks
 from pagestats.io.logs import categorical_names
 from pagestats.columns import headline_evictor, names_like, with_task_class
 from pagestats.schema import INPUT_KEY
@@ -105,14 +107,12 @@ class Context:
     @property
     def fixed_tau(self) -> float | None:
         """τ of a fixed-threshold policy, else None."""
-        return getattr(self.policy, "tau", None) if type(self.policy).__name__ == "FixedTau" else None
+        return self.policy.fixed_tau
 
     @functools.cached_property
     def matched_memory(self) -> pl.DataFrame:
         """Δ at matched memory per (model, context, evictor) (:func:`pagestats.metrics.matched_memory`),
         the evictors of a (model, context) on the same inputs as Table 28, with Table 28's seed."""
-        import numpy as np
-
         rows, _ = metrics.equal_inputs(self.gated, by=["model", "context_length"])
         by = ["model", "context_length", "evictor"]
         both = (rows.group_by(by).agg((pl.col("budget") == 1.0).any().alias("full"),
@@ -132,8 +132,6 @@ class Context:
         """(model, context_length, task, run) of every (run, task) whose full-KV answers the decode limit
         may have cut (:func:`pagestats.io.decoding.flagged_tasks`), read from the logs' files; empty
         when the logs hold no files (built in memory: nothing to read the text from)."""
-        from pagestats.io.decoding import decode_profile, flagged_tasks
-
         empty = pl.DataFrame(schema={"model": pl.String, "context_length": pl.Int64, "task": pl.String,
                                      "run": pl.String})
         files = [f for f in getattr(self.logs, "files", []) if f.table == "inputs"]

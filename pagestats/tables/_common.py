@@ -21,15 +21,9 @@ from pagestats.schema import INPUT_KEY
 
 
 def group_tau(col: str = "tau") -> pl.Expr:
-    """τ of a group of gate rows: the value itself when constant, else the mean.
-
-    A fixed, z-scored or midpoint τ is one number per calibration group, repeated on every
-    row; averaging the copies would round differently with the (thread-dependent) summation
-    order of a parallel group-by, so the report would not be bit-reproducible. The mean is
-    used only when τ really varies in the group (head-pair draws, a custom policy).
-    """
-    tau = pl.col(col)
-    return pl.when(tau.n_unique() == 1).then(tau.first()).otherwise(tau.mean()).alias(col)
+    """τ of a group of gate rows, :func:`pagestats.formulas.group_tau` (the value itself when
+    constant, so that a parallel group-by stays bit-reproducible; else the mean)."""
+    return formulas.expr(formulas.group_tau(col)).alias(col)
 
 
 def as_list(by) -> list[str]:

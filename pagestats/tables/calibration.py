@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import polars as pl
 
-from pagestats import defaults, metrics, replay
+from pagestats import defaults, formulas, metrics, replay
 from pagestats.columns import MODEL_CELL
 from pagestats.replay.pilot import pilot_mask
 from pagestats.replay.policies import FixedTau, Midpoint, RecalibratedTau, TaskOracle, ZScored
@@ -66,7 +66,7 @@ def calibration_table(logs, *, tau: float = defaults.TAU, n: int = defaults.MIDP
         d = metrics.delta(frame, by=MODEL_CELL).select(*MODEL_CELL, pl.col("delta").alias(f"delta_{suffix}"))
         po = metrics.p_open(frame, by=MODEL_CELL).select(*MODEL_CELL, pl.col("p_open").alias(f"p_open_{suffix}"))
         out = out.join(d, on=list(MODEL_CELL)).join(po, on=list(MODEL_CELL))
-    taus = gate.group_by(list(MODEL_CELL)).agg(pl.col("tau").first().alias("tau_calibrated"))
+    taus = gate.group_by(list(MODEL_CELL)).agg(formulas.expr(formulas.group_tau()).alias("tau_calibrated"))
     out = out.join(taus, on=list(MODEL_CELL)).with_columns(
         pl.lit(ev).alias("evictor"), pl.lit(float(tau)).alias("tau_fixed"),
         pl.when(pl.col("delta_calibrated") > pl.col("delta_fixed")).then(pl.lit("calibrated"))

@@ -1,0 +1,81 @@
+"""The policies by short name (pagestats.registry): one table that the command line, calibrate and the gate
+file read, each registered class a Policy under its own name; and no caller outside the policy classes asks
+which policy it has."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+
+import pytest
+
+from pagestats import registry
+from pagestats.cli import build_parser
+from pagestats.gatefile import Gate
+from pagestats.replay import CustomPolicy, FixedTau, Midpoint, Policy, RecalibratedTau, TaskOracle, ZScored
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _choices(command: str) -> list[str]:
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    return next(a for a in sub.choices[command]._actions if a.dest == "policy").choices
+
+
+def test_every_registered_class_is_a_policy_under_its_own_name():
+    assert list(registry.POLICIES) == ["fixed", "z", "midpoint", "oracle", "risk"]
+    for name in registry.POLICIES:
+        cls = registry.policy_class(name)
+        assert issubclass(cls, Policy) and registry.short_name(cls) == name
+    assert [FixedTau().short, ZScored().short, Midpoint().short, TaskOracle().short] == ["fixed", "z", "midpoint",
+                                                                                         "oracle"]
+    assert RecalibratedTau().short is None and CustomPolicy(lambda f: f["drop"] > 0).short is None
+    with pytest.raises(ValueError, match="unknown policy 'nope'; expected one of fixed, z, midpoint, oracle, risk"):
+        registry.policy_class("nope")
+
+
+def test_the_command_line_and_the_gate_file_read_the_registry():
+    assert _choices("whatif") == _choices("report") == registry.replayed() == ["fixed", "z", "midpoint", "oracle"]
+    assert _choices("calibrate") == registry.gated() == ["fixed", "z", "midpoint", "risk"]
+    for name in registry.gated():
+        assert Gate(tau=0.1, policy=name).policy == name
+    with pytest.raises(ValueError, match="policy must be one of fixed, z, midpoint, risk, got 'oracle'"):
+        Gate(tau=0.1, policy="oracle")
+
+
+def test_a_policy_says_what_its_callers_ask():
+    fixed, z, mid = FixedTau(0.05), ZScored(pilot_split="random"), Midpoint()
+    assert (fixed.fixed_tau, z.fixed_tau, mid.fixed_tau, TaskOracle().fixed_tau) == (0.05, None, None, None)
+    assert [p.has_pilot for p in (fixed, z, mid, TaskOracle())] == [False, True, True, False]
+    assert (ZScored().held_out, z.held_out, fixed.held_out) == (True, False, False)
+    assert RecalibratedTau().reads == ("reference_drop",) and CustomPolicy(lambda f: f).reads == ("agreement",)
+    assert not CustomPolicy(lambda f: f).per_draw and fixed.per_draw
+    assert fixed.recalibrated("z", pilot_n=7, pilot_by=("model",), pilot_split="first", seed=2) == RecalibratedTau(
+        tau=0.05, pilot_n=7, pilot_split="first", seed=2)
+    with pytest.raises(ValueError, match="applies to a fixed τ"):
+        z.recalibrated("z")
+
+
+#: A type check of a policy: isinstance against a policy class, or its class or class name compared.
+_TYPE_CHECK = re.compile(r"isinstance\([^)]*(Policy|FixedTau|ZScored|RecalibratedTau|Midpoint|TaskOracle|_POLICIES)"
+                         r"|type\([a-z_.]*policy\)|__name__\s*==\s*[\"'](FixedTau|ZScored|Midpoint|TaskOracle)")
+
+
+def test_the_type_check_finder_finds_a_planted_one():
+    assert _TYPE_CHECK.search("if isinstance(policy, FixedTau):")
+    assert _TYPE_CHECK.search('x = type(self.policy).__name__ == "FixedTau"')
+    assert not _TYPE_CHECK.search("if policy.fixed_tau is None:")
+
+
+def test_no_caller_asks_which_policy_it_has():
+    """Outside the policy classes, code reads a policy's attributes; the only type checks left refuse
+    what is not a Policy at all (the entry points of a replay)."""
+    found = []
+    for path in sorted((ROOT / "pagestats").rglob("*.py")) + sorted((ROOT / "collectors").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel in ("pagestats/replay/policies.py", "pagestats/replay/calibration.py"):
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if _TYPE_CHECK.search(line) and "isinstance(policy, Policy)" not in line:
+                found.append(f"{rel}:{n}: {line.strip()}")
+    assert found == []
