@@ -54,7 +54,8 @@ _CUT = """coalesce(list_bool_or(list_transform("references", lambda r:
         ends_with(_p, lower(substr(r, 1, k)))
         AND (length(pred) = k OR NOT regexp_matches(substr(pred, length(pred) - k, 1), '[[:alnum:]]')))), false))),
     false)"""
-# The run's directory name (a file <run>/inputs/<part> or <run>/outcomes/<part>), else its run_id (loose files).
+# The run's directory name (a file <run>/inputs/<part> or <run>/outcomes/<part>), else its run_id (loose files);
+# computed once per (file, run_id) group of the rows (:func:`_by_run`), not for every row.
 _RUN_DIR = "coalesce(nullif(regexp_extract(filename, '([^/]+)/(inputs|outcomes)/[^/]+$', 1), ''), run_id)"
 # The decodes the limit may have cut: those that stopped at it, and those whose reason a v1 log did not record.
 _MAY_BE_CUT = f"stop_reason IN ('length', '{schema.STOP_UNKNOWN}')"
@@ -115,12 +116,12 @@ def _relation(con: duckdb.DuckDBPyConnection, files, table: str, columns: dict[s
 
 
 def _rows(con, files, *, arms: bool, text: bool) -> str | None:
-    """SQL of one row per decode: run, run_id, task, input_id, arm ('full' or the evictor), budget,
+    """SQL of one row per decode: filename, run_id, task, input_id, arm ('full' or the evictor), budget,
     stop_reason, n_generated (``None`` without inputs files). With ``text``, only the decodes the limit
     may have cut that logged a text (:data:`_READ_TEXT`; imported runs log none), each with its ``pred`` and
     its input's ``references``; without it, no text column is read."""
     texts = {"pred": "full_prediction", '"references"': '"references"'} if text else {}
-    inputs = _relation(con, files, "inputs", {"run": _RUN_DIR, "run_id": "run_id", "task": "task",
+    inputs = _relation(con, files, "inputs", {"filename": "filename", "run_id": "run_id", "task": "task",
                                               "input_id": "input_id", "stop_reason": "full_stop_reason",
                                               "n_generated": "full_n_generated", **texts})
     if inputs is None:
@@ -129,7 +130,7 @@ def _rows(con, files, *, arms: bool, text: bool) -> str | None:
     full = f"SELECT * EXCLUDE (input_id), 'full' AS arm FROM ({inputs}){keep}"
     if not arms:
         return full
-    outcomes = _relation(con, files, "outcomes", {"run": _RUN_DIR, "run_id": "run_id", "task": "task",
+    outcomes = _relation(con, files, "outcomes", {"filename": "filename", "run_id": "run_id", "task": "task",
                                                   "input_id": "input_id", "arm": "evictor", "budget": "budget",
                                                   "stop_reason": "stop_reason", "n_generated": "n_generated",
                                                   **({"pred": "prediction"} if text else {})})
@@ -176,23 +177,21 @@ def decode_profile(files, *, arms: bool = True) -> pl.DataFrame:
         found = _kept(kept)
         if found is not None:
             return found
-    con = duck.connect(threads=1)
+    con = duck.connect()
     try:
         rows = _rows(con, files, arms=arms, text=False)
         if rows is None:
             raise ValueError("no inputs files to profile")
-        counts = con.sql(f"""
-            SELECT run, run_id, task, arm, count(*)::BIGINT AS n,
-                   count_if(stop_reason = 'length')::BIGINT AS n_length,
-                   count_if(stop_reason = '{schema.STOP_UNKNOWN}')::BIGINT AS n_unknown,
-                   max(n_generated)::BIGINT AS max_generated
-            FROM ({rows}) GROUP BY run, run_id, task, arm""").pl()
+        counts = con.sql(_by_run(f"""
+            SELECT filename, run_id, task, arm, count(*) AS n, count_if(stop_reason = 'length') AS n_length,
+                   count_if(stop_reason = '{schema.STOP_UNKNOWN}') AS n_unknown, max(n_generated) AS max_generated
+            FROM ({rows}) GROUP BY filename, run_id, task, arm""", ("n", "n_length", "n_unknown"), ("max_generated",))).pl()
         readings = pl.DataFrame(schema={k: pl.String for k in _CELL} | {"n_looping": pl.Int64, "n_cut": pl.Int64})
         if (counts["n_length"] + counts["n_unknown"]).sum() > 0:
-            readings = con.sql(f"""
-                SELECT run, run_id, task, arm, count_if({_LOOP})::BIGINT AS n_looping, count_if({_CUT})::BIGINT AS n_cut
+            readings = con.sql(_by_run(f"""
+                SELECT filename, run_id, task, arm, count_if({_LOOP}) AS n_looping, count_if({_CUT}) AS n_cut
                 FROM ({_read(_rows(con, files, arms=arms, text=True))})
-                GROUP BY run, run_id, task, arm""").pl()
+                GROUP BY filename, run_id, task, arm""", ("n_looping", "n_cut"))).pl()
     finally:
         con.close()
     out = counts.join(readings, on=list(_CELL), how="left").with_columns(pl.col("n_looping", "n_cut").fill_null(0))
@@ -201,6 +200,14 @@ def decode_profile(files, *, arms: bool = True) -> pl.DataFrame:
     if kept is not None:
         _keep(kept, out.filter(pl.col("arm") == "full"))
     return out
+
+
+def _by_run(counts: str, sums: tuple[str, ...], most: tuple[str, ...] = ()) -> str:
+    """SQL of ``counts`` (rows per filename, run_id, task, arm) per (run, run_id, task, arm): the columns
+    ``sums`` summed, ``most`` their maximum, as BIGINT."""
+    values = [f"sum({c})::BIGINT AS {c}" for c in sums] + [f"max({c})::BIGINT AS {c}" for c in most]
+    return (f"SELECT run, run_id, task, arm, {', '.join(values)} FROM (SELECT {_RUN_DIR} AS run, * FROM ({counts})) "
+            "GROUP BY run, run_id, task, arm")
 
 
 def _kept_path(files) -> Path | None:

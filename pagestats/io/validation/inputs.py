@@ -13,9 +13,11 @@ manifest ``n_layers`` (else consistent within the run) and ≥ 2; ``pair_jaccard
 The rules run on the relation ``inp`` of a DuckDB connection (the inputs without later
 duplicates). One aggregate over ``inp`` grouped by (run_id, task, model, context_length,
 draw, L, P) — a few rows per run — yields the per-run references (modes) and every count;
-the bad rows are fetched only for the rules that fire. The two rules that need the whole
-profile (agreement vs pair Jaccards, and the recomputed drop of Eq. 3) stream the lists
-through NumPy in record batches.
+the bad rows are fetched only for the rules that fire. The rules that read every value of the
+profile lists (null elements, values in [0, 1], agreement vs pair Jaccards, and the recomputed
+drop of Eq. 3) run in NumPy on the Arrow buffers of the lists, streamed once in record batches
+(DuckDB's list aggregates took three times as long at 1M inputs; docs/PERFORMANCE.md, "The first
+calls on a new release").
 
 References
 ----------
@@ -38,6 +40,7 @@ from pagestats.io.validation.problems import (
     emit,
     first_row,
     mode,
+    null_elements,
     null_problems,
     one,
     out_of_range,
@@ -52,6 +55,8 @@ DROP_TOLERANCE = 1e-6
 AGREEMENT_TOLERANCE = 1e-6
 #: Inputs per record batch of the scan (bounds memory: the profile lists of one batch at a time).
 _BATCH = 32_768
+#: The profile list columns whose values the scan streams to NumPy.
+_LISTS = ("agreement", "pair_jaccard")
 
 #: Range rules counted in the summary: (name, SQL condition on ``inp``, rule, detail column).
 _RANGE_RULES = (
@@ -59,10 +64,6 @@ _RANGE_RULES = (
     ("drop", '("drop" IS NOT NULL AND NOT isfinite("drop"))', "drop is NaN or infinite", "drop"),
     ("n_tokens", "n_tokens < 1", "n_tokens < 1", "n_tokens"),
 )
-
-
-def _values_bad(col: str) -> str:
-    return f"(len({col}) > 0 AND (NOT isfinite(list_sum({col})) OR list_min({col}) < 0 OR list_max({col}) > 1))"
 
 
 #: Rules on the summary columns (joined with the per-run reference ``_ref``): (SQL condition,
@@ -102,17 +103,18 @@ def _check_inputs(con, files, runs, nulls=(), listed=None) -> list[Problem]:
     task of the manifest's ``tasks`` with no row is reported at the manifest. A task with more
     inputs of one draw than the manifest's ``n_per_task`` is reported there too."""
     problems: list[Problem] = []
+    holes = {i: c for i, (cond, _, _) in enumerate(nulls) for c in _LISTS if cond == null_elements(c)}
     flags = [f"({cond}) AS _c_{name}" for name, cond, _, _ in _RANGE_RULES]
-    flags += [f"{_values_bad(c)} AS _c_{c}" for c in ("agreement", "pair_jaccard")]
-    flags += [f"({cond}) AS _null_{i}" for i, (cond, _, _) in enumerate(nulls)]
+    flags += [f"({cond}) AS _null_{i}" for i, (cond, _, _) in enumerate(nulls) if i not in holes]
     reader = con.sql(
         'SELECT _file, _row, run_id, task, model, context_length, draw, "drop", len(agreement) AS _L, '
-        f"len(pair_jaccard) AS _P, {', '.join(flags)}, agreement, pair_jaccard FROM inp"
+        f"len(pair_jaccard) AS _P, {', '.join(flags)}, agreement::FLOAT[] AS agreement, "
+        "pair_jaccard::FLOAT[] AS pair_jaccard FROM inp"
     ).to_arrow_reader(_BATCH)
-    profiles = _Profiles(runs)
+    profiles = _Profiles(runs, {c: nulls[i][2][1] for i, c in holes.items()})
     parts = []
     for batch in reader:
-        meta = pl.from_arrow(batch.drop_columns(["agreement", "pair_jaccard"]))
+        meta = pl.from_arrow(batch.drop_columns(list(_LISTS)))
         part = (meta.group_by(_GROUP).agg(
             pl.len().alias("n"), (pl.col("_file").cast(pl.Int64) * 2**32 + pl.col("_row")).min().alias("_first"),
             pl.col("^_c_.*$", "^_null_.*$").sum()))
@@ -125,7 +127,11 @@ def _check_inputs(con, files, runs, nulls=(), listed=None) -> list[Problem]:
         pl.col("n").sum(), pl.col("_first").min(), pl.col("^_c_.*$", "^_null_.*$").sum())
     problems += _task_counts(summary, runs, listed or {})
     totals = summary.select(pl.col("^_c_.*$", "^_null_.*$").sum()).row(0, named=True)
-    problems += null_problems(con, "inputs", nulls, [totals[f"_null_{i}"] for i in range(len(nulls))], files)
+    for i, check in enumerate(nulls):  # in the order of the checks
+        if i in holes:
+            problems += profiles.holes[holes[i]].problems(files, check[1])
+        else:
+            problems += null_problems(con, "inputs", [check], [totals[f"_null_{i}"]], files)
 
     for name, cond, rule, col in _RANGE_RULES[:2]:
         if totals[f"_c_{name}"]:
@@ -178,10 +184,8 @@ def _check_inputs(con, files, runs, nulls=(), listed=None) -> list[Problem]:
         con.unregister("_ref")
 
     # profile values are Jaccards: finite and in [0, 1]
-    for col in ("agreement", "pair_jaccard"):
-        if totals[f"_c_{col}"]:
-            problems += emit(con, f"SELECT _file, _row FROM inp WHERE {_values_bad(col)}", files,
-                             f"{col} has values outside [0, 1] or NaN")
+    for col in _LISTS:
+        problems += profiles.values_bad[col].problems(files, f"{col} has values outside [0, 1] or NaN")
     problems += profiles.problems(files)
     return problems
 
@@ -254,14 +258,55 @@ def _triangular(p: int) -> bool:
     return h >= 2 and h * (h - 1) // 2 == p
 
 
-def _rows(lists: pa.ListArray, idx: np.ndarray, width: int) -> np.ndarray:
-    """Lists ``idx`` (all of length ``width``) as a matrix of their float32 values (a null
-    element is NaN); reductions over it accumulate in float64. Converted through polars:
-    pyarrow's own ``to_numpy`` imports pandas (0.3–0.45 s of a cold validation at 1M inputs)."""
-    rows = pl.Series(lists)
-    if len(idx) < len(rows):
-        rows = rows.gather(idx)
-    return rows.explode().to_numpy().reshape(len(idx), width)
+class _Lists:
+    """One list column of a record batch as NumPy views of its Arrow buffers (no copy but the
+    null elements, read as NaN): ``offsets`` (one more than rows), ``values``, ``null_lists``
+    (per row) and ``null_values`` (per element; ``None`` when there is none). Read from the
+    buffers: pyarrow's own ``to_numpy`` imports pandas (0.3–0.45 s of a cold validation)."""
+
+    def __init__(self, lists: pa.Array):
+        if not (pa.types.is_list(lists.type) or pa.types.is_large_list(lists.type)) \
+                or lists.type.value_type != pa.float32():
+            raise TypeError(f"expected a list of float32, got {lists.type}")
+        n, start = len(lists), lists.offset
+        index = np.int64 if pa.types.is_large_list(lists.type) else np.int32
+        self.offsets = np.frombuffer(lists.buffers()[1], dtype=index, count=start + n + 1)[start:].astype(np.int64)
+        self.null_lists = _nulls(lists.buffers()[0], start, n) if lists.null_count else np.zeros(n, dtype=bool)
+        values = lists.values
+        end = int(self.offsets[-1]) if n else 0
+        data = values.buffers()[1]
+        self.values = (np.frombuffer(data, dtype=np.float32, count=values.offset + end)[values.offset:] if end
+                       else np.empty(0, dtype=np.float32))  # every list null or empty: there may be no buffer
+        self.null_values = None
+        if values.null_count:
+            self.null_values = _nulls(values.buffers()[0], values.offset, end)
+            self.values = np.where(self.null_values, np.float32(np.nan), self.values)
+        self.lengths = np.diff(self.offsets)
+
+    def count(self, flags: np.ndarray) -> np.ndarray:
+        """Per row, how many of its elements ``flags`` (one per value) marks."""
+        total = np.concatenate(([0], np.cumsum(flags, dtype=np.int64)))
+        return total[self.offsets[1:]] - total[self.offsets[:-1]]
+
+    def any(self, flags: np.ndarray) -> np.ndarray:
+        """Per row, whether ``flags`` (one per value) marks any of its elements."""
+        n = len(self.lengths)
+        if n and self.lengths[0] > 0 and (self.lengths == self.lengths[0]).all():  # a matrix
+            return flags[self.offsets[0]:self.offsets[-1]].reshape(n, -1).any(axis=1)
+        return self.count(flags) > 0
+
+    def matrix(self, idx: np.ndarray, width: int) -> np.ndarray:
+        """Rows ``idx`` (all of length ``width``) as a ``(len(idx), width)`` float32 matrix."""
+        if len(idx) == len(self.lengths):  # every row: the values are contiguous
+            start = self.offsets[0]
+            return self.values[start:start + len(idx) * width].reshape(len(idx), width)
+        return self.values[self.offsets[idx][:, None] + np.arange(width)]
+
+
+def _nulls(bitmap, offset: int, n: int) -> np.ndarray:
+    """Where an Arrow validity bitmap marks nulls, as bools (``n`` from bit ``offset``)."""
+    bits = np.unpackbits(np.frombuffer(bitmap, dtype=np.uint8), bitorder="little", count=offset + n)
+    return bits[offset:] == 0
 
 
 def _pairs(a: np.ndarray, b: np.ndarray) -> list[tuple[int, int]]:
@@ -270,9 +315,23 @@ def _pairs(a: np.ndarray, b: np.ndarray) -> list[tuple[int, int]]:
     return [(int(k >> 32), int(k & 0xFFFFFFFF)) for k in keys]
 
 
-class _Profiles:
-    """Two rules on whole profiles, fed the record batches of the scan of ``inp`` (NumPy):
+def _layer_means(j: np.ndarray, n_layers: int) -> np.ndarray:
+    """Per row and layer, the float64 mean of the layer's block of ``j`` (rows × L·P/L, layer-major),
+    summed in the order of NumPy's ``mean(axis=-1, dtype=float64)`` (the same bits)."""
+    blocks = j.reshape(len(j), n_layers, j.shape[1] // n_layers)
+    total = blocks[..., 0].astype(np.float64)
+    for k in range(1, blocks.shape[-1]):
+        total += blocks[..., k]
+    return total / blocks.shape[-1]
 
+
+class _Profiles:
+    """The rules on every value of the profile lists, fed the record batches of the scan of
+    ``inp`` (NumPy):
+
+    * no null element in ``agreement`` or ``pair_jaccard`` (``holes``: the null rules of
+      :func:`~pagestats.io.validation.problems.null_checks` passed in, by column);
+    * every value finite and in [0, 1] (``values_bad``, by column);
     * ``agreement`` equals the per-layer mean of ``pair_jaccard`` (§3, Eq. 3), where both are
       logged (rows whose list lengths do not split into L layers are reported by the length
       rules; NaN or out-of-range values by the range rule, so a NaN difference is not
@@ -281,24 +340,29 @@ class _Profiles:
       bins of the run's manifest.
     """
 
-    def __init__(self, runs):
+    def __init__(self, runs, holes=None):
         self.settings = [(defaults.BIN_FRACTION, defaults.BIN_CONVENTION)]  # 0: runs without a manifest
         for info in runs.values():
             if (info.bin_fraction, info.convention) not in self.settings:
                 self.settings.append((info.bin_fraction, info.convention))
         self.setting_of = {run_id: self.settings.index((info.bin_fraction, info.convention))
                            for run_id, info in runs.items()}
+        self.hole_text = dict(holes or {})  # column → detail of its null-element rule
+        self.holes = {c: Collector() for c in self.hole_text}
+        self.values_bad = {c: Collector() for c in _LISTS}
         self.pairs_bad, self.drop_bad, self.cannot = Collector(), {}, {}
 
     def update(self, batch: pa.RecordBatch, meta: pl.DataFrame) -> None:
         L_col, P_col = meta["_L"].fill_null(0).to_numpy(), meta["_P"].fill_null(0).to_numpy()
         files, rows = meta["_file"].to_numpy(), meta["_row"].to_numpy()
+        lists = {c: _Lists(batch.column(c)) for c in _LISTS}
+        for col, found in lists.items():
+            self._values(col, found, files, rows)
         pair_ok = (L_col >= 1) & (P_col > 0) & (P_col % np.maximum(L_col, 1) == 0)
         for n_layers, n_pairs in _pairs(L_col[pair_ok], P_col[pair_ok]):
             idx = np.flatnonzero(pair_ok & (L_col == n_layers) & (P_col == n_pairs))
-            a = _rows(batch.column("agreement"), idx, n_layers)
-            j = _rows(batch.column("pair_jaccard"), idx, n_pairs)
-            means = j.reshape(len(idx), n_layers, n_pairs // n_layers).mean(axis=-1, dtype=np.float64)
+            a = lists["agreement"].matrix(idx, n_layers)
+            means = _layer_means(lists["pair_jaccard"].matrix(idx, n_pairs), n_layers)
             err = np.abs(means - a).max(axis=-1)
             for i in np.flatnonzero(err > AGREEMENT_TOLERANCE):
                 self.pairs_bad.add(int(files[idx[i]]), int(rows[idx[i]]), f"max |a_ℓ − mean pair Jaccard| = {err[i]:.3g}")
@@ -316,7 +380,7 @@ class _Profiles:
                 self.cannot[key] = (min(first, self.cannot[key][0]), self.cannot[key][1])
                 continue
             try:
-                recomputed = profile.drop_from_agreement(_rows(batch.column("agreement"), idx, n_layers), fraction,
+                recomputed = profile.drop_from_agreement(lists["agreement"].matrix(idx, n_layers), fraction,
                                                          convention)
             except ValueError as err:
                 self.cannot[key] = (min(zip(files[idx].tolist(), rows[idx].tolist())), str(err))
@@ -328,7 +392,22 @@ class _Profiles:
                     int(files[r]), int(rows[r]),
                     f"logged {value_text(float(drop[r]))} but agreement gives {value_text(float(recomputed[i]))}")
 
+    def _values(self, col: str, lists: _Lists, files: np.ndarray, rows: np.ndarray) -> None:
+        """The rows of ``col`` with a null element, and those with a value (not null) that is not
+        a number in [0, 1]."""
+        outside = ~((lists.values >= 0) & (lists.values <= 1))  # NaN too
+        if lists.null_values is not None:  # read as NaN: a hole, not a bad value
+            outside &= ~lists.null_values
+            if col in self.holes:
+                holes = lists.count(lists.null_values)
+                for i in np.flatnonzero((holes > 0) & ~lists.null_lists):
+                    self.holes[col].add(int(files[i]), int(rows[i]), self.hole_text[col](
+                        {"_holes": int(holes[i]), "_len": int(lists.lengths[i])}))
+        for i in np.flatnonzero(lists.any(outside) & ~lists.null_lists):
+            self.values_bad[col].add(int(files[i]), int(rows[i]), None)
+
     def problems(self, files) -> list[Problem]:
+        """The problems of the agreement and drop rules (the others are read by column)."""
         pairs_bad, drop_bad, cannot = self.pairs_bad, self.drop_bad, self.cannot
         problems = pairs_bad.problems(files, "agreement differs from the layer means of pair_jaccard")
         for (fraction, convention), found in drop_bad.items():

@@ -153,10 +153,16 @@ def null_checks(table: str, present: list[str], imported: tuple[str, ...] = ()) 
                 cond += f" AND run_id NOT IN ({exempt})"
             checks.append((cond, f"{table} column {col.name!r} is null", None))
         if col.kind in (schema.FLOAT_LIST, schema.INT_LIST, schema.STRING_LIST):
-            checks.append((f"list_count({q}) < len({q})", f"{table} column {col.name!r} has null elements",
+            checks.append((null_elements(col.name), f"{table} column {col.name!r} has null elements",
                            (f"len({q}) - list_count({q}) AS _holes, len({q}) AS _len",
                             lambda r: f"{r['_holes']} of {r['_len']} elements null")))
     return checks
+
+
+def null_elements(col: str) -> str:
+    """SQL condition of :func:`null_checks`: the list column ``col`` holds a null element."""
+    q = ident(col)
+    return f"list_count({q}) < len({q})"
 
 
 def null_problems(con, table: str, checks: list[tuple], counts, files: list[str]) -> list[Problem]:
