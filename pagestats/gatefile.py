@@ -27,6 +27,15 @@ from pagestats.registry import gated
 GATE_FORMAT = 1
 
 
+def gate_open(drop, tau):
+    """The gate rule (§3, Eq. 2): evict iff D ≥ τ, on a D or a NumPy array of them.
+
+    :data:`pagestats.formulas.GATE_RULE` is the same rule in SQL; this one serves a deployed gate
+    (:mod:`collectors.deploy`), which reads no polars. A NaN D keeps the gate closed.
+    """
+    return drop >= tau
+
+
 @dataclass(frozen=True)
 class Gate:
     """A calibrated gate (§3): evict iff D ≥ ``tau``, D computed with (``window``, ``k``, bins).
