@@ -79,3 +79,28 @@ def test_no_caller_asks_which_policy_it_has():
             if _TYPE_CHECK.search(line) and "isinstance(policy, Policy)" not in line:
                 found.append(f"{rel}:{n}: {line.strip()}")
     assert found == []
+
+
+def test_every_policy_decides_through_one_calibrate():
+    """calibrate(con, source) of a CustomPolicy (Python on the rows, joined back) and of the oracle decides as
+    their rules say, row for row, whatever the frame's row order; the oracle refuses an input without a class."""
+    import polars as pl
+
+    from pagestats.replay.calibration import calibration
+
+    frame = pl.DataFrame({"run_id": ["r"] * 6, "task": ["vt", "niah_multikey_3"] * 3, "input_id": [3, 1, 2, 0, 5, 4],
+                          "model": ["m"] * 6, "context_length": [4096] * 6,
+                          "task_class": ["dilution-prone", "capacity-bound"] * 3,
+                          "drop": [0.3, 0.01, 0.2, 0.05, 0.1, 0.0],
+                          "agreement": [[0.5, float(i)] for i in range(6)]})
+    custom = CustomPolicy(lambda f: (f["agreement"].list.get(1) >= 3).to_numpy(), name="late")
+    decided, record = calibration(custom, frame)
+    assert decided["gate_open"].to_list() == [i >= 3 for i in range(6)] and record == []
+    assert decided["tau"].null_count() == 6 and not decided["in_pilot"].any()
+    oracle = calibration(TaskOracle(), frame)[0]
+    assert oracle["gate_open"].to_list() == [True, False] * 3
+    with pytest.raises(ValueError, match="task_class is null"):
+        TaskOracle().decide(frame.with_columns(pl.lit(None, pl.String).alias("task_class")))
+    fixed = FixedTau(0.1)
+    assert calibration(fixed, frame)[0]["gate_open"].to_list() == fixed.decide(frame)["gate_open"].to_list() == [
+        d >= 0.1 for d in frame["drop"]]
