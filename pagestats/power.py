@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
+from scipy.stats import beta
 
-from pagestats import defaults
+from pagestats import defaults, metrics
 from pagestats.columns import MATRIX_CELL, input_key
 from pagestats.stats import power as pw
+from pagestats.tables import recovery_table
 
 __all__ = ["CLAIM_COLUMNS", "claims_table", "delta_cells", "delta_power_table"]
 
@@ -68,8 +70,6 @@ def delta_power_table(gated: pl.DataFrame, *, effect: float, power: float = 0.8,
 
 
 def _rho_rows(gated, evictor, confidence_level, power):
-    from pagestats.tables import recovery_table
-
     table = recovery_table(gated, evictor=evictor, confidence_level=confidence_level).filter(pl.col("scope") == "cell")
     rows = []
     for r in table.iter_rows(named=True):
@@ -87,8 +87,6 @@ def _rho_rows(gated, evictor, confidence_level, power):
 
 
 def _delta_rows(gated, rng, confidence_level, power):
-    from pagestats import metrics
-
     boot = metrics.delta_bootstrap(gated, rng=rng, confidence_level=confidence_level)
     diffs = {tuple(k.values()): d for k, d in delta_cells(gated)}
     rows = []
@@ -105,8 +103,6 @@ def _delta_rows(gated, rng, confidence_level, power):
 
 
 def _harm_rows(gated, harm_bound, budget, confidence_level, power):
-    from scipy.stats import beta
-
     at = gated.filter((pl.col("budget") == float(budget)) & pl.col("score_full").is_not_null())  # harm needs A(1, x)
     if at.height == 0:
         raise ValueError(f"claims_table: no outcomes at budget {budget!r}")

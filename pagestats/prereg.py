@@ -19,6 +19,9 @@ import re
 from datetime import datetime, timezone
 from pathlib import Path
 
+import polars as pl
+
+from pagestats import formulas
 from pagestats.schema import utc_time
 
 __all__ = [
@@ -85,8 +88,6 @@ def load_band(path, sha256: str):
     PreregistrationError
         The hash differs, or the file is not a band.
     """
-    import polars as pl
-
     if not is_sha256(sha256):
         raise PreregistrationError(f"the recorded sha256 must be 64 hexadecimal characters, got {sha256!r}")
     expected = str(sha256).strip().lower()
@@ -135,10 +136,6 @@ def check_frozen_before(meta: dict, manifests: dict, run_ids) -> None:
 def target_runs(logs, context_length: int, evictor: str) -> list[str]:
     """The runs that hold eviction outcomes (b < 1) of ``evictor`` at ``context_length``: the
     measurement a band at that context is checked on."""
-    import polars as pl
-
-    from pagestats import formulas
-
     runs = logs.inputs.filter(pl.col("context_length") == int(context_length)).select("run_id").unique()
     rows = logs.outcomes.filter((pl.col("evictor") == evictor) & formulas.EVICTED).join(runs, on="run_id")
     return sorted(rows["run_id"].unique().to_list())

@@ -25,8 +25,12 @@ reproduces ``drop`` bit for bit.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pyarrow as pa
 
@@ -283,8 +287,6 @@ def schema_problems(table: str, schema: pa.Schema) -> list[str]:
 
 def sha256_file(path) -> str:
     """Hex sha256 of a file's bytes (streamed)."""
-    import hashlib
-
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
@@ -319,9 +321,7 @@ def write_parquet(table: str, data, path) -> int:
     Returns the number of rows written. A crash leaves either the old file or none, never a
     truncated one.
     """
-    import os
-
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # 75 ms, not paid by `pagestats-collect --help` (ARCHITECTURE.md)
 
     arrow = to_arrow(table, data)
     path = os.fspath(path)
@@ -338,11 +338,7 @@ def write_manifest(run_dir, manifest: dict) -> str:
     """Write ``<run_dir>/manifest.json`` atomically, filling ``files`` with the path (relative
     to the run), sha256 and row count of every parquet file under ``inputs/``, ``outcomes/``
     and ``topk/``. ``schema_version`` is set to :data:`SCHEMA_VERSION`. Returns the path."""
-    import json
-    import os
-    from pathlib import Path
-
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # 75 ms, not paid by `pagestats-collect --help` (ARCHITECTURE.md)
 
     run = Path(run_dir)
     files = []

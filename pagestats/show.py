@@ -10,6 +10,7 @@ PAGE paper, §3 (a_ℓ, D, Eq. 3; the gate, Eq. 2); docs/SCHEMA.md (the ``inputs
 
 from __future__ import annotations
 
+import os
 import textwrap
 
 import numpy as np
@@ -50,8 +51,6 @@ def parse_input_spec(spec: str, logs) -> tuple[str, str, int]:
 
 def run_names(logs) -> dict[str, str]:
     """Every name a run answers to (its run_id, and the name of its directory) → run_id."""
-    import os
-
     names = {run_id: run_id for run_id in logs.inputs["run_id"].unique().to_list()}
     for run_id, folder in (getattr(logs, "run_dirs", None) or {}).items():
         names.setdefault(os.path.basename(os.path.normpath(folder)), run_id)

@@ -4,8 +4,8 @@ One rule for every output path of the command line — ``report --out``, ``index
 ``prereg freeze --out``, ``whatif -o``, ``--temp-dir``: the path is not empty, and the
 nearest part of it that exists is a folder that can be written (a path under a file, such as
 ``/dev/null/x``, is refused). :func:`folder_problem` adds what a folder target must be,
-:func:`file_problem` what a file target must be. Each returns one line or ``None``; the
-command line prints it as a usage error (exit 2).
+:func:`file_problem` what a file target must be, :func:`report_problem` what a report folder
+must be. Each returns one line or ``None``; the command line prints it as a usage error (exit 2).
 """
 
 from __future__ import annotations
@@ -81,4 +81,23 @@ def file_problem(text, option: str, *, replace: str = "any", suffixes: tuple[str
                 return f"{option} {text}: cannot read it ({_reason(err)})"
             if head[8:12] != DUCKDB_MAGIC:
                 return f"{option} {text} exists and is not a DuckDB database; it is not replaced"
+    return parent_problem(text, option)
+
+
+def report_problem(text, option: str) -> str | None:
+    """Why ``text`` cannot receive a report: empty, an existing non-folder, or a non-empty folder
+    that is not a previous report (one with ``index.json``, which a new report replaces)."""
+    text = os.fspath(text)
+    if not text.strip():
+        return f"{option} is empty; name the report folder"
+    path = Path(text)
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        return f"{option} {text} exists and is not a folder"
+    if path.is_dir():
+        try:
+            entries = {e.name for e in os.scandir(path)}
+        except OSError as err:
+            return f"{option} {text}: cannot list it ({_reason(err)})"
+        if entries and "index.json" not in entries:
+            return f"{option} {text} is a non-empty folder that is not a pagestats report; it is not replaced"
     return parent_problem(text, option)

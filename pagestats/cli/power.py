@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import polars as pl
 
-from pagestats import defaults
+from pagestats import defaults, replay
 from pagestats.cli.logs import exclusion_line
 from pagestats.cli.options import number
 from pagestats.escape import csv_frame
@@ -127,7 +127,7 @@ def _print(frame: pl.DataFrame, fmt: str) -> None:
 
 def run(args) -> int:
     """Exit 0; 1 on bad logs; 2 on bad usage."""
-    from pagestats.stats import power as pw
+    from pagestats.stats import power as pw  # SciPy and statsmodels: imported only for `power` (ARCHITECTURE.md)
 
     if args.kind in ("rho", "harm"):
         try:
@@ -145,7 +145,7 @@ def run(args) -> int:
     logs, code = _load(args.logs)
     if logs is None:
         return code
-    from pagestats import power, replay
+    from pagestats import power  # the tables, SciPy and statsmodels: imported only for `power` (ARCHITECTURE.md)
 
     gated = replay.gated_outcomes(logs, replay.FixedTau())
     try:

@@ -21,8 +21,9 @@ from pagestats.cli.options import (
 )
 from pagestats.escape import csv_frame
 from pagestats.io.validation.problems import one_line
-from pagestats.prereg import PreregistrationError, freeze_band, verified_band
-from pagestats.replay import FixedTau
+from pagestats.prereg import PreregistrationError, freeze_band, is_sha256, load_band, verified_band
+from pagestats.replay import FixedTau, gated_outcomes
+from pagestats.targets import file_problem
 
 
 def add_parser(sub) -> None:
@@ -56,8 +57,6 @@ def add_parser(sub) -> None:
 def band_problem(path: str, sha256: str, flag: str) -> str | None:
     """Why the frozen band at ``path`` cannot be checked (not a readable band with this sha256, given
     by the option ``flag``)."""
-    from pagestats.prereg import is_sha256, load_band
-
     if not is_sha256(sha256):
         return f"{flag} must be 64 hexadecimal characters, got {sha256!r}"
     if not str(path).strip():
@@ -76,8 +75,6 @@ def band_problem(path: str, sha256: str, flag: str) -> str | None:
 def usage_problem(args) -> str | None:
     """Why the options cannot run (one line), before any log is read: ``--db``; for ``freeze`` the band
     file to write (:mod:`pagestats.targets`), for ``check`` the band (read, its sha256 compared)."""
-    from pagestats.targets import file_problem
-
     problem = database_problem(args)
     if problem:
         return problem
@@ -98,8 +95,7 @@ def run(args) -> int:
 
 def _prereg(args, logs, excluded: list[str] = ()) -> int:
     """``pagestats prereg freeze|check`` (§4 "Pre-Registered 32K Test", Table 21)."""
-    from pagestats import tables
-    from pagestats.replay import gated_outcomes
+    from pagestats import tables  # SciPy and statsmodels: imported only for `prereg` (ARCHITECTURE.md)
 
     try:
         if args.step == "freeze":

@@ -13,6 +13,7 @@ from pagestats.cli.prereg import band_problem
 from pagestats.io.logs import categorical_names
 from pagestats.io.validation.problems import one_line
 from pagestats.prereg import PreregistrationError, verified_band
+from pagestats.targets import report_problem
 
 
 def add_parser(sub) -> None:
@@ -44,8 +45,6 @@ def add_parser(sub) -> None:
 def usage_problem(args) -> str | None:
     """Why the options cannot run (one line), before any log is read: ``--db``, the policy (kept on
     ``args`` as ``parsed_policy``), ``--out`` and the band to check (read, its sha256 compared)."""
-    from pagestats.report.write import out_problem  # matplotlib: imported only for `report`
-
     problem = database_problem(args)
     if problem:
         return problem
@@ -59,7 +58,7 @@ def usage_problem(args) -> str | None:
         args.parsed_policy = policy_from_args(args)
     except ValueError as err:
         return str(err)
-    problem = out_problem(args.out)
+    problem = report_problem(args.out, "--out")
     if problem or args.prereg is None:
         return problem
     return band_problem(args.prereg, args.prereg_sha256, "--prereg-sha256")
@@ -72,8 +71,8 @@ def run(args) -> int:
         return opened
     logs, excluded = opened
     print_lines(excluded)
-    from pagestats.report import build_report  # matplotlib and great_tables: imported only for `report`
-    from pagestats.report.context import HeadlineEvictorError, first_draw
+    # matplotlib, SciPy, statsmodels and great_tables: imported only for `report` (ARCHITECTURE.md)
+    from pagestats.report import build_report, context
 
     limit_lines = decode_warnings(logs.files, logs.manifests)
     for line in folded_warnings(limit_lines, args.logs):
@@ -90,7 +89,7 @@ def run(args) -> int:
         db.close()
     if args.parsed_policy.fixed_tau is None:  # a pilot or a sample the logs may not hold
         try:
-            replay.gate(first_draw(logs), args.parsed_policy)
+            replay.gate(context.first_draw(logs), args.parsed_policy)
         except ValueError as err:
             print(one_line(f"error: {err}"), file=sys.stderr)
             return 2
@@ -106,7 +105,7 @@ def run(args) -> int:
                              policy=args.parsed_policy, headline_evictor=args.headline_evictor,
                              see_also=[tuple(link.split("=", 1)) for link in args.see_also],
                              **({"formats": ("png",)} if args.no_pdf else {}))
-    except HeadlineEvictorError as err:  # the one error of an option that needs the logs to check
+    except context.HeadlineEvictorError as err:  # the one error of an option that needs the logs to check
         print(one_line(f"error: --headline-evictor {err.evictor!r} is not logged; the logs hold "
                        f"{', '.join(err.logged) or 'no evictor'}"), file=sys.stderr)
         return 2

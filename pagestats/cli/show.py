@@ -10,6 +10,7 @@ from pagestats.cli.options import number
 from pagestats.io import LogError, load
 from pagestats.io.validation.problems import one_line
 from pagestats.replay import FixedTau
+from pagestats.show import parse_input_spec, show_input
 
 
 def add_parser(sub) -> None:
@@ -29,8 +30,6 @@ def usage_problem(args) -> str | None:
 
 def run(args) -> int:
     """Exit 0 with the input printed, 1 on bad logs, 2 on an input the logs do not hold."""
-    from pagestats.show import parse_input_spec, show_input
-
     try:
         logs = load(args.logs, columns="all", mode=None)  # one input, of whichever mode
     except LogError as err:

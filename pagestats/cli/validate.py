@@ -10,6 +10,8 @@ import polars as pl
 from pagestats.cli.logs import decode_limits
 from pagestats.cli.options import add_duckdb, add_revalidate, add_strict
 from pagestats.escape import csv_frame
+from pagestats.io.decoding import decode_profile, limit_warnings
+from pagestats.io.deployment import check_deployment, split_deployments
 from pagestats.io.validate import checked_runs
 from pagestats.io.validation.problems import one_line
 from pagestats.monitor import only_deployments
@@ -43,8 +45,6 @@ def run(args) -> int:
         print(one_line(line), file=sys.stderr)
     if problems:
         return 1
-    from pagestats.io.decoding import decode_profile, limit_warnings
-
     profile = decode_profile(checked.files)
     print(_decode_table(profile), file=sys.stderr)
     warnings = limit_warnings(profile, decode_limits(checked.manifests))
@@ -58,8 +58,6 @@ def run(args) -> int:
 
 def _deployments(args) -> int:
     """``pagestats validate`` of deployment runs only (exit 0 valid, 1 with one line per problem)."""
-    from pagestats.io.deployment import check_deployment, split_deployments
-
     problems, lines = [], []
     for path in split_deployments(args.logs)[1]:
         run, found = check_deployment(path)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import textwrap
 from collections.abc import Sequence
 
 import matplotlib as mpl
@@ -229,8 +230,6 @@ def add_task_key(fig, key: str, *, legend=None, width: int = 80) -> None:
     """Spell out the task abbreviations (:func:`pagestats.figures._frames.task_key`), wrapped
     to ``width`` characters: as the title of the figure's ``legend`` when there is one (under
     its existing title), else as a note under the figure."""
-    import textwrap
-
     if not key:
         return
     text = "\n".join(textwrap.wrap(key, width))

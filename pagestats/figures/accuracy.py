@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
+from matplotlib.lines import Line2D
 
 from pagestats import formulas, metrics
 from pagestats.columns import MATRIX_CELL, with_task_class
@@ -280,8 +281,6 @@ def accuracy_vs_kept_kv(gated: pl.DataFrame, *, evictor=None, context_length=Non
         axis.minorticks_off()
         axis.set_xlabel("achieved kept-KV fraction (mean n_kept / T)")
         axis.set_ylabel("accuracy")
-        from matplotlib.lines import Line2D
-
         arm_handles = [Line2D([], [], color="0.2", linestyle=st.ARM_STYLE[a]["linestyle"],
                               marker=st.ARM_STYLE[a]["marker"], markersize=2.5,
                               markerfacecolor="white" if a == "gated" else "0.2", label=a) for a in ("plain", "gated")]

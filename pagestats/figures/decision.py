@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
+from matplotlib.lines import Line2D
 
 from pagestats import defaults
 from pagestats.figures import _style as st
@@ -143,8 +144,6 @@ def decision_frontier(data: pl.DataFrame, *, tau: float | None = defaults.TAU, a
                     top.tick_params(labelsize=5)
             title = st.cell_label(cell)
             axis.set_title(title, fontsize=6, pad=14 if "kv_gib" in sub.columns else 4)
-        from matplotlib.lines import Line2D
-
         # one entry per evictor of any panel (an evictor logged in one cell only is still named)
         handles = [Line2D([], [], color=colors[ev], linewidth=1.1) for ev in evictors]
         labels = [st.plain_text(ev) if ev is not None else "frontier" for ev in evictors]

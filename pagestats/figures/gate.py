@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 
 from pagestats import defaults
 from pagestats.columns import MODEL_CELL, names_like, with_task_class
@@ -127,8 +129,6 @@ def drop_by_task(gate: pl.DataFrame, *, tau: float | None = defaults.TAU, ax=Non
 
 
 def _class_legend(fig, classes, tau):
-    from matplotlib.lines import Line2D
-
     handles = [Line2D([], [], marker="o", linestyle="none", color=st.class_color(c), label=c) for c in classes]
     if tau is not None:
         handles.append(Line2D([], [], color=st.TAU_COLOR, linestyle="--", linewidth=0.8, label=f"τ = {tau:g}"))
@@ -362,9 +362,6 @@ def tau_sensitivity(curve: pl.DataFrame, *, tau0: float = defaults.TAU, delta_to
     data = tau_sensitivity_data(curve, tau0=tau0, delta_tolerance=delta_tolerance, error_budget=error_budget)
     keys = _curve_keys(data.drop("delta_tau0", "in_plateau", "in_band"))
     groups = cells(data, keys) if keys else [{}]
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
-
     with st.style():
         fig, axes = st.panels(len(groups), ax, ncols=min(len(groups), 2), row_height=1.7)
         for i, (axis, cell) in enumerate(zip(axes, groups)):

@@ -3,6 +3,7 @@ function of the capacity-bound share of the workload (Fig. 7)."""
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 
 import numpy as np
@@ -167,8 +168,6 @@ LABEL_WIDTH = 40
 
 def _wrapped(label: str, width: int = LABEL_WIDTH) -> str:
     """``label`` on lines of at most ``width`` characters (broken inside a word where needed)."""
-    import textwrap
-
     return "\n".join(textwrap.wrap(label, width, break_long_words=True, break_on_hyphens=False)) or label
 
 

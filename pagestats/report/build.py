@@ -53,9 +53,9 @@ from pagestats.report.write import (
     _table_parts,
     _write_figure,
     _write_table,
-    out_problem,
     staged_directory,
 )
+from pagestats.targets import report_problem
 
 # --------------------------------------------------------------------------- catalogue
 
@@ -173,10 +173,10 @@ def build_report(logs, out, *, policy=None, profile=None, entries: Sequence[Entr
     The report is written to a temporary folder beside ``out`` and moved into place when
     complete (replacing a previous report there), so that a failure leaves no half-written
     report. Raises ``ValueError`` when ``out`` cannot receive a report
-    (:func:`~pagestats.report.write.out_problem`); the parameters are those of
+    (:func:`pagestats.targets.report_problem`); the parameters are those of
     :func:`_build_into`.
     """
-    problem = out_problem(out)
+    problem = report_problem(out, "out")
     if problem:
         raise ValueError(problem)
     with staged_directory(out) as staging:

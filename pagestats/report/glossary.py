@@ -13,7 +13,11 @@ CSV files and compares it with the column, so a glossary cannot describe another
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
+
+import polars as pl
 
 from pagestats import formulas
 from pagestats.defaults import HEADLINE_BATCH as _B  # the headline's batch size (Table 23)
@@ -332,11 +336,6 @@ def formula_checks(out) -> list[tuple[str, str, str, bool]]:
         ``holds`` is true when the formula equals the column on every row (nulls and NaNs in
         the same places, numbers within 1e-12).
     """
-    import json
-    from pathlib import Path
-
-    import polars as pl
-
     out = Path(out)
     frames = {}
     for csv in sorted((out / "tables").glob("*.csv")):
@@ -358,8 +357,6 @@ def formula_checks(out) -> list[tuple[str, str, str, bool]]:
 
 
 def _same(got, want) -> bool:
-    import polars as pl
-
     if (got.is_null() != want.is_null()).any():
         return False
     keep = want.is_not_null()

@@ -6,6 +6,8 @@ paper's own value beside it (:mod:`pagestats.report.paper`)."""
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 import polars as pl
 
@@ -132,8 +134,6 @@ def headline_sentences(frame: pl.DataFrame, headline_evictor: str | None) -> lis
 
 def _fraction(b: float) -> str:
     """1/16 for 0.0625: the budget as the paper writes it."""
-    from fractions import Fraction
-
     f = Fraction(b).limit_denominator(1024)
     return f"{f.numerator}/{f.denominator}" if f.denominator != 1 else str(f.numerator)
 

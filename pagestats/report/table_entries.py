@@ -14,8 +14,10 @@ import polars as pl
 
 from pagestats import defaults, formulas, metrics, replay
 from pagestats.columns import with_task_class
-from pagestats.schema import INPUT_KEY
+from pagestats.io.decoding import decode_profile, flagged_tasks
 from pagestats.replay.policies import Midpoint
+from pagestats.schema import INPUT_KEY
+from pagestats.stats.power import straddles
 from pagestats.report.decision import decision_table
 from pagestats.report.paper import PAPER_VALUES
 from pagestats.report.context import (
@@ -73,8 +75,6 @@ _ANCHOR = f"the capacity-bound anchor {metrics.anchor_name()} (the paper's NIAH-
 def _under_powered(frame: pl.DataFrame, threshold: float) -> pl.DataFrame:
     """``frame`` with ``under_powered``: its interval (``low``, ``high``) straddles ``threshold``
     (:func:`pagestats.stats.power.straddles`; issue 43)."""
-    from pagestats.stats.power import straddles
-
     return frame.with_columns(pl.Series("under_powered", straddles(frame["low"].to_numpy(), frame["high"].to_numpy(),
                                                                    threshold)))
 
@@ -163,8 +163,6 @@ def _tab29(ctx, rng):
 def _tab30(ctx):
     """Table 30 on every input draw, its rows marked where the decode limit may have cut a draw's full-KV
     answers (:func:`pagestats.io.decoding.flagged_tasks` over the inputs files of every draw)."""
-    from pagestats.io.decoding import decode_profile, flagged_tasks
-
     logs = ctx.all_logs
     files = [f for f in getattr(logs, "files", []) if f.table == "inputs"]
     limited = flagged_tasks(decode_profile(files, arms=False)).select("run_id", "task") if files else None

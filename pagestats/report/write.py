@@ -19,7 +19,6 @@ from matplotlib.figure import Figure
 
 from pagestats.figures import save_figure
 from pagestats.tables import Layout, write_table
-from pagestats.targets import parent_problem
 
 #: Figure formats written by default.
 FIGURE_FORMATS = ("png", "pdf")
@@ -64,29 +63,6 @@ def _write_table(item, stem: Path, formats=None) -> list[str]:
     # the Markdown file lists the tidy numbers (4 significant digits); HTML is the typeset table
     return [*write_table(frame, stem, layout, formats=("csv",)), *write_table(frame, stem, None, formats=("md",)),
             *write_table(frame, stem, layout, formats=("html",))]
-
-
-def out_problem(out) -> str | None:
-    """Why ``out`` cannot receive a report (one line), or ``None``.
-
-    ``out`` must be a non-empty path whose parent is (or can become) a directory, and must
-    not name an existing file, nor an existing non-empty directory that is not a previous
-    report (one with ``index.json``), which a new report would replace.
-    """
-    text = os.fspath(out)
-    if not text.strip():
-        return "--out is empty; name the report folder"
-    path = Path(text)
-    if path.is_symlink() or (path.exists() and not path.is_dir()):
-        return f"--out {text} exists and is not a folder"
-    if path.is_dir():
-        try:
-            entries = {e.name for e in os.scandir(path)}
-        except OSError as err:
-            return f"--out {text}: cannot list it ({err.strerror or type(err).__name__})"
-        if entries and "index.json" not in entries:
-            return f"--out {text} is a non-empty folder that is not a pagestats report; it is not replaced"
-    return parent_problem(text, "--out")
 
 
 @contextlib.contextmanager

@@ -31,6 +31,7 @@ from scipy import stats as sps
 
 from pagestats import defaults
 from pagestats.stats._results import _check_level, _Result
+from pagestats.stats.bootstrap import cluster_bootstrap
 
 __all__ = [
     "DesignEffect",
@@ -305,8 +306,6 @@ def delta_power_simulated(diffs, effect: float, n_inputs: int, *, rng: np.random
     ≤ ``alpha`` (the 1 − α percentile interval excludes 0). The Monte Carlo standard error is
     √(p(1 − p)/n_sim).
     """
-    from pagestats.stats.bootstrap import cluster_bootstrap
-
     d = np.asarray(diffs, dtype=np.float64)
     d = d[:, None] if d.ndim == 1 else d
     rows = d - d.mean(axis=0) + float(effect)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 import polars as pl
 
-from pagestats import defaults, formulas, metrics
+from pagestats import defaults, formulas, metrics, stats
 from pagestats.columns import MATRIX_CELL, MODEL_CELL, input_key, require_columns
 from pagestats.tables._common import one_evictor, same_as
 
@@ -168,8 +168,6 @@ def remaining_deltas_table(gated: pl.DataFrame, calibrated: pl.DataFrame | None,
     PAGE App. A.7.2, Table 29 ("95% CIs for the remaining headline deltas ... The Mistral NIAH-MK3
     showcase entries are Wilson score intervals on N=100").
     """
-    from pagestats import stats
-
     sub, ev = one_evictor(gated, evictor)
     read = list(dict.fromkeys([*input_key(gated), *MODEL_CELL, "evictor", "task", "task_class", "budget",
                                "score_plain", "score_gated"]))
