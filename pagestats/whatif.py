@@ -142,7 +142,8 @@ def _run_by_run(con, draw_columns: list[str], input_draws) -> pl.DataFrame:
     (DuckDB reads only that run's files, by the parquet statistics of ``run_id``), and the
     per-run cells are pooled by :func:`_pooled`. Memory and temporary disk then grow with
     the largest run, not with the release (one join over 100M inputs × 9 budgets exhausted
-    a 2 GB memory limit and 40 GB of spill).
+    a 2 GB memory limit and 40 GB of spill). In-memory logs are evaluated the same way,
+    so that the table is one computation whichever container holds the logs.
     """
     runs = [r for (r,) in con.sql("SELECT DISTINCT run_id FROM inputs ORDER BY run_id").fetchall()]
     # the held-out pilot's keys once (a view over every input: each run's query would scan them all again)
@@ -200,8 +201,7 @@ def whatif_table(logs, policy: Policy = FixedTau(), profile: ProfileSpec = Profi
     (:func:`~pagestats.metrics.p_open`); ``kept_kv`` = mean n_kept/n_tokens of the gated arm
     (:func:`~pagestats.metrics.kept_kv`). One DuckDB query computes them all
     (:func:`whatif_query`, over the decisions of a :class:`~pagestats.replay.Replay`), so only
-    the result rows reach Python; over a :class:`~pagestats.io.LogDB` of several runs it is
-    evaluated run by run and pooled (:func:`_run_by_run`), so that memory grows with the
+    the result rows reach Python; over several runs it is evaluated run by run and pooled (:func:`_run_by_run`), so that memory grows with the
     largest run. With head-pair draws (``profile.pairs_fraction``) each
     column is computed per draw and then averaged over the draws (equal weight);
     :data:`GATE_FREE` columns do not depend on the gate and equal the draw-free values.
@@ -239,8 +239,8 @@ def replay_whatif(session: Replay, *, input_draws: str | int | None = None) -> p
     mode = (input_draws if input_draws not in (None, "pooled")
             else ("split" if input_draws is None and len(present) > 1 else None))
     draw_columns = session.decide()
-    if session.out_of_core and con.sql("SELECT count(DISTINCT run_id) FROM inputs").fetchall()[0][0] > 1:
-        table = _run_by_run(con, draw_columns, mode)  # out of core: one join per run
+    if con.sql("SELECT count(DISTINCT run_id) FROM inputs").fetchall()[0][0] > 1:
+        table = _run_by_run(con, draw_columns, mode)  # one join per run
     else:
         table = con.sql(whatif_query(draw_columns, mode)).pl()
     cells = con.sql(DEGENERATE_QUERY).pl()

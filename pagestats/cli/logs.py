@@ -6,7 +6,7 @@ from __future__ import annotations
 import shlex
 import sys
 
-from pagestats.io import ExclusionError, LogError, Logs, load, logs_in_place, only_parquet, open_logs
+from pagestats.io import ExclusionError, LogError, load, logs_in_place, only_parquet, open_logs
 from pagestats.io.validation.problems import one_line
 
 #: Problems of bad logs shown on the one error line of ``whatif`` / ``report``.
@@ -57,7 +57,7 @@ def open_for(args):
 
     Returns
     -------
-    tuple of (Logs or LogDB, list of str), or int
+    tuple of (pagestats.io.LogTables, list of str), or int
     """
     try:
         logs = _open(args)
@@ -74,7 +74,7 @@ def open_for(args):
         print(one_line(f"error: {err}"), file=sys.stderr)
         return 2
     excluded = [*map(one_line, logs.notes), *(one_line(f"excluded: {line}")
-                for line in (logs.exclusion_report() if isinstance(logs, Logs) else logs.left_out))]
+                for line in logs.exclusion_report())]
     return logs, excluded
 
 

@@ -9,7 +9,7 @@ the same way and views them in place as an in-memory :class:`LogDB`. Submodules:
 :mod:`~pagestats.io.discovery` (which runs and files ``LOGS`` names),
 :mod:`~pagestats.io.read` (inspection and DuckDB reading), :mod:`~pagestats.io.upgrades`
 (schema-version steps), :mod:`~pagestats.io.validation` (the rules),
-:mod:`~pagestats.io.logs` (the :class:`Logs` and :class:`FileRecord` containers),
+:mod:`~pagestats.io.logs` (the :class:`LogTables` protocol, the :class:`Logs` and :class:`FileRecord` containers),
 :mod:`~pagestats.io.exclusions` (what is left out and why),
 :mod:`~pagestats.io.files` (the file-level stage loading and validation share),
 :mod:`~pagestats.io.load` (``load``), :mod:`~pagestats.io.validate` (``validate_paths``:
@@ -27,12 +27,12 @@ from pagestats.io.compact import compact_run
 from pagestats.io.database import LogDB, index_logs, logs_in_place, open_logs
 from pagestats.io.files import only_parquet
 from pagestats.io.load import load
-from pagestats.io.logs import HEAVY_COLUMNS, NAME_COLUMNS, FileRecord, Logs, categorical_names
+from pagestats.io.logs import HEAVY_COLUMNS, NAME_COLUMNS, FileRecord, Logs, LogTables, categorical_names
 from pagestats.io.validate import validate_paths
 from pagestats.io.validation.problems import ExclusionError, LogError, Problem
 
 __all__ = [
-    "HEAVY_COLUMNS", "NAME_COLUMNS", "ExclusionError", "FileRecord", "LogDB", "LogError", "Logs", "Problem",
+    "HEAVY_COLUMNS", "NAME_COLUMNS", "ExclusionError", "FileRecord", "LogDB", "LogError", "LogTables", "Logs", "Problem",
     "categorical_names", "compact_run", "index_logs",
     "load", "logs_in_place", "only_parquet", "open_logs", "validate_paths",
 ]

@@ -35,7 +35,7 @@ from pagestats import defaults, schema
 from pagestats.io import duck
 from pagestats.io.discovery import log_format
 from pagestats.io.duck import MEMORY_LIMIT
-from pagestats.io.logs import HEAVY_COLUMNS, FileRecord, Logs, categorical_frame
+from pagestats.io.logs import HEAVY_COLUMNS, INPUT_COLUMNS, OUTCOME_COLUMNS, FileRecord, Logs, categorical_frame
 from pagestats.io.read import _literal_name
 from pagestats.io.validate import checked_runs
 from pagestats.io.validation.problems import LogError, Problem
@@ -142,8 +142,43 @@ class LogDB:
     notes: list[str] = field(default_factory=list)
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
-        """A new cursor on the database (its own temporary objects, same settings)."""
+        """A new cursor on the database (its own temporary objects, same settings), with the views
+        ``inputs``, ``outcomes`` (and ``topk``): :meth:`pagestats.io.LogTables.cursor`."""
         return self.con.cursor()
+
+    def relate_outcomes(self, con: duckdb.DuckDBPyConnection) -> None:
+        """:meth:`pagestats.io.LogTables.relate_outcomes`: nothing to do, ``outcomes`` is a view of every cursor."""
+
+    def exclusion_report(self) -> list[str]:
+        """The line saying which runs of another mode were left out (:attr:`left_out`)."""
+        return list(self.left_out)
+
+    def per_input(self, lists: Sequence[str] = (), *, topk: bool = False) -> Logs:
+        """:meth:`pagestats.io.LogTables.per_input`: the per-input rows with the columns ``lists``
+        (and the top-k rows when ``topk`` and logged), read in key order, as :class:`Logs` without
+        outcome rows."""
+        con = self.cursor()
+        try:
+            key = ", ".join(schema.INPUT_KEY)
+            cols = ", ".join(f'"{c}"' for c in (*INPUT_COLUMNS, *lists))
+            inputs = con.sql(f"SELECT {cols} FROM inputs ORDER BY {key}").pl()
+            rows = con.sql(f"SELECT * FROM topk ORDER BY {key}, layer, head").pl() if topk and self.has_topk else None
+            outcomes = con.sql(f"SELECT {', '.join(OUTCOME_COLUMNS)} FROM outcomes LIMIT 0").pl()
+        finally:
+            con.close()
+        return Logs(inputs=inputs, outcomes=outcomes, topk=rows, manifests=self.manifests, files=self.files,
+                    mode=self.mode, notes=list(self.notes))
+
+    def outcome_rows(self, evictor: str | None = None) -> pl.DataFrame:
+        """:meth:`pagestats.io.LogTables.outcome_rows`: read in key order (of ``evictor`` when given)."""
+        where, params = ("", None) if evictor is None else (" WHERE evictor = $evictor", {"evictor": evictor})
+        order = ", ".join([*schema.INPUT_KEY, "evictor", "budget"])
+        con = self.cursor()
+        try:
+            return con.sql(f"SELECT {', '.join(OUTCOME_COLUMNS)} FROM outcomes{where} ORDER BY {order}",
+                           params=params).pl()
+        finally:
+            con.close()
 
     def load(self, *, categorical: bool = False) -> Logs:
         """The logs in memory as a :class:`Logs` (already validated; nothing is re-checked).
@@ -181,11 +216,6 @@ class LogDB:
         self.con.close()
 
 
-
-def is_database(logs) -> bool:
-    """Whether ``logs`` is a :class:`LogDB` (read in SQL, out of core) rather than in-memory frames:
-    the one test every stage that has two engines makes."""
-    return isinstance(logs, LogDB)
 
 def _validated(paths: list[str], mode: str, memory_limit: str, temp_directory: str | None, revalidate: bool):
     """The :class:`~pagestats.io.validate.Checked` of valid logs (:class:`LogError` otherwise).

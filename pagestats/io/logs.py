@@ -1,20 +1,33 @@
-"""The containers of loaded logs: :class:`Logs` (the tables of :func:`pagestats.io.load` as polars
-frames, with the manifests, the files read and what was left out) and :class:`FileRecord` (one file
-read, with its sha256); :data:`HEAVY_COLUMNS`, the text columns ``columns="analysis"`` leaves out;
-:func:`categorical_names`, the logs with their name columns as categoricals (the report's memory)."""
+"""The containers of loaded logs and the one protocol they share: :class:`LogTables` (what every
+stage reads of logs), :class:`Logs` (the tables of :func:`pagestats.io.load` as polars frames, with
+the manifests, the files read and what was left out; :class:`pagestats.io.LogDB` is the other, views
+over the files) and :class:`FileRecord` (one file read, with its sha256); :data:`HEAVY_COLUMNS`, the
+text columns ``columns="analysis"`` leaves out; :func:`categorical_names`, the logs with their name
+columns as categoricals (the report's memory)."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
+import duckdb
 import polars as pl
 
 from pagestats import defaults
+from pagestats.columns import repeats_a_key, require_columns, rows_where, with_task_class
+from pagestats.io import duck
 from pagestats.io.validation.problems import Problem
+from pagestats.schema import INPUT_KEY
 
 #: Text columns left out by ``columns="analysis"`` (they can be huge).
 HEAVY_COLUMNS = ("prompt", "full_prediction", "prediction", "references")
+
+#: The scalar columns of ``inputs`` the replay reads (:class:`pagestats.replay.Replay`).
+INPUT_COLUMNS = (*INPUT_KEY, "model", "context_length", "task_class", "n_tokens", "full_score", "drop")
+#: The columns of ``outcomes`` the replay reads.
+OUTCOME_COLUMNS = (*INPUT_KEY, "evictor", "budget", "n_kept", "score")
 
 #: The columns of names (run, model, task, task class, evictor, stop reasons) that
 #: :func:`categorical_names` holds as :class:`polars.Categorical`.
@@ -58,6 +71,40 @@ class FileRecord:
     table: str
     sha256: str
     rows: int
+
+
+class LogTables(Protocol):
+    """Validated logs as every stage reads them, held in memory (:class:`Logs`) or viewed where
+    the files lie (:class:`pagestats.io.LogDB`): a caller reads either through these and never
+    asks which it has.
+
+    The analyses run in DuckDB over :meth:`cursor`'s relations; the polars frames that reach
+    Python are the per-input rows a profile spec or a Python policy reads (:meth:`per_input`)
+    and the outcome rows of the per-row frames (:meth:`outcome_rows`).
+    """
+
+    manifests: dict[str, dict]
+    files: list[FileRecord]
+    mode: str | None
+    notes: list[str]
+
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        """A connection of the caller's own on which ``inputs`` names the inputs (at least
+        :data:`INPUT_COLUMNS`, and ``draw`` when logged); closing it leaves the logs open."""
+
+    def relate_outcomes(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Make ``outcomes`` (at least :data:`OUTCOME_COLUMNS`) a relation on ``con``, a :meth:`cursor`."""
+
+    def per_input(self, lists: Sequence[str] = (), *, topk: bool = False) -> Logs:
+        """The per-input rows in memory: :data:`INPUT_COLUMNS` with the list (or struct) columns
+        ``lists``, and the top-k rows when ``topk`` (``None`` where none are logged)."""
+
+    def outcome_rows(self, evictor: str | None = None) -> pl.DataFrame:
+        """The outcome rows (of ``evictor`` when given; :data:`OUTCOME_COLUMNS` at least) in key order
+        (input key, evictor, budget) when read from files, as they are held otherwise."""
+
+    def exclusion_report(self) -> list[str]:
+        """One line per thing left out of the logs and why."""
 
 
 @dataclass
@@ -108,3 +155,36 @@ class Logs:
     def exclusion_report(self) -> list[str]:
         """One line per exclusion, e.g. ``"run r1 task niah_multikey_3: 50 inputs, 1800 outcomes"``."""
         return list(self.exclusions)
+
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        """:meth:`LogTables.cursor`: a new in-memory connection with the inputs registered by
+        reference, in key order, read on one thread, so that every sum adds its terms in one
+        order and a rerun is bit-identical."""
+        con = duck.connect(threads=1, memory_limit=duck.IN_MEMORY_REPLAY_LIMIT)
+        try:
+            inputs = with_task_class(self.inputs)
+            require_columns(inputs, INPUT_COLUMNS, "inputs")
+            con.register("inputs", inputs.select(*INPUT_COLUMNS, *(["draw"] if "draw" in inputs.columns else []))
+                         .sort(INPUT_KEY))
+        except BaseException:
+            con.close()
+            raise
+        return con
+
+    def relate_outcomes(self, con: duckdb.DuckDBPyConnection) -> None:
+        """:meth:`LogTables.relate_outcomes`: the outcome rows registered by reference, in key order,
+        checked for duplicates here (as the metrics check their frames). Apart from :meth:`cursor`,
+        so that a replay that reads no outcome row (the pilot composition) copies none."""
+        require_columns(self.outcomes, OUTCOME_COLUMNS, "outcomes")
+        outcomes = self.outcomes.select(OUTCOME_COLUMNS)
+        if repeats_a_key(outcomes, [*INPUT_KEY, "evictor", "budget"]):
+            raise ValueError("outcomes: duplicate rows for the same (input, evictor, budget)")
+        con.register("outcomes", outcomes.sort(*INPUT_KEY, "evictor", "budget"))
+
+    def per_input(self, lists: Sequence[str] = (), *, topk: bool = False) -> Logs:
+        """:meth:`LogTables.per_input`: these logs themselves (they hold every column already)."""
+        return self
+
+    def outcome_rows(self, evictor: str | None = None) -> pl.DataFrame:
+        """:meth:`LogTables.outcome_rows`: the frame itself, or its rows of ``evictor`` (no copy when it holds one)."""
+        return self.outcomes if evictor is None else rows_where(self.outcomes, pl.col("evictor") == evictor)

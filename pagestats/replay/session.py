@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from pagestats.columns import rows_where
-from pagestats.io import duck
-from pagestats.io.database import is_database
+from pagestats.io.logs import LogTables
 from pagestats import formulas
 from pagestats.replay import sql
 from pagestats.replay.gate import decided, gated_from_decisions
@@ -36,9 +34,10 @@ class Replay:
 
     Parameters
     ----------
-    logs : pagestats.io.Logs or pagestats.io.LogDB
-        In-memory logs (any object with ``inputs`` and ``outcomes`` polars frames), or a
-        database of views over the parquet files (out of core).
+    logs : pagestats.io.LogTables
+        In-memory logs (:class:`~pagestats.io.Logs`) or a database of views over the parquet
+        files (:class:`~pagestats.io.LogDB`, out of core): the session reads either through
+        the protocol and never asks which it has.
     policy : Policy
         How τ is chosen (default fixed τ = 0.07).
     profile : ProfileSpec
@@ -46,23 +45,20 @@ class Replay:
 
     Notes
     -----
-    The engine is chosen here, once. The per-input frames (:meth:`decisions`,
-    :meth:`gated_outcomes`) are polars (:mod:`pagestats.replay.gate`) on the in-memory frames,
-    or on the per-input frame a :class:`~pagestats.io.LogDB` gives (:func:`pagestats.replay.sql.per_input`).
+    The per-input frames (:meth:`decisions`, :meth:`gated_outcomes`) are polars
+    (:mod:`pagestats.replay.gate`) on the logs' per-input rows (:meth:`pagestats.io.LogTables.per_input`).
     The aggregates run in DuckDB (:mod:`pagestats.replay.sql`): a policy
     is decided there, one that reads the a_ℓ lists (a
     :class:`~pagestats.replay.policies.CustomPolicy`) by polars and joined back.
     D, the decisions and the connection are made on first use and kept: the what-if and
     the pilot composition of one session read the same decisions.
 
-    The connection (:attr:`con`, one thread for in-memory logs, so that every sum adds its
-    terms in one order and a rerun is bit-identical; a cursor on a :class:`~pagestats.io.LogDB`)
-    holds these relations, the contract between the session and the queries that read it:
+    The connection (:attr:`con`, the logs' :meth:`~pagestats.io.LogTables.cursor`) holds these
+    relations, the contract between the session and the queries that read it:
 
-    ``inputs``, ``outcomes`` (and ``topk`` on a :class:`~pagestats.io.LogDB`)
-        The logs' tables: :data:`pagestats.replay.sql.INPUT_COLUMNS` (and ``draw`` when
-        logged) and :data:`pagestats.replay.sql.OUTCOME_COLUMNS`, registered by reference in
-        key order (in-memory logs) or the database's views.
+    ``inputs``, ``outcomes``
+        The logs' tables: :data:`pagestats.io.logs.INPUT_COLUMNS` (and ``draw`` when logged)
+        and :data:`pagestats.io.logs.OUTCOME_COLUMNS`.
     ``drops`` (after :meth:`drops`)
         One row per input (and head-pair draw ``pair_draw``): the input columns and D under
         ``profile``.
@@ -77,14 +73,12 @@ class Replay:
     its own gives them names of its own, starting with ``_`` too.
     """
 
-    def __init__(self, logs, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec()):
+    def __init__(self, logs: LogTables, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec()):
         if not isinstance(profile, ProfileSpec):
             raise TypeError(f"profile must be a ProfileSpec, got {type(profile).__name__}")
         if not isinstance(policy, Policy):
             raise TypeError(f"policy must be one of pagestats.replay's policies (a Policy), got {policy!r}")
         self.logs, self.policy, self.profile = logs, policy, profile
-        #: Whether ``logs`` is a :class:`~pagestats.io.LogDB` (read in SQL, out of core).
-        self.out_of_core = is_database(logs)
         #: Whether the policy is decided in SQL (else by polars, and joined back).
         self.in_sql = "agreement" not in policy.reads  # the relation drops holds no a_ℓ list
         self._con = None
@@ -109,36 +103,25 @@ class Replay:
         return self._done[name]
 
     def _connection(self):
-        """The connection with ``inputs`` (and ``topk`` on a database): what D and the decisions read.
-        In-memory outcome rows are registered only when a query asks for them (:attr:`con`), so
-        that the pilot composition of in-memory logs copies none."""
+        """The connection with ``inputs``: what D and the decisions read. The outcome rows are
+        related only when a query asks for them (:attr:`con`), so that the pilot composition of
+        in-memory logs copies none."""
         if self._con is None:
-            if self.out_of_core:
-                self._con = self.logs.cursor()
-            else:
-                # one thread: the same sums, to the last bit, on every call
-                con = duck.connect(threads=1, memory_limit=duck.IN_MEMORY_REPLAY_LIMIT)
-                try:
-                    sql.register_inputs(con, self.logs)
-                except BaseException:
-                    con.close()
-                    raise
-                self._con = con
+            self._con = self.logs.cursor()
         return self._con
 
     @property
     def con(self):
         """The session's DuckDB connection, with the relations of the class docstring."""
         con = self._connection()
-        if not self.out_of_core:
-            self._once("outcomes", lambda: sql.register_outcomes(con, self.logs))
+        self._once("outcomes", lambda: self.logs.relate_outcomes(con))
         return con
 
     def frames(self):
-        """The logs as the polars engine reads them: in-memory logs as they are; for a database,
-        the per-input frame with the per-layer lists the profile spec needs."""
-        return self._once("frames", lambda: sql.per_input(self._connection(), self.logs, self.profile)
-                          if self.out_of_core else self.logs)
+        """The per-input rows the polars engine reads, with the per-layer lists the profile spec
+        needs (:meth:`pagestats.io.LogTables.per_input`)."""
+        return self._once("frames", lambda: self.logs.per_input(sql.profile_lists(self.profile),
+                                                                topk=self.profile.k is not None))
 
     def dropped(self) -> pl.DataFrame:
         """D per input (and head-pair draw) under the profile spec (:func:`pagestats.replay.profile_drop`)."""
@@ -193,19 +176,9 @@ class Replay:
 
         return self._once("decide", make)
 
-    def outcomes(self, evictor: str | None = None) -> pl.DataFrame:
-        """The outcome rows (of one evictor when given) as a polars frame."""
-        if not self.out_of_core:
-            outcomes = self.logs.outcomes
-            return outcomes if evictor is None else rows_where(outcomes, pl.col("evictor") == evictor)
-        where, params = ("", None) if evictor is None else (" WHERE evictor = $evictor", {"evictor": evictor})
-        order = ", ".join([*INPUT_KEY, "evictor", "budget"])
-        return self.con.sql(f"SELECT {', '.join(sql.OUTCOME_COLUMNS)} FROM outcomes{where} ORDER BY {order}",
-                            params=params).pl()
-
     def gated_outcomes(self, *, evictor: str | None = None, columns=None) -> pl.DataFrame:
         """:func:`gated_outcomes` of this replay (over :meth:`decisions`)."""
-        return gated_from_decisions(self.outcomes(evictor), self.decisions(), columns)
+        return gated_from_decisions(self.logs.outcome_rows(evictor), self.decisions(), columns)
 
     def pilot_composition(self) -> pl.DataFrame:
         """:func:`pilot_composition` of this replay: the pilot's rows are read from the decisions

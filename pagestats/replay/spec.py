@@ -274,7 +274,7 @@ def _list_width(sub: pl.DataFrame, col: str, model: str) -> int:
 
 
 def _topk_array(logs, keys: pl.DataFrame, n_layers: int, model: str) -> np.ndarray:
-    topk = getattr(logs, "topk", None)
+    topk = logs.topk
     if topk is None:
         raise ValueError("ProfileSpec.k needs top-k index logs (topk/), but none were loaded")
     _require(topk, [*INPUT_KEY, "layer", "head", "indices"], "topk")

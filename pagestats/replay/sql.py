@@ -4,15 +4,14 @@ that no per-(input, budget) row is built in Python.
 
 Every function here works on a connection of a :class:`pagestats.replay.Replay`, on which
 ``inputs`` and ``outcomes`` name the logs' tables (the relations of its docstring, the
-contract between the session and this module): :func:`register_inputs` and
-:func:`register_outcomes` register in-memory frames by reference (zero-copy Arrow); a :class:`pagestats.io.LogDB`'s cursor has them as
-views over its parquet files (out of core). The session chooses what runs where:
+contract between the session and this module; :meth:`pagestats.io.LogTables.cursor`). The
+session chooses what runs where:
 
 * D (the relation ``drops``, :func:`logged_drops`) is the logged ``drop`` under the default
   profile (validation checks it against :func:`pagestats.profile.drop_from_agreement`; the
   collector's logs reproduce it bit for bit); any other profile spec (layer or head-pair
   subsets, k, statistics) recomputes it with :func:`pagestats.replay.profile_drop` on the
-  per-input frame (:func:`per_input`: only the list columns the spec reads) and joins it back
+  per-input frame (only the list columns the spec reads, :func:`profile_lists`) and joins it back
   (:func:`register_drops`);
 * a policy decides in SQL over ``drops`` (:func:`decide_rows`), with its own ``calibrate``
   (:class:`~pagestats.replay.calibration.Policy`): only the pilot inputs and τ per group are
@@ -33,20 +32,13 @@ PAGE paper, §3 (Eq. 2 gate rule, Eq. 3 D); App. A.3.4–A.3.5 (the what-ifs).
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import polars as pl
 
-from pagestats.columns import repeats_a_key, require_columns, with_task_class
+from pagestats.io.logs import INPUT_COLUMNS
 from pagestats.replay.pilot import register_functions
 from pagestats.replay.policies import Policy
 from pagestats.replay.spec import ProfileSpec
 from pagestats.schema import INPUT_KEY
-
-#: The scalar columns of ``inputs`` that the replay reads.
-INPUT_COLUMNS = (*INPUT_KEY, "model", "context_length", "task_class", "n_tokens", "full_score", "drop")
-#: The columns of ``outcomes`` that the replay reads.
-OUTCOME_COLUMNS = (*INPUT_KEY, "evictor", "budget", "n_kept", "score")
 
 #: The columns of the relation ``decisions`` made by :func:`decide`.
 DECISION_COLUMNS = (*INPUT_KEY, "pair_draw", *INPUT_COLUMNS[3:-1], "drop", "tau", "gate_open")
@@ -56,44 +48,16 @@ _META = ", ".join(c for c in INPUT_COLUMNS if c != "drop")
 _INPUT_META = ", ".join(c for c in INPUT_COLUMNS if c not in (*INPUT_KEY, "drop"))
 
 
-def register_inputs(con, logs) -> None:
-    """Register the in-memory ``inputs`` frame of ``logs`` on ``con`` by reference, as the relation
-    ``inputs`` (:data:`INPUT_COLUMNS`, and ``draw`` when logged).
-
-    The rows are registered in key order and read on one thread, so every sum adds its terms in
-    one order and a rerun is bit-identical.
-    """
-    inputs = with_task_class(logs.inputs)
-    require_columns(inputs, INPUT_COLUMNS, "inputs")
-    con.register("inputs", inputs.select(*INPUT_COLUMNS, *(["draw"] if "draw" in inputs.columns else []))
-                 .sort(INPUT_KEY))
-
-
-def register_outcomes(con, logs) -> None:
-    """Register the in-memory ``outcomes`` frame of ``logs`` on ``con`` by reference, in key
-    order, as the relation ``outcomes`` (:data:`OUTCOME_COLUMNS`). Its rows are checked for
-    duplicates here, as the metrics check their frames."""
-    require_columns(logs.outcomes, OUTCOME_COLUMNS, "outcomes")
-    outcomes = logs.outcomes.select(OUTCOME_COLUMNS)
-    if repeats_a_key(outcomes, [*INPUT_KEY, "evictor", "budget"]):
-        raise ValueError("outcomes: duplicate rows for the same (input, evictor, budget)")
-    con.register("outcomes", outcomes.sort(*INPUT_KEY, "evictor", "budget"))
-
-
-def per_input(con, logs, profile: ProfileSpec) -> SimpleNamespace:
-    """The per-input frame of a :class:`~pagestats.io.LogDB` on ``con`` as
-    :func:`pagestats.replay.gate` reads logs: the scalar input columns with the per-layer lists
-    ``profile`` needs (``agreement`` always; ``topk`` for k)."""
+def profile_lists(profile: ProfileSpec) -> list[str]:
+    """The per-input list (or struct) columns :func:`pagestats.replay.profile_drop` reads under
+    ``profile`` besides the scalar ones: ``agreement`` always, ``pair_jaccard`` for a head-pair
+    subsample (unless k recomputes the pairs from ``topk``), ``signals`` for a signal statistic."""
     lists = ["agreement"]
     if profile.pairs_fraction is not None and profile.k is None:
         lists.append("pair_jaccard")
     if profile.is_signal:
         lists.append("signals")
-    cols = ", ".join(f'"{c}"' for c in (*INPUT_COLUMNS, *lists))
-    inputs = con.sql(f"SELECT {cols} FROM inputs ORDER BY {_KEY}").pl()
-    topk = (con.sql(f"SELECT * FROM topk ORDER BY {_KEY}, layer, head").pl()
-            if profile.k is not None and logs.has_topk else None)  # without topk: the replay's error
-    return SimpleNamespace(inputs=inputs, outcomes=None, topk=topk, manifests=logs.manifests)
+    return lists
 
 
 def logged_drops(con) -> list[str]:

@@ -8,8 +8,8 @@ beside every sweep of D (:func:`gate_at`, App. A.3.1). Everything else is called
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import polars as pl
 
@@ -113,14 +113,6 @@ def same_as(gated: pl.DataFrame, by) -> pl.DataFrame:
     return metrics.identical_evictors(gated, by=group).select(*group, "evictor", "same_as")
 
 
-@dataclass(frozen=True)
-class LogsView:
-    """The part of :class:`pagestats.io.Logs` a replay reads (``inputs``, ``topk``), e.g. one model's rows."""
-
-    inputs: pl.DataFrame
-    topk: pl.DataFrame | None = None
-
-
 def inputs_per(logs, by: Sequence[str]) -> pl.DataFrame:
     """``by`` and ``n``: the number of distinct inputs (:data:`~pagestats.schema.INPUT_KEY`) of each group of ``logs``."""
     return logs.inputs.group_by(list(by)).agg(pl.struct(*INPUT_KEY).n_unique().alias("n"))
@@ -147,8 +139,8 @@ def gate_at(logs, spec: replay.ProfileSpec, recalibrate: str, tau: float, pilot_
     out = []
     if small.height < sizes.height:
         policy = replay.recalibrate(FixedTau(tau), recalibrate, pilot_n=pilot_n)
-        fit = logs if small.height == 0 else LogsView(logs.inputs.join(small.select("model"), on="model", how="anti"),
-                                                      getattr(logs, "topk", None))
+        fit = logs if small.height == 0 else dataclasses.replace(
+            logs, inputs=logs.inputs.join(small.select("model"), on="model", how="anti"))
         # draw by draw (head-pair draws, Table 9): per cell the sums that τ's mean and p_open need
         t = pl.col("tau")
         per_draw = [gate.group_by(list(MODEL_CELL)).agg(

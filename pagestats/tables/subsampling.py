@@ -9,6 +9,7 @@ specs, so they take :class:`pagestats.io.Logs` first.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import polars as pl
@@ -17,7 +18,7 @@ from pagestats import defaults, replay
 from pagestats.columns import MODEL_CELL
 from pagestats.replay.policies import FixedTau
 from pagestats.replay.spec import resolve_layers
-from pagestats.tables._common import LogsView, gate_at, ordering_margin, task_means
+from pagestats.tables._common import gate_at, ordering_margin, task_means
 
 __all__ = ["k_sweep_table", "head_pair_table", "layer_subset_table"]
 
@@ -135,7 +136,7 @@ def layer_subset_table(logs, *, subsets: Sequence = replay.LAYER_SUBSETS,
             cell = cells.filter(pl.col("model") == model)
             try:
                 kept = len(resolve_layers(spec, n_layers))
-                sub = LogsView(inputs.filter(pl.col("model") == model), getattr(logs, "topk", None))
+                sub = dataclasses.replace(logs, inputs=inputs.filter(pl.col("model") == model))
                 margins = ordering_margin(task_means(replay.gate(sub, FixedTau(), spec), "drop"), anchor=anchor,
                                           others="other")
                 part = margins.with_columns(pl.lit(kept, pl.Int64).alias("n_layers"), pl.lit(None, pl.String).alias("note"))

@@ -88,6 +88,7 @@ import numpy as np
 import polars as pl
 
 from pagestats import defaults, schema
+from pagestats.io.logs import Logs
 
 # fmt: off
 from pagestats.testing.checks import (
@@ -181,9 +182,10 @@ def planted_rates(
     return pl.DataFrame(rows)
 
 
-@dataclass
-class SyntheticLogs:
-    """Synthetic logs in memory: schema-v1 frames plus the planted truth.
+@dataclass(kw_only=True)
+class SyntheticLogs(Logs):
+    """Synthetic logs in memory: schema-v1 frames plus the planted truth, read as any
+    :class:`pagestats.io.Logs` is.
 
     Attributes
     ----------
@@ -198,10 +200,6 @@ class SyntheticLogs:
         The planted parameters, for :meth:`planted_rates`.
     """
 
-    inputs: pl.DataFrame
-    outcomes: pl.DataFrame
-    topk: pl.DataFrame | None
-    manifests: dict[str, dict]
     effect: PlantedEffect
     task_classes: dict[str, str]
     n_references: dict[str, int]

@@ -231,7 +231,7 @@ def test_out_of_core_decisions_read_no_per_input_frame(written, policy, monkeypa
     def no_frame(*args, **kwargs):
         raise AssertionError("the per-input frame was read")
 
-    monkeypatch.setattr(sql, "per_input", no_frame)
+    monkeypatch.setattr(type(db), "per_input", no_frame)
     with Replay(db, policy) as session:
         assert session.decide() == []
         got = session.con.sql("SELECT * FROM decisions ORDER BY run_id, task, input_id").pl()

@@ -9,8 +9,8 @@ stored float32 a_ℓ.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from types import SimpleNamespace
 
 import numpy as np
 import polars as pl
@@ -18,6 +18,7 @@ import polars.testing
 import pytest
 
 from pagestats import defaults
+from pagestats.io import Logs
 from pagestats.profile import agreement_from_topk, drop_from_agreement
 from pagestats.replay import (
     CustomPolicy,
@@ -74,7 +75,7 @@ def make_logs(seed=0, models=(("m-a", 7, 4, 1024), ("m-b", 9, 5, 2048)), n=6, k_
                         outcomes.append(dict(run_id=run_id, task=task, input_id=i, evictor=ev, budget=b,
                                              n_kept=kept, score=score))  # fmt: skip
     schema = {"agreement": pl.List(pl.Float32), "pair_jaccard": pl.List(pl.Float32)}
-    return SimpleNamespace(
+    return Logs(
         inputs=pl.DataFrame(inputs, schema_overrides=schema),
         outcomes=pl.DataFrame(outcomes),
         topk=pl.DataFrame(topk, schema_overrides={"indices": pl.List(pl.Int32)}),
@@ -135,10 +136,10 @@ def test_k_replay_matches_python_sets(logs, k):
 def test_k_errors(logs):
     with pytest.raises(ValueError, match="k_max"):
         profile_drop(logs, ProfileSpec(k=13))
-    no_topk = SimpleNamespace(**{**vars(logs), "topk": None})
+    no_topk = dataclasses.replace(logs, topk=None)
     with pytest.raises(ValueError, match="topk"):
         profile_drop(no_topk, ProfileSpec(k=4))
-    partial = SimpleNamespace(**{**vars(logs), "topk": logs.topk.filter(pl.col("input_id") != 3)})
+    partial = dataclasses.replace(logs, topk=logs.topk.filter(pl.col("input_id") != 3))
     with pytest.raises(ValueError, match="no rows"):
         profile_drop(partial, ProfileSpec(k=4))
 
@@ -285,8 +286,8 @@ def test_gated_rows_in_order_share_the_outcome_columns(logs):
     """Outcome rows already in key order (as a database reads them) give the same gated rows as
     any other order, and those rows hold the outcomes' own score column, not a copy of it."""
     order = [*KEY, "evictor", "budget"]
-    ordered = SimpleNamespace(**{**vars(logs), "outcomes": logs.outcomes.sort(order)})
-    shuffled = SimpleNamespace(**{**vars(logs), "outcomes": logs.outcomes.sample(fraction=1.0, shuffle=True, seed=3)})
+    ordered = dataclasses.replace(logs, outcomes=logs.outcomes.sort(order))
+    shuffled = dataclasses.replace(logs, outcomes=logs.outcomes.sample(fraction=1.0, shuffle=True, seed=3))
     got = gated_outcomes(ordered, FixedTau(0.05))
     pl.testing.assert_frame_equal(got, gated_outcomes(shuffled, FixedTau(0.05)))
     assert got.select(order).equals(got.select(order).sort(order))
@@ -306,7 +307,7 @@ def test_gate_columns(logs):
 
 def test_orphan_outcomes_are_an_error(logs):
     extra = logs.outcomes.head(1).with_columns(pl.lit(99).cast(pl.Int64).alias("input_id"))
-    bad = SimpleNamespace(**{**vars(logs), "outcomes": pl.concat([logs.outcomes, extra])})
+    bad = dataclasses.replace(logs, outcomes=pl.concat([logs.outcomes, extra]))
     with pytest.raises(ValueError, match="no input row"):
         gated_outcomes(bad)
 

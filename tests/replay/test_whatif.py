@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import csv
 import io as stdio
 import math
 from contextlib import redirect_stdout
-from types import SimpleNamespace
 
 import polars as pl
 import pytest
 
 from pagestats import defaults
+from pagestats.io import Logs
 from pagestats.replay import FixedTau, Midpoint, ProfileSpec, RecalibratedTau, TaskOracle, ZScored
 from pagestats.cli.options import parse_layers, policy_from_args, profile_from_args
 from pagestats.whatif import WHATIF_COLUMNS, whatif_table
@@ -40,9 +41,7 @@ def tiny_logs():
         outcomes.append(dict(run_id="r1", task=task, input_id=i, evictor="snapkv", budget=1.0,
                              n_kept=n_tokens, score=full))  # fmt: skip
     schema = {"agreement": pl.List(pl.Float32), "pair_jaccard": pl.List(pl.Float32)}
-    return SimpleNamespace(
-        inputs=pl.DataFrame(inputs, schema_overrides=schema), outcomes=pl.DataFrame(outcomes), topk=None, manifests={}
-    )
+    return Logs(inputs=pl.DataFrame(inputs, schema_overrides=schema), outcomes=pl.DataFrame(outcomes), topk=None)
 
 
 def test_whatif_tiny_log_by_hand():
@@ -94,7 +93,7 @@ def synth():
         with_text=False,
         seed=3,
     )
-    return SimpleNamespace(inputs=s.inputs, outcomes=s.outcomes, topk=s.topk, manifests=s.manifests)
+    return Logs(inputs=s.inputs, outcomes=s.outcomes, topk=s.topk, manifests=s.manifests)
 
 
 @pytest.mark.parametrize(
@@ -246,9 +245,8 @@ def test_whatif_is_bit_identical_whatever_the_row_order(synth, tmp_path):
                                                    "smollm2-512-fwe-ruler-limits")])  # scores in fractions
     ref = whatif_table(shipped, policy)
     for seed in (1, 2, 3):
-        shuffled = SimpleNamespace(inputs=shipped.inputs.sample(fraction=1.0, shuffle=True, seed=seed),
-                                   outcomes=shipped.outcomes.sample(fraction=1.0, shuffle=True, seed=seed),
-                                   topk=None, manifests=shipped.manifests)
+        shuffled = dataclasses.replace(shipped, inputs=shipped.inputs.sample(fraction=1.0, shuffle=True, seed=seed),
+                                       outcomes=shipped.outcomes.sample(fraction=1.0, shuffle=True, seed=seed))
         assert whatif_table(shuffled, policy).equals(ref)
     runs = [str(r) for r in synthetic_logs(models={"m": (6, 4)}, n_inputs=40, evictors=("snapkv", "h2o"),
                                            budgets=(0.25, 0.5, 1.0), with_text=False, seed=4,
