@@ -1,24 +1,15 @@
 """Gate policies as values: fixed τ, z-scored, midpoint, task-label oracle, custom callable.
 
-A policy turns the per-input frame of the replay (one row per input, or per input and
-head-pair draw) into a threshold ``tau`` and a decision ``gate_open``. The gate evicts iff
-D ≥ τ (§3 "Algorithm", Eq. 2); every policy that has a threshold applies exactly that rule,
-so a policy only has to say how τ is chosen.
-
-Every policy is a frozen dataclass with a ``name`` and a method ``decide(frame)`` that
-returns ``frame`` with two columns added: ``tau`` (Float64, null for the oracle and custom
-policies, which have no threshold) and ``gate_open`` (Boolean, never null).
-
-The frame given to ``decide`` has the columns ``run_id, task, input_id, [pair_draw], model,
-context_length, task_class, n_tokens, full_score, drop``, and for a :class:`CustomPolicy`
-also ``agreement`` (the stored a_ℓ list, for a rule that reads the whole profile; the built-in
-policies read D only, and their frame leaves the list out, which head-pair draws would repeat
-on every draw).
-
-Every policy is a :class:`~pagestats.replay.calibration.Policy`: one ``calibrate(con, source)``
-gives every row of a DuckDB relation its τ and decision in SQL, so the replay on the logs
+The gate evicts iff D ≥ τ (§3 "Algorithm", Eq. 2); every policy that has a threshold applies
+exactly that rule, so a policy only says how τ is chosen. Each is a frozen dataclass and a
+:class:`~pagestats.replay.calibration.Policy`: one ``calibrate(con, source)`` gives every row of a
+DuckDB relation (one row per input, or per input and head-pair draw) ``tau`` (null for the oracle
+and custom policies, which have none), ``in_pilot`` and ``gate_open``, so the replay on the logs
 (:mod:`pagestats.replay.sql`) and ``decide(frame)`` on a polars frame share one definition. The
-registered ones are found by short name in :data:`pagestats.registry.POLICIES`.
+rows carry ``run_id, task, input_id, [pair_draw], model, context_length, task_class, n_tokens,
+full_score, drop`` and the columns of the policy's ``reads`` (the a_ℓ list ``agreement`` only for a
+:class:`CustomPolicy`: head-pair draws would repeat it on every draw). The registered policies are
+found by short name in :data:`pagestats.registry.POLICIES`.
 
 References
 ----------
