@@ -1,5 +1,5 @@
 """Which claims of a set of logs are settled, and how many inputs each unsettled one needs
-(``pagestats power``; the NumPy level is :mod:`pagestats.stats.power`).
+(``pagestats power``).
 
 Three kinds of claim, each an interval against a threshold:
 
@@ -11,9 +11,8 @@ Three kinds of claim, each an interval against a threshold:
   one-sided Clopper–Pearson upper bound is below A (over the inputs whose full-KV outcome is known).
 
 An unsettled claim gets the n at which it would be settled with the given power were its true
-value the one observed: :func:`~pagestats.stats.power.rho_sample_size`,
-:func:`~pagestats.stats.power.delta_sample_size` (the cell's own per-input variance and
-cross-budget correlation as a design effect), :func:`~pagestats.stats.power.harm_sample_size`.
+value the one observed (:mod:`pagestats.stats.power`; Δ's uses the cell's own per-input variance
+and cross-budget correlation as a design effect).
 """
 
 from __future__ import annotations

@@ -2,9 +2,7 @@
 
 This is the one definition of D shared by the collector (which logs ``drop``) and the
 offline replay (which recomputes it), so that replaying the logged defaults reproduces
-the logged value bit for bit. It depends only on NumPy; ``collectors`` may import it
-alongside :mod:`pagestats.schema` (docs/ARCHITECTURE.md, "The foundation"): sharing the
-definition is what makes the bit-exact replay identity hold.
+the logged value bit for bit. It depends only on NumPy.
 
 References
 ----------

@@ -2,13 +2,11 @@
 
 Machine-readable outputs are part of the interface: ``validate`` prints one line per
 problem (``FILE[:row N]: message``) and exits 1 if there is any; ``whatif --format csv``
-prints exactly :data:`pagestats.whatif.WHATIF_COLUMNS` at full float precision. Every
-option is parsed into a :class:`~pagestats.replay.Policy` / :class:`~pagestats.replay.ProfileSpec`
-by :mod:`pagestats.cli.options`.
+prints exactly :data:`pagestats.whatif.WHATIF_COLUMNS` at full float precision.
 
 One module per command (:data:`COMMANDS`), each with ``add_parser(subparsers)``, ``usage_problem(args)``
-(every check that needs no log, made before any log is read, docs/reliability.md: bad usage is one line
-and exit 2) and ``run(args) -> int``.
+(every check that needs no log, made before any log is read: bad usage is one line and exit 2,
+docs/reliability.md) and ``run(args) -> int``.
 """
 
 from __future__ import annotations

@@ -2,11 +2,9 @@
 
 Every figure function takes the data first and everything else keyword-only, accepts
 ``ax=`` (one Axes, or a sequence of Axes for small multiples) and returns the ``Figure`` it
-drew on, which a notebook displays inline. :func:`cell_label` is the short label of a
-(model, context[, evictor]) cell that every figure titles its panels with (and the report names
-its per-cell figure files by).
-Figures are built on ``matplotlib.figure.Figure`` with the Agg canvas — no ``pyplot``,
-nothing to close — and share the single-column style of :mod:`pagestats.figures._style`.
+drew on, which a notebook displays inline; :func:`cell_label` is the one label of a
+(model, context[, evictor]) cell. Figures are ``matplotlib.figure.Figure`` on the Agg canvas:
+no ``pyplot``, nothing to close.
 
 =========  =====================================  ===================================
 Paper      figure function                        data function

@@ -1,12 +1,10 @@
 """Compaction of a run: its many part files rewritten as one file per table (or parts of a
 chosen number of rows), every row kept in order, and a new manifest with the new hashes.
 
-A collection writes a run as many small parts (one per few inputs and shard, so that it can
-resume after a crash); once it is finished, fewer files read faster and list shorter.
-:func:`compact_run` reads the parts in the manifest's order, writes them through the
-collector's own writer (:func:`pagestats.schema.write_parquet`,
-:func:`pagestats.schema.write_manifest`) into a staging folder beside the target, validates
-the result, and only then moves it into place (docs/SCHEMA.md, docs/CLI.md ``compact``).
+A collection writes a run as many small parts (so that it can resume after a crash); once it is
+finished, fewer files read faster and list shorter. The new run is written with the collector's
+own writer into a staging folder beside the target, validated, and only then moved into place
+(docs/SCHEMA.md, docs/CLI.md ``compact``).
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """Deployment runs: the logs a deployed gate writes (docs/SCHEMA.md, "Deployment runs").
 
-``collectors.deploy`` (``GatedPress`` / ``gated_generate`` with ``log_dir``) writes one row per input
-it gates — D (Eq. 3), a_ℓ, τ and the decision of Eq. 2, T and the kept KV — into a run directory
-whose manifest says ``"kind": "deployment"``, under ``inputs/`` with the columns of
-:data:`pagestats.schema.DEPLOYMENT`. Such a run has no counterfactual arm (a served input is
-decoded once): no ``outcomes`` and no full-KV score, so the what-if replay and the report, which
-compare arms, cannot read it. This module is where the readers meet it:
-
-* :func:`check_deployment` runs the rules of a deployment run (manifest, files against the
-  manifest's sha256 and row counts, column types, and the rows: D from a_ℓ, the decision from D,
-  τ and T, the kept KV) and :func:`read_deployment` returns its rows, for ``pagestats validate`` and
-  ``pagestats monitor``;
-* :class:`DeploymentRunError` is what ``whatif``, ``report``, ``index``, ``calibrate``, ``prereg``
-  and ``compact`` raise when their logs name a deployment run (one line, exit 2).
+``collectors.deploy`` writes one row per input it gates — D (Eq. 3), a_ℓ, τ and the decision of
+Eq. 2, T and the kept KV — into a run directory whose manifest says ``"kind": "deployment"``, under
+``inputs/`` with the columns of :data:`pagestats.schema.DEPLOYMENT`. Such a run has no
+counterfactual arm (a served input is decoded once): no ``outcomes`` and no full-KV score, so no
+replay that compares arms can read it; :class:`DeploymentRunError` says so in one line. Its rules:
+the manifest, the files against the manifest's sha256 and row counts, the column types, and the
+rows (D from a_ℓ, the decision from D, τ and T, the kept KV).
 
 References
 ----------

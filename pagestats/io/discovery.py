@@ -1,10 +1,6 @@
-"""Discovery of the runs and log files named by ``load`` / ``validate_paths`` (docs/SCHEMA.md).
-
-Holds :class:`_Run` (a run directory and its checked manifest), :class:`_Source` (one log
-file and what its inspection learned), :class:`_Discovery` (expands paths, globs, run
-directories and collections of runs into sources, reading and upgrading manifests through
-:mod:`pagestats.io.guard`) and small helpers (:func:`_sha256_or_none`, :func:`_one_line`). The rules
-are described in the docstring of :mod:`pagestats.io`, the public entry point.
+"""Discovery of the runs and log files named by ``load`` / ``validate_paths``: paths, globs, run
+directories and collections of runs expanded into sources, their manifests read, checked and
+upgraded (docs/SCHEMA.md; the rules are spelled out in :mod:`pagestats.io.load`).
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
 """Every DuckDB connection pagestats opens: one place that sets the memory limit and the folder
-DuckDB spills to (docs/ARCHITECTURE.md, "Out of core"; docs/PERFORMANCE.md).
-
-A foundation of :mod:`pagestats.io` that imports only DuckDB; the replay's in-memory
-connections (:mod:`pagestats.replay.sql`, the policies' frame queries) and the log database
-(:mod:`pagestats.io.database`) open theirs through :func:`connect`.
+DuckDB spills to (docs/ARCHITECTURE.md, "Out of core"; docs/PERFORMANCE.md). Imports only DuckDB.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""The file-level stage that loading (:mod:`pagestats.io.load`) and streaming validation
-(:mod:`pagestats.io.validate`) share: the logs discovered and inspected (:class:`_Found`: sources,
-schemas, tables, the runs of valid manifests), the file rules against the manifests (sha256, row
-counts, listed-but-missing and present-but-unlisted files), the keys of validation records
-(:mod:`pagestats.io.record`), the task classes of the inputs, and the connection the rules run on.
+"""The file-level stage that loading and streaming validation share: the logs discovered and
+inspected, the file rules against the manifests (sha256, row counts, listed-but-missing and
+present-but-unlisted files), the keys of validation records and the task classes of the inputs.
 """
 
 from __future__ import annotations

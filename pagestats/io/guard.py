@@ -7,8 +7,7 @@ is then read by :func:`read_manifest`, which bounds what it accepts: at most
 :data:`MAX_MANIFEST_BYTES` bytes, JSON nesting at most :data:`MAX_JSON_DEPTH` deep,
 integers within int64, numbers finite (no ``NaN`` / ``Infinity``). Directory listings go
 through :func:`list_dir`. Each refusal, and every ``OSError`` on the way, is raised as a
-:class:`Refused` whose message is one line; :mod:`pagestats.io.discovery` turns it into a
-:class:`~pagestats.io.validation.problems.Problem` that names the path.
+:class:`Refused` whose message is one line.
 """
 
 from __future__ import annotations

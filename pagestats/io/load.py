@@ -16,33 +16,25 @@
   against that manifest's entry for it (but the run's other files are not required);
 * a path that does not exist but contains glob characters is expanded (``**`` allowed).
 
-Parquet files of a table are read in one DuckDB query (``read_parquet`` of the file list
-passed as a parameter, ``union_by_name``), jsonl files with ``read_json``, one per file;
-SQL is parameterised and paths are never formatted into it. ``columns="analysis"``
-leaves out the heavy text columns (:data:`~pagestats.io.logs.HEAVY_COLUMNS`). Columns are cast to the
-writer's types (ints int64, floats float64, ``agreement``/``pair_jaccard``
-list<float32>, ``indices`` list<int32>). In jsonl, a JSON number without a decimal
-point is read as an integer, so integer types are also accepted for float columns
-there.
+SQL is parameterised and paths are never formatted into it. Columns are cast to the writer's
+types (ints int64, floats float64, ``agreement``/``pair_jaccard`` list<float32>, ``indices``
+list<int32>). In jsonl, a JSON number without a decimal point is read as an integer, so integer
+types are also accepted for float columns there.
 
-Every rule of :mod:`pagestats.io.validation` runs: ``load(strict=True)`` raises :class:`LogError`
-with all the problems, ``load(strict=False)`` returns what could be read and lists the problems
-in ``Logs.problems`` (:func:`pagestats.io.validate_paths` returns them, without holding the rows:
-:mod:`pagestats.io.validate`). In lenient mode files that cannot be read (corrupt, missing or
-mistyped columns, unreadable schema version) are left out — and named in ``Logs.problems``; rows
-with bad values are kept. Explicit exclusions and the runs of another collection mode are left out
-as :mod:`pagestats.io.exclusions` says, and listed in ``Logs.exclusions``.
+``load(strict=True)`` raises :class:`LogError` with every problem; ``load(strict=False)``
+returns what could be read and lists the problems in ``Logs.problems``: files that cannot be
+read (corrupt, missing or mistyped columns, unreadable schema version) are left out and named
+there, rows with bad values are kept. Explicit exclusions and the runs of another collection
+mode are left out and listed in ``Logs.exclusions``. Validation records are used and written
+only without exclusions and with the analysis columns (the rows every rule saw); when one
+holds, the row rules are skipped and ``Logs.notes`` says so.
 
-Validation records (:mod:`pagestats.io.record`): ``load`` uses and writes them only without
-exclusions and with the analysis columns (the rows every rule saw); when one holds, the row rules
-are skipped and ``Logs.notes`` holds the one line that says so.
-
-Schema versions: ``schema_version`` comes from the run's manifest (loose files without
-one are taken as the current version). Versions in :data:`pagestats.schema.READABLE_VERSIONS`
-are read; an older readable version is upgraded on read by
-:data:`pagestats.io.upgrades.UPGRADES` (one step per version, applied to the manifest, to each
-file's arrow schema before the type check, and to every table before the row rules). Version 2 is
-current; the one step, v1 → v2, adds the stop reasons and generated-token counts (unknown in v1).
+Schema versions: ``schema_version`` comes from the run's manifest (loose files without one are
+taken as the current version). An older readable version
+(:data:`pagestats.schema.READABLE_VERSIONS`) is upgraded on read, one step per version, to the
+manifest, each file's arrow schema before the type check, and every table before the row rules.
+Version 2 is current; the one step, v1 → v2, adds the stop reasons and generated-token counts
+(unknown in v1).
 """
 
 from __future__ import annotations

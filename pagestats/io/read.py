@@ -1,13 +1,10 @@
-"""Inspection and reading of log files through DuckDB into polars (docs/SCHEMA.md).
+"""Inspection and reading of log files through DuckDB into polars (docs/SCHEMA.md; the rules are
+spelled out in :mod:`pagestats.io.load`).
 
-Inspection (:func:`_inspect`) reads a file's arrow schema (parquet footer, or the whole
-jsonl file), tells its table from the columns when the directory does not, and checks
-the types (relaxed for JSON integers in float columns). Reading (:func:`_read_table`)
-reads a table's parquet files in one parameterised DuckDB query (files whose names hold
-glob characters are read by pyarrow, so that every name is taken literally), adds the jsonl
-frames (read by DuckDB from an open file, for the same reason),
-and casts everything to the writer's types (:func:`_canonical`). The rules are described
-in the docstring of :mod:`pagestats.io`, the public entry point.
+Inspection reads a file's arrow schema (parquet footer, or the whole jsonl file), tells its table
+from the columns when the directory does not, and checks the types (relaxed for JSON integers in
+float columns). Every file name is taken literally, never as a glob pattern: parquet names with
+glob characters are read by pyarrow, jsonl files by DuckDB from an open file.
 """
 
 from __future__ import annotations

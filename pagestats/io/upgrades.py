@@ -2,9 +2,7 @@
 
 :data:`UPGRADES` maps ``from_version`` to one :class:`Upgrade` step ``v`` → ``v + 1``;
 ``upgrade_manifest``, ``upgrade_schema`` and ``upgrade_table`` apply the steps from a run's
-version to :data:`pagestats.schema.SCHEMA_VERSION`. Used by :mod:`pagestats.io.discovery`
-(manifests), :mod:`pagestats.io.read` (file schemas), :mod:`pagestats.io.load`,
-:mod:`pagestats.io.validate` and :mod:`pagestats.io.compact` (tables).
+version to :data:`pagestats.schema.SCHEMA_VERSION`.
 """
 
 from __future__ import annotations

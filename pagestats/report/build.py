@@ -1,25 +1,16 @@
 """The report: every table and figure of the catalogue, plus an index of what it was
 computed from (docs/CLI.md ``pagestats report``; docs/SCHEMA.md "Safety": every report lists its files).
 
-The report is only a list of calls, assembled here and run by :func:`build_report`.
-:data:`FIGURES` (:mod:`pagestats.report.figure_entries`) and the table entries
-(:mod:`pagestats.report.table_entries`, read by :func:`table_entries`) are :class:`Entry`
-values (:mod:`pagestats.report.context`): a name, the paper item it reproduces, a
-function of a :class:`Context`, and the data it requires. An entry whose requirement
-fails is *skipped* with a one-line reason written to the index — never an exception,
-never an empty figure. Every replay is computed once per report (the :class:`Context`
-caches the gate decisions and gated outcomes); the entries that never read the gated outcomes
-run first, before those are built (:func:`run_order`). The entries sit above
-:mod:`pagestats.tables` and :mod:`pagestats.figures`, which never import the report.
+An entry whose requirement fails is *skipped* with a one-line reason written to the index —
+never an exception, never an empty figure. Every replay is computed once per report; the
+entries that never read the gated outcomes run first, before those are built (:func:`run_order`).
 
 Outputs under ``out``: ``figures/<name>[-<part>].png|pdf``, ``tables/<name>.csv|md``
-(``.html`` where the table is typeset with great_tables), and the index in three forms
-(:mod:`~pagestats.report.html`): ``index.html`` (one self-contained page: the headline
-numbers of :mod:`~pagestats.report.headline` first, every figure embedded, every table with
-its caption and column glossary, the skip reasons, then the provenance), ``index.md`` (the
-same order) and ``index.json`` (log files with sha256 and rows, exclusions, the policy,
-profile and defaults used, the headline, every output and every skip reason). A progress
-bar on stderr counts the entries.
+(``.html`` where the table is typeset), and the index: ``index.html`` (one self-contained page:
+the headline numbers first, every figure embedded, every table with its column glossary, the skip
+reasons, the provenance last), ``index.md`` (the same order) and ``index.json`` (log files with
+sha256 and rows, exclusions, the policy, profile and defaults used, the headline, every output
+and every skip reason).
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """What a report entry is and what it sees: the :class:`Context` (the logs, the policy,
 the profile and the replays computed once from them), the :data:`Requirement` checks
 (``needs_*``: ``None`` when the data suffice, else a one-line skip reason) and the
-:class:`Entry` record (docs/CLI.md ``pagestats report``).
-
-Public so that users can write their own entries and pass them to
-:func:`pagestats.report.build_report`. The context replays lazily (each replay once per
-report); it imports neither :mod:`pagestats.tables` nor :mod:`pagestats.figures`.
+:class:`Entry` record (docs/CLI.md ``pagestats report``). Public so that users can write their
+own entries and pass them to :func:`pagestats.report.build_report`.
 """
 
 from __future__ import annotations

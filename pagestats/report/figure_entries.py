@@ -1,9 +1,5 @@
 """The figure entries of the report: :data:`FIGURES`, one :class:`~pagestats.report.context.Entry`
-per paper figure, each a call of a :mod:`pagestats.figures` function on the replays of the
-:class:`~pagestats.report.context.Context` (docs/CLI.md ``pagestats report``).
-
-Read by :func:`pagestats.report.catalogue`. Above :mod:`pagestats.figures` in the data flow:
-the figures never import this module.
+per paper figure (docs/CLI.md ``pagestats report``).
 """
 
 from __future__ import annotations

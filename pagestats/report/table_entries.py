@@ -1,10 +1,5 @@
 """The table entries of the report: :data:`TABLES`, one :class:`~pagestats.report.context.Entry`
-per paper table, each a call of a :mod:`pagestats.tables` function on the replays of the
-:class:`~pagestats.report.context.Context`, typeset with the table's layout
-(:data:`pagestats.tables.LAYOUTS`) — docs/CLI.md ``pagestats report``.
-
-Read by :func:`pagestats.report.table_entries`. Above :mod:`pagestats.tables` in the data
-flow: the tables never import this module (nor :mod:`pagestats.report`).
+per paper table, typeset with the table's layout (docs/CLI.md ``pagestats report``).
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
-"""Writing one report entry's result to files: figures as PNG/PDF through
-:func:`pagestats.figures.save_figure`, tables through :func:`pagestats.tables.write_table`
-(CSV, Markdown, and HTML where the entry gives a :class:`~pagestats.tables.Layout`); and the
-report folder itself, written beside ``out`` and moved into place only once complete
-(:func:`staged_directory`), so that a failure never leaves a half-written report."""
+"""Writing one report entry's result to files (figures as PNG/PDF; tables as CSV, Markdown and,
+with a :class:`~pagestats.tables.Layout`, HTML), and the report folder itself, moved into place
+only once complete (:func:`staged_directory`): a failure never leaves a half-written report.
+"""
 
 from __future__ import annotations
 

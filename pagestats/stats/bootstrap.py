@@ -1,8 +1,4 @@
-"""Cluster bootstrap of the gating Δ over inputs (App. A.7.2, Table 28), NumPy only.
-
-Re-exported by :mod:`pagestats.stats`; the frame-level wrapper is
-:func:`pagestats.metrics.delta.delta_bootstrap`.
-"""
+"""Cluster bootstrap of the gating Δ over inputs (App. A.7.2, Table 28), NumPy only."""
 
 from __future__ import annotations
 

@@ -1,15 +1,6 @@
-"""The paper's tables: one function per table returning a tidy polars frame of numbers,
-and layouts that typeset them (great_tables). The report entries that call them live above
-this package, in :mod:`pagestats.report.table_entries`; nothing here imports :mod:`pagestats.report`.
-
-Modules follow the data flow: :mod:`~pagestats.tables.partition` (ρ, D per task, scaling,
-pre-registration, harm), :mod:`~pagestats.tables.effects` (Δ matrix, budgets, oracle,
-compression), :mod:`~pagestats.tables.intervals` (bootstrap intervals, draws), and the gate signal: :mod:`~pagestats.tables.ablation` (signal
-ablation), :mod:`~pagestats.tables.calibration` (τ variants, midpoint calibration),
-:mod:`~pagestats.tables.subsampling` (k sweep, head-pair / layer subsampling) and
-:mod:`~pagestats.tables.pilot` (pilot sensitivity). :mod:`~pagestats.tables._common` holds the
-helpers they share (the ordering margin, the gate at a recalibrated τ); :mod:`~pagestats.tables._render`
-holds every formatting decision; :data:`LAYOUTS` names the layout of each table.
+"""The paper's tables: one function per table returning a tidy polars frame of numbers, and
+layouts that typeset them (great_tables; :data:`LAYOUTS` names each table's). Nothing here
+imports :mod:`pagestats.report`.
 
 Examples
 --------

@@ -1,10 +1,7 @@
 """Tables of the gate's effect: the Δ matrix (Tables 2, 12), the budget axis (Table 13),
 the task-label oracle gap (Table 14), best plain vs best gated evictor (Table 17), Δ across
-(model, context) cells (Table 20), compression and static batching (Tables 22–23); the
-intervals of Tables 28–30 are in :mod:`pagestats.tables.intervals`.
-
-Inputs are :func:`pagestats.replay.gated_outcomes` frames; every statistic is a call to
-:mod:`pagestats.metrics`.
+(model, context) cells (Table 20), compression and static batching (Tables 22–23), each over
+:func:`pagestats.replay.gated_outcomes` frames.
 """
 
 from __future__ import annotations

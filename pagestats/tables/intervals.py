@@ -1,9 +1,6 @@
 """Tables of the gate's effect with their intervals: the cluster-bootstrap intervals of the
 matrix Δ (Table 28) and of the remaining headline numbers (Table 29), and the input-draw
-replicates (Table 30).
-
-Inputs are :func:`pagestats.replay.gated_outcomes` frames; every statistic is a call to
-:mod:`pagestats.metrics` (and :mod:`pagestats.stats` for the Wilson and BH steps).
+replicates (Table 30), each over :func:`pagestats.replay.gated_outcomes` frames.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
 """Seeded, schema-v1-valid synthetic PAGE logs with a planted task partition, for tests,
-benchmarks and what-if demos without a GPU.
-
-:func:`synthetic_logs` (:mod:`~pagestats.testing.synthetic`) writes runs that look like a
-collector's output; the parameters and the planted effect are in
-:mod:`~pagestats.testing.params`, argument checks in :mod:`~pagestats.testing.checks`, the
-random draws in :mod:`~pagestats.testing.draw` and the schema-v1 frames in
-:mod:`~pagestats.testing.frames`.
+benchmarks and what-if demos without a GPU: :func:`synthetic_logs` writes runs that look like
+a collector's output.
 """
 
 from pagestats.testing.draw import SIGMA_BITS, profile_shape

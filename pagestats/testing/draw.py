@@ -1,10 +1,6 @@
-"""Drawing of one synthetic cell: depth profile, slot-sharing bits, top-k lists, outcomes.
-
-:func:`_draw_cell` returns every numeric array of one (model, context, draw, task) cell of
-:func:`pagestats.testing.synthetic_logs`, from one child stream per component (profile,
-top-k, outcomes, text, signals); the helpers draw the slot-sharing bits with probability
-σ_ℓ (:data:`SIGMA_BITS`), form the head-pair intersections and Jaccards, and materialise
-the top-k lists. The generative rule is spelled out in :mod:`pagestats.testing`.
+"""Drawing of one synthetic cell: depth profile, slot-sharing bits (probability σ_ℓ), top-k
+lists and outcomes, from one child stream per component (the generative rule is in
+:mod:`pagestats.testing.synthetic`).
 
 References
 ----------

@@ -1,9 +1,6 @@
-"""Schema-v1 frames of one synthetic cell: INPUTS, OUTCOMES and TOPK rows.
-
-:func:`_cell_frames` turns the arrays drawn by :func:`pagestats.testing.draw._draw_cell`
-into polars frames with exactly the columns of :mod:`pagestats.schema`, with prompts,
-references and predictions consistent with the RULER ``string_match_all`` scores when
-``with_text`` is set.
+"""Schema-v1 frames of one synthetic cell: INPUTS, OUTCOMES and TOPK rows with exactly the columns
+of :mod:`pagestats.schema`; with ``with_text``, prompts, references and predictions consistent
+with the RULER ``string_match_all`` scores.
 
 References
 ----------

@@ -1,10 +1,5 @@
-"""Parameters of the synthetic-log generator: defaults, model shapes and the planted effect.
-
-Holds the public constants (:data:`SYNTHETIC_TASKS`, :data:`DEFAULT_N_REFERENCES`,
-:data:`DEFAULT_CREATED_AT`, :data:`SIGNAL_NAMES`), :class:`ModelSpec` with the model presets
-(:data:`DEFAULT_MODELS`, :data:`PAPER_MODELS`, :data:`PAPER_SCALE`), and the planted
-parameters :class:`ClassEffect` / :class:`PlantedEffect`. The generative rule is documented
-in :mod:`pagestats.testing.synthetic`.
+"""Parameters of the synthetic-log generator: defaults, model shapes and the planted effect (the
+generative rule is in :mod:`pagestats.testing.synthetic`).
 
 References
 ----------
