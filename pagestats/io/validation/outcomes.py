@@ -8,9 +8,11 @@ manifest's evictors × budgets, when it lists them), with no outcome row twice.
 
 One DuckDB aggregate does the work for valid logs: the outcome rows grouped per input
 (row count, a set signature of the arms — count and sum of :data:`CELL_HASH` —, n_kept
-extremes, the budget-1.0 arm's extremes, range counts), joined with ``inp`` and summed
-per (run, signature). Only when a rule fires are its rows fetched, and arms are compared
-exactly only for the inputs whose signature differs from the reference.
+extremes, the budget-1.0 arm's extremes, and one bit per range or null rule that any row
+breaks), joined with ``inp`` and summed per (run, signature). Only when a rule fires are
+its rows fetched, and arms are compared exactly only for the inputs whose signature
+differs from the reference. (The per-input aggregate keeps as few columns as it can: at
+1M inputs each one costs; docs/PERFORMANCE.md, "The first calls on a new release".)
 
 References
 ----------
@@ -52,30 +54,39 @@ _FULL_BAD = (f"(NOT isnan(score - full_score) AND abs(score - full_score) > {SCO
 _KEY = ", ".join(schema.INPUT_KEY)
 _ON = " AND ".join(f"p.{k} = i.{k}" for k in schema.INPUT_KEY)
 
-#: Per input (outcome rows grouped by the input key) joined with the inputs; the flag
-#: columns ``_has_input`` / ``_has_outcomes`` mark the two kinds of orphans. ``{nulls}``:
-#: more per-input counts (the null rules).
-JOINED = f"""
+
+
+def joined(flags: str | None = None, *, first: bool = False) -> str:
+    """SQL ``WITH ... joined``: per input (outcome rows grouped by the input key) joined with the
+    inputs; the columns ``_has_input`` / ``_has_outcomes`` mark the two kinds of orphans.
+    ``flags``: an SQL bit mask per outcome row, OR-ed per input into ``_flags``; ``first``: the
+    input's first outcome row (``_first``, :data:`FIRST`) and the input's ``_ifile``, ``_irow``
+    (wanted by the queries that fetch bad rows only). The budget-1.0 arm's extremes are those
+    of its rows (DuckDB orders NaN above every number, so ``_s1max`` is NaN when one score is)."""
+    b1 = "CASE WHEN budget = 1.0 THEN {} END"
+    return f"""
 WITH per_input AS (
-    SELECT {_KEY}, {FIRST} AS _first, count(*) AS _n, min(n_kept) AS _kmin, max(n_kept) AS _kmax,
-        sum({CELL_HASH}) AS _sig,
-        min(score) FILTER (WHERE budget = 1.0) AS _s1min, max(score) FILTER (WHERE budget = 1.0) AS _s1max,
-        bool_or(isnan(score)) FILTER (WHERE budget = 1.0) AS _s1nan,
-        min(n_kept) FILTER (WHERE budget = 1.0) AS _k1min, max(n_kept) FILTER (WHERE budget = 1.0) AS _k1max,
-        count(*) FILTER (WHERE {_SCORE_BAD}) AS _c_score, count(*) FILTER (WHERE {_BUDGET_BAD}) AS _c_budget
-        {{nulls}}
+    SELECT {_KEY}, {f"{FIRST} AS _first, " if first else ""}count(*) AS _n, min(n_kept) AS _kmin,
+        max(n_kept) AS _kmax, sum({CELL_HASH}) AS _sig,
+        min({b1.format("score")}) AS _s1min, max({b1.format("score")}) AS _s1max,
+        min({b1.format("n_kept")}) AS _k1min, max({b1.format("n_kept")}) AS _k1max
+        {f", bit_or({flags}) AS _flags" if flags else ""}
     FROM outcomes GROUP BY {_KEY}),
 joined AS (
     SELECT coalesce(p.run_id, i.run_id) AS run_id, coalesce(p.task, i.task) AS task,
         coalesce(p.input_id, i.input_id) AS input_id, p.* EXCLUDE ({_KEY}), i.n_tokens, i.full_score,
-        i._file AS _ifile, i._row AS _irow, p._n IS NOT NULL AS _has_outcomes, i._in IS NOT NULL AS _has_input
-    FROM per_input p FULL JOIN (SELECT {_KEY}, n_tokens, full_score, _file, _row, TRUE AS _in FROM inp) i ON {_ON})
+        {"i._file AS _ifile, i._row AS _irow, " if first else ""}p._n IS NOT NULL AS _has_outcomes,
+        i._in IS NOT NULL AS _has_input
+    FROM per_input p FULL JOIN (SELECT {_KEY}, n_tokens, full_score{", _file, _row" if first else ""}, TRUE AS _in
+                                FROM inp) i ON {_ON})
 """
-#: :data:`JOINED` without more counts.
-_JOINED = JOINED.format(nulls="")
+
+
+#: :func:`joined` with the first rows, for the queries that fetch bad rows.
+_JOINED = joined(first=True)
 
 _KEPT_CANDIDATE = "_has_input AND _has_outcomes AND (_kmin < 1 OR _kmax > n_tokens)"
-_FULL_CANDIDATE = (f"_has_input AND _s1min IS NOT NULL AND (_s1nan OR isnan(full_score) OR _s1max - full_score > "
+_FULL_CANDIDATE = (f"_has_input AND _s1min IS NOT NULL AND (isnan(_s1max) OR isnan(full_score) OR _s1max - full_score > "
                    f"{SCORE_TOLERANCE!r} OR full_score - _s1min > {SCORE_TOLERANCE!r} OR _k1min != n_tokens "
                    "OR _k1max != n_tokens)")
 
@@ -84,20 +95,24 @@ def _check_outcomes(con, files, runs, incomplete, nulls) -> list[Problem]:
     """The rules of this module; ``nulls`` (:func:`~pagestats.io.validation.problems.null_checks`
     of ``outcomes``) are counted in the same aggregate and reported first."""
     problems: list[Problem] = []
-    null_counts = "".join(f", count(*) FILTER (WHERE {cond}) AS _null_{i}" for i, (cond, _, _) in enumerate(nulls))
-    null_sums = "".join(f", sum(_null_{i}) AS _null_{i}" for i in range(len(nulls)))
-    summary = frame(con, f"""{JOINED.format(nulls=null_counts)}
-        SELECT run_id, _n, _sig, _has_input, _has_outcomes, count(*) AS n, min(_first) AS _first,
-            any_value({{'task': task, 'input_id': input_id}}) AS _one,
-            sum(_c_score) AS _c_score, sum(_c_budget) AS _c_budget{null_sums},
+    rules = [_SCORE_BAD, _BUDGET_BAD, *(cond for cond, _, _ in nulls)]
+    if len(rules) > 63:
+        raise ValueError(f"{len(rules)} row rules do not fit the 63 bits of one BIGINT mask")
+    summary = frame(con, f"""{joined(" | ".join(f"(({c})::BIGINT << {i})" for i, c in enumerate(rules)))}
+        SELECT run_id, _n, _sig, _has_input, _has_outcomes, count(*) AS n,
+            any_value({{'task': task, 'input_id': input_id}}) AS _one, bit_or(_flags) AS _flags,
             count(*) FILTER (WHERE {_KEPT_CANDIDATE}) AS _c_kept, count(*) FILTER (WHERE {_FULL_CANDIDATE}) AS _c_full
         FROM joined GROUP BY ALL""")
-    totals = summary.select(pl.col("_c_score", "_c_budget", "_c_kept", "_c_full", "^_null_.*$").sum()).row(0, named=True)
-    problems += null_problems(con, "outcomes", nulls, [totals[f"_null_{i}"] for i in range(len(nulls))], files)
-    if totals["_c_score"]:
+    totals = summary.select(pl.col("_c_kept", "_c_full").sum()).row(0, named=True)
+    mask = 0
+    for flags in summary["_flags"].drop_nulls():
+        mask |= flags
+    broken = [bool(mask >> i & 1) for i in range(len(rules))]  # the rules some row breaks
+    problems += null_problems(con, "outcomes", nulls, broken[2:], files)
+    if broken[0]:
         problems += emit(con, f"SELECT _file, _row, score FROM outcomes WHERE {_SCORE_BAD}", files,
                          "score outside [0, 1] or NaN", lambda r: f"score = {value_text(r['score'])}")
-    if totals["_c_budget"]:
+    if broken[1]:
         problems += emit(con, f"SELECT _file, _row, budget FROM outcomes WHERE {_BUDGET_BAD}", files,
                          "budget outside (0, 1] or NaN", lambda r: f"budget = {value_text(r['budget'])}")
 
@@ -153,12 +168,12 @@ def _check_grid(con, per_run: pl.DataFrame, files, runs) -> list[Problem]:
             "SELECT DISTINCT evictor, budget FROM outcomes WHERE run_id = $r AND task = $t AND input_id = $i",
             params={"r": run_id, "t": example["task"], "i": example["input_id"]}).fetchall())
         info = runs.get(run_id)
-        first = first_row(sub["_first"].min())
         if info is not None and info.evictors is not None and info.budgets is not None:
             manifest_cells = list(info.arms) if info.arms else sorted((e, b) for e in info.evictors for b in info.budgets)
             if set(manifest_cells) != set(usual_cells):
                 # reported once for the run; inputs are then compared with the run's usual arms
-                problems.append(Problem(files[first[0]], first[1],
+                file, row = _first_row(con, run_id)
+                problems.append(Problem(files[file], row,
                                         f"the usual arms of run {run_id!r} differ from the manifest's evictors × "
                                         f"budgets: {_cells_diff(usual_cells, manifest_cells)}"))
                 reference, source = usual_cells, "the run's usual"
@@ -168,7 +183,7 @@ def _check_grid(con, per_run: pl.DataFrame, files, runs) -> list[Problem]:
             reference, source = usual_cells, "the run's usual"
         ref_n, ref_sig = _signature(con, reference)
         if sub.filter((pl.col("_n") != ref_n) | (pl.col("_sig") != ref_sig)).height:
-            con.execute(f"""CREATE OR REPLACE TEMP TABLE _odd_keys AS {_JOINED}
+            con.execute(f"""CREATE OR REPLACE TEMP TABLE _odd_keys AS {joined()}
                 SELECT {_KEY} FROM joined WHERE _has_outcomes AND run_id = $r AND (_n != $n OR _sig != $sig)""",
                         {"r": run_id, "n": ref_n, "sig": ref_sig})
             con.execute(f"CREATE OR REPLACE TEMP VIEW _odd_rows AS SELECT * FROM outcomes SEMI JOIN _odd_keys "
@@ -182,8 +197,14 @@ def _check_grid(con, per_run: pl.DataFrame, files, runs) -> list[Problem]:
                 con.execute(f"DROP TABLE IF EXISTS {name}")
         imported = info is not None and info.imported  # a release without b = 1 rows (docs/IMPORT.md)
         if reference and 1.0 not in {b for _, b in reference} and not imported:
-            problems.append(Problem(files[first[0]], first[1], f"run {run_id!r} has no budget 1.0 (full-cache audit) arm"))
+            file, row = _first_row(con, run_id)
+            problems.append(Problem(files[file], row, f"run {run_id!r} has no budget 1.0 (full-cache audit) arm"))
     return problems
+
+
+def _first_row(con, run_id: str) -> tuple[int, int]:
+    """``(_file, _row)`` of the run's first outcome row (read only when a problem names it)."""
+    return first_row(one(con, f"SELECT {FIRST} FROM outcomes WHERE run_id = $r", {"r": run_id})[0])
 
 
 def _cells_diff(got, reference) -> str:
