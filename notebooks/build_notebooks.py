@@ -326,8 +326,9 @@ def build(folder: Path = HERE) -> list[Path]:
     return out
 
 
-#: Seconds each cell of a headless run may take (``make notebooks``, the tests): a hang fails within 2 minutes.
-CELL_TIMEOUT = 120
+#: Seconds each cell of a headless run may take (``make notebooks``, the tests): a hang fails within 2 minutes,
+#: named by its cell, inside a notebook test's own 2-minute limit (pytest-timeout).
+CELL_TIMEOUT = 90
 
 
 def client(nb: nbformat.NotebookNode, folder: Path, timeout: int = CELL_TIMEOUT):

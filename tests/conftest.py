@@ -51,19 +51,6 @@ def pytest_configure(config):
             os.environ.setdefault(name, "1")
 
 
-#: Seconds a real-model test (marker ``slow``: the embedded SmolLM2 loaded from its GGUF) may take, setup
-#: included, instead of pyproject's 120 s: the collection fixture of test_collect_smollm2 took 182 s at a load
-#: of 4-5 on 2 cores (78 s of it the model's load and dequantization at load 9).
-SLOW_TIMEOUT = 300
-
-
-def pytest_collection_modifyitems(config, items):
-    """Give every ``slow`` test without its own limit :data:`SLOW_TIMEOUT` (pytest-timeout)."""
-    for item in items:
-        if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
-            item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT))
-
-
 def pytest_unconfigure(config):
     for folder in _SESSION_CACHE:
         shutil.rmtree(folder, ignore_errors=True)

@@ -83,7 +83,7 @@ def test_kill_and_resume_equals_uninterrupted(model_dir, reference, tmp_path):
     out = tmp_path / "run"
     env = {**os.environ, CRASH_ENV: "1"}
     cmd = [sys.executable, "-m", "collectors", "--model", str(model_dir), "--out", str(out), *ARGS]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=100)
     assert proc.returncode == CRASH_EXIT_CODE, proc.stderr[-2000:]
     assert len(list((out / "inputs").glob("*.parquet"))) == 1
     assert len(list((out / "outcomes").glob("*.parquet"))) == 2  # half-written second part
@@ -198,7 +198,7 @@ def test_collector_errors_are_one_line(case, model_dir, tmp_path, capsys):
 def test_missing_model_is_one_line_in_a_fresh_process(tmp_path):
     """What a user sees from the command: one stderr line, exit 2, no transformers traceback."""
     proc = subprocess.run([sys.executable, "-m", "collectors", "--model", str(tmp_path / "nonexistent"),
-                           "--out", str(tmp_path / "out"), *ERROR_ARGS], capture_output=True, text=True, timeout=300)
+                           "--out", str(tmp_path / "out"), *ERROR_ARGS], capture_output=True, text=True, timeout=100)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [f"error: model path not found: {tmp_path / 'nonexistent'}"]
 
@@ -225,7 +225,7 @@ def test_slurm_array_script_collects_the_same_run(model_dir, reference, tmp_path
     for index in (0, 1):
         env = {**os.environ, "SLURM_ARRAY_TASK_ID": str(index), "SLURM_ARRAY_TASK_COUNT": "2",
                "PYTHON": sys.executable, "MODEL": str(model_dir), "OUT": str(out), "DEVICE": "cpu", "DTYPE": "float32"}
-        proc = subprocess.run(["bash", script, *ARGS], env=env, capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(["bash", script, *ARGS], env=env, capture_output=True, text=True, timeout=100)
         assert proc.returncode == 0, proc.stderr[-2000:]
     for table in schema.TABLES:
         assert rows(out, table) == rows(reference, table), table

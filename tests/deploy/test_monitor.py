@@ -218,7 +218,7 @@ def test_resume_in_a_new_process_appends_and_never_overwrites(deployed, tmp_path
     before = {p.name: schema.sha256_file(p) for p in (log / "inputs").glob("*.parquet")}
     script = RESUME.format(tests=str(ROOT / "tests"), family=deployed["family"], gate=str(deployed["gate_path"]),
                            log=str(log))
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=100, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     drops = [float(x) for x in done.stdout.split()]
     after = {p.name: schema.sha256_file(p) for p in (log / "inputs").glob("*.parquet")}
@@ -233,7 +233,7 @@ def test_resume_in_a_new_process_appends_and_never_overwrites(deployed, tmp_path
     gated_generate(model, Tok(), prompt(60), gate=deployed["gate_path"], max_new_tokens=1, model_name=MODEL,
                    log_dir=log, log_text=True)
     try:
-        refused = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=ROOT)
+        refused = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=100, cwd=ROOT)
         assert refused.returncode != 0 and "is being appended to by another process" in refused.stderr
         # another gate into the same log_dir: refused (a log is one gate's)
         with pytest.raises(ValueError, match="open for another deployment"):
