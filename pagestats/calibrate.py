@@ -20,6 +20,7 @@ import polars as pl
 
 from pagestats.gatefile import Gate
 from pagestats.registry import gated
+from pagestats.replay.calibration import calibration
 
 
 def logs_sha256(files) -> str:
@@ -116,8 +117,6 @@ def calibrate(logs, policy, *, model: str | None = None, files=None) -> Gate:
     ValueError
         One line: an unknown model, a policy without a threshold, or statistics that differ between runs.
     """
-    from pagestats.replay.calibration import calibration
-
     if policy.short not in gated():
         raise ValueError(f"calibrate: policy {policy.name!r} has no threshold a gate file holds; use "
                          f"{', '.join(gated())}")

@@ -25,7 +25,9 @@ from typing import ClassVar
 import numpy as np
 import polars as pl
 
-from pagestats import defaults, formulas
+from pagestats import defaults, formulas, metrics, replay
+from pagestats.calibrate import _model_source, _n_layers, _prompt_style, _statistic, logs_sha256
+from pagestats.columns import MATRIX_CELL
 from pagestats.gatefile import Gate
 from pagestats.registry import POLICIES, gated, policy_class
 from pagestats.replay.calibration import Policy, calibration, decision_query, stored_groups
@@ -182,8 +184,6 @@ def risk_gate(logs, *, harm_bound: float, delta: float, budget: float, evictor: 
         ``left_out``: the model's inputs whose harm at b is not known (:func:`labelled_rows`), which
         the pilot is not drawn from.
     """
-    from pagestats.calibrate import _model_source, _n_layers, _prompt_style, _statistic, logs_sha256
-
     model, evictor, budget = _choices(logs, model, evictor, budget)
     rows = logs.inputs.filter(pl.col("model") == model)
     manifests = {r: logs.manifests[r] for r in rows["run_id"].unique().to_list() if r in logs.manifests}
@@ -272,9 +272,6 @@ def policy_comparison(logs, gate: Gate) -> pl.DataFrame:
     pilot) outside its pilot; a cell where the midpoint recipe does not apply (too few inputs of a
     class, Eq. 5) gets no midpoint row, and the ``note`` column of the others says nothing.
     """
-    from pagestats import metrics, replay
-    from pagestats.columns import MATRIX_CELL
-
     budget = float(gate.pilot["budget"])
     cal = pl.DataFrame([tuple(k) for k in gate.pilot["calibration_inputs"]], schema=list(zip(INPUT_KEY, (
         logs.inputs.schema[c] for c in INPUT_KEY))), orient="row")
