@@ -153,6 +153,10 @@ class LogDB:
         """The line saying which runs of another mode were left out (:attr:`left_out`)."""
         return list(self.left_out)
 
+    def typed_names(self, frame: pl.DataFrame) -> pl.DataFrame:
+        """:meth:`pagestats.io.LogTables.typed_names`: ``frame`` itself (the views' names are text, as SQL's)."""
+        return frame
+
     def per_input(self, lists: Sequence[str] = (), *, topk: bool = False) -> Logs:
         """:meth:`pagestats.io.LogTables.per_input`: the per-input rows with the columns ``lists``
         (and the top-k rows when ``topk`` and logged), read in key order, as :class:`Logs` without

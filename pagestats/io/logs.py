@@ -16,7 +16,7 @@ import duckdb
 import polars as pl
 
 from pagestats import defaults
-from pagestats.columns import repeats_a_key, require_columns, rows_where, with_task_class
+from pagestats.columns import names_like, repeats_a_key, require_columns, rows_where, with_task_class
 from pagestats.io import duck
 from pagestats.io.validation.problems import Problem
 from pagestats.schema import INPUT_KEY
@@ -106,6 +106,10 @@ class LogTables(Protocol):
     def exclusion_report(self) -> list[str]:
         """One line per thing left out of the logs and why."""
 
+    def typed_names(self, frame: pl.DataFrame) -> pl.DataFrame:
+        """``frame`` (read back from SQL) with its name columns typed as the logs hold theirs, so that
+        it joins and stacks with their frames (:func:`pagestats.columns.names_like`)."""
+
 
 @dataclass
 class Logs:
@@ -184,6 +188,11 @@ class Logs:
     def per_input(self, lists: Sequence[str] = (), *, topk: bool = False) -> Logs:
         """:meth:`LogTables.per_input`: these logs themselves (they hold every column already)."""
         return self
+
+    def typed_names(self, frame: pl.DataFrame) -> pl.DataFrame:
+        """:meth:`LogTables.typed_names`: text as the inputs hold it (categoricals in the report,
+        :func:`categorical_names`)."""
+        return names_like(frame, self.inputs)
 
     def outcome_rows(self, evictor: str | None = None) -> pl.DataFrame:
         """:meth:`LogTables.outcome_rows`: the frame itself, or its rows of ``evictor`` (no copy when it holds one)."""

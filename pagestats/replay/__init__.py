@@ -27,7 +27,6 @@ from pagestats.replay.gate import (
     GATE_COLUMNS,
     GATED_OUTCOME_COLUMNS,
     decide_each,
-    gate,
     gate_by_draw,
     gated_from_decisions,
     plain_outcomes,
@@ -44,7 +43,7 @@ from pagestats.replay.policies import (
     ZScored,
     recalibrate,
 )
-from pagestats.replay.session import PILOT_COLUMNS, Replay, decide_all, gated_outcomes, pilot_composition
+from pagestats.replay.session import PILOT_COLUMNS, Replay, decide_all, gate, gated_outcomes, pilot_composition
 from pagestats.replay.spec import (
     LAYER_SUBSETS,
     STATISTICS,

@@ -1,11 +1,10 @@
-"""The replay's polars engine: D under a profile spec (:mod:`pagestats.replay.spec`), τ from a
-policy (:mod:`pagestats.replay.policies`), and the full-KV outcome substituted where the gate
-closes (Eq. 2), on the per-input frames of in-memory logs.
+"""The per-row frames at the edge, in polars: :func:`gated_from_decisions` expands the decisions of a
+:class:`pagestats.replay.Replay` (decided in SQL) to every (evictor, budget) arm, substituting the
+full-KV outcome where the gate closes (Eq. 2); :func:`plain_outcomes` for inputs without D.
 
-``gate`` gives the decision per input (:func:`decided`: with the held-out pilot marked);
-:func:`gated_from_decisions` expands decisions to every (evictor, budget) arm.
-:class:`pagestats.replay.Replay` calls it for its per-input frames
-(:func:`pagestats.replay.decide_all`, :func:`pagestats.replay.gated_outcomes`).
+Two decision paths are still polars, on per-input frames, for what a single replay does not
+share: :func:`decide_each` (many policies on one D, Table N1) and :func:`gate_by_draw` (head-pair
+draws decided in blocks, Table 9), each through the policy's ``decide``.
 
 References
 ----------
@@ -94,13 +93,6 @@ def _with_held_out(decided: pl.DataFrame, policy: Policy) -> pl.DataFrame:
     return out.select([*(c for c in GATE_COLUMNS if c in out.columns), "held_out"])
 
 
-def decided(logs, policy: Policy, profile: ProfileSpec, prof: pl.DataFrame | None = None) -> pl.DataFrame:
-    """Every input's decision, a held-out pilot included, with ``held_out`` (Boolean) marking the
-    inputs that set τ and are left out of every evaluated number: the frame of
-    :func:`pagestats.replay.decide_all` (``prof``: D per input, default :func:`profile_drop`)."""
-    return _with_held_out(_decide(logs, policy, profile, prof), policy)
-
-
 def decide_each(logs, policies, profile: ProfileSpec = ProfileSpec()) -> Iterator[pl.DataFrame]:
     """:func:`pagestats.replay.decide_all` of each policy of ``policies`` in turn, D under ``profile`` and the
     inputs' columns computed once for all of them (Table N1 compares 19 pilot definitions).
@@ -108,23 +100,6 @@ def decide_each(logs, policies, profile: ProfileSpec = ProfileSpec()) -> Iterato
     prof, meta = profile_drop(logs, profile), _input_meta(logs)
     for policy in policies:
         yield _with_held_out(_decide(logs, policy, profile, prof, meta), policy)
-
-
-def gate(logs, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec()) -> pl.DataFrame:
-    """Gate decision per input under ``policy``: open (evict) iff D ≥ τ (§3, Eq. 2).
-
-    A policy whose pilot is held out (``pilot_split="held-out"``, the z-scored default) sets τ
-    on its pilot inputs and leaves them out of the frame, so no evaluated number is
-    computed on the inputs that set the threshold.
-
-    Returns
-    -------
-    polars.DataFrame
-        ``run_id, task, input_id, [pair_draw], model, context_length, task_class, n_tokens,
-        full_score, drop, tau, gate_open``; ``tau`` is null for threshold-free policies.
-    """
-    decided = _evaluated(_decide(logs, policy, profile), policy)
-    return decided.select([c for c in GATE_COLUMNS if c in decided.columns])
 
 
 def gate_by_draw(logs, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec()) -> Iterator[pl.DataFrame]:

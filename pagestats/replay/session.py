@@ -20,7 +20,7 @@ import polars as pl
 from pagestats.io.logs import LogTables
 from pagestats import formulas
 from pagestats.replay import sql
-from pagestats.replay.gate import decided, gated_from_decisions
+from pagestats.replay.gate import gated_from_decisions
 from pagestats.replay.policies import FixedTau, Policy
 from pagestats.replay.spec import ProfileSpec, profile_drop
 from pagestats.schema import INPUT_KEY
@@ -79,8 +79,6 @@ class Replay:
         if not isinstance(policy, Policy):
             raise TypeError(f"policy must be one of pagestats.replay's policies (a Policy), got {policy!r}")
         self.logs, self.policy, self.profile = logs, policy, profile
-        #: Whether the policy is decided in SQL (else by polars, and joined back).
-        self.in_sql = "agreement" not in policy.reads  # the relation drops holds no a_ℓ list
         self._con = None
         self._done: dict[str, object] = {}
 
@@ -95,7 +93,8 @@ class Replay:
         if self._con is not None:
             self._con.close()
             self._con = None
-            self._done = {k: v for k, v in self._done.items() if k in ("frames", "dropped", "decisions")}
+            self._done = {k: v for k, v in self._done.items() if k in ("frames", "dropped", "decided_frame",
+                                                                      "decisions")}
 
     def _once(self, name: str, compute):
         if name not in self._done:
@@ -130,24 +129,38 @@ class Replay:
     def drops(self) -> list[str]:
         """Create the relation ``drops``; return its draw columns (``["pair_draw"]`` or ``[]``).
 
-        The default profile reads the logged D in SQL; any other spec joins :meth:`dropped` back.
+        The default profile reads the logged D in SQL; any other spec joins :meth:`dropped` back,
+        as does a policy that reads the a_ℓ list (``"agreement"`` in its ``reads``), with the list.
         """
         def make():
-            if self.profile == ProfileSpec():
+            lists = [c for c in ("agreement",) if c in self.policy.reads]
+            if self.profile == ProfileSpec() and not lists:
                 return sql.logged_drops(self._connection())
-            return sql.register_drops(self._connection(), self.dropped())
+            frame = self.dropped()
+            if lists:
+                frame = frame.join(self.frames().inputs.select(*INPUT_KEY, *lists), on=INPUT_KEY, how="left",
+                                   maintain_order="left")
+            return sql.register_drops(self._connection(), frame)
 
         return self._once("drops", make)
 
-    def decisions(self) -> pl.DataFrame:
-        """:func:`pagestats.replay.decide_all`: every input's decision, a held-out pilot included,
-        with ``held_out`` marking the inputs that set τ (polars, computed once)."""
+    def decided(self) -> pl.DataFrame:
+        """Every input's decision, a held-out pilot included, with ``held_out`` marking the inputs
+        that set τ: the rows of the relation ``_decided`` in input (and draw) order, with the names
+        typed as the logs hold them (:meth:`pagestats.io.LogTables.typed_names`); not refused where
+        the gate cannot decide (:meth:`decisions` is)."""
         def make():
-            out = decided(self.frames(), self.policy, self.profile, self.dropped())
-            _refuse_no_drop(out.filter(pl.col("gate_open").is_null()).group_by("run_id").len().sort("run_id").rows())
-            missing = out.filter(~pl.col("gate_open") & pl.col("full_score").is_null()).group_by("run_id").len()
-            _refuse_unknown_full(missing.sort("run_id").rows())
-            return out
+            draw_columns, held = self._decided()
+            return self.logs.typed_names(sql.decided_rows(self._connection(), draw_columns, held))
+
+        return self._once("decided_frame", make)
+
+    def decisions(self) -> pl.DataFrame:
+        """:func:`pagestats.replay.decide_all`: :meth:`decided`, refused (:class:`UnknownFullError`)
+        where an input has no D or the gate closes on an input without its full-KV outcome."""
+        def make():
+            self.decide()  # the refusals, in SQL
+            return self.decided()
 
         return self._once("decisions", make)
 
@@ -163,8 +176,6 @@ class Replay:
     def decide(self) -> list[str]:
         """Create the relations ``decisions`` and ``held_out``; return their draw columns."""
         def make():
-            if not self.in_sql:  # Python code: decided by polars, joined back
-                return sql.register_decisions(self._connection(), self.decisions())
             draw_columns, held = self._decided()
             con = self._connection()
             sql.decide(con, draw_columns, held)
@@ -219,7 +230,27 @@ def _refuse_no_drop(missing: list[tuple[str, int]]) -> None:
                                "alone); leave the run out (its ρ is in the report)")
 
 
-def decide_all(logs, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec()) -> pl.DataFrame:
+def gate(logs: LogTables, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec()) -> pl.DataFrame:
+    """Gate decision per input under ``policy``: open (evict) iff D ≥ τ (§3, Eq. 2), decided in SQL
+    (:meth:`Replay.decided`).
+
+    A policy whose pilot is held out (``pilot_split="held-out"``, the z-scored default) sets τ
+    on its pilot inputs and leaves them out of the frame, so no evaluated number is
+    computed on the inputs that set the threshold.
+
+    Returns
+    -------
+    polars.DataFrame
+        ``run_id, task, input_id, [pair_draw], model, context_length, task_class, n_tokens,
+        full_score, drop, tau, gate_open`` in input (and draw) order; ``tau`` is null for
+        threshold-free policies.
+    """
+    with Replay(logs, policy, profile) as session:
+        decided = session.decided()
+    return decided.filter(~pl.col("held_out")).drop("held_out")
+
+
+def decide_all(logs: LogTables, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec()) -> pl.DataFrame:
     """:func:`pagestats.replay.gate` for every input, a held-out pilot included, with ``held_out``
     (Boolean) marking the inputs that set τ and are left out of every evaluated number
     (:meth:`Replay.decisions`)."""

@@ -12,14 +12,13 @@ session chooses what runs where:
   collector's logs reproduce it bit for bit); any other profile spec (layer or head-pair
   subsets, k, statistics) recomputes it with :func:`pagestats.replay.profile_drop` on the
   per-input frame (only the list columns the spec reads, :func:`profile_lists`) and joins it back
-  (:func:`register_drops`);
-* a policy decides in SQL over ``drops`` (:func:`decide_rows`), with its own ``calibrate``
-  (:class:`~pagestats.replay.calibration.Policy`): only the pilot inputs and τ per group are
-  materialised;
-* a policy that reads the a_ℓ lists (a :class:`~pagestats.replay.policies.CustomPolicy`) is decided by polars
-  (:mod:`pagestats.replay.gate`) and its decisions are joined back (:func:`register_decisions`).
+  (:func:`register_drops`), with the a_ℓ list for a policy that reads it (a
+  :class:`~pagestats.replay.policies.CustomPolicy`);
+* every policy decides in SQL over ``drops`` (:func:`decide_rows`), with its own ``calibrate``
+  (:class:`~pagestats.replay.calibration.Policy`; a Python policy's function is its own, joined
+  back): only the pilot inputs and τ per group are materialised.
 
-Both create ``decisions`` (``run_id, task, input_id, [pair_draw], drop, tau, gate_open`` and
+:func:`decide` creates ``decisions`` (``run_id, task, input_id, [pair_draw], drop, tau, gate_open`` and
 the input's columns) and ``held_out``: the keys of the inputs a held-out calibration pilot used
 to set τ (:class:`~pagestats.replay.policies.ZScored` by default), which no evaluated number
 may include; it is empty for a policy without one. The per-(input, evictor, budget) rows never
@@ -70,13 +69,14 @@ def logged_drops(con) -> list[str]:
 def register_drops(con, frame: pl.DataFrame) -> list[str]:
     """Create the relation ``drops`` on ``con`` from ``frame``, D per input (and head-pair draw)
     recomputed under a profile spec (:func:`pagestats.replay.profile_drop`), joined to the input
-    columns; return its draw columns (``["pair_draw"]`` or ``[]``)."""
+    columns, with any other column of ``frame`` after D (the a_ℓ list a Python policy reads);
+    return its draw columns (``["pair_draw"]`` or ``[]``)."""
     draw_columns = ["pair_draw"] if "pair_draw" in frame.columns else []
     con.register("_dropped", frame)
     meta = ", ".join(f"i.{c}" for c in INPUT_COLUMNS if c not in (*INPUT_KEY, "drop"))
     con.execute(
         f"CREATE OR REPLACE TEMP VIEW drops AS SELECT {_KEY}, {'pair_draw, ' if draw_columns else ''}{meta}, "
-        f'd."drop" FROM _dropped d JOIN inputs i USING ({_KEY})'
+        f"d.* EXCLUDE ({_KEY}{', pair_draw' if draw_columns else ''}) FROM _dropped d JOIN inputs i USING ({_KEY})"
     )
     return draw_columns
 
@@ -111,23 +111,13 @@ def decide(con, draw_columns: list[str], held: str) -> None:
     con.execute(f"CREATE OR REPLACE TEMP VIEW held_out AS SELECT DISTINCT {_KEY} FROM _decided WHERE {held}")
 
 
-def register_decisions(con, decided: pl.DataFrame) -> list[str]:
-    """Create ``decisions`` and ``held_out`` on ``con`` from the polars decisions ``decided``
-    (a :func:`pagestats.replay.decide_all` frame, e.g. of a
-    :class:`~pagestats.replay.policies.CustomPolicy`), joined to the input columns; return the
-    draw columns."""
-    held = decided.filter(pl.col("held_out")).select(INPUT_KEY).unique()
-    con.register("_held_out", held)
-    con.execute("CREATE OR REPLACE TEMP VIEW held_out AS SELECT * FROM _held_out")
-    frame = decided.filter(~pl.col("held_out"))
-    draw_columns = ["pair_draw"] if "pair_draw" in frame.columns else []
-    con.register("_python_decisions", frame.select(*INPUT_KEY, *draw_columns, "drop", "tau", "gate_open"))
-    meta = ", ".join(f"i.{c}" for c in INPUT_COLUMNS if c not in (*INPUT_KEY, "drop"))
-    con.execute(
-        f"CREATE OR REPLACE TEMP VIEW decisions AS SELECT {_KEY}, {'pair_draw, ' if draw_columns else ''}{meta}, "
-        f'd."drop", d.tau, d.gate_open FROM _python_decisions d JOIN inputs i USING ({_KEY})'
-    )
-    return draw_columns
+def decided_rows(con, draw_columns: list[str], held: str) -> pl.DataFrame:
+    """Every row of ``_decided`` (:func:`decide_rows`; a held-out pilot included) with
+    :data:`DECISION_COLUMNS` and ``held_out`` (``held``: the condition of a held-out row), in
+    input (and draw) order: the frame of :func:`pagestats.replay.decide_all`."""
+    cols = f"{_KEY}, {'pair_draw, ' if draw_columns else ''}{_INPUT_META}, \"drop\", tau, gate_open"
+    order = ", ".join([*INPUT_KEY, *draw_columns])
+    return con.sql(f"SELECT {cols}, {held} AS held_out FROM _decided ORDER BY {order}").pl()
 
 
 def pilot_rows(con, draw_columns: list[str]) -> pl.DataFrame:

@@ -409,13 +409,14 @@ def test_only_a_custom_policy_is_given_the_profile_lists(logs, monkeypatch):
     would repeat on every draw; a custom policy is given it (and decides the same where it reads D)."""
     spec = ProfileSpec(pairs_fraction=0.5, pair_draws=3)
     seen = {}
-    decide = FixedTau.decide
+    calibrate = FixedTau.calibrate
 
-    def recording(self, frame):
-        seen["fixed"] = (frame.columns, frame.height)
-        return decide(self, frame)
+    def recording(self, con, source):
+        columns = [r[0] for r in con.sql(f"DESCRIBE SELECT * FROM {source}").fetchall()]
+        seen["fixed"] = (columns, con.sql(f"SELECT count(*) FROM {source}").fetchall()[0][0])
+        return calibrate(self, con, source)
 
-    monkeypatch.setattr(FixedTau, "decide", recording)
+    monkeypatch.setattr(FixedTau, "calibrate", recording)
     g = gate(logs, FixedTau(0.07), spec)
     assert "agreement" not in seen["fixed"][0] and seen["fixed"][1] == g.height == 3 * logs.inputs.height
     custom = gate(logs, CustomPolicy(lambda f: seen.update(custom=f.columns) or (f["drop"] >= 0.07).to_numpy()), spec)

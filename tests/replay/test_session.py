@@ -46,8 +46,8 @@ def written(tmp_path_factory):
 
 @pytest.fixture
 def counted(monkeypatch):
-    """How often the decision step runs: the SQL decision of a policy (``sql.decide_rows``) and
-    the polars one (``gate.decided``), whichever engine the session chose."""
+    """How often the decision step runs: the SQL decision of a policy (``sql.decide_rows``), the one
+    engine of every policy (a Python policy's function included)."""
     calls = []
 
     def counting(name, fn):
@@ -57,7 +57,6 @@ def counted(monkeypatch):
         return wrapped
 
     monkeypatch.setattr(sql, "decide_rows", counting("sql", sql.decide_rows))
-    monkeypatch.setattr(session_module, "decided", counting("polars", session_module.decided))
     return calls
 
 
@@ -66,7 +65,7 @@ def test_whatif_and_pilot_decide_once(written, policy, counted):
     logs, _ = written
     table, pilot = whatif_with_pilot(logs, policy)
     assert len(counted) == 1  # one decision step for the table and the pilot
-    assert counted == (["polars"] if "agreement" in policy.reads else ["sql"])
+    assert counted == ["sql"]
     counted.clear()
     assert table.equals(whatif_table(logs, policy))
     assert pilot.equals(pilot_composition(logs, policy))
@@ -88,7 +87,7 @@ def test_every_product_of_a_session_reads_one_decision(written, counted):
         assert counted == ["sql"]
         gated = session.gated_outcomes()
         again = session.gated_outcomes(evictor="h2o", columns=["score_gated"])
-        assert counted == ["sql", "polars"]  # the per-row frames: polars, once
+        assert counted == ["sql"]  # the per-row frames read the same decisions
     assert again.equals(gated.filter(pl.col("evictor") == "h2o").select("score_gated"))
     assert gated.equals(gated_outcomes(logs, policy))
 
@@ -123,7 +122,7 @@ def test_in_memory_and_database_give_the_same_frames(written, policy, profile):
     assert decide_all(logs, policy, profile).equals(decide_all(db, policy, profile))
 
 
-def test_decisions_are_the_polars_engines(written):
+def test_decisions_are_the_gate_with_its_held_out_pilot(written):
     logs, _ = written
     from pagestats.replay import gate
 
@@ -136,8 +135,11 @@ def test_decisions_are_the_polars_engines(written):
 def test_connection_is_made_on_first_use_and_closed(written):
     logs, _ = written
     session = Replay(logs, FixedTau())
+    assert session._con is None
     session.gated_outcomes()
-    assert session._con is None  # the per-row frames need no DuckDB
+    assert session._con is not None  # the per-row frames read the decisions in SQL
+    session.close()
+    assert session._con is None
     with session:
         assert session.drops() == []
         assert session.con.sql("SELECT count(*) FROM drops").fetchall()[0][0] == logs.inputs.height
