@@ -46,7 +46,7 @@ RECORD_FORMAT = 1
 RACY_NS = 2_000_000_000
 #: The validator's sources, relative to the ``pagestats`` package: every module the rules run in.
 VALIDATOR_SOURCES = ("io/*.py", "io/validation/*.py", "schema.py", "defaults.py", "profile.py", "escape.py",
-                     "__init__.py")
+                     "columns.py", "__init__.py")
 #: The libraries whose behaviour the rules depend on (their versions enter the digest).
 VALIDATOR_LIBRARIES = ("duckdb", "polars", "pyarrow", "numpy")
 _IDENTITY = ("size", "mtime_ns", "ctime_ns", "inode", "device")
