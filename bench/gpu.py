@@ -42,6 +42,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # the repository's collectors, also when run as a script
 
 from collectors import capture, signals  # noqa: E402
+from collectors.evictors import parse_all  # noqa: E402
 from collectors.hf import cache_keyword  # noqa: E402
 from collectors.sweep import run_sweep  # noqa: E402
 from pagestats import defaults  # noqa: E402
@@ -217,7 +218,7 @@ def measure_sweep(model, device, plan):
     def sweep(max_batch):
         pre = capture.prefill(model, ids, accumulate=True)
         signals.gate_signals(pre.window_attention)
-        return run_sweep(model, tok, pre, evictors=EVICTORS, budgets=BUDGETS, max_new_tokens=steps,
+        return run_sweep(model, tok, pre, evictors=parse_all(EVICTORS), budgets=BUDGETS, max_new_tokens=steps,
                          max_batch=max_batch)
 
     t_base, base_tokens = timed(baseline, device, 1)

@@ -98,13 +98,13 @@ def _real() -> dict:
     import contextlib
 
     from collectors import capture, decode
-    from collectors.evict import kept_positions
+    from collectors.evictors import parse
     from collectors.model import load_model
 
     model, _, info = load_model(None)
     ids = torch.randint(100, 20000, (1, 1024), generator=torch.Generator().manual_seed(0))
     pf = capture.prefill(model, ids, accumulate=True)
-    kept = [kept_positions(e, pf, b, n_sink=4, n_recent=32) for e in ("snapkv", "h2o")
+    kept = [parse(e).kept(pf, b, n_sink=4, n_recent=32) for e in ("snapkv", "h2o")
             for b in (0.0625, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875)]
     out = {"model": info["name"], "decode_attn_impl": info["decode_attn_impl"], "prompt_tokens": 1024,
            "arms": len(kept), "new_tokens": 12}

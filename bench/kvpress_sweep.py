@@ -27,7 +27,9 @@ import time
 
 import torch
 
-from collectors import capture, presses
+from collectors import capture
+from collectors.evictors import parse
+from collectors.evictors.presses import version
 from collectors import tasks as T
 from collectors.model import load_model
 from collectors.sweep import run_sweep
@@ -54,7 +56,7 @@ def main(n_tokens: int = N_TOKENS) -> dict:
     ids, n_context = T.split_prompt(tokenizer, task_input)
     context = torch.tensor([ids[:n_context]])
     question = torch.tensor([ids[n_context:]])
-    spec = presses.parse(SPEC)
+    spec = parse(SPEC)
     pipe = pipeline("kv-press-text-generation", model=model, tokenizer=tokenizer)
     model(input_ids=context[:, :64])  # warm-up
 
@@ -70,7 +72,7 @@ def main(n_tokens: int = N_TOKENS) -> dict:
 
     def sweep():
         pf = capture.prefill(model, context, presses=[spec])
-        return run_sweep(model, NoEosTokenizer(tokenizer), pf, evictors=(SPEC,), budgets=BUDGETS,
+        return run_sweep(model, NoEosTokenizer(tokenizer), pf, evictors=(spec,), budgets=BUDGETS,
                          max_new_tokens=MAX_NEW_TOKENS, question_ids=question)
 
     t_sweep, (full, arms) = clock(sweep)
@@ -85,7 +87,7 @@ def main(n_tokens: int = N_TOKENS) -> dict:
         "device": "cpu",
         "torch_threads": torch.get_num_threads(),
         "platform": platform.platform(),
-        "versions": {"kvpress": presses.version(), "transformers": __import__("transformers").__version__,
+        "versions": {"kvpress": version(), "transformers": __import__("transformers").__version__,
                      "torch": torch.__version__},
         "evictor": SPEC,
         "n_tokens": len(ids),

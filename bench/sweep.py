@@ -30,7 +30,7 @@ import torch
 
 from collectors import capture
 from collectors.decode import decode_arms
-from collectors.evict import kept_positions
+from collectors.evictors import parse, parse_all
 from collectors.model import load_model
 from collectors.sweep import run_sweep
 from pagestats import defaults
@@ -96,7 +96,7 @@ def main() -> dict:
     # one-prefill sweep, batched, end to end
     def sweep():
         p = capture.prefill(model, ids, accumulate=True)
-        return run_sweep(model, tok, p, evictors=EVICTORS, budgets=BUDGETS,
+        return run_sweep(model, tok, p, evictors=parse_all(EVICTORS), budgets=BUDGETS,
                          max_new_tokens=MAX_NEW_TOKENS, batch_arms=True, max_batch=MAX_BATCH)
 
     t_batched, (full_b, arms_b) = clock(sweep)
@@ -108,7 +108,7 @@ def main() -> dict:
     single_times = [t_full_decode]
     same_tokens = True
     for evictor, budget in timed_arms[: N_TIMED - 1]:
-        kept = kept_positions(evictor, pf, budget)
+        kept = parse(evictor).kept(pf, budget)
         t, (tokens,) = clock(lambda: decode_arms(model, pf, [kept], max_new_tokens=MAX_NEW_TOKENS))
         single_times.append(t)
         batched = next(a for a in arms_b if (a.evictor, a.budget) == (evictor, budget))

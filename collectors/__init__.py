@@ -13,14 +13,14 @@ imports included), and from :mod:`pagestats` only the NumPy/pyarrow parts (``def
    collector module).
 2. :mod:`collectors.model` — the checks made before the weights are read
    (:mod:`~collectors.model.checks`), then the loading (:mod:`~collectors.model.load`).
-3. :mod:`collectors.presses` — kvpress presses as evictors, scored inside the one prefill.
+3. :mod:`collectors.evictors` — one class per base evictor, keyed by its CLI name: the keep rule
+   (budget rule, protection) written once, each evictor's score; kvpress presses among them.
 4. :mod:`collectors.capture` — the prefill with the observation window ā (and H2O's scores) captured.
 5. :mod:`collectors.signals` — a_ℓ, pair Jaccards, D (Eq. 3) and the other prefill signals.
-6. :mod:`collectors.evict` — evictor scores → kept positions (the budget rule).
-7. :mod:`collectors.decode` — evicted caches and the batched greedy decode of arms, the stop rule.
-8. :mod:`collectors.sweep` — one prefill → the full-KV arm and every (evictor, budget) arm.
-9. :mod:`collectors.writer` — sharded, atomic, resumable parquet output and the manifest.
-10. :mod:`collectors.run` (the collection loop) → :mod:`collectors.ray_launcher` (Ray shards) →
+6. :mod:`collectors.decode` — evicted caches and the batched greedy decode of arms, the stop rule.
+7. :mod:`collectors.sweep` — one prefill → the full-KV arm and every (evictor, budget) arm.
+8. :mod:`collectors.writer` — sharded, atomic, resumable parquet output and the manifest.
+9. :mod:`collectors.run` (the collection loop) → :mod:`collectors.ray_launcher` (Ray shards) →
     :mod:`collectors.cli` (``pagestats-collect``); beside them :mod:`collectors.deploy`
     (gate → log → ``GatedPress`` / ``gated_generate``).
 """

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 import torch
 
 from collectors import hf
-from collectors.presses import NEEDS_ATTENTIONS, press_scores
+from collectors.evictors.presses import NEEDS_ATTENTIONS, press_scores
 from pagestats import defaults
 
 #: Prefix of the attention-implementation names this module registers.
@@ -82,7 +82,7 @@ class Prefill:
         evictors' window; ``None`` when that window equals the gate's (then ``window_attention`` is it).
     press_scores : dict or None
         ``{evictor: [per layer (1, H_kv, T) scores]}`` of the kvpress evictors scored in this prefill
-        (:mod:`collectors.presses`), or ``None``.
+        (:mod:`collectors.evictors.presses`), or ``None``.
     """
 
     input_ids: torch.LongTensor
@@ -122,7 +122,7 @@ class Recorder:
         differs from ``window``.
     full_attention : bool
         Also keep each layer's full causal softmax (1, H, T, T) in ``attention_matrix`` until a
-        kvpress hook takes it (:mod:`collectors.presses`).
+        kvpress hook takes it (:mod:`collectors.evictors.presses`).
     """
 
     window: int = defaults.WINDOW
@@ -345,7 +345,7 @@ def prefill(model, input_ids, *, window: int = defaults.WINDOW, accumulate: bool
         Query rows per accumulation chunk.
     snapkv_window : int or None
         Window of the SnapKV-family evictors; captured separately only when it differs from ``window``.
-    presses : sequence of collectors.presses.PressSpec
+    presses : sequence of collectors.evictors.presses.KVPress
         kvpress evictors to score in this forward pass (``Prefill.press_scores``).
 
     Returns
@@ -369,7 +369,7 @@ def prefill(model, input_ids, *, window: int = defaults.WINDOW, accumulate: bool
                                                     query_chunk=query_chunk, snapkv_window=snapkv_window))
         scored = None
         if presses:
-            rec.full_attention = any(spec.press in NEEDS_ATTENTIONS for spec in presses)
+            rec.full_attention = any(e.press in NEEDS_ATTENTIONS for e in presses)
             scored = stack.enter_context(press_scores(model, presses, cache, rec))
         start = time.perf_counter()
         out = model(input_ids=input_ids, **{hf.cache_keyword(model): cache}, use_cache=True, logits_to_keep=1)

@@ -9,9 +9,13 @@ resumable: rerunning the same command skips finished inputs.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 
+from collectors.extras import missing
+from collectors.tasks import TASK_NAMES, TASK_TOKENS_TO_GENERATE, DecodeLimitError
+from collectors.writer import RunMismatchError, parse_shard
 from pagestats import defaults, schema
 
 
@@ -61,8 +65,6 @@ def _max_new_tokens(text: str):
 
 
 def _shard(text: str):
-    from collectors.writer import parse_shard
-
     try:
         return parse_shard(text)
     except ValueError as err:
@@ -70,8 +72,7 @@ def _shard(text: str):
 
 
 def parser() -> argparse.ArgumentParser:
-    from collectors.evict import EVICTORS
-    from collectors.tasks import TASK_NAMES, TASK_TOKENS_TO_GENERATE
+    from collectors.evictors import EVICTORS  # torch: after main's check of the extra
 
     fmt = lambda xs: ",".join(str(x) for x in xs)  # noqa: E731
     tokens = ", ".join(f"{t} {n}" for t, n in TASK_TOKENS_TO_GENERATE.items())
@@ -97,9 +98,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="run seed, recorded in the manifest (default 0)")
     p.add_argument("--draw", type=int, default=None, help="seed of the input draws (inputs.draw); default: --seed")
     p.add_argument("--evictors", type=_list(), default=defaults.EVICTORS,
-                   help=f"base evictors, from: {fmt(EVICTORS)}, or any kvpress ScorerPress as "
-                   "kvpress:<Press>[:param=value]... (needs the kvpress extra) "
-                   f"(default {fmt(defaults.EVICTORS)})")
+                   help=f"base evictors, from: {fmt(c.usage for c in EVICTORS.values())} (kvpress: any "
+                   f"kvpress ScorerPress, needs the kvpress extra) (default {fmt(defaults.EVICTORS)})")
     p.add_argument("--budgets", type=_list(float), default=defaults.BUDGETS,
                    help=f"nominal budgets in (0,1]; 1.0 is the full-cache audit arm (default {fmt(defaults.BUDGETS)})")
     p.add_argument("--out", required=True, help="run directory (created; resumed if it holds the same run)")
@@ -167,7 +167,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args):
-    from collectors.run import CollectConfig
+    from collectors.run import CollectConfig  # torch: after main's check of the extra
 
     return CollectConfig(
         tasks=args.tasks, context_length=args.context_length, n=args.n, out=args.out, model=args.model,
@@ -184,31 +184,20 @@ def config_from_args(args):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from collectors.extras import missing
-
     absent = missing("collect", "pagestats-collect")
-    if absent:  # before the parser: its evictor and task lists import torch
+    if absent:  # before the parser: its evictor list imports torch
         print(f"error: {absent}", file=sys.stderr)
         return 2
     args = parser().parse_args(argv)
-    from collectors.evict import EVICTORS, is_evictor
-    from collectors.writer import RunMismatchError
-
-    bad = [e for e in args.evictors if not is_evictor(e)]
-    if bad:
-        print(f"error: unknown evictor(s) {bad}; expected some of {', '.join(EVICTORS)} or kvpress:<Press>",
-              file=sys.stderr)
-        return 2
     if args.ray is not None:
         return _main_ray(args)
     if args.shards is not None or args.gpus_per_shard is not None:
         print("error: --shards and --gpus-per-shard go with --ray (without Ray, use --shard i/n)", file=sys.stderr)
         return 2
     try:
-        cfg = config_from_args(args)
-        from collectors.run import run_collection
+        from collectors.run import run_collection  # torch
 
-        summary = run_collection(cfg)
+        summary = run_collection(config_from_args(args))
     except (ValueError, FileNotFoundError, RunMismatchError) as err:
         print(_error_line(err), file=sys.stderr)
         return 2
@@ -219,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
 def _finish(summary) -> int:
     """The end of a run, on stderr: one line on what was collected, then the whole run validated
     (exit 1 with one line when it does not); a shard of several only says how to validate the run."""
-    from pagestats.io import validate_paths
+    from pagestats.io import validate_paths  # polars and DuckDB, only once a run is written
     from pagestats.io.validation.problems import one_line
 
     i, n = summary.shard
@@ -242,8 +231,6 @@ def _finish(summary) -> int:
 
 def _error_line(err: Exception) -> str:
     """The line for a refused run: the library's words, and for a decode limit the flag that raises it."""
-    from collectors.tasks import DecodeLimitError
-
     if isinstance(err, DecodeLimitError):
         return f"error: {err} (--max-new-tokens {err.task}={err.need}, or --allow-cut-answers)"
     return f"error: {err}"
@@ -251,8 +238,6 @@ def _error_line(err: Exception) -> str:
 
 def _main_ray(args) -> int:
     """``--ray``: every shard a Ray task; exit 2 on bad usage, 1 when a shard fails or the run is invalid."""
-    import importlib.util
-
     if importlib.util.find_spec("ray") is None:
         print("error: --ray needs Ray: pip install 'pagestats[ray]'", file=sys.stderr)
         return 2
@@ -265,8 +250,7 @@ def _main_ray(args) -> int:
         return 2
     shards = 1 if args.shards is None else args.shards
     gpus = args.gpus_per_shard if args.gpus_per_shard is not None else (1.0 if args.device == "cuda" else 0.0)
-    from collectors.ray_launcher import LaunchError, launch
-    from collectors.writer import RunMismatchError
+    from collectors.ray_launcher import LaunchError, launch  # torch
 
     try:
         summary = launch(config_from_args(args), shards=shards, address=args.ray or None, gpus_per_shard=gpus,

@@ -26,7 +26,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 
-from collectors.run import CollectConfig
+from collectors.hf import disable_progress_bars
+from collectors.run import CollectConfig, run_collection
 from collectors.writer import work_items
 
 
@@ -84,9 +85,6 @@ class _Progress:
 
 def _run_shard(cfg: CollectConfig, index: int, shards: int, progress) -> dict:
     """Body of one shard's Ray task (transformers' own loading bars are off: the driver shows one bar)."""
-    from collectors.hf import disable_progress_bars
-    from collectors.run import run_collection
-
     disable_progress_bars()
 
     shard_cfg = dataclasses.replace(cfg, shard=(index, shards), progress=False)
@@ -222,7 +220,7 @@ def launch(cfg: CollectConfig, *, shards: int, address: str | None = None, gpus_
         if started:
             ray.shutdown()
 
-    from pagestats.io import validate_paths
+    from pagestats.io import validate_paths  # polars and DuckDB: not in a Ray worker's (GPU) image
 
     problems = validate_paths([cfg.out])
     if problems:

@@ -2,7 +2,7 @@
 
 Per input (:func:`collect_input`)::
 
-    tasks.make_input → tokenize → capture.prefill(accumulate for h2o / h2o-perhead)
+    tasks.make_input → tokenize → capture.prefill(what the evictors need: evictors.capture_options)
       → signals.gate_signals → sweep.run_sweep → tasks.score per arm → rows
 
 In ``--mode query-agnostic`` the prefill, D and the evictions see the context only (the prompt up to
@@ -24,8 +24,17 @@ import datetime as _dt
 import time
 from dataclasses import asdict, dataclass, field
 
+import torch
+from tqdm.auto import tqdm
+
+from collectors import capture, signals, sweep
+from collectors import evictors as E
 from collectors import tasks as T
 from collectors.hf import hf_progress
+from collectors.model import check_positions, check_windows, load_model
+from collectors.tasks.haystack import file_sha256
+from collectors.tasks.qa import detect_dataset
+from collectors.tasks.templates import NIAH_CONFIGS, QA_CONFIGS
 from collectors.writer import RunWriter, run_id_for, shard_items, software_versions, work_items
 from pagestats import defaults
 
@@ -73,6 +82,8 @@ class CollectConfig:
     batch_arms: bool = True
     max_batch: int = 16
     progress: bool = True
+    #: The evictors, parsed from their names (:func:`collectors.evictors.parse_all`).
+    parsed_evictors: tuple = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         self.tasks = tuple(self.tasks)
@@ -86,11 +97,7 @@ class CollectConfig:
             raise ValueError(f"tasks must be a non-empty list without repeats, got {list(self.tasks)}")
         if not self.evictors:
             raise ValueError("at least one evictor is needed")
-        from collectors import presses
-
-        for evictor in self.evictors:
-            if presses.is_press(evictor):
-                presses.parse(evictor)  # a one-line ValueError for a bad press name or parameter
+        self.parsed_evictors = E.parse_all(self.evictors)
         if not self.budgets or any(not 0 < b <= 1 for b in self.budgets):
             raise ValueError(f"budgets must be in (0, 1], got {list(self.budgets)}")
         if self.context_length < 1 or self.n < 0:
@@ -139,9 +146,6 @@ class CollectConfig:
 
 def qa_file_for(task: str, qa_files) -> str | None:
     """The user's QA file whose format matches ``task`` (qa_1: SQuAD, qa_2: HotpotQA)."""
-    from collectors.tasks.qa import detect_dataset
-    from collectors.tasks.templates import QA_CONFIGS
-
     if task not in QA_CONFIGS:
         return None
     want = QA_CONFIGS[task]["dataset"]
@@ -153,9 +157,6 @@ def qa_file_for(task: str, qa_files) -> str | None:
 
 def task_options(cfg: CollectConfig) -> dict:
     """Per task: RULER's haystack actually used, tokens to generate, file hashes (for the manifest)."""
-    from collectors.tasks.haystack import file_sha256
-    from collectors.tasks.templates import NIAH_CONFIGS
-
     out = {}
     for task in cfg.tasks:
         ruler = NIAH_CONFIGS.get(task, {}).get("haystack")
@@ -197,12 +198,10 @@ def run_parameters(cfg: CollectConfig, model_info: dict) -> dict:
 
 def evictor_parameters(cfg: CollectConfig) -> dict:
     """SnapKV window and pooling, and per kvpress evictor its press, parameters and kvpress version."""
-    from collectors import presses
-
     out = {"snapkv_window": cfg.snapkv_window, "pool_kernel": cfg.pool_kernel}
-    specs = [presses.parse(e) for e in cfg.evictors if presses.is_press(e)]
-    if specs:
-        out["kvpress"] = {spec.evictor: spec.manifest() for spec in specs}
+    presses = E.capture_options(cfg.parsed_evictors)["presses"]
+    if presses:
+        out["kvpress"] = {press.name: press.manifest() for press in presses}
     return out
 
 
@@ -235,10 +234,6 @@ def build_manifest(cfg: CollectConfig, model_info: dict) -> dict:
 
 def collect_input(model, tokenizer, task_input: T.TaskInput, *, cfg: CollectConfig, run_id: str, model_name: str) -> dict:
     """Rows of one input: ``{"inputs": [row], "outcomes": [...], "topk": [...]}``."""
-    import torch
-
-    from collectors import capture, signals, sweep
-
     question_ids = None
     if cfg.mode == "query-agnostic":  # prefill and evict the context; the question comes after
         ids, n_context = T.split_prompt(tokenizer, task_input)
@@ -250,15 +245,11 @@ def collect_input(model, tokenizer, task_input: T.TaskInput, *, cfg: CollectConf
         raise RuntimeError(f"{task_input.task}/{task_input.input_id}: tokenised prompt has {len(ids)} tokens, "
                            f"make_input counted {task_input.n_tokens}")
     input_ids = torch.tensor([ids[:n_context]], dtype=torch.long)
-    from collectors import presses
-    from collectors.evict import ACCUMULATED_EVICTORS
-
     pre = capture.prefill(model, input_ids, window=cfg.window, snapkv_window=cfg.snapkv_window,
-                          accumulate=any(e in ACCUMULATED_EVICTORS for e in cfg.evictors),
-                          presses=[presses.parse(e) for e in cfg.evictors if presses.is_press(e)])
+                          **E.capture_options(cfg.parsed_evictors))
     gate = signals.gate_signals(pre.window_attention, k=cfg.k, k_max=max(cfg.k_max, cfg.k),
                                 bin_fraction=cfg.bin_fraction, convention=cfg.convention)
-    full, arms = sweep.run_sweep(model, tokenizer, pre, evictors=cfg.evictors, budgets=cfg.budgets,
+    full, arms = sweep.run_sweep(model, tokenizer, pre, evictors=cfg.parsed_evictors, budgets=cfg.budgets,
                                  max_new_tokens=task_input.max_new_tokens, n_sink=cfg.n_sink,
                                  n_recent=cfg.n_recent, batch_arms=cfg.batch_arms, max_batch=cfg.max_batch,
                                  pool_kernel=cfg.pool_kernel, question_ids=question_ids,
@@ -323,11 +314,6 @@ def run_collection(cfg: CollectConfig, *, loaded=None, on_progress=None) -> RunS
     given, is called once the shard knows which of its ``total`` inputs are already finished, and
     after each input it finishes (``done`` counts the shard's finished inputs).
     """
-    import torch
-    from tqdm.auto import tqdm
-
-    from collectors.model import check_positions, check_windows, load_model
-
     start = time.perf_counter()
     # Input files first: a missing --qa-file stops the run before any weights are read.
     files = {t: qa_file_for(t, cfg.qa_files) for t in cfg.tasks}

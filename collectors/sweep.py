@@ -7,7 +7,7 @@ decode step"), so the prompt's hidden states, its KV cache and the logits at the
 are the same for every arm. Hence the first generated token of every arm is ``argmax(last_logits)``
 of the full prefill, exactly as in kvpress, where the press compresses each layer's cache after that
 layer's prefill forward; eviction changes tokens 2..n. Each arm's kept positions come from
-:func:`collectors.evict.kept_positions`, and the arms are decoded by
+:meth:`collectors.evictors.Evictor.kept`, and the arms are decoded by
 :func:`collectors.decode.decode_arms` (evicted caches, positions, the query-agnostic mode, batches).
 
 The plan of decodes
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from collectors.decode import decode_arms, eos_token_ids, stop_reason
-from collectors.evict import EVICTORS, is_evictor, kept_positions
+from collectors.evictors import Evictor
 from pagestats import defaults
 
 __all__ = ["ArmResult", "AuditWarning", "run_sweep"]
@@ -67,12 +67,12 @@ def _check_sweep_args(evictors, budgets, max_batch):
     evictors = tuple(evictors)
     budgets = tuple(float(b) for b in budgets)
     for e in evictors:
-        if not is_evictor(e):
-            raise ValueError(f"unknown evictor {e!r}; choose from {EVICTORS} or kvpress:<Press>")
+        if not isinstance(e, Evictor):
+            raise ValueError(f"evictors are collectors.evictors.Evictor objects (collectors.evictors.parse), got {e!r}")
     for b in budgets:
         if not (0.0 < b <= 1.0):
             raise ValueError(f"budget must lie in (0, 1], got {b!r}")
-    if len(set(evictors)) != len(evictors) or len(set(budgets)) != len(budgets):
+    if len({e.name for e in evictors}) != len(evictors) or len(set(budgets)) != len(budgets):
         raise ValueError("evictors and budgets must not repeat")
     if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
         raise ValueError(f"max_batch must be a positive int, got {max_batch!r}")
@@ -84,7 +84,7 @@ def run_sweep(
     tokenizer,
     prefill,
     *,
-    evictors: Sequence[str],
+    evictors: Sequence[Evictor],
     budgets: Sequence[float],
     max_new_tokens: int,
     n_sink: int = defaults.N_SINK,
@@ -104,10 +104,10 @@ def run_sweep(
     model, tokenizer
         The causal LM of the prefill and its tokenizer (``decode``, ``eos_token_id``).
     prefill : Prefill
-        From :func:`collectors.capture.prefill` (``accumulate=True`` when an evictor of
-        :data:`collectors.evict.ACCUMULATED_EVICTORS` is swept).
-    evictors : sequence of str
-        Names from :data:`collectors.evict.EVICTORS`.
+        From :func:`collectors.capture.prefill` with the evictors' needs
+        (:func:`collectors.evictors.capture_options`).
+    evictors : sequence of Evictor
+        From :func:`collectors.evictors.parse_all`.
     budgets : sequence of float
         Nominal budgets in (0, 1] (docs/COLLECTION.md: ``pagestats.defaults.BUDGETS``).
     max_new_tokens : int
@@ -115,7 +115,7 @@ def run_sweep(
     n_sink, n_recent : int
         Protected first/last positions (4 and 32).
     budget_floor : {"protected", "page"}
-        The least kept count of the built-in evictors (:func:`collectors.evict.n_kept`).
+        The least kept count of the built-in evictors (:func:`collectors.evictors.n_kept`).
     batch_arms : bool
         Decode arms together (left-padded caches) rather than one at a time.
     max_batch : int
@@ -126,7 +126,7 @@ def run_sweep(
         Decode arms that keep every position through the eviction path and warn on any mismatch with
         the full arm (PAGE App. F).
     pool_kernel : int
-        Optional SnapKV-family pooling width (see :mod:`collectors.evict`).
+        Optional SnapKV-family pooling width (:mod:`collectors.evictors.snapkv`).
     question_ids : LongTensor (1, Q), optional
         Query-agnostic mode: ``prefill`` covers the context only (T tokens), budgets and evictions
         apply to it, and every arm then reads the question from its evicted cache
@@ -149,8 +149,8 @@ def run_sweep(
     key_index: dict = {None: 0}
     for evictor in evictors:
         for budget in budgets:
-            pos = kept_positions(evictor, prefill, budget, n_sink=n_sink, n_recent=n_recent,
-                                 pool_kernel=pool_kernel, budget_floor=budget_floor)
+            pos = evictor.kept(prefill, budget, n_sink=n_sink, n_recent=n_recent, pool_kernel=pool_kernel,
+                               budget_floor=budget_floor)
             count = int(pos.shape[-1])
             if count == n_tokens:
                 key = "audit" if audit else None
@@ -162,7 +162,7 @@ def run_sweep(
                 key_index[key] = len(plan_kept)
                 plan_keys.append(key)
                 plan_kept.append(pos)
-            arms.append((evictor, budget, count, key_index[key]))
+            arms.append((evictor.name, budget, count, key_index[key]))
 
     # Groups: longest caches first, so each batch pads little.
     lengths = [n_tokens if p is None else int(p.shape[-1]) for p in plan_kept]

@@ -9,7 +9,7 @@ evict only when D ≥ τ (Eq. 2), once per input, at prefill.
 
 Submodules, in import order:
 
-* :mod:`~collectors.deploy.gate` — the decision on one prefill (:class:`GateDecision`,
+* :mod:`~collectors.deploy.decision` — the decision on one prefill (:class:`GateDecision`,
   :func:`gate_decision`), τ or a calibrated gate file, the short-prompt rule;
 * :mod:`~collectors.deploy.log` — deployment logs (``log_dir=DIR``): a run of kind ``deployment``
   in the project's log schema (docs/SCHEMA.md, "Deployment runs"; :class:`DeploymentLog`,
@@ -29,7 +29,7 @@ from collectors.extras import require
 
 require("collect", "collectors.deploy")  # one line naming the extra, before any import of torch
 
-from collectors.deploy.gate import GateDecision, ShortPromptWarning, gate_decision  # noqa: E402
+from collectors.deploy.decision import GateDecision, ShortPromptWarning, gate_decision  # noqa: E402
 from collectors.deploy.generate import GenerationResult, gated_generate  # noqa: E402
 from collectors.deploy.log import DeploymentLog, close_log, close_logs, deployment_manifest, open_log  # noqa: E402
 from collectors.deploy.press import REFUSED_CALL_REASON, gated_press_class  # noqa: E402

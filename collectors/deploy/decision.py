@@ -26,7 +26,7 @@ import torch
 
 from collectors import signals
 from pagestats import defaults
-from pagestats.gatefile import Gate
+from pagestats.gatefile import Gate, gate_open
 
 
 class ShortPromptWarning(UserWarning):
@@ -157,7 +157,7 @@ def check_deployment(gate: Gate | None, *, model_name: str | None, n_layers: int
 def gate_decision(window_attention, *, tau: float, window: int, k: int, bin_fraction: float, convention: str,
                   n_kept=None, kept_fraction=None) -> GateDecision:
     """The gate on one prefill's ā (L, H, T): D by :func:`collectors.signals.gate_signals`, open iff
-    D ≥ τ and T ≥ w (§3, Eq. 2).
+    D ≥ τ (:func:`pagestats.gatefile.gate_open`) and T ≥ w (§3, Eq. 2).
 
     ``n_kept`` / ``kept_fraction`` describe the open cache (the closed one keeps all T).
     """
@@ -165,11 +165,11 @@ def gate_decision(window_attention, *, tau: float, window: int, k: int, bin_frac
     n_tokens = int(att.shape[-1])
     sig = signals.gate_signals(att, k=k, k_max=k, bin_fraction=bin_fraction, convention=convention)
     short = n_tokens < window
-    gate_open = (not short) and sig.drop >= tau
-    reason = "short-prompt" if short else ("open" if gate_open else "closed")
-    if not gate_open:
+    opened = (not short) and gate_open(sig.drop, tau)
+    reason = "short-prompt" if short else ("open" if opened else "closed")
+    if not opened:
         n_kept, kept_fraction = n_tokens, 1.0
-    return GateDecision(drop=float(sig.drop), gate_open=bool(gate_open), tau=float(tau), agreement=sig.agreement,
+    return GateDecision(drop=float(sig.drop), gate_open=bool(opened), tau=float(tau), agreement=sig.agreement,
                         n_tokens=n_tokens, n_kept=int(n_tokens if n_kept is None else n_kept),
                         kept_fraction=float(1.0 if kept_fraction is None else kept_fraction), reason=reason,
                         signals=dict(sig.signals), gate_ms=float(sig.gate_ms))

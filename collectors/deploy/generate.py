@@ -1,6 +1,6 @@
 """gated_generate: greedy generation under PAGE's gate, without kvpress.
 
-The gate of :mod:`collectors.deploy.gate` over the built-in evictors of :mod:`collectors.evict` (or
+The gate of :mod:`collectors.deploy.decision` over the built-in evictors of :mod:`collectors.evictors` (or
 a ``kvpress:<Press>`` scored in the same prefill), decoded by the sweep's own
 :func:`collectors.decode.decode_arms`, so its output is the arm the collector logs: the full-KV
 answer when the gate is closed, the evictor's arm at that budget when it is open.
@@ -13,11 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
-from collectors import capture, presses
+from collectors import capture, evictors
 from collectors.decode import decode_arms, eos_token_ids, stop_reason
-from collectors.deploy.gate import GateDecision, check_deployment, gate_decision, resolve_gate, warn_short_prompt
+from collectors.deploy.decision import GateDecision, check_deployment, gate_decision, resolve_gate, warn_short_prompt
 from collectors.deploy.log import deployment_manifest, open_log
-from collectors.evict import ACCUMULATED_EVICTORS, EVICTORS, is_evictor, kept_positions
 from collectors.tasks import tokenize_prompt
 from pagestats import defaults
 
@@ -68,9 +67,10 @@ def gated_generate(model, tokenizer, prompt, *, evictor: str = "snapkv", budget:
         Text (tokenised as the collector tokenises a prompt: :func:`collectors.tasks.tokenize_prompt`)
         or ids of shape (T,) / (1, T).
     evictor : str
-        A built-in evictor (:data:`collectors.evict.EVICTORS`) or ``kvpress:<Press>[:k=v]`` (needs kvpress).
+        A name :func:`collectors.evictors.parse` reads: a built-in evictor or ``kvpress:<Press>[:k=v]``
+        (needs kvpress).
     budget : float
-        b ∈ (0, 1], the kept fraction when the gate opens (:func:`collectors.evict.n_kept`).
+        b ∈ (0, 1], the kept fraction when the gate opens (:func:`collectors.evictors.n_kept`).
     tau, gate
         The threshold, or a calibrated :class:`pagestats.gatefile.Gate` / gate.json path (exactly one).
     max_new_tokens : int
@@ -86,7 +86,7 @@ def gated_generate(model, tokenizer, prompt, *, evictor: str = "snapkv", budget:
         Extra stop condition on the text.
     model_name : str, optional
         Checked against the gate's model (default ``model.config._name_or_path``;
-        :func:`collectors.deploy.gate.model_matches`).
+        :func:`collectors.deploy.decision.model_matches`).
     log_dir : path, optional
         Append this input's row to the deployment log there (:class:`DeploymentLog`).
     log_text : bool
@@ -102,12 +102,11 @@ def gated_generate(model, tokenizer, prompt, *, evictor: str = "snapkv", budget:
     -----
     One prefill (:func:`collectors.capture.prefill`) gives ā, D and the evictor's scores; the decode
     is :func:`collectors.decode.decode_arms` on the full cache or on the evictor's kept positions
-    (:func:`collectors.evict.kept_positions`), so the result equals the collector's logged arm.
+    (:meth:`collectors.evictors.Evictor.kept`), so the result equals the collector's logged arm.
     A kept set of all T positions is the full cache, as in the collector's sweep.
     """
     tau, gate, window, k, bin_fraction, convention = resolve_gate(tau, gate, window, k, bin_fraction, convention)
-    if not is_evictor(evictor):
-        raise ValueError(f"unknown evictor {evictor!r}; choose from {EVICTORS} or kvpress:<Press>")
+    chosen = evictors.parse(evictor)
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not (0.0 < float(budget) <= 1.0):
         raise ValueError(f"budget must lie in (0, 1], got {budget!r}")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
@@ -124,16 +123,15 @@ def gated_generate(model, tokenizer, prompt, *, evictor: str = "snapkv", budget:
                                        evictor=evictor, budget=budget, log_text=log_text)
         log = open_log(log_dir, manifest, part_size=log_part_size)
     ids = _prompt_ids(tokenizer, prompt)
-    specs = [presses.parse(evictor)] if presses.is_press(evictor) else []
     pf = capture.prefill(model, ids, window=window, snapkv_window=snapkv_window,
-                         accumulate=evictor in ACCUMULATED_EVICTORS, presses=specs)
+                         **evictors.capture_options([chosen]))
     n_tokens = pf.n_tokens
     decision = gate_decision(pf.window_attention, tau=tau, window=window, k=k, bin_fraction=bin_fraction,
                              convention=convention)
     kept = None
     if decision.gate_open:
-        kept = kept_positions(evictor, pf, float(budget), n_sink=n_sink, n_recent=n_recent, pool_kernel=pool_kernel,
-                              budget_floor=budget_floor)
+        kept = chosen.kept(pf, float(budget), n_sink=n_sink, n_recent=n_recent, pool_kernel=pool_kernel,
+                           budget_floor=budget_floor)
         count = int(kept.shape[-1])
         if count == n_tokens:
             kept = None

@@ -19,7 +19,7 @@ import numpy as np
 
 from collectors import hf
 from collectors.capture import CAPTURE_PREFIX
-from collectors.deploy.gate import GateDecision
+from collectors.deploy.decision import GateDecision
 from collectors.writer import RunWriter, run_id_for, software_versions
 from pagestats import schema
 

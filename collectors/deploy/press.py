@@ -4,7 +4,7 @@ A ``kvpress.BasePress`` that wraps another press. During the prefill each attent
 base press's own ``forward_hook``; what the hook writes — the layer's compressed keys and values,
 and ``module.masked_key_indices`` for head-wise presses (AdaKV, DMS) — is taken and the layer's
 full cache put back, so the base compression of every layer is *held*. D needs the late bin, so the
-decision is taken after the last layer (:func:`collectors.deploy.gate.gate_decision`): open (D ≥ τ)
+decision is taken after the last layer (:func:`collectors.deploy.decision.gate_decision`): open (D ≥ τ)
 applies every held result, closed drops them and the full cache stays. A prefill layer's output
 never depends on its own compression (kvpress compresses after the layer's attention), so holding
 changes nothing but memory: until the last layer, the compressed copy of each layer lives beside
@@ -39,7 +39,7 @@ import functools
 from dataclasses import dataclass, field
 
 from collectors import capture, hf
-from collectors.deploy.gate import (GateDecision, check_deployment, check_mode, gate_decision, resolve_gate,
+from collectors.deploy.decision import (GateDecision, check_deployment, check_mode, gate_decision, resolve_gate,
                                     warn_short_prompt)
 from collectors.deploy.log import deployment_manifest, open_log
 from pagestats import defaults
@@ -131,7 +131,7 @@ def gated_press_class():
         bin_fraction, convention : optional
             D's layer bins (App. F; default 1/3, ``"deployed"``, or the gate's).
         model_name : str, optional
-            The model's label, checked against the gate's (:func:`collectors.deploy.gate.model_matches`)
+            The model's label, checked against the gate's (:func:`collectors.deploy.decision.model_matches`)
             and written to the deployment log (default: ``model.config._name_or_path``).
         mode : {"query-aware", "query-agnostic"}
             How the press is used: the whole prompt prefilled under it (query-aware, the default, as the

@@ -12,7 +12,8 @@ what kvpress itself keeps, computed inside the collector's ONE prefill:
   :mod:`collectors.capture` when the kernel returns none;
 * the arm at budget b keeps kvpress's own selection at ``compression_ratio = 1 − b``: in every layer and
   KV head, ``kvpress.utils.compute_n_kept(T, 1 − b)`` positions, the top of the scores by
-  ``torch.topk`` — no sink or recent protection beyond what the press's scores build in.
+  ``torch.topk`` — no sink or recent protection beyond what the press's scores build in, no budget
+  floor, no pooling.
 
 So every budget is a top-n of one set of scores, and one prefill serves every arm; the kept sets are
 per layer and KV head, with the same count in each (gathered by :mod:`collectors.decode`).
@@ -24,24 +25,22 @@ releases before 5.3, so it lives in its own environment (``make kvpress-env``).
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from collectors import hf
+from collectors.evictors.base import Evictor
+from pagestats import defaults
 
 #: Prefix of evictor names that are kvpress presses.
 PREFIX = "kvpress:"
 #: Presses whose ``score()`` requires the attention weights of the layer.
 NEEDS_ATTENTIONS = ("ObservedAttentionPress",)
 
-__all__ = ["PREFIX", "NEEDS_ATTENTIONS", "PressSpec", "is_press", "parse", "version", "press_scores",
-           "kept_positions", "n_kept"]
-
-
-def is_press(evictor: str) -> bool:
-    """Whether ``evictor`` names a kvpress press (``kvpress:...``)."""
-    return isinstance(evictor, str) and evictor.startswith(PREFIX)
+__all__ = ["PREFIX", "NEEDS_ATTENTIONS", "KVPress", "version", "press_scores"]
 
 
 def _import_kvpress():
@@ -57,10 +56,8 @@ def _import_kvpress():
 
 def version() -> str:
     """The installed kvpress version."""
-    import importlib.metadata as md
-
     _import_kvpress()
-    return md.version("kvpress")
+    return importlib.metadata.version("kvpress")
 
 
 def _value(text: str):
@@ -76,83 +73,96 @@ def _value(text: str):
 
 
 @dataclass(frozen=True)
-class PressSpec:
-    """A parsed ``kvpress:<Press>[:k=v]...`` evictor: its name, press class name and parameters."""
+class KVPress(Evictor):
+    """A kvpress ``ScorerPress`` as an evictor (module docstring): its name, press class and parameters.
 
-    evictor: str
+    Scored inside the prefill (``capture.prefill(..., presses=[...])`` fills ``prefill.press_scores``),
+    and kept by kvpress's own rule, so :meth:`kept` replaces the collector's budget rule.
+    """
+
+    name: str
     press: str
     params: tuple[tuple[str, object], ...]
+
+    granularity: ClassVar[str] = "head"
+    in_prefill: ClassVar[bool] = True
+    usage: ClassVar[str] = f"{PREFIX}<Press>[:param=value]..."
+
+    @classmethod
+    def from_name(cls, text: str) -> KVPress:
+        """Parse and check ``kvpress:<Press>[:<param>=<value>]...``.
+
+        Values are read as bool (``true``/``false``), int, float, else string.
+
+        Raises
+        ------
+        ValueError
+            kvpress not installed, unknown press, a press that is not a ``ScorerPress``, a malformed
+            or unknown parameter, or ``compression_ratio`` (set per budget).
+        """
+        if not text.startswith(PREFIX):
+            raise ValueError(f"{text!r} is not a kvpress evictor ({cls.usage})")
+        name, *items = text[len(PREFIX):].split(":")
+        kvpress = _import_kvpress()
+        press_class = getattr(kvpress, name, None)
+        if not (isinstance(press_class, type) and issubclass(press_class, kvpress.ScorerPress)):
+            raise ValueError(f"{text}: {name!r} is not a kvpress ScorerPress")
+        params = []
+        for item in items:
+            key, sep, raw = item.partition("=")
+            if not sep or not key:
+                raise ValueError(f"{text}: parameters look like name=value, got {item!r}")
+            if key == "compression_ratio":
+                raise ValueError(f"{text}: compression_ratio is set by each budget (1 − b); leave it out")
+            params.append((key, _value(raw)))
+        evictor = cls(text, name, tuple(params))
+        try:
+            evictor.make()
+        except TypeError as err:
+            raise ValueError(f"{text}: {err}") from None
+        return evictor
 
     def make(self, budget: float | None = None):
         """An instance of the press (``compression_ratio = 1 − budget`` when a budget is given)."""
         kvpress = _import_kvpress()
-        cls = getattr(kvpress, self.press)
         kwargs = dict(self.params)
         if budget is not None:
             kwargs["compression_ratio"] = 1.0 - float(budget)
-        return cls(**kwargs)
+        return getattr(kvpress, self.press)(**kwargs)
 
     def manifest(self) -> dict:
         """What the manifest records of this evictor: press, parameters and kvpress version."""
         return {"press": self.press, "params": dict(self.params), "kvpress_version": version()}
 
+    def count(self, n_tokens: int, budget: float, n_sink: int = 0, n_recent: int = 0,
+              budget_floor: str = "protected") -> int:
+        """Positions per layer and KV head that kvpress keeps at ``compression_ratio = 1 − budget``
+        (kvpress's count: the protection and floor arguments do not apply)."""
+        from kvpress.utils import compute_n_kept
 
-def parse(evictor: str) -> PressSpec:
-    """Parse and check ``kvpress:<Press>[:<param>=<value>]...``.
+        return int(compute_n_kept(int(n_tokens), 1.0 - float(budget)))
 
-    Values are read as bool (``true``/``false``), int, float, else string.
+    def score(self, prefill) -> list:
+        """The press's per-layer (1, H_kv, T) scores from this prefill."""
+        scored = getattr(prefill, "press_scores", None) or {}
+        if self.name not in scored:
+            raise ValueError(f"{self.name} was not scored in this prefill (capture.prefill(..., presses=...))")
+        return scored[self.name]
 
-    Raises
-    ------
-    ValueError
-        Not a kvpress name, kvpress not installed, unknown press, a press that is not a
-        ``ScorerPress``, a malformed or unknown parameter, or ``compression_ratio`` (set per budget).
-    """
-    if not is_press(evictor):
-        raise ValueError(f"{evictor!r} is not a kvpress evictor ({PREFIX}<Press>[:param=value]...)")
-    name, *items = evictor[len(PREFIX):].split(":")
-    kvpress = _import_kvpress()
-    cls = getattr(kvpress, name, None)
-    if not (isinstance(cls, type) and issubclass(cls, kvpress.ScorerPress)):
-        raise ValueError(f"{evictor}: {name!r} is not a kvpress ScorerPress")
-    params = []
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"{evictor}: parameters look like name=value, got {item!r}")
-        if key == "compression_ratio":
-            raise ValueError(f"{evictor}: compression_ratio is set by each budget (1 − b); leave it out")
-        params.append((key, _value(raw)))
-    spec = PressSpec(evictor, name, tuple(params))
-    try:
-        spec.make()
-    except TypeError as err:
-        raise ValueError(f"{evictor}: {err}") from None
-    return spec
-
-
-def n_kept(n_tokens: int, budget: float) -> int:
-    """Positions per layer and KV head that kvpress keeps at ``compression_ratio = 1 − budget``."""
-    from kvpress.utils import compute_n_kept
-
-    return int(compute_n_kept(int(n_tokens), 1.0 - float(budget)))
-
-
-def kept_positions(layer_scores, budget: float) -> torch.LongTensor:
-    """(L, H_kv, n) sorted kept positions: per layer, ``torch.topk`` of the press's (1, H_kv, T) scores.
-
-    The top-k is taken on each layer's scores exactly as ``ScorerPress.compress`` takes it, so ties
-    resolve as in kvpress.
-    """
-    n_tokens = int(layer_scores[0].shape[-1])
-    count = n_kept(n_tokens, budget)
-    rows = [scores.topk(count, dim=-1).indices[0] for scores in layer_scores]
-    return torch.sort(torch.stack(rows).cpu(), dim=-1).values
+    def kept(self, prefill, budget: float, *, n_sink: int = defaults.N_SINK, n_recent: int = defaults.N_RECENT,
+             pool_kernel: int = 1, budget_floor: str = "protected") -> torch.LongTensor:
+        """(L, H_kv, n) sorted kept positions: per layer, ``torch.topk`` of the press's scores, as
+        ``ScorerPress.compress`` takes it (so ties resolve as in kvpress); no protection, floor or
+        pooling (the keyword arguments are the built-in evictors' and do not apply)."""
+        layer_scores = self.score(prefill)
+        count = self.count(int(layer_scores[0].shape[-1]), budget)
+        rows = [scores.topk(count, dim=-1).indices[0] for scores in layer_scores]
+        return torch.sort(torch.stack(rows).cpu(), dim=-1).values
 
 
 @contextlib.contextmanager
-def press_scores(model, specs, cache, recorder):
-    """Context manager: hooks that score every press of ``specs`` in each attention layer's forward.
+def press_scores(model, evictors, cache, recorder):
+    """Context manager: hooks that score every :class:`KVPress` of ``evictors`` in each attention layer's forward.
 
     Yields ``{evictor: {layer: (1, H_kv, T) scores}}``, filled during the (prefill) forward pass run
     inside the ``with`` block. ``recorder`` (:class:`collectors.capture.Recorder`) supplies the
@@ -160,7 +170,7 @@ def press_scores(model, specs, cache, recorder):
     returns no weights. Each press sees ``module.rotary_emb`` (the model's rotary embedding), as under
     kvpress's own hooks; that attribute is removed again on exit.
     """
-    presses = [(spec.evictor, spec.make(), spec.press in NEEDS_ATTENTIONS) for spec in specs]
+    presses = [(e.name, e.make(), e.press in NEEDS_ATTENTIONS) for e in evictors]
     for _, press, _ in presses:
         press.post_init_from_model(model)
     store: dict[str, dict[int, torch.Tensor]] = {evictor: {} for evictor, _, _ in presses}

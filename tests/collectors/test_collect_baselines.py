@@ -66,7 +66,7 @@ def test_query_agnostic_collect_records_the_mode(model_dir, tmp_path):
     from transformers import AutoTokenizer
 
     from collectors import tasks as T
-    from collectors.evict import n_kept
+    from collectors.evictors import n_kept
 
     out = tmp_path / "run"
     assert cli.main(["--model", str(model_dir), "--out", str(out), *ARGS, "--evictors", "snapkv,h2o-perhead",

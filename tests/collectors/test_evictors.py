@@ -8,8 +8,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from collectors import evict
-from collectors.evict import EVICTORS, kept_positions, n_kept
+from collectors.evictors import EVICTORS, capture_options, n_kept, parse, parse_all
+from collectors.evictors.base import kv_group_mean
+from collectors.evictors.snapkv import pyramid_weights
+
+#: The built-in evictors (every registered name but the kvpress family).
+BUILT_IN = tuple(name for name, cls in EVICTORS.items() if not cls.in_prefill)
 
 N_SINK, N_RECENT = 4, 32
 
@@ -65,17 +69,17 @@ def test_n_kept_rejects_bad_input(bad):
         n_kept(**bad)
 
 
-@pytest.mark.parametrize("evictor", EVICTORS)
+@pytest.mark.parametrize("evictor", BUILT_IN)
 @pytest.mark.parametrize("budget", [0.0625, 0.125, 0.25, 0.5, 0.875, 1.0])
 def test_kept_positions_invariants(evictor, budget):
     pf = fake_prefill()
     T = 200
-    kept = kept_positions(evictor, pf, budget)
+    kept = parse(evictor).kept(pf, budget)
     rows = kept.reshape(-1, kept.shape[-1])
     assert kept.dtype == torch.long
     if evictor == "snapkv-perlayer":
         assert kept.shape[0] == 3
-    if evictor in evict.PER_HEAD_EVICTORS:
+    if evictor in ("snapkv-perhead", "h2o-perhead"):
         assert tuple(kept.shape[:2]) == (3, 2)
     expected = n_kept(T, budget)
     if evictor == "streamingllm-fixed" and budget < 1.0:
@@ -101,10 +105,10 @@ def test_snapkv_h2o_pyramidkv_match_brute_force(budget):
             for l in range(L))
         for t in range(T)
     ]
-    assert kept_positions("snapkv", pf, budget).tolist() == brute_top(snap, T, count)
-    assert kept_positions("h2o", pf, budget).tolist() == brute_top(h2o, T, count)
-    assert kept_positions("pyramidkv", pf, budget).tolist() == brute_top(pyr, T, count)
-    per_layer = kept_positions("snapkv-perlayer", pf, budget)
+    assert parse("snapkv").kept(pf, budget).tolist() == brute_top(snap, T, count)
+    assert parse("h2o").kept(pf, budget).tolist() == brute_top(h2o, T, count)
+    assert parse("pyramidkv").kept(pf, budget).tolist() == brute_top(pyr, T, count)
+    per_layer = parse("snapkv-perlayer").kept(pf, budget)
     for l in range(L):
         score = [sum(float(pf.window_attention[l, h, t]) for h in range(4)) / 4 for t in range(T)]
         assert per_layer[l].tolist() == brute_top(score, T, count)
@@ -120,7 +124,7 @@ def test_perhead_evictors_match_brute_force(budget, n_kv_heads):
     group = H // n_kv_heads
     count = n_kept(T, budget)
     for evictor, att in (("snapkv-perhead", pf.window_attention), ("h2o-perhead", pf.accumulated_attention)):
-        kept = kept_positions(evictor, pf, budget)
+        kept = parse(evictor).kept(pf, budget)
         assert tuple(kept.shape) == (L, n_kv_heads, count)
         for l in range(L):
             for j in range(n_kv_heads):
@@ -132,11 +136,11 @@ def test_perhead_evictors_match_brute_force(budget, n_kv_heads):
 def test_perhead_scores_from_a_separate_snapkv_window():
     pf = fake_prefill(seed=6)
     pf.snapkv_attention = torch.rand(pf.window_attention.shape, generator=torch.Generator().manual_seed(9))
-    expected = evict.kv_group_mean(pf.snapkv_attention, 2)
-    assert torch.equal(evict.scores("snapkv-perhead", pf), expected)
-    assert torch.allclose(evict.scores("snapkv", pf), pf.snapkv_attention.mean(dim=(0, 1)), atol=1e-6, rtol=0)
+    expected = kv_group_mean(pf.snapkv_attention, 2)
+    assert torch.equal(parse("snapkv-perhead").score(pf), expected)
+    assert torch.allclose(parse("snapkv").score(pf), pf.snapkv_attention.mean(dim=(0, 1)), atol=1e-6, rtol=0)
     with pytest.raises(ValueError, match="grouped"):
-        evict.kv_group_mean(pf.window_attention, 3)
+        kv_group_mean(pf.window_attention, 3)
 
 
 def test_snapkv_pooling_matches_brute_force():
@@ -147,10 +151,10 @@ def test_snapkv_pooling_matches_brute_force():
     for t in range(T):
         neigh = [base[j] for j in range(t - 2, t + 3) if 0 <= j < T]
         pooled.append(sum(neigh) / len(neigh))
-    got = kept_positions("snapkv", pf, 0.25, pool_kernel=5).tolist()
+    got = parse("snapkv").kept(pf, 0.25, pool_kernel=5).tolist()
     assert got == brute_top(pooled, T, n_kept(T, 0.25))
     # per head: pool each (layer, KV head) row of the group-mean scores
-    perhead = kept_positions("snapkv-perhead", pf, 0.25, pool_kernel=3)
+    perhead = parse("snapkv-perhead").kept(pf, 0.25, pool_kernel=3)
     for l in range(3):
         for j in range(2):
             row = [(float(pf.window_attention[l, 2 * j, t]) + float(pf.window_attention[l, 2 * j + 1, t])) / 2
@@ -158,7 +162,7 @@ def test_snapkv_pooling_matches_brute_force():
             pooled = [sum(row[max(0, t - 1): t + 2]) / len(row[max(0, t - 1): t + 2]) for t in range(T)]
             assert perhead[l, j].tolist() == brute_top(pooled, T, n_kept(T, 0.25))
     with pytest.raises(ValueError):
-        kept_positions("snapkv", pf, 0.25, pool_kernel=4)
+        parse("snapkv").kept(pf, 0.25, pool_kernel=4)
 
 
 @pytest.mark.parametrize("budget", [0.0625, 0.25, 0.75])
@@ -166,17 +170,17 @@ def test_streamingllm_keeps_sinks_and_most_recent(budget):
     pf = fake_prefill()
     T = 200
     count = n_kept(T, budget)
-    assert kept_positions("streamingllm", pf, budget).tolist() == list(range(4)) + list(
+    assert parse("streamingllm").kept(pf, budget).tolist() == list(range(4)) + list(
         range(T - (count - 4), T)
     )
-    fixed = kept_positions("streamingllm-fixed", pf, budget).tolist()
+    fixed = parse("streamingllm-fixed").kept(pf, budget).tolist()
     assert fixed == list(range(4)) + list(range(T - 32, T)) and len(fixed) == 36
 
 
 def test_budget_one_keeps_everything_for_every_evictor():
     pf = fake_prefill()
-    for evictor in EVICTORS:
-        kept = kept_positions(evictor, pf, 1.0)
+    for evictor in BUILT_IN:
+        kept = parse(evictor).kept(pf, 1.0)
         rows = kept.reshape(-1, kept.shape[-1])
         for row in rows.tolist():
             assert row == list(range(200))
@@ -186,38 +190,68 @@ def test_ties_go_to_lower_positions():
     pf = fake_prefill()
     pf.window_attention = torch.ones_like(pf.window_attention)
     count = n_kept(200, 0.5)  # 100: 36 protected + 64 free
-    got = kept_positions("snapkv", pf, 0.5).tolist()
+    got = parse("snapkv").kept(pf, 0.5).tolist()
     assert got == list(range(4)) + list(range(4, 4 + 64)) + list(range(168, 200))
     assert len(got) == count
 
 
 def test_short_prompt_keeps_all():
     pf = fake_prefill(n_tokens=30)
-    for evictor in EVICTORS:
-        kept = kept_positions(evictor, pf, 0.0625)
+    for evictor in BUILT_IN:
+        kept = parse(evictor).kept(pf, 0.0625)
         assert kept.shape[-1] == 30
 
 
 def test_errors():
     pf = fake_prefill(accumulate=False)
     with pytest.raises(ValueError, match="accumulated_attention"):
-        kept_positions("h2o", pf, 0.5)
+        parse("h2o").kept(pf, 0.5)
     with pytest.raises(ValueError, match="accumulated_attention"):
-        kept_positions("h2o-perhead", pf, 0.5)
+        parse("h2o-perhead").kept(pf, 0.5)
     with pytest.raises(ValueError, match="unknown evictor"):
-        kept_positions("uniform", pf, 0.5)
+        parse("uniform")
     bad = fake_prefill()
     bad.window_attention = bad.window_attention[:, :, :100]
     with pytest.raises(ValueError, match="positions"):
-        kept_positions("snapkv", bad, 0.5)
+        parse("snapkv").kept(bad, 0.5)
     nan = fake_prefill()
     nan.window_attention[0, 0, 0] = float("nan")
     with pytest.raises(ValueError, match="non-finite"):
-        kept_positions("snapkv", nan, 0.5)
+        parse("snapkv").kept(nan, 0.5)
+
+
+def test_registry_parses_every_name_once_and_refuses_others():
+    """Each CLI name parses to its class; a built-in name with parameters, an unknown name, a repeated
+    name and a name handed to the sweep unparsed are refused in one line."""
+    assert BUILT_IN == ("snapkv", "h2o", "streamingllm", "streamingllm-fixed", "pyramidkv", "snapkv-perlayer",
+                        "snapkv-perhead", "h2o-perhead", "random")
+    for name in BUILT_IN:
+        evictor = parse(name)
+        assert type(evictor) is EVICTORS[name] and evictor.name == name
+    assert {n for n in BUILT_IN if parse(n).accumulated} == {"h2o", "h2o-perhead"}
+    assert {n for n in BUILT_IN if parse(n).granularity == "head"} == {"snapkv-perhead", "h2o-perhead"}
+    for bad, message in (("snapkv:pool=3", "takes no parameters"), ("SnapKV", "unknown evictor"),
+                         ("", "unknown evictor"), (None, "unknown evictor")):
+        with pytest.raises(ValueError, match=message) as err:
+            parse(bad)
+        assert "\n" not in str(err.value)
+    assert "kvpress:<Press>" in str(pytest.raises(ValueError, parse, "nope").value)
+    with pytest.raises(ValueError, match="must not repeat"):
+        parse_all(("snapkv", "h2o", "snapkv"))
+    options = capture_options(parse_all(("snapkv", "h2o-perhead")))
+    assert options == {"accumulate": True, "presses": []}
+    assert capture_options(parse_all(("snapkv", "random"))) == {"accumulate": False, "presses": []}
+
+
+def test_sweep_takes_parsed_evictors_only():
+    from collectors.sweep import run_sweep
+
+    with pytest.raises(ValueError, match="collectors.evictors.parse"):
+        run_sweep(None, None, fake_prefill(), evictors=("snapkv",), budgets=(0.5,), max_new_tokens=1)
 
 
 def test_pyramid_weights_decrease_with_depth():
-    w = evict.pyramid_weights(4)
+    w = pyramid_weights(4)
     assert torch.allclose(w, torch.tensor([4, 3, 2, 1], dtype=torch.float32) / 10)
 
 
@@ -236,10 +270,10 @@ def test_random_control_matches_brute_force_and_is_seeded_by_the_prompt():
     score = torch.rand(100, generator=torch.Generator().manual_seed(seed))
     pf = SimpleNamespace(input_ids=ids)  # no attention: the control needs none
     for b in (0.0625, 0.5, 0.875):
-        assert kept_positions("random", pf, b).tolist() == brute_top(score, 100, n_kept(100, b))
-    assert kept_positions("random", pf, 0.5).tolist() == kept_positions("random", SimpleNamespace(input_ids=ids.clone()), 0.5).tolist()
-    assert kept_positions("random", pf, 0.5).tolist() != kept_positions("random", SimpleNamespace(input_ids=_prompt(4)), 0.5).tolist()
-    assert set(kept_positions("random", pf, 0.5).tolist()) <= set(kept_positions("random", pf, 0.875).tolist())
+        assert parse("random").kept(pf, b).tolist() == brute_top(score, 100, n_kept(100, b))
+    assert parse("random").kept(pf, 0.5).tolist() == parse("random").kept(SimpleNamespace(input_ids=ids.clone()), 0.5).tolist()
+    assert parse("random").kept(pf, 0.5).tolist() != parse("random").kept(SimpleNamespace(input_ids=_prompt(4)), 0.5).tolist()
+    assert set(parse("random").kept(pf, 0.5).tolist()) <= set(parse("random").kept(pf, 0.875).tolist())
 
 
 def test_random_control_keeps_a_uniform_subset():
@@ -250,7 +284,7 @@ def test_random_control_keeps_a_uniform_subset():
 
     counts = np.zeros(100)
     for seed in range(3000):
-        counts[kept_positions("random", SimpleNamespace(input_ids=_prompt(seed)), 0.5).numpy()] += 1
+        counts[parse("random").kept(SimpleNamespace(input_ids=_prompt(seed)), 0.5).numpy()] += 1
     free = counts[N_SINK:100 - N_RECENT]
     assert (counts[:N_SINK] == 3000).all() and (counts[100 - N_RECENT:] == 3000).all()
     assert free.sum() == 3000 * (n_kept(100, 0.5) - N_SINK - N_RECENT)

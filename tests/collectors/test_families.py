@@ -194,7 +194,8 @@ def _one_arm_decode(model, prefill, kept, n_new: int) -> list[int]:
 def test_family(family, tokenizer):
     import torch
 
-    from collectors import capture, evict, sweep
+    from collectors import capture, sweep
+    from collectors.evictors import parse, parse_all
     from collectors.model import (ModelLoadError, UnsupportedModelError, cache_geometry, check_architecture,
                                   check_supported, describe_architecture)
 
@@ -227,14 +228,14 @@ def test_family(family, tokenizer):
     assert torch.allclose(pre.accumulated_attention, accumulated, atol=1e-5, rtol=0)
 
     # the full-KV answer equals model.generate (stock cache: sliding layers stay sliding there)
-    full, arms = sweep.run_sweep(model, tokenizer, pre, evictors=["snapkv-perhead"], budgets=[0.5],
+    full, arms = sweep.run_sweep(model, tokenizer, pre, evictors=parse_all(["snapkv-perhead"]), budgets=[0.5],
                                  max_new_tokens=N_NEW, n_sink=2, n_recent=4)
     generated = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=N_NEW, do_sample=False,
                                pad_token_id=0)[0, T:].tolist()
     assert full.token_ids == generated
 
     # one per-head eviction: the selection is a brute-force one, and the batched arm decodes as one arm alone
-    kept = evict.kept_positions("snapkv-perhead", pre, 0.5, n_sink=2, n_recent=4)
+    kept = parse("snapkv-perhead").kept(pre, 0.5, n_sink=2, n_recent=4)
     geometry = cache_geometry(model)
     assert kept.shape == (config.num_hidden_layers, geometry[0]["k_heads"], T // 2)
     assert kept.tolist() == _brute_force_perhead(eager, geometry[0]["k_heads"], T // 2, 2, 4)

@@ -16,8 +16,9 @@ import torch
 
 kvpress = pytest.importorskip("kvpress")
 
-from collectors import capture, cli, presses  # noqa: E402
-from collectors.evict import kept_positions  # noqa: E402
+from collectors import capture, cli  # noqa: E402
+from collectors.evictors import parse  # noqa: E402
+from collectors.evictors.presses import version  # noqa: E402
 from collectors.hf import cache_keyword  # noqa: E402
 from collectors.sweep import run_sweep  # noqa: E402
 
@@ -47,7 +48,7 @@ def kvpress_kept(model, ids, spec, budget):
     from transformers import DynamicCache
 
     full = _forward(model, ids, DynamicCache(config=model.config))
-    press = presses.parse(spec).make(budget)
+    press = parse(spec).make(budget)
     with press(model):
         compressed = _forward(model, ids, DynamicCache(config=model.config))
     out = []
@@ -68,11 +69,11 @@ def test_kept_sets_equal_kvpress_compress(make_tiny_model, family, spec):
     # eager, as kvpress requires for ObservedAttentionPress; GQA: 4 query heads over 2 KV heads
     model = make_tiny_model(family, attn_impl="eager", **PEAKED)
     ids = ids_of(80, 17)
-    pf = capture.prefill(model, ids, presses=[presses.parse(spec)])  # one scoring, every budget below
+    pf = capture.prefill(model, ids, presses=[parse(spec)])  # one scoring, every budget below
     differs = False
     for budget in BUDGETS:
-        ours = kept_positions(spec, pf, budget)
-        n = presses.n_kept(80, budget)
+        ours = parse(spec).kept(pf, budget)
+        n = parse(spec).count(80, budget)
         assert tuple(ours.shape) == (4, 2, n) and n == int(80 * budget)
         reference = kvpress_kept(model, ids, spec, budget)
         assert ours.tolist() == reference, (spec, budget)
@@ -86,8 +87,8 @@ def test_observed_attention_under_sdpa_uses_the_captured_softmax(make_tiny_model
     equals eager's weights to float32 rounding."""
     spec = "kvpress:ObservedAttentionPress"
     ids = ids_of(80, 5)
-    eager = capture.prefill(make_tiny_model("qwen2", attn_impl="eager", **PEAKED), ids, presses=[presses.parse(spec)])
-    sdpa = capture.prefill(make_tiny_model("qwen2", **PEAKED), ids, presses=[presses.parse(spec)])
+    eager = capture.prefill(make_tiny_model("qwen2", attn_impl="eager", **PEAKED), ids, presses=[parse(spec)])
+    sdpa = capture.prefill(make_tiny_model("qwen2", **PEAKED), ids, presses=[parse(spec)])
     for a, b in zip(eager.press_scores[spec], sdpa.press_scores[spec]):
         assert torch.allclose(a, b, atol=1e-6, rtol=0)
 
@@ -107,12 +108,12 @@ def test_query_agnostic_press_arm_equals_kvpress_compress_then_generate(make_tin
 
     model = make_tiny_model("qwen2", attn_impl="eager", **PEAKED)
     context, question = ids_of(80, 21), ids_of(12, 22)
-    pf = capture.prefill(model, context, presses=[presses.parse(spec)])
-    _, arms = run_sweep(model, Tok(), pf, evictors=(spec,), budgets=(0.25, 0.5), max_new_tokens=6,
+    pf = capture.prefill(model, context, presses=[parse(spec)])
+    _, arms = run_sweep(model, Tok(), pf, evictors=(parse(spec),), budgets=(0.25, 0.5), max_new_tokens=6,
                         question_ids=question)
     name = cache_keyword(model)
     for arm in arms:
-        with presses.parse(spec).make(arm.budget)(model):
+        with parse(spec).make(arm.budget)(model):
             cache = _forward(model, context, DynamicCache(config=model.config))
         n = cache.get_seq_length()
         placeholder = torch.full((1, n), 3, dtype=torch.long)
@@ -121,7 +122,7 @@ def test_query_agnostic_press_arm_equals_kvpress_compress_then_generate(make_tin
             out = model.generate(torch.cat([placeholder, question], dim=1), do_sample=False, max_new_tokens=6,
                                  min_new_tokens=0, position_ids=position_ids, **{name: cache})
         assert arm.token_ids == out[0, n + 12:].tolist(), arm.budget
-        assert arm.n_kept == presses.n_kept(80, arm.budget) + 12
+        assert arm.n_kept == parse(spec).count(80, arm.budget) + 12
 
 
 def test_collect_records_press_parameters_and_version(model_dir, tmp_path):
@@ -135,13 +136,13 @@ def test_collect_records_press_parameters_and_version(model_dir, tmp_path):
     assert cli.main(args) == 0
     manifest = json.loads((out / "manifest.json").read_text())
     recorded = manifest["evictor_parameters"]["kvpress"]
-    version = presses.version()
+    installed = version()
     assert recorded == {
         "kvpress:SnapKVPress:window_size=16:kernel_size=1": {
-            "press": "SnapKVPress", "params": {"window_size": 16, "kernel_size": 1}, "kvpress_version": version},
-        "kvpress:KnormPress": {"press": "KnormPress", "params": {}, "kvpress_version": version},
+            "press": "SnapKVPress", "params": {"window_size": 16, "kernel_size": 1}, "kvpress_version": installed},
+        "kvpress:KnormPress": {"press": "KnormPress", "params": {}, "kvpress_version": installed},
     }
-    assert manifest["software"]["kvpress"] == version
+    assert manifest["software"]["kvpress"] == installed
     assert pagestats_main(["validate", str(out)]) == 0
 
 

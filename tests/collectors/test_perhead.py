@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from collectors import capture
-from collectors.evict import kept_positions, n_kept, scores
+from collectors.evictors import n_kept, parse, parse_all
 from collectors.decode import decode_arms, slice_cache
 from collectors.hf import cache_keyword
 from collectors.sweep import run_sweep
@@ -62,8 +62,8 @@ def test_perhead_kept_sets_equal_brute_force_on_eager_attentions(make_tiny_model
     for budget in (0.125, 0.25, 0.5):
         count = n_kept(T, budget, **SMALL)
         for evictor in ("snapkv-perhead", "h2o-perhead"):
-            kept = kept_positions(evictor, pf, budget, **SMALL)
-            collector_scores = scores(evictor, pf).double()
+            kept = parse(evictor).kept(pf, budget, **SMALL)
+            collector_scores = parse(evictor).score(pf).double()
             assert tuple(kept.shape) == (n_layers, n_kv, count)
             for layer in range(n_layers):
                 a = attentions[layer][0].double()  # (H, T, T)
@@ -135,8 +135,8 @@ def test_perhead_gathered_cache_decodes_like_full_cache_with_perhead_mask(make_t
     T, steps = 110, 6
     model = make_tiny_model(family, **PEAKED)
     pf = capture.prefill(model, make_ids(T, seed=41), accumulate=True)
-    arms = [kept_positions("snapkv-perhead", pf, 0.25, **SMALL), kept_positions("h2o-perhead", pf, 0.5, **SMALL),
-            kept_positions("snapkv-perhead", pf, 0.125, **SMALL)]
+    arms = [parse("snapkv-perhead").kept(pf, 0.25, **SMALL), parse("h2o-perhead").kept(pf, 0.5, **SMALL),
+            parse("snapkv-perhead").kept(pf, 0.125, **SMALL)]
     assert all(p.ndim == 3 for p in arms)
     # batched (left-padded, three different lengths) decode of the per-head gathered caches
     tokens, step_logits = decode_arms(model, pf, arms, max_new_tokens=steps, return_step_logits=True)
@@ -165,11 +165,11 @@ def test_perhead_arms_in_the_sweep(make_tiny_model):
     model = make_tiny_model("qwen2", **PEAKED)
     pf = capture.prefill(model, make_ids(100, seed=5), accumulate=True)
     budgets = (0.125, 0.5, 1.0)
-    full, arms = run_sweep(model, Tok(), pf, evictors=("snapkv-perhead", "h2o-perhead", "snapkv"), budgets=budgets,
-                           max_new_tokens=6, **SMALL)
+    full, arms = run_sweep(model, Tok(), pf, evictors=parse_all(("snapkv-perhead", "h2o-perhead", "snapkv")),
+                           budgets=budgets, max_new_tokens=6, **SMALL)
     for arm in arms:
         if arm.budget == 1.0:
             assert arm.token_ids == full.token_ids
             continue
-        (single,) = decode_arms(model, pf, [kept_positions(arm.evictor, pf, arm.budget, **SMALL)], max_new_tokens=6)
+        (single,) = decode_arms(model, pf, [parse(arm.evictor).kept(pf, arm.budget, **SMALL)], max_new_tokens=6)
         assert arm.token_ids == single and arm.n_kept == n_kept(100, arm.budget, **SMALL)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from collectors import capture
-from collectors.evict import kept_positions, n_kept
+from collectors.evictors import n_kept, parse, parse_all
 from collectors.hf import cache_keyword
 from collectors.sweep import run_sweep
 
@@ -73,7 +73,7 @@ def test_query_agnostic_arms_equal_generate_on_a_hand_pruned_cache(make_tiny_mod
     pf = capture.prefill(model, context, accumulate=True)
     evictors = ("snapkv", "h2o", "streamingllm", "snapkv-perhead")
     budgets = (0.125, 0.5, 1.0)
-    full, arms = run_sweep(model, Tok(), pf, evictors=evictors, budgets=budgets, max_new_tokens=new,
+    full, arms = run_sweep(model, Tok(), pf, evictors=parse_all(evictors), budgets=budgets, max_new_tokens=new,
                            question_ids=question, **SMALL)
     # the full arm: the whole prompt, context then question, generated normally
     with torch.no_grad():
@@ -82,7 +82,7 @@ def test_query_agnostic_arms_equal_generate_on_a_hand_pruned_cache(make_tiny_mod
     assert full.token_ids == reference_full and full.n_kept == T + Q
     differs = 0
     for arm in arms:
-        positions = kept_positions(arm.evictor, pf, arm.budget, **SMALL)
+        positions = parse(arm.evictor).kept(pf, arm.budget, **SMALL)
         assert arm.n_kept == n_kept(T, arm.budget, **SMALL) + Q
         expected = generate_after_pruning(model, context, question, positions, new)
         assert arm.token_ids == expected, (arm.evictor, arm.budget)
@@ -97,8 +97,8 @@ def test_query_agnostic_differs_from_query_aware(make_tiny_model):
     context, question = ids_of(90, 8), ids_of(20, 9)
     aware = capture.prefill(model, torch.cat([context, question], dim=1))
     agnostic = capture.prefill(model, context)
-    a = set(kept_positions("snapkv", aware, 0.25, **SMALL).tolist()) - set(range(90, 110))
-    b = set(kept_positions("snapkv", agnostic, 0.25, **SMALL).tolist())
+    a = set(parse("snapkv").kept(aware, 0.25, **SMALL).tolist()) - set(range(90, 110))
+    b = set(parse("snapkv").kept(agnostic, 0.25, **SMALL).tolist())
     assert a != b
 
 
@@ -106,5 +106,5 @@ def test_question_must_not_be_empty(make_tiny_model):
     model = make_tiny_model("llama")
     pf = capture.prefill(model, ids_of(50, 1))
     with pytest.raises(ValueError, match="question_ids"):
-        run_sweep(model, Tok(), pf, evictors=("snapkv",), budgets=(0.5,), max_new_tokens=2,
+        run_sweep(model, Tok(), pf, evictors=parse_all(("snapkv",)), budgets=(0.5,), max_new_tokens=2,
                   question_ids=torch.zeros((1, 0), dtype=torch.long))

@@ -15,7 +15,7 @@ import torch
 
 from collectors import capture, decode, hf
 from collectors.decode import decode_arms, eos_token_ids, slice_cache
-from collectors.evict import kept_positions
+from collectors.evictors import parse, parse_all
 from collectors.sweep import ArmResult, run_sweep
 
 EVICTORS = ("snapkv", "h2o", "streamingllm", "streamingllm-fixed", "pyramidkv", "snapkv-perlayer")
@@ -46,7 +46,7 @@ def test_full_and_budget_one_arms_equal_generate(make_tiny_model, family):
     model = make_tiny_model(family)
     ids = make_ids(90)
     pf = capture.prefill(model, ids, accumulate=True)
-    full, arms = run_sweep(model, FakeTokenizer(), pf, evictors=("snapkv", "h2o"), budgets=(0.25, 1.0),
+    full, arms = run_sweep(model, FakeTokenizer(), pf, evictors=parse_all(("snapkv", "h2o")), budgets=(0.25, 1.0),
                            max_new_tokens=12, **SMALL)
     with torch.no_grad():
         ref = model.generate(ids, do_sample=False, max_new_tokens=12, min_new_tokens=0)[0, 90:].tolist()
@@ -58,7 +58,7 @@ def test_full_and_budget_one_arms_equal_generate(make_tiny_model, family):
     # the audit decodes budget 1.0 through the sliced, batched path and must agree silently
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        _, audited = run_sweep(model, FakeTokenizer(), pf, evictors=("snapkv", "streamingllm-fixed"),
+        _, audited = run_sweep(model, FakeTokenizer(), pf, evictors=parse_all(("snapkv", "streamingllm-fixed")),
                                budgets=(0.25, 1.0), max_new_tokens=12, audit=True, **SMALL)
     assert [a.token_ids for a in audited if a.budget == 1.0] == [ref, ref]
     assert full.text == FakeTokenizer().decode(ref, skip_special_tokens=True)
@@ -70,7 +70,7 @@ def test_evicted_first_step_logits_match_masked_full_cache(make_tiny_model, fami
     T = 120
     ids = make_ids(T, seed=11)
     pf = capture.prefill(model, ids, accumulate=True)
-    kept = [kept_positions(evictor, pf, b, **SMALL) for b in (0.125, 0.5)]
+    kept = [parse(evictor).kept(pf, b, **SMALL) for b in (0.125, 0.5)]
     _, step_logits = decode_arms(model, pf, kept, max_new_tokens=2, return_step_logits=True)
     first = int(pf.last_logits.argmax())
     for positions, logits in zip(kept, step_logits):
@@ -92,7 +92,7 @@ def test_evicted_first_step_logits_match_rerun_on_kept_tokens(make_tiny_model, f
     T = 100
     ids = make_ids(T, seed=13)
     pf = capture.prefill(model, ids)
-    positions = kept_positions("snapkv", pf, 0.25, **SMALL)
+    positions = parse("snapkv").kept(pf, 0.25, **SMALL)
     _, step_logits = decode_arms(model, pf, [positions], max_new_tokens=2, return_step_logits=True)
     first = int(pf.last_logits.argmax())
     with torch.no_grad():
@@ -105,7 +105,7 @@ def test_evicted_first_step_logits_match_rerun_on_kept_tokens(make_tiny_model, f
 
 def test_slice_cache_per_layer_matches_indexing(tiny_llama):
     pf = capture.prefill(tiny_llama, make_ids(60))
-    positions = kept_positions("snapkv-perlayer", pf, 0.25, **SMALL)
+    positions = parse("snapkv-perlayer").kept(pf, 0.25, **SMALL)
     sliced = slice_cache(pf.past_key_values, positions)
     for layer, (orig, new) in enumerate(zip(pf.past_key_values.layers, sliced.layers)):
         for j, t in enumerate(positions[layer].tolist()):
@@ -115,7 +115,7 @@ def test_slice_cache_per_layer_matches_indexing(tiny_llama):
 
 def test_per_layer_arm_with_identical_rows_equals_shared_arm(tiny_qwen2):
     pf = capture.prefill(tiny_qwen2, make_ids(100, seed=3))
-    shared = kept_positions("snapkv", pf, 0.25, **SMALL)
+    shared = parse("snapkv").kept(pf, 0.25, **SMALL)
     stacked = shared.unsqueeze(0).expand(len(pf.past_key_values.layers), -1)
     _, (a, b) = decode_arms(tiny_qwen2, pf, [shared, stacked], max_new_tokens=3, return_step_logits=True)
     for x, y in zip(a, b):
@@ -126,7 +126,7 @@ def test_batched_equals_per_arm_decoding(make_tiny_model, family):
     model = make_tiny_model(family)
     T = 150
     pf = capture.prefill(model, make_ids(T, seed=21), accumulate=True)
-    kw = dict(evictors=EVICTORS, budgets=BUDGETS, max_new_tokens=10, **SMALL)
+    kw = dict(evictors=parse_all(EVICTORS), budgets=BUDGETS, max_new_tokens=10, **SMALL)
     full_b, arms_b = run_sweep(model, FakeTokenizer(), pf, batch_arms=True, max_batch=8, **kw)
     full_u, arms_u = run_sweep(model, FakeTokenizer(), pf, batch_arms=False, **kw)
     assert full_b.token_ids == full_u.token_ids
@@ -136,7 +136,7 @@ def test_batched_equals_per_arm_decoding(make_tiny_model, family):
     # eviction actually changed some continuation (the test is not vacuous)
     assert any(a.token_ids != full_b.token_ids for a in arms_b)
     # and per-step logits agree closely between a padded batch and single-arm decodes
-    kept = [kept_positions(e, pf, b, **SMALL) for e in ("snapkv", "streamingllm") for b in (0.0625, 0.5)]
+    kept = [parse(e).kept(pf, b, **SMALL) for e in ("snapkv", "streamingllm") for b in (0.0625, 0.5)]
     _, batched = decode_arms(model, pf, kept, max_new_tokens=5, return_step_logits=True)
     for positions, logits in zip(kept, batched):
         _, (single,) = decode_arms(model, pf, [positions], max_new_tokens=5, return_step_logits=True)
@@ -154,7 +154,8 @@ def test_eos_and_stop_strings_stop_rows(tiny_llama):
     tok = FakeTokenizer()
     tok.eos_token_id = toks[2]
     tiny_llama.generation_config.eos_token_id = None
-    full2, arms2 = run_sweep(tiny_llama, tok, pf, evictors=("streamingllm",), budgets=(1.0,), max_new_tokens=8)
+    full2, arms2 = run_sweep(tiny_llama, tok, pf, evictors=parse_all(("streamingllm",)), budgets=(1.0,),
+                             max_new_tokens=8)
     first_eos = toks.index(toks[2]) + 1
     assert full2.token_ids == toks[:first_eos] and arms2[0].token_ids == toks[:first_eos]
     # stop strings: stop as soon as the decoded text contains the second token's text
@@ -175,13 +176,13 @@ def test_eos_ids_union():
 def test_bad_arguments(tiny_llama):
     pf = capture.prefill(tiny_llama, make_ids(40))
     with pytest.raises(ValueError, match="evictor"):
-        run_sweep(tiny_llama, FakeTokenizer(), pf, evictors=("nope",), budgets=(0.5,), max_new_tokens=2)
+        run_sweep(tiny_llama, FakeTokenizer(), pf, evictors=parse_all(("nope",)), budgets=(0.5,), max_new_tokens=2)
     with pytest.raises(ValueError, match="budget"):
-        run_sweep(tiny_llama, FakeTokenizer(), pf, evictors=("snapkv",), budgets=(0.0,), max_new_tokens=2)
+        run_sweep(tiny_llama, FakeTokenizer(), pf, evictors=parse_all(("snapkv",)), budgets=(0.0,), max_new_tokens=2)
     with pytest.raises(ValueError, match="max_new_tokens"):
-        run_sweep(tiny_llama, FakeTokenizer(), pf, evictors=("snapkv",), budgets=(0.5,), max_new_tokens=0)
+        run_sweep(tiny_llama, FakeTokenizer(), pf, evictors=parse_all(("snapkv",)), budgets=(0.5,), max_new_tokens=0)
     with pytest.raises(ValueError, match="accumulated_attention"):
-        run_sweep(tiny_llama, FakeTokenizer(), pf, evictors=("h2o",), budgets=(0.5,), max_new_tokens=2)
+        run_sweep(tiny_llama, FakeTokenizer(), pf, evictors=parse_all(("h2o",)), budgets=(0.5,), max_new_tokens=2)
 
 
 def test_arm_result_is_a_dataclass():
@@ -229,7 +230,7 @@ def test_grouped_decode_keeps_tokens_and_restores_the_model(make_tiny_model, fam
 
     model = make_tiny_model(family)
     pf = capture.prefill(model, make_ids(140, seed=33), accumulate=True)
-    kept = [kept_positions(e, pf, b, **SMALL) for e in ("snapkv", "h2o", "streamingllm") for b in (0.0625, 0.25, 0.5)]
+    kept = [parse(e).kept(pf, b, **SMALL) for e in ("snapkv", "h2o", "streamingllm") for b in (0.0625, 0.25, 0.5)]
     toks, logits = decode_arms(model, pf, kept, max_new_tokens=8, return_step_logits=True)
     assert model.config._attn_implementation == "sdpa"
     monkeypatch.setattr(decode, "grouped_decode", lambda m: contextlib.nullcontext())

@@ -251,7 +251,7 @@ def test_model_matching_accepts_the_recorded_hub_id_directory_or_gguf(tmp_path):
     """The deployed model (``config._name_or_path`` or model_name) is the calibrated one when it is the recorded
     hub id, that hub id's cache folder, a local directory of the recorded name, or a folder holding the recorded
     GGUF file; anything else is not."""
-    from collectors.deploy.gate import model_matches
+    from collectors.deploy.decision import model_matches
 
     hub = Gate(tau=0.0, model="Qwen/Qwen2.5-1.5B-Instruct", model_source="Qwen/Qwen2.5-1.5B-Instruct")
     snapshot = tmp_path / "hub" / "models--Qwen--Qwen2.5-1.5B-Instruct" / "snapshots" / "abc123"
