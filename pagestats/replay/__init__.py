@@ -26,8 +26,6 @@ from pagestats.replay.gate import (
     DELTA_COLUMNS,
     GATE_COLUMNS,
     GATED_OUTCOME_COLUMNS,
-    decide_each,
-    gate_by_draw,
     gated_from_decisions,
     plain_outcomes,
 )
@@ -43,7 +41,16 @@ from pagestats.replay.policies import (
     ZScored,
     recalibrate,
 )
-from pagestats.replay.session import PILOT_COLUMNS, Replay, decide_all, gate, gated_outcomes, pilot_composition
+from pagestats.replay.session import (
+    PILOT_COLUMNS,
+    Replay,
+    decide_all,
+    decide_each,
+    gate,
+    gate_by_draw,
+    gated_outcomes,
+    pilot_composition,
+)
 from pagestats.replay.spec import (
     LAYER_SUBSETS,
     STATISTICS,

@@ -2,9 +2,6 @@
 :class:`pagestats.replay.Replay` (decided in SQL) to every (evictor, budget) arm, substituting the
 full-KV outcome where the gate closes (Eq. 2); :func:`plain_outcomes` for inputs without D.
 
-Two decision paths are still polars, on per-input frames, for what a single replay does not
-share: :func:`decide_each` (many policies on one D, Table N1) and :func:`gate_by_draw` (head-pair
-draws decided in blocks, Table 9), each through the policy's ``decide``.
 
 References
 ----------
@@ -13,22 +10,17 @@ PAGE paper, §3 (Eq. 2 gate rule, Eq. 3 D).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import polars as pl
 
 from pagestats.columns import input_key, sorting_order, with_task_class
 from pagestats.formulas import N_KEPT_GATED, SCORE_GATED
-from pagestats.replay.policies import FixedTau, Policy
-from pagestats.replay.spec import ProfileSpec, _require, profile_drop, profile_drop_by_draw
+from pagestats.replay.spec import _require
 from pagestats.schema import INPUT_KEY
 
 GATE_COLUMNS = (
     "run_id", "task", "input_id", "pair_draw", "model", "context_length", "task_class",
     "n_tokens", "full_score", "drop", "tau", "gate_open",
 )  # fmt: skip
-#: Rows of head-pair draws decided at once by :func:`gate_by_draw` (bounds its memory).
-DRAW_BLOCK_ROWS = 4_000_000
 GATED_OUTCOME_COLUMNS = (
     "run_id", "task", "input_id", "pair_draw", "model", "context_length", "task_class",
     "evictor", "budget", "n_tokens", "drop", "tau", "gate_open", "score_full", "score_plain",
@@ -40,99 +32,6 @@ DELTA_COLUMNS = (
     "run_id", "task", "input_id", "pair_draw", "model", "context_length", "task_class",
     "evictor", "budget", "tau", "gate_open", "score_plain", "score_gated",
 )  # fmt: skip
-
-
-def _input_meta(logs) -> pl.DataFrame:
-    inputs = logs.inputs
-    _require(inputs, [*INPUT_KEY, "model", "context_length", "n_tokens", "full_score", "agreement"], "inputs")
-    inputs = with_task_class(inputs)  # io adds it from the manifests; plain frames use the defaults
-    reference = [pl.col("drop").cast(pl.Float64).alias("reference_drop")] if "drop" in inputs.columns else []
-    return inputs.select(
-        *INPUT_KEY, "model", "context_length", "task_class", "n_tokens", "full_score", "agreement", *reference
-    )
-
-
-def _decision_frame(logs, profile: ProfileSpec, policy: Policy, prof: pl.DataFrame | None = None,
-                    meta: pl.DataFrame | None = None) -> pl.DataFrame:
-    """The frame ``policy.decide`` reads: D per input (and head-pair draw; ``prof``, default
-    :func:`profile_drop`) with the input's columns (``meta``, default :func:`_input_meta`); the
-    stored a_ℓ list only for a policy that reads it (a :class:`~pagestats.replay.policies.CustomPolicy`;
-    with head-pair draws it would be repeated on every draw)."""
-    prof = profile_drop(logs, profile) if prof is None else prof
-    meta = _input_meta(logs) if meta is None else meta
-    if "agreement" not in policy.reads:
-        meta = meta.drop("agreement")
-    return prof.join(meta, on=INPUT_KEY, how="left", maintain_order="left")
-
-
-def _decide(logs, policy: Policy, profile: ProfileSpec, prof: pl.DataFrame | None = None,
-            meta: pl.DataFrame | None = None) -> pl.DataFrame:
-    """Every input's decision, pilot inputs included (column ``in_pilot`` when the policy has one)."""
-    if not isinstance(policy, Policy):
-        raise TypeError(f"policy must be one of pagestats.replay's policies (a Policy), got {policy!r}")
-    frame = _decision_frame(logs, profile, policy, prof, meta)
-    decided = policy.decide(frame)
-    if decided.height != frame.height or "gate_open" not in decided.columns or "tau" not in decided.columns:
-        raise ValueError(f"policy {policy!r} must return the frame with tau and gate_open added")
-    decided = decided.with_columns(pl.col("tau").cast(pl.Float64), pl.col("gate_open").cast(pl.Boolean))
-    if decided["gate_open"].null_count():
-        raise ValueError(f"policy {policy.name!r} left gate_open undecided for some inputs")
-    return decided
-
-
-def _evaluated(decided: pl.DataFrame, policy: Policy) -> pl.DataFrame:
-    """The decisions that are evaluated: all of them, less a held-out pilot."""
-    if policy.held_out:
-        return decided.filter(~pl.col("in_pilot"))
-    return decided
-
-
-def _with_held_out(decided: pl.DataFrame, policy: Policy) -> pl.DataFrame:
-    held = pl.col("in_pilot") if policy.held_out else pl.lit(False)
-    out = decided.with_columns(held.alias("held_out"))
-    return out.select([*(c for c in GATE_COLUMNS if c in out.columns), "held_out"])
-
-
-def decide_each(logs, policies, profile: ProfileSpec = ProfileSpec()) -> Iterator[pl.DataFrame]:
-    """:func:`pagestats.replay.decide_all` of each policy of ``policies`` in turn, D under ``profile`` and the
-    inputs' columns computed once for all of them (Table N1 compares 19 pilot definitions).
-    The frames are in the same row order (the order of :func:`profile_drop`)."""
-    prof, meta = profile_drop(logs, profile), _input_meta(logs)
-    for policy in policies:
-        yield _with_held_out(_decide(logs, policy, profile, prof, meta), policy)
-
-
-def gate_by_draw(logs, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec()) -> Iterator[pl.DataFrame]:
-    """:func:`gate` one head-pair draw at a time: the frame of draw ``d`` is the rows of
-    :func:`gate` with ``pair_draw == d`` (without head-pair draws, :func:`gate` itself, once).
-
-    A policy's pilot is the same inputs in every draw and its τ is set per draw (the draw is
-    one of its calibration groups), so draws can be decided apart: they are decided in blocks
-    of about :data:`DRAW_BLOCK_ROWS` rows, and only one block's rows are held (Table 9 holds
-    20 draws of every input otherwise). A policy that may pool draws (not ``per_draw``: a
-    :class:`~pagestats.replay.policies.CustomPolicy`) is refused here.
-    """
-    if not policy.per_draw and profile.has_draws:
-        raise TypeError(f"gate_by_draw: the policy {policy.name!r} sees every head-pair draw at once (a CustomPolicy "
-                        "may pool them); use gate()")
-    meta = _input_meta(logs)
-    per_block = max(1, DRAW_BLOCK_ROWS // max(1, meta.height))
-    block: list[pl.DataFrame] = []
-
-    def decided(frames):
-        out = _evaluated(_decide(logs, policy, profile, pl.concat(frames), meta), policy)
-        out = out.select([c for c in GATE_COLUMNS if c in out.columns])
-        if len(frames) == 1:
-            return [out]
-        return [out.filter(pl.col("pair_draw") == d) for d in sorted(out["pair_draw"].unique().to_list())]
-
-    for prof in profile_drop_by_draw(logs, profile):
-        block.append(prof)
-        if len(block) == per_block:
-            yield from decided(block)
-            block = []
-    if block:
-        yield from decided(block)
 
 
 def _outcome_rows(outcomes: pl.DataFrame, decisions: pl.DataFrame) -> pl.DataFrame:

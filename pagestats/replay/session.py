@@ -15,6 +15,8 @@ PAGE paper, §3 (Eq. 2 gate rule, Eq. 3 D; "Calibration"); App. A.3.4–A.3.5 (t
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import polars as pl
 
 from pagestats.io.logs import LogTables
@@ -22,9 +24,11 @@ from pagestats import formulas
 from pagestats.replay import sql
 from pagestats.replay.gate import gated_from_decisions
 from pagestats.replay.policies import FixedTau, Policy
-from pagestats.replay.spec import ProfileSpec, profile_drop
+from pagestats.replay.spec import ProfileSpec, profile_drop, profile_drop_by_draw
 from pagestats.schema import INPUT_KEY
 
+#: Rows of head-pair draws decided at once by :func:`gate_by_draw` (bounds its memory).
+DRAW_BLOCK_ROWS = 4_000_000
 #: The columns of :meth:`Replay.pilot_composition`.
 PILOT_COLUMNS = ("model", "context_length", "run_id", "task", "n_pilot", "held_out", "tau")
 
@@ -133,16 +137,19 @@ class Replay:
         as does a policy that reads the a_ℓ list (``"agreement"`` in its ``reads``), with the list.
         """
         def make():
-            lists = [c for c in ("agreement",) if c in self.policy.reads]
-            if self.profile == ProfileSpec() and not lists:
+            if self.profile == ProfileSpec() and "agreement" not in self.policy.reads:
                 return sql.logged_drops(self._connection())
-            frame = self.dropped()
-            if lists:
-                frame = frame.join(self.frames().inputs.select(*INPUT_KEY, *lists), on=INPUT_KEY, how="left",
-                                   maintain_order="left")
-            return sql.register_drops(self._connection(), frame)
+            return self.register_drops(self.dropped())
 
         return self._once("drops", make)
+
+    def register_drops(self, frame: pl.DataFrame) -> list[str]:
+        """Make ``frame`` (D per input and head-pair draw, a :func:`profile_drop` frame) the relation
+        ``drops``, with the a_ℓ list when the policy reads it; return its draw columns."""
+        if "agreement" in self.policy.reads:
+            frame = frame.join(self.frames().inputs.select(*INPUT_KEY, "agreement"), on=INPUT_KEY, how="left",
+                               maintain_order="left")
+        return sql.register_drops(self._connection(), frame)
 
     def decided(self) -> pl.DataFrame:
         """Every input's decision, a held-out pilot included, with ``held_out`` marking the inputs
@@ -248,6 +255,56 @@ def gate(logs: LogTables, policy: Policy = FixedTau(), profile: ProfileSpec = Pr
     with Replay(logs, policy, profile) as session:
         decided = session.decided()
     return decided.filter(~pl.col("held_out")).drop("held_out")
+
+
+def decide_each(logs: LogTables, policies, profile: ProfileSpec = ProfileSpec()) -> Iterator[pl.DataFrame]:
+    """:func:`decide_all` of each policy of ``policies`` in turn, on one replay's D (the relation
+    ``drops``, computed once; Table N1 compares 19 pilot definitions), each decided in SQL. The
+    frames are in one row order (input, then head-pair draw)."""
+    policies = list(policies)
+    # the replay's drops carry the a_ℓ list when any policy reads it
+    first = next((p for p in policies if "agreement" in p.reads), policies[0])
+    with Replay(logs, first, profile) as session:
+        draw_columns, con = session.drops(), session._connection()
+        for policy in policies:
+            yield logs.typed_names(sql.decided_rows(con, draw_columns, sql.decide_rows(con, policy)))
+
+
+def gate_by_draw(logs: LogTables, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec()
+                 ) -> Iterator[pl.DataFrame]:
+    """:func:`gate` one head-pair draw at a time: the frame of draw ``d`` is the rows of
+    :func:`gate` with ``pair_draw == d`` (without head-pair draws, :func:`gate` itself, once).
+
+    A policy's pilot is the same inputs in every draw and its τ is set per draw (the draw is
+    one of its calibration groups), so draws can be decided apart: D of about
+    :data:`DRAW_BLOCK_ROWS` rows of draws at a time (:func:`pagestats.replay.profile_drop_by_draw`)
+    is the replay's ``drops``, decided in SQL, and only one block's rows are held (Table 9 holds
+    20 draws of every input otherwise). A policy that may pool draws (not ``per_draw``: a
+    :class:`~pagestats.replay.policies.CustomPolicy`) is refused here.
+    """
+    if not policy.per_draw and profile.has_draws:
+        raise TypeError(f"gate_by_draw: the policy {policy.name!r} sees every head-pair draw at once (a CustomPolicy "
+                        "may pool them); use gate()")
+    with Replay(logs, policy, profile) as session:
+        con, frames = session._connection(), session.frames()
+        per_block = max(1, DRAW_BLOCK_ROWS // max(1, frames.inputs.height))
+
+        def decided(block):
+            draw_columns = session.register_drops(pl.concat(block))
+            out = logs.typed_names(sql.decided_rows(con, draw_columns, sql.decide_rows(con, policy)))
+            out = out.filter(~pl.col("held_out")).drop("held_out")
+            if len(block) == 1:
+                return [out]
+            return [out.filter(pl.col("pair_draw") == d) for d in sorted(out["pair_draw"].unique().to_list())]
+
+        block: list[pl.DataFrame] = []
+        for prof in profile_drop_by_draw(frames, profile):
+            block.append(prof)
+            if len(block) == per_block:
+                yield from decided(block)
+                block = []
+        if block:
+            yield from decided(block)
 
 
 def decide_all(logs: LogTables, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec()) -> pl.DataFrame:

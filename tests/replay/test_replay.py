@@ -519,7 +519,7 @@ def test_gate_by_draw_is_gate_draw_by_draw(logs, monkeypatch, block_rows, policy
 
     from pagestats.replay import gate_by_draw, profile_drop_by_draw
 
-    monkeypatch.setattr(importlib.import_module("pagestats.replay.gate"), "DRAW_BLOCK_ROWS", block_rows)
+    monkeypatch.setattr(importlib.import_module("pagestats.replay.session"), "DRAW_BLOCK_ROWS", block_rows)
     spec = ProfileSpec(pairs_fraction=0.4, pair_draws=5, seed=3)
     whole = gate(logs, policy, spec)
     parts = list(gate_by_draw(logs, policy, spec))
