@@ -33,6 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 SCHEMA_VERSION = 2
 #: Versions this reader can load (older ones are upgraded on read, see ``pagestats.io.upgrades``).
@@ -321,8 +322,6 @@ def write_parquet(table: str, data, path) -> int:
     Returns the number of rows written. A crash leaves either the old file or none, never a
     truncated one.
     """
-    import pyarrow.parquet as pq  # 75 ms, not paid by `pagestats-collect --help` (ARCHITECTURE.md)
-
     arrow = to_arrow(table, data)
     path = os.fspath(path)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
@@ -338,8 +337,6 @@ def write_manifest(run_dir, manifest: dict) -> str:
     """Write ``<run_dir>/manifest.json`` atomically, filling ``files`` with the path (relative
     to the run), sha256 and row count of every parquet file under ``inputs/``, ``outcomes/``
     and ``topk/``. ``schema_version`` is set to :data:`SCHEMA_VERSION`. Returns the path."""
-    import pyarrow.parquet as pq  # 75 ms, not paid by `pagestats-collect --help` (ARCHITECTURE.md)
-
     run = Path(run_dir)
     files = []
     for name in TABLES:

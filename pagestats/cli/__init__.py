@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+import duckdb
+
 import pagestats
 from pagestats.cli import calibrate, compact, imports, index, monitor, power, prereg, report, show, validate, whatif
 from pagestats.cli.options import usage_problem
@@ -74,8 +76,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """``pagestats``: exit 0 ok, 1 bad logs, 2 bad usage, 3 out of resources (one line each)."""
-    import duckdb
-
     try:
         return _main(argv)
     except (duckdb.OutOfMemoryException, MemoryError) as err:
