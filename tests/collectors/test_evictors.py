@@ -243,6 +243,16 @@ def test_registry_parses_every_name_once_and_refuses_others():
     assert capture_options(parse_all(("snapkv", "random"))) == {"accumulate": False, "presses": []}
 
 
+def test_every_registered_evictor_has_a_row_in_the_usage_table():
+    import pathlib
+
+    text = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "USAGE.md").read_text()
+    table = text[text.index("## Base evictors"):]
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    named = {name for line in rows for name in line.split("|")[1].replace("`", "").replace(" ", "").split(",")}
+    assert {cls.usage for cls in EVICTORS.values()} <= named
+
+
 def test_sweep_takes_parsed_evictors_only():
     from collectors.sweep import run_sweep
 
