@@ -21,6 +21,18 @@ import polars as pl
 
 #: The gate rule (§3, Eq. 2): open (evict) iff D ≥ τ.
 GATE_RULE = '"drop" >= tau'
+
+
+def opens(drop, tau):
+    """:data:`GATE_RULE` on values: D ≥ τ, elementwise on NumPy arrays, polars Series or expressions
+    (e.g. ``opens(pl.col("drop"), pl.col("tau"))``), or on floats."""
+    return drop >= tau
+
+
+def open_count(drop, tau) -> int:
+    """The inputs whose gate opens at ``tau`` (:func:`opens`): p_open's numerator on values."""
+    return int(opens(drop, tau).sum())
+
 #: The gated arm (Eq. 2): the plain outcome where the gate opens, else the full-KV outcome.
 SCORE_GATED = "CASE WHEN gate_open THEN score ELSE full_score END"
 N_KEPT_GATED = "CASE WHEN gate_open THEN n_kept ELSE n_tokens END"
@@ -57,6 +69,9 @@ def harm_count(score: str) -> str:
 
 #: The paired difference of the gate's effect Δ per (input, budget) (Table 2; App. A.7.2).
 PAIRED_DIFFERENCE = "score_gated - score_plain"
+#: Δ of a group from its arms' mean accuracies (:data:`ACCURACY`), the mean of
+#: :data:`PAIRED_DIFFERENCE` over the same rows (Table 2).
+DELTA = "acc_gated - acc_plain"
 
 
 def recovered(score: str) -> str:
@@ -75,6 +90,8 @@ def group_tau(column: str = "tau") -> str:
 
 #: Gate-open rows (p_open's numerator; Tables 12, 22).
 OPEN_COUNT = "sum(CAST(gate_open AS BIGINT))"
+#: p_open of a group of per-input rows (each input, and head-pair draw, once): the share whose gate opens.
+P_OPEN = f"{OPEN_COUNT} / count(*)"
 
 #: A degenerate gate, over a cell's ``p_open``: it opens on none or on all of the cell's inputs, so
 #: Δ measures the threshold, not the signal ("its gate-open fraction is 0.00. The gate has silently

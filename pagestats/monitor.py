@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from pagestats import formulas
 from pagestats.escape import terminal
 from pagestats.gatefile import Gate
 
@@ -198,7 +199,7 @@ def monitor(run, gate, *, alpha: float = ALPHA, gate_file: str | None = None, se
     decided = rows.filter(rows["reason"] != "short-prompt")
     n_open = int(decided["gate_open"].sum())
     p_open = wilson(n_open, decided.height)
-    p_cal = wilson(int(np.count_nonzero(cal >= tau)), len(cal))  # D ≥ τ (Eq. 2) at the τ in use
+    p_cal = wilson(formulas.open_count(cal, tau), len(cal))  # D ≥ τ (Eq. 2) at the τ in use
     kept = float(rows["kept_fraction"].mean())
     drops = decided["drop"].to_numpy().astype(np.float64)
     ks = ks_2samp(drops, cal) if len(drops) else None

@@ -98,7 +98,7 @@ def _per_draw(draw_columns: list[str], input_draws, tables: dict[str, str] | Non
         SELECT {cell}{", " + ", ".join(draw_columns) if draw_columns else ""}, count(*) AS n_inputs, {acc},
             {formulas.harm_count("score_plain")} / count(*) AS harm_plain,
             {formulas.harm_count("score_gated")} / count(*) AS harm_gated,
-            {formulas.OPEN_COUNT} / count(*) AS p_open,
+            {formulas.P_OPEN} AS p_open,
             {_exact_mean(f"avg({formulas.kept_fraction('n_kept_gated')})")} AS kept_kv
         FROM (
             SELECT d.model, d.context_length, o.evictor, o.task, o.budget{", " + draw if draw_columns else ""}{draw_col},
@@ -164,7 +164,7 @@ def _run_by_run(con, draw_columns: list[str], input_draws) -> pl.DataFrame:
 #: silently become full-KV fallback").
 DEGENERATE_QUERY = f"""
     SELECT model, context_length, p_open, {formulas.DEGENERATE} AS degenerate
-    FROM (SELECT model, context_length, avg(CAST(gate_open AS DOUBLE)) AS p_open FROM decisions GROUP BY ALL)"""
+    FROM (SELECT model, context_length, {formulas.P_OPEN} AS p_open FROM decisions GROUP BY ALL)"""
 
 
 def logged_input_draws(con) -> list[int]:
@@ -253,7 +253,7 @@ def replay_whatif(session: Replay, *, input_draws: str | int | None = None) -> p
         *WHATIF_CELL,
         pl.col("n_inputs").cast(pl.Int64),
         *(
-            (pl.col("acc_gated") - pl.col("acc_plain")).alias(c) if c == "delta" else pl.col(c).cast(pl.Float64)
+            formulas.expr(formulas.DELTA).alias(c) if c == "delta" else pl.col(c).cast(pl.Float64)
             for c in WHATIF_COLUMNS[6:-1]
         ),
         pl.struct(MODEL_CELL).is_in(cells.filter("degenerate").select(pl.struct(MODEL_CELL)).to_series().implode())

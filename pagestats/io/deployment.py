@@ -25,7 +25,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pagestats import profile, schema
+from pagestats import formulas, profile, schema
 from pagestats.io.discovery import _Discovery
 from pagestats.io.guard import Refused, check_regular, read_manifest
 from pagestats.io.validation.manifest import BIN_CONVENTIONS, listed_files, parse_bins
@@ -303,7 +303,7 @@ def _row_problems(rows: pl.DataFrame, info: dict, files: list[str], problems: li
           lambda r: f"reason {r['reason']!r} is not one of {list(schema.GATE_REASONS)}")
     _emit(problems, complete, pl.col("n_tokens") < 1, files, lambda r: f"n_tokens {r['n_tokens']} is not positive")
     expected_reason = (pl.when(pl.col("n_tokens") < info["w"]).then(pl.lit("short-prompt"))
-                       .when(pl.col("drop") >= pl.col("tau")).then(pl.lit("open")).otherwise(pl.lit("closed")))
+                       .when(formulas.expr(formulas.GATE_RULE)).then(pl.lit("open")).otherwise(pl.lit("closed")))
     known = complete.filter(pl.col("reason").is_in(schema.GATE_REASONS) & pl.col("drop").is_finite())
     _emit(problems, known.with_columns(expected_reason.alias("_expected")), pl.col("reason") != pl.col("_expected"),
           files, lambda r: f"reason {r['reason']!r} but D = {r['drop']!r}, τ = {r['tau']!r} and T = {r['n_tokens']} "

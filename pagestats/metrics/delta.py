@@ -116,7 +116,7 @@ def accuracy(frame: pl.DataFrame, by=(*MATRIX_CELL, "budget")) -> pl.DataFrame:
         *(formulas.expr(sql).alias(name) for name, sql in formulas.ACCURACY.items()),
         pl.col("_input").n_unique().cast(pl.Int64).alias("n_inputs"),
     )
-    return out.with_columns((pl.col("acc_gated") - pl.col("acc_plain")).alias("delta")).sort(by)
+    return out.with_columns(formulas.expr(formulas.DELTA).alias("delta")).sort(by)
 
 
 def delta(frame: pl.DataFrame, by=MATRIX_CELL) -> pl.DataFrame:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from pagestats import formulas
 from pagestats.io.imports.records import Records, RecordError, missing_keys
 from pagestats.io.imports.rules import Threshold, differing, lines, repeated, stored_threshold
 
@@ -85,7 +86,7 @@ def read_gated(records: Records) -> tuple[pl.DataFrame, Threshold, bool]:
     if "tau" in frame.columns:  # a recorded threshold (DBTrimKV's runner): the stored gate must follow it
         recorded = frame.select(pl.col("tau").cast(pl.Float64, strict=False), "_line")
         wrong = rows.with_columns(recorded["tau"].alias("_tau")).filter(
-            pl.col("_tau").is_null() | (pl.col("gate_open") != (pl.col("drop") >= pl.col("_tau"))))
+            pl.col("_tau").is_null() | (pl.col("gate_open") != formulas.opens(pl.col("drop"), pl.col("_tau"))))
         problems += lines(path, wrong, lambda r: f"gate_open {str(r['gate_open']).lower()} contradicts drop "
                            f"{r['drop']!r} and the record's tau {r['_tau']!r} (open iff drop ≥ tau)")
     if problems:
