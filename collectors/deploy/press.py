@@ -270,10 +270,10 @@ def gated_press_class():
                                      "its attention patch, and not under eager attention; use sdpa")
                 state["held"][layer] = (module, cache_layer, after)
             if layer == state["n_layers"] - 1:
-                self._decide()
+                self._apply_gate()
             return output
 
-        def _decide(self):
+        def _apply_gate(self):
             state = self._state
             rec = state["recorder"]
             att = rec.stacked("window_attention")

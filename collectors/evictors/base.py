@@ -18,6 +18,7 @@ positions of highest score; ties go to the lower position, so selection is deter
 
 from __future__ import annotations
 
+import abc
 import math
 from typing import ClassVar
 
@@ -130,7 +131,7 @@ def select_top(score: torch.Tensor, count: int, protected: torch.Tensor) -> torc
     return torch.sort(order[..., :count], dim=-1).values
 
 
-class Evictor:
+class Evictor(abc.ABC):
     """A base evictor: :meth:`kept` is written once here; a subclass writes :meth:`score`.
 
     Class attributes
@@ -170,9 +171,9 @@ class Evictor:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
 
+    @abc.abstractmethod
     def score(self, prefill) -> torch.Tensor:
         """Per-position retention score: (T,), (L, T) or (L, H_kv, T) by :attr:`granularity`."""
-        raise NotImplementedError
 
     def count(self, n_tokens: int, budget: float, n_sink: int, n_recent: int, budget_floor: str) -> int:
         """Positions kept per row at ``budget``: the budget rule (:func:`n_kept`)."""
