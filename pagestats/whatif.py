@@ -21,8 +21,7 @@ import polars as pl
 
 from pagestats import formulas
 from pagestats.columns import MATRIX_CELL, MODEL_CELL, WHATIF_CELL
-from pagestats.formulas import N_KEPT_GATED, SCORE_GATED
-from pagestats.replay import FixedTau, Policy, ProfileSpec, Replay
+from pagestats.replay import FixedTau, Policy, ProfileSpec, Replay, sql
 from pagestats.schema import INPUT_KEY
 from pagestats.escape import csv_frame
 
@@ -88,12 +87,12 @@ def _per_draw(draw_columns: list[str], input_draws, tables: dict[str, str] | Non
     t = {"outcomes": "outcomes", "decisions": "decisions", "inputs": "inputs", "held_out": "held_out", **(tables or {})}
     cell = _cell(input_draws)
     key = ", ".join(INPUT_KEY)
-    held = " AND ".join(f"h.{c} = o.{c}" for c in INPUT_KEY)
-    draw = ", ".join(f"d.{c}" for c in draw_columns)
+    draw = ", ".join(draw_columns)
+    gated = sql.gated_query(draw_columns, outcomes=t["outcomes"], decisions=t["decisions"], held_out=t["held_out"])
     acc = ", ".join(f"{_exact_mean(sql)} AS {name}" for name, sql in formulas.ACCURACY.items())
     draw_col = ", x.draw" if input_draws == "split" else ""
     draw_join = f" LEFT JOIN (SELECT {key}, draw FROM {t['inputs']}) x USING ({key})" if input_draws is not None else ""
-    draw_where = f" AND x.draw = {int(input_draws)}" if isinstance(input_draws, int) else ""
+    draw_where = f" WHERE x.draw = {int(input_draws)}" if isinstance(input_draws, int) else ""
     return f"""
         SELECT {cell}{", " + ", ".join(draw_columns) if draw_columns else ""}, count(*) AS n_inputs, {acc},
             {formulas.harm_count("score_plain")} / count(*) AS harm_plain,
@@ -101,11 +100,9 @@ def _per_draw(draw_columns: list[str], input_draws, tables: dict[str, str] | Non
             {formulas.P_OPEN} AS p_open,
             {_exact_mean(f"avg({formulas.kept_fraction('n_kept_gated')})")} AS kept_kv
         FROM (
-            SELECT d.model, d.context_length, o.evictor, o.task, o.budget{", " + draw if draw_columns else ""}{draw_col},
-                d.full_score AS score_full, o.score AS score_plain, {SCORE_GATED} AS score_gated,
-                {N_KEPT_GATED} AS n_kept_gated, n_tokens, gate_open
-            FROM {t['outcomes']} o LEFT JOIN {t['decisions']} d USING ({key}){draw_join}
-            WHERE NOT EXISTS (SELECT 1 FROM {t['held_out']} h WHERE {held}){draw_where}  -- a held-out pilot is not evaluated
+            SELECT model, context_length, evictor, task, budget{", " + draw if draw_columns else ""}{draw_col},
+                score_full, score_plain, score_gated, n_kept_gated, n_tokens, gate_open
+            FROM ({gated}) g{draw_join}{draw_where}
         )
         GROUP BY ALL"""
 

@@ -72,6 +72,10 @@ class Replay:
     ``held_out`` (after :meth:`decide`)
         ``run_id, task, input_id`` of the inputs a held-out pilot used to set τ, left out of
         every evaluated number (empty without one).
+    ``gated`` (after :meth:`gated`)
+        The gated outcomes of the evaluated inputs (Eq. 2), :data:`~pagestats.replay.GATED_OUTCOME_COLUMNS`
+        (:func:`pagestats.replay.sql.gated_query`, which the what-if aggregates): the rows of
+        :meth:`gated_outcomes`, in SQL.
 
     Other relations on it are the engine's own (names starting with ``_``); a query that adds
     its own gives them names of its own, starting with ``_`` too.
@@ -193,6 +197,15 @@ class Replay:
             return draw_columns
 
         return self._once("decide", make)
+
+    def gated(self) -> list[str]:
+        """Create the relation ``gated``; return its draw columns."""
+        def make():
+            draw_columns = self.decide()
+            self.con.execute(f"CREATE OR REPLACE TEMP VIEW gated AS {sql.gated_query(draw_columns)}")
+            return draw_columns
+
+        return self._once("gated", make)
 
     def gated_outcomes(self, *, evictor: str | None = None, columns=None) -> pl.DataFrame:
         """:func:`gated_outcomes` of this replay (over :meth:`decisions`)."""

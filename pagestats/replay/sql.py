@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from pagestats.formulas import N_KEPT_GATED, SCORE_GATED
 from pagestats.io.logs import INPUT_COLUMNS
 from pagestats.replay.pilot import register_functions
 from pagestats.replay.policies import Policy
@@ -110,6 +111,24 @@ def decide(con, draw_columns: list[str], held: str) -> None:
     cols = f"{_KEY}, {'pair_draw, ' if draw_columns else ''}{_INPUT_META}, \"drop\", tau, gate_open"
     con.execute(f"CREATE OR REPLACE TEMP VIEW decisions AS SELECT {cols} FROM _decided WHERE NOT ({held})")
     con.execute(f"CREATE OR REPLACE TEMP VIEW held_out AS SELECT DISTINCT {_KEY} FROM _decided WHERE {held}")
+
+
+def gated_query(draw_columns: list[str], *, outcomes: str = "outcomes", decisions: str = "decisions",
+                held_out: str = "held_out") -> str:
+    """The gated outcomes (Eq. 2) as SQL: every outcome row of an evaluated input (a held-out pilot's
+    inputs left out) with its input's decision, the gated arm :data:`~pagestats.formulas.SCORE_GATED`
+    and :data:`~pagestats.formulas.N_KEPT_GATED`, in the columns of
+    :data:`pagestats.replay.GATED_OUTCOME_COLUMNS` (``pair_draw`` with ``draw_columns``). An outcome
+    row without an input row keeps a null ``model`` (the readers refuse it). ``outcomes``,
+    ``decisions`` and ``held_out`` name the relations read (one run's, in the what-if run by run)."""
+    draw = "".join(f"d.{c}, " for c in draw_columns)
+    held = " AND ".join(f"h.{c} = o.{c}" for c in INPUT_KEY)
+    return f"""
+        SELECT o.run_id, o.task, o.input_id, {draw}d.model, d.context_length, d.task_class, o.evictor, o.budget,
+            d.n_tokens, d."drop", d.tau, d.gate_open, d.full_score AS score_full, o.score AS score_plain,
+            {SCORE_GATED} AS score_gated, o.n_kept AS n_kept_plain, {N_KEPT_GATED} AS n_kept_gated
+        FROM {outcomes} o LEFT JOIN {decisions} d USING ({_KEY})
+        WHERE NOT EXISTS (SELECT 1 FROM {held_out} h WHERE {held})"""
 
 
 def decided_rows(con, draw_columns: list[str], held: str) -> pl.DataFrame:

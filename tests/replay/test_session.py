@@ -92,6 +92,26 @@ def test_every_product_of_a_session_reads_one_decision(written, counted):
     assert gated.equals(gated_outcomes(logs, policy))
 
 
+@pytest.mark.parametrize("profile", [ProfileSpec(), ProfileSpec(pairs_fraction=0.5, pair_draws=2, seed=1)], ids=str)
+@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: p.name)
+def test_gated_relation_holds_the_rows_of_gated_outcomes(written, policy, profile):
+    """The relation ``gated`` (SQL, what the what-if aggregates) and the per-row frame of
+    gated_outcomes (polars, at the edge) are one definition of Eq. 2: the same rows and values."""
+    logs, db = written
+    for source in (logs, db):
+        with Replay(source, policy, profile) as session:
+            frame = session.gated_outcomes()
+            draw = session.gated()
+            order = ", ".join(["run_id", "task", "input_id", *draw, "evictor", "budget"])
+            rows = session.con.sql(f"SELECT {', '.join(frame.columns)} FROM gated ORDER BY {order}").pl()
+        assert rows.height == frame.height > 0
+        assert rows.equals(frame.cast({c: pl.String for c, t in frame.schema.items() if t == pl.Categorical}))
+        # Eq. 2 by hand on the rows: the plain outcome where the gate opens, else the full-KV one
+        by_hand = [(p if o else f, kp if o else t) for p, f, o, kp, t in
+                   rows.select("score_plain", "score_full", "gate_open", "n_kept_plain", "n_tokens").iter_rows()]
+        assert by_hand == list(rows.select("score_gated", "n_kept_gated").iter_rows())
+
+
 def test_custom_policy_runs_its_function_once(written):
     logs, _ = written
     seen = []
