@@ -36,10 +36,7 @@ BY = ["model", "context_length", "evictor"]
 
 
 def paper_scale_logs():
-    s = synthetic_logs(**PAPER_SCALE, with_topk=False, with_text=False)
-    from types import SimpleNamespace
-
-    return SimpleNamespace(inputs=s.inputs, outcomes=s.outcomes, topk=None, manifests=s.manifests)
+    return synthetic_logs(**PAPER_SCALE, with_topk=False, with_text=False)  # a pagestats.io.Logs
 
 
 def single_replay(logs, tau: float) -> pl.DataFrame:
