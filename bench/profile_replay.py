@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import platform
 import time
-from types import SimpleNamespace
 
 import numpy as np
 import polars as pl
@@ -53,7 +52,7 @@ def _logs(n_per_task: int, with_topk: bool, k_max: int = 128):
         with_text=False,
         seed=1,
     )
-    return SimpleNamespace(inputs=s.inputs, outcomes=s.outcomes, topk=s.topk, manifests=s.manifests)
+    return s  # a pagestats.io.Logs
 
 
 def bench_pairs() -> dict:
