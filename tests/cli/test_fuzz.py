@@ -73,7 +73,8 @@ from pagestats import escape, schema, testing  # noqa: E402
 from pagestats.cli import main  # noqa: E402
 from pagestats.io.validation.problems import one_line  # noqa: E402
 
-#: Examples drawn in ``make test`` (deterministic); ``PAGESTATS_FUZZ_EXAMPLES`` overrides.
+#: Examples drawn in ``make test`` (deterministic), half from each half of :data:`FAMILIES`;
+#: ``PAGESTATS_FUZZ_EXAMPLES`` overrides.
 CI_EXAMPLES = 12
 EXAMPLES = int(os.environ.get("PAGESTATS_FUZZ_EXAMPLES", CI_EXAMPLES))
 TALLY = os.environ.get("PAGESTATS_FUZZ_TALLY")
@@ -183,11 +184,14 @@ def _set_field(man, where: str, value):
 _DELETE = object()
 
 
+#: The mutation families; the test draws from each half in its own case, so that two xdist workers share them.
+FAMILIES = ("bytes", "manifest", "columns", "types", "rows", "kinds", "names", "labels", "cli", "consistency")
+
+
 @st.composite
-def mutations(draw):
+def mutations(draw, families=FAMILIES):
     """One mutation: (family, description, function of the run directory)."""
-    family = draw(st.sampled_from(["bytes", "manifest", "columns", "types", "rows", "kinds", "names", "labels",
-                                   "cli", "consistency"]))
+    family = draw(st.sampled_from(families))
     table = draw(st.sampled_from(TABLES))
     part = draw(st.integers(0, 1))
     seed = draw(st.integers(0, 2**32 - 1))
@@ -754,11 +758,14 @@ _failures: list[dict] = []
 
 
 @pytest.mark.fuzz
-@settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize="PAGESTATS_FUZZ_EXAMPLES" not in os.environ,
+@pytest.mark.parametrize("families", [FAMILIES[:5], FAMILIES[5:]], ids=lambda f: f"{f[0]}-to-{f[-1]}")
+@settings(max_examples=max(1, EXAMPLES // 2), deadline=None, database=None,
+          derandomize="PAGESTATS_FUZZ_EXAMPLES" not in os.environ,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                  HealthCheck.data_too_large])
-@given(mutation=mutations())
-def test_every_mutation_is_refused_with_a_named_line_or_changes_no_number(clean, mutation):
+@given(data=st.data())
+def test_every_mutation_is_refused_with_a_named_line_or_changes_no_number(clean, families, data):
+    mutation = data.draw(mutations(families), label="mutation")
     outcome, detail = check(clean, mutation)
     family, description, _ = mutation
     if TALLY:
