@@ -66,6 +66,39 @@ def test_whatif_out_of_core_equals_in_memory_and_brute_force(written, policy, pr
         assert row[6:-1] == pytest.approx(exp[6:], abs=1e-12)
 
 
+def test_logs_and_database_read_the_same_through_the_protocol(written):
+    """io.LogTables: what the replay reads of in-memory logs and of the database's views is the same
+    rows (the per-input rows with the lists asked for, the top-k rows, one evictor's outcome rows, a
+    cursor's inputs and outcomes), whichever container holds them."""
+    from pagestats.io import LogTables
+    from pagestats.io.logs import INPUT_COLUMNS, OUTCOME_COLUMNS
+
+    _, logs, db = written
+    members = [m for m in vars(LogTables) if not m.startswith("_")]
+    assert {"cursor", "relate_outcomes", "per_input", "outcome_rows", "exclusion_report", "typed_names"} <= set(members)
+    for source in (logs, db):
+        assert all(callable(getattr(source, m)) for m in members if callable(getattr(LogTables, m, None)))
+        assert all(hasattr(source, a) for a in LogTables.__annotations__)  # manifests, files, mode, notes
+    mem, out = logs.per_input(["agreement"], topk=True), db.per_input(["agreement"], topk=True)
+    cols = [*INPUT_COLUMNS, "agreement"]
+    assert_frame_equal(out.inputs.select(cols), mem.inputs.select(cols).sort(KEY))
+    assert_frame_equal(out.topk, mem.topk.sort([*KEY, "layer", "head"]), check_column_order=False)
+    assert out.outcomes.height == 0 and out.manifests == logs.manifests
+    order = [*KEY, "evictor", "budget"]
+    assert_frame_equal(db.outcome_rows("h2o"), logs.outcome_rows("h2o").select(OUTCOME_COLUMNS).sort(order))
+    assert db.outcome_rows().height == logs.outcome_rows().height == logs.outcomes.height
+    assert logs.exclusion_report() == db.exclusion_report() == []
+    counts = []
+    for source in (logs, db):
+        con = source.cursor()
+        try:
+            source.relate_outcomes(con)
+            counts.append(con.sql("SELECT (SELECT count(*) FROM inputs), (SELECT count(*) FROM outcomes)").fetchall())
+        finally:
+            con.close()
+    assert counts[0] == counts[1] == [(logs.inputs.height, logs.outcomes.height)]
+
+
 def test_database_load_equals_load_and_sets_spill(written):
     _, logs, db = written
     back = db.load()
