@@ -368,12 +368,15 @@ def _frontier(sel: pl.DataFrame) -> tuple[float, float]:
     Plain eviction's points are (mean n_kept_plain / n_tokens, accuracy) at every logged budget;
     the gated arm's at each b < 1. The crossover is the smallest gated kept KV from which on no
     gated point falls below the frontier (NaN when the last one does)."""
-    sel = _need(sel, "score_full", "score_gated")
-    pts = sel.group_by("budget").agg((pl.col("n_kept_plain") / pl.col("n_tokens")).mean().alias("k_p"),
-                                     pl.col("score_plain").mean().alias("a_p"),
-                                     (pl.col("n_kept_gated") / pl.col("n_tokens")).mean().alias("k_g"),
-                                     pl.col("score_gated").mean().alias("a_g"))
-    pts = pts.sort("budget")
+    sel = _need(sel, "score_full", "score_gated").sort("budget", "run_id", "task", "input_id")
+    # NumPy means over each budget's rows in key order: a polars group-by mean sums in thread order,
+    # which moved the crossover's last bit from one run to the next.
+    cols = {"k_p": sel["n_kept_plain"] / sel["n_tokens"], "a_p": sel["score_plain"],
+            "k_g": sel["n_kept_gated"] / sel["n_tokens"], "a_g": sel["score_gated"]}
+    budgets, starts = np.unique(sel["budget"].to_numpy(), return_index=True)
+    bounds = list(starts[1:]) + [sel.height]
+    pts = pl.DataFrame({"budget": budgets, **{k: [float(np.mean(v.to_numpy()[i:j])) for i, j in zip(starts, bounds)]
+                                              for k, v in cols.items()}})
     gated = pts.filter(pl.col("budget") < 1).sort("k_g")
     frontier = frontier_accuracy(pts["k_p"].to_numpy()[None], pts["a_p"].to_numpy()[None],
                                  gated["k_g"].to_numpy()[None])[0]
