@@ -158,7 +158,7 @@ def _compare(csv_text: str, rows: list) -> dict:
     pooled`` over several runs adds a ``draw`` column, null)."""
     import polars as pl
 
-    from pagestats.whatif import WHATIF_COLUMNS
+    from pagestats.replay.whatif import WHATIF_COLUMNS
 
     table = pl.read_csv(io.StringIO(csv_text))
     problems = []

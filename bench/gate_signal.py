@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from collectors import capture, model, signals
-from pagestats import profile
+from pagestats.core import profile
 
 from _results import write_result
 

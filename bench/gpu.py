@@ -45,7 +45,7 @@ from collectors import capture, signals  # noqa: E402
 from collectors.evictors import parse_all  # noqa: E402
 from collectors.hf import cache_keyword  # noqa: E402
 from collectors.sweep import run_sweep  # noqa: E402
-from pagestats import defaults  # noqa: E402
+from pagestats.core import defaults# noqa: E402
 
 #: The paper's gate cost at 4K on an A100 (§5 cost model, Table 26), milliseconds.
 PAPER_GATE_MS_4K = {"qwen2.5-1.5b": 17.0, "mistral-7b": 89.0}

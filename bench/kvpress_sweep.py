@@ -33,7 +33,7 @@ from collectors.evictors.presses import version
 from collectors import tasks as T
 from collectors.model import load_model
 from collectors.sweep import run_sweep
-from pagestats import defaults
+from pagestats.core import defaults
 
 from _results import RESULTS, earlier_runs, write_result
 from sweep import NoEosTokenizer, clock

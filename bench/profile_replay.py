@@ -7,7 +7,7 @@
    extrapolated linearly.
 2. k-sweep (App. A.3.1): k ∈ {8, 16, 32, 64, 128} over 1,000 inputs from stored top-128
    lists, via ``ProfileSpec(k=k)``. Baseline: the collector's per-input call
-   :func:`pagestats.profile.agreement_from_topk` (one-hot over the T positions) timed on
+   :func:`pagestats.core.profile.agreement_from_topk` (one-hot over the T positions) timed on
    ``N_BASE_K`` inputs per k and extrapolated.
 
 Reports seconds, rows/s (input × draw rows of D per second; for k, inputs/s and pair
@@ -26,7 +26,7 @@ import time
 import numpy as np
 import polars as pl
 
-from pagestats.profile import agreement_from_topk, drop_from_agreement
+from pagestats.core.profile import agreement_from_topk, drop_from_agreement
 from pagestats.replay import ProfileSpec, pair_subsets, profile_drop
 from pagestats.testing import ModelSpec, synthetic_logs
 

@@ -4,7 +4,7 @@ compared with the paper's τ recipes on every report cell.
 For each model of the logs, each of its evictors and each budget b asked for, every input is labelled with
 whether plain eviction at (evictor, b) harms it (score below its full-KV score, Table 27). Then, n_splits
 times, ``n_calibration`` inputs drawn without replacement certify τ by Learn then Test
-(:func:`pagestats.risk.split_validation`) and the rest measure its harm. Learn then Test promises
+(:func:`pagestats.deploy.risk.split_validation`) and the rest measure its harm. Learn then Test promises
 P(harm of the certified τ > A) ≤ δ over the calibration draw; the share of splits whose realized test harm
 exceeds A is reported with its Monte Carlo error, and so is the share whose τ has harm above A on all the
 inputs (the finite population the splits draw from, the quantity the promise is about; the test harm adds
@@ -12,8 +12,8 @@ the test sample's own noise). Inputs whose harm is not known (no outcome of the 
 Yi-1.5-9B file has no b = 1 rows, so some full-KV outcomes are unknown) are left out and counted.
 
 Then, per model and evictor at b: the gate certified on the held-out pilot (``calibrate --policy risk``,
-:func:`pagestats.risk.risk_gate`) beside the fixed τ = 0.07, the z-scored τ and the midpoint recipe on each
-(model, context) cell: harm, p_open and compression (:func:`pagestats.risk.policy_comparison`).
+:func:`pagestats.deploy.risk.risk_gate`) beside the fixed τ = 0.07, the z-scored τ and the midpoint recipe on each
+(model, context) cell: harm, p_open and compression (:func:`pagestats.deploy.risk.policy_comparison`).
 
 Run: ``.venv/bin/python bench/risk_validation.py NAME LOGS... [--budget 0.125] [--alpha 0.1] [--delta 0.1]
 [--splits 1000] [--n-calibration 100]``; writes bench/results/risk_validation_NAME.json.
@@ -28,9 +28,9 @@ import time
 import numpy as np
 import polars as pl
 
-from pagestats import defaults
+from pagestats.core import defaults
 from pagestats.io import load
-from pagestats.risk import harm_labels, labelled_rows, policy_comparison, risk_gate, split_validation
+from pagestats.deploy.risk import harm_labels, labelled_rows, policy_comparison, risk_gate, split_validation
 
 from _results import git_head, write_result
 from pathlib import Path

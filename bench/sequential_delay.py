@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from pagestats import defaults
+from pagestats.core import defaults
 from pagestats.io import load
 from pagestats.stats.sequential import sequential_drift
 

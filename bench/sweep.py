@@ -33,7 +33,7 @@ from collectors.decode import decode_arms
 from collectors.evictors import parse, parse_all
 from collectors.model import load_model
 from collectors.sweep import run_sweep
-from pagestats import defaults
+from pagestats.core import defaults
 
 from _results import write_result
 

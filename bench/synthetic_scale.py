@@ -13,7 +13,7 @@ Scenarios (each in its own subprocess so its peak RSS is its own):
 Ratios against baselines timed in the same run:
 
 - ``per_input_loop``: a naive generator that draws each input's top-k lists in a Python loop
-  and calls :func:`pagestats.profile.agreement_from_topk` per input (timed on a subset of the
+  and calls :func:`pagestats.core.profile.agreement_from_topk` per input (timed on a subset of the
   paper_topk shape, reported per input); ratio = loop time per input / vectorised time per
   input of ``paper_topk``.
 - ``uniform_fill``: filling the 1M-input ``pair_jaccard``-sized array with ``rng.random`` (the
@@ -102,7 +102,7 @@ def scenario(name: str) -> dict:
 
 def baseline_per_input_loop(n_inputs: int = 10) -> dict:
     """Naive per-input generation of one model's profiles (Qwen2.5-14B shape, the largest)."""
-    from pagestats import defaults, profile
+    from pagestats.core import defaults, profile
 
     L, H, k_max, T = 48, 40, 64, 4096
     rng = np.random.default_rng(0)

@@ -11,14 +11,14 @@ its peak RSS and CPU time are its own and not the largest of all children):
    budgets; fast path, no top-k, no text) and writes it under ``bench/tmp/`` (gitignored);
    a second run of 10,000 inputs (8 × 1,250, same shape, seed 1) is written next to it.
 2. ``whatif_1M``: ``python -m pagestats whatif RUN --format csv`` (default fixed τ);
-   the CSV is checked: exactly :data:`pagestats.whatif.WHATIF_COLUMNS`, 8 tasks × 9 budgets
+   the CSV is checked: exactly :data:`pagestats.replay.whatif.WHATIF_COLUMNS`, 8 tasks × 9 budgets
    = 72 rows, ``n_inputs`` = 125,000 in every row.
 3. Baselines in the same run:
 
    - ``scan``: DuckDB ``SELECT count(*), avg(score) FROM read_parquet(outcomes)`` plus
      ``SELECT count(*), avg("drop") FROM read_parquet(inputs)``, timed in this process
      (the irreducible cost of reading the columns the table needs, without Python start-up);
-   - ``startup``: a subprocess that only imports ``pagestats.io`` and ``pagestats.whatif``
+   - ``startup``: a subprocess that only imports ``pagestats.io`` and ``pagestats.replay.whatif``
      (the fixed cost every CLI call pays);
    - ``whatif_10k``: the same CLI call on the 10,000-input run.
 
@@ -103,7 +103,7 @@ def _check_csv(text: str, n_per_task: int) -> dict:
     import polars as pl
 
     from pagestats import testing
-    from pagestats.whatif import WHATIF_COLUMNS
+    from pagestats.replay.whatif import WHATIF_COLUMNS
 
     problems = []
     table = pl.read_csv(io.StringIO(text))
@@ -219,7 +219,7 @@ def main() -> int:
 
         result["scan"] = _scan(runs["1M"])
         print("scan", json.dumps(result["scan"]), flush=True)
-        m = _measured([py, "-c", "import pagestats.io, pagestats.whatif"], tmp / "startup.out")
+        m = _measured([py, "-c", "import pagestats.io, pagestats.replay.whatif"], tmp / "startup.out")
         m.pop("stderr_tail")
         result["startup"] = m
         print("startup", json.dumps(m), flush=True)

@@ -47,7 +47,7 @@ import torch
 
 from collectors import hf
 from collectors.evictors.presses import NEEDS_ATTENTIONS, press_scores
-from pagestats import defaults
+from pagestats.core import defaults
 
 #: Prefix of the attention-implementation names this module registers.
 CAPTURE_PREFIX = "pagestats_capture_"

@@ -16,7 +16,7 @@ import sys
 from collectors.extras import missing
 from collectors.tasks import TASK_NAMES, TASK_TOKENS_TO_GENERATE, DecodeLimitError
 from collectors.writer import RunMismatchError, parse_shard
-from pagestats import defaults, schema
+from pagestats.core import defaults, schema
 
 
 def _list(kind=str):

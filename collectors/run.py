@@ -36,7 +36,7 @@ from collectors.tasks.haystack import file_sha256
 from collectors.tasks.qa import detect_dataset
 from collectors.tasks.templates import NIAH_CONFIGS, QA_CONFIGS
 from collectors.writer import RunWriter, run_id_for, shard_items, software_versions, work_items
-from pagestats import defaults
+from pagestats.core import defaults
 
 
 class AuditError(RuntimeError):

@@ -3,9 +3,9 @@ other cheap prefill statistics.
 
 Everything is vectorised: one linear-time partition per (layer, head) for the top-k sets with
 exact tie-breaking, and the pair intersections through
-:func:`pagestats.profile.mask_intersections` — one one-hot batched matmul (L, H, T) → (L, H, H),
+:func:`pagestats.core.profile.mask_intersections` — one one-hot batched matmul (L, H, T) → (L, H, H),
 the same kernel the offline replay uses — with no Python loop over pairs. The drop is computed by
-:func:`pagestats.profile.drop_from_agreement` on the float32 agreements that are logged, so an
+:func:`pagestats.core.profile.drop_from_agreement` on the float32 agreements that are logged, so an
 offline replay of the logged defaults reproduces the logged ``drop`` bit for bit.
 
 References
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pagestats import defaults, profile
+from pagestats.core import defaults, profile
 
 #: Positions counted as attention sinks by the ``sink_mass`` signal (the protected sinks, App. F).
 N_SINK = defaults.N_SINK
@@ -77,9 +77,9 @@ class GateSignals:
     agreement : numpy.ndarray, shape (L,), float32
         a_ℓ, mean Jaccard of the top-k sets over the head pairs of layer ℓ (Eq. 3).
     pair_jaccard : numpy.ndarray, shape (L·H(H−1)/2,), float32
-        Layer-major, pairs (i < j) in lexicographic order (:func:`pagestats.profile.pair_index`).
+        Layer-major, pairs (i < j) in lexicographic order (:func:`pagestats.core.profile.pair_index`).
     drop : float
-        D = :func:`pagestats.profile.drop_from_agreement` of ``agreement`` (float32) (Eq. 3).
+        D = :func:`pagestats.core.profile.drop_from_agreement` of ``agreement`` (float32) (Eq. 3).
     topk : numpy.ndarray, shape (L, H, k_max), int32
         Key positions of ā_{ℓ,h}, descending score, ties to the lower position.
     signals : dict[str, float]
@@ -144,7 +144,7 @@ def _agreement(inter: np.ndarray, k: int):
     """float32 a_ℓ and layer-major float32 pair Jaccards from (L, P) intersection sizes.
 
     |A∩B| / (2k − |A∩B|) and the pair mean in float64, exactly as
-    :func:`pagestats.profile.agreement_from_topk` computes them, then cast to float32.
+    :func:`pagestats.core.profile.agreement_from_topk` computes them, then cast to float32.
     """
     jaccard = profile.jaccard_from_intersections(inter, k)
     return jaccard.mean(axis=-1).astype(np.float32), jaccard.astype(np.float32).reshape(-1)
@@ -171,7 +171,7 @@ def agreement_profile(window_attention, k: int, k_max: int | None = None):
 
     Notes
     -----
-    Replaying the stored lists with :func:`pagestats.profile.agreement_from_topk` gives the same
+    Replaying the stored lists with :func:`pagestats.core.profile.agreement_from_topk` gives the same
     intersections and therefore the same float32 agreements, bit for bit.
     """
     a = window_attention.numpy() if isinstance(window_attention, torch.Tensor) else np.asarray(window_attention)
@@ -204,7 +204,7 @@ def gate_signals(
         Number of top positions stored per (layer, head) for offline replay of any k ≤ k_max
         (docs/SCHEMA.md; App. A.3.1).
     bin_fraction, convention
-        Early/late bins of D, see :func:`pagestats.profile.bin_layers`.
+        Early/late bins of D, see :func:`pagestats.core.profile.bin_layers`.
 
     Returns
     -------
@@ -215,7 +215,7 @@ def gate_signals(
     Short prompts: when T < k_max only T positions exist, so ``topk`` has ``min(k_max, T)``
     columns; likewise the agreement uses k' = min(k, T) (with k' = T every set is the whole
     prompt and every Jaccard is 1). The Jaccard of two k'-sets is |A∩B| / (2k' − |A∩B|),
-    computed in float64 exactly as :func:`pagestats.profile.agreement_from_topk` does, averaged
+    computed in float64 exactly as :func:`pagestats.core.profile.agreement_from_topk` does, averaged
     over pairs, then cast to float32 for the log; D is computed from that float32 vector.
     """
     start = time.perf_counter()

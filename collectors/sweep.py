@@ -35,7 +35,7 @@ import torch
 
 from collectors.decode import decode_arms, eos_token_ids, stop_reason
 from collectors.evictors import Evictor
-from pagestats import defaults
+from pagestats.core import defaults
 
 __all__ = ["ArmResult", "AuditWarning", "run_sweep"]
 
@@ -109,7 +109,7 @@ def run_sweep(
     evictors : sequence of Evictor
         From :func:`collectors.evictors.parse_all`.
     budgets : sequence of float
-        Nominal budgets in (0, 1] (docs/COLLECTION.md: ``pagestats.defaults.BUDGETS``).
+        Nominal budgets in (0, 1] (docs/COLLECTION.md: ``pagestats.core.defaults.BUDGETS``).
     max_new_tokens : int
         Greedy tokens per arm (the task's tokens to generate).
     n_sink, n_recent : int

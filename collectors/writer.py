@@ -12,7 +12,7 @@ every ``topk`` row — written by shard ``SSSS`` of ``NNNN`` as its ``QQQQQQ``-t
 
 Guarantees
 ----------
-* Atomic files: each file is written to a temp name and renamed (:func:`pagestats.schema.write_parquet`).
+* Atomic files: each file is written to a temp name and renamed (:func:`pagestats.core.schema.write_parquet`).
 * Atomic parts: ``topk`` and ``outcomes`` are written first and ``inputs`` LAST, so a part counts as
   finished only when its ``inputs`` file exists (together with the others). On start, a shard
   deletes its own temp files and its own incomplete parts; other shards' files are left alone, so
@@ -24,7 +24,7 @@ Guarantees
   directory whose manifest has another ``run_id`` is refused with the differing parameters named.
 
 Deployment runs (``kind="deployment"``, :mod:`collectors.deploy` with ``log_dir``): the same parts
-with ``inputs`` alone, its rows declared by :data:`pagestats.schema.DEPLOYMENT`, an input named by its
+with ``inputs`` alone, its rows declared by :data:`pagestats.core.schema.DEPLOYMENT`, an input named by its
 ``input_id`` only; the manifest records ``kind``.
 
 Deterministic work split (``--shard i/n``): the inputs are numbered
@@ -44,7 +44,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from pagestats import schema
+from pagestats.core import schema
 
 #: Test hook: ``N`` — after N complete parts, the next part's write dies (``os._exit``) after its
 #: topk/outcomes files and before its inputs file, as a crash mid-part would. ``N@TOKEN`` — the same,
@@ -131,7 +131,7 @@ class RunWriter:
     out : path
         Run directory (created).
     manifest : dict
-        Every manifest key except ``files``/``schema_version`` (:data:`pagestats.schema.MANIFEST_KEYS`),
+        Every manifest key except ``files``/``schema_version`` (:data:`pagestats.core.schema.MANIFEST_KEYS`),
         including ``run_id`` and a ``parameters`` dict (what the run id hashes).
     shard : (i, n)
     part_size : int
@@ -139,8 +139,8 @@ class RunWriter:
     topk : bool
         Whether ``topk`` rows are written (a part then needs all three files).
     kind : {"collection", "deployment"}
-        A deployment run (:data:`pagestats.schema.DEPLOYMENT_KIND`) writes ``inputs`` alone, with the
-        columns of :data:`pagestats.schema.DEPLOYMENT`, and names an input by ``input_id`` alone.
+        A deployment run (:data:`pagestats.core.schema.DEPLOYMENT_KIND`) writes ``inputs`` alone, with the
+        columns of :data:`pagestats.core.schema.DEPLOYMENT`, and names an input by ``input_id`` alone.
     """
 
     def __init__(self, out, manifest: dict, *, shard=(0, 1), part_size: int = 8, topk: bool = True,
@@ -299,7 +299,7 @@ class RunWriter:
     def _write_manifest(self) -> None:
         """``manifest.json`` listing the files of finished parts only (path, sha256, rows), written
         atomically; hashes are cached by (path, size, mtime). Same layout as
-        :func:`pagestats.schema.write_manifest`, which would also list another shard's half-written part.
+        :func:`pagestats.core.schema.write_manifest`, which would also list another shard's half-written part.
         One listing per table directory and one ``stat`` per file: a log of many parts (a deployment run
         of one row per part) is rewritten in time linear in its parts, with a small constant."""
         files = []

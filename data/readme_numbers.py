@@ -23,7 +23,8 @@ from pathlib import Path
 
 import polars as pl
 
-from pagestats import defaults, io, metrics
+from pagestats import io, metrics
+from pagestats.core import defaults
 from pagestats.report.context import Context
 from pagestats.report.headline import headline
 
@@ -121,7 +122,7 @@ def release() -> str:
     import tempfile
 
     from pagestats.io.imports import import_page
-    from pagestats.whatif import whatif_summary, whatif_table
+    from pagestats.replay.whatif import whatif_summary, whatif_table
 
     with tempfile.TemporaryDirectory() as tmp:
         runs = import_page([str(ROOT / "data" / "page-release" / "condensed")], tmp).runs

@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from pagestats import defaults, io, metrics, replay, tables
+from pagestats import io, metrics, replay, tables
+from pagestats.core import defaults
 from pagestats.replay.policies import FixedTau, ZScored
 from pagestats.report.context import first_draw
 

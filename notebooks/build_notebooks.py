@@ -33,7 +33,8 @@ import numpy as np
 import polars as pl
 from IPython.display import Markdown, display
 
-from pagestats import io, metrics, replay, tables, whatif
+from pagestats import io, metrics, replay, tables
+from pagestats.replay import whatif
 from pagestats.replay.policies import FixedTau, Midpoint, ZScored
 
 # Where the logs are: PAGESTATS_LOGS (run directory, folder of runs, or glob); default ../data/smollm2-* (the shipped
@@ -107,7 +108,7 @@ def quickstart():
                       '])\n'
                       'summary'),
         new_markdown_cell("## Figure 3: accuracy vs budget, plain (solid) and gated (dashed)"),
-        new_code_cell('from pagestats.columns import headline_evictor\nfrom pagestats.figures import accuracy_vs_budget\n\n'
+        new_code_cell('from pagestats.core.columns import headline_evictor\nfrom pagestats.figures import accuracy_vs_budget\n\n'
                       'gated = replay.gated_outcomes(logs, FixedTau(0.07))\n'
                       'ev = headline_evictor(gated["evictor"].unique())\n'
                       'cell = gated.select("model", "context_length").unique().sort("model", "context_length").row(0, named=True)\n'

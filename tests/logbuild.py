@@ -1,6 +1,6 @@
 """Hand-built schema-v1 runs for the io tests (tests/io/test_load_and_rules.py and the robustness, bad-input and
 validate-CLI tests that break them): 2 tasks × 3 inputs × 2 evictors × the 9 budgets, L = 6, H = 4,
-written with the shared writers of pagestats.schema, and the assertions on the problems a rule
+written with the shared writers of pagestats.core.schema, and the assertions on the problems a rule
 reports. A module of its own so that no test file imports another."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from pagestats import defaults, profile, schema
+from pagestats.core import defaults, profile, schema
 
 L, H, K_MAX = 6, 4, 8
 TASKS = ("niah_multikey_3", "vt")

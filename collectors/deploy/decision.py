@@ -4,7 +4,7 @@ Both entry points of :mod:`collectors.deploy` compute D exactly as the collector
 window attention ā of :mod:`collectors.capture`, the top-k pair agreement a_ℓ and the drop D of
 :func:`collectors.signals.gate_signals` (Eq. 3) — and evict only when D ≥ τ (Eq. 2), once per
 input, at prefill (:func:`gate_decision`). The threshold comes as a number or as a calibrated
-:class:`pagestats.gatefile.Gate` (:func:`resolve_gate`). A prompt shorter than the window w keeps
+:class:`pagestats.deploy.gatefile.Gate` (:func:`resolve_gate`). A prompt shorter than the window w keeps
 the full cache (ā would average fewer than w rows, but τ was calibrated on w-row windows):
 ``reason = "short-prompt"`` and a :class:`ShortPromptWarning`.
 
@@ -25,8 +25,8 @@ import numpy as np
 import torch
 
 from collectors import signals
-from pagestats import defaults
-from pagestats.gatefile import Gate, gate_open
+from pagestats.core import defaults
+from pagestats.deploy.gatefile import Gate, gate_open
 
 
 class ShortPromptWarning(UserWarning):
@@ -81,7 +81,7 @@ def resolve_gate(tau, gate, window, k, bin_fraction, convention):
         raise ValueError("give exactly one of tau (a number) or gate (a Gate or a gate.json path)")
     if gate is not None:
         if not isinstance(gate, Gate):
-            raise ValueError(f"gate must be a pagestats.gatefile.Gate or a path, got {type(gate).__name__}")
+            raise ValueError(f"gate must be a pagestats.deploy.gatefile.Gate or a path, got {type(gate).__name__}")
         gate.check(window=window, k=k, bin_fraction=bin_fraction, convention=convention)
         return float(gate.tau), gate, gate.window, gate.k, gate.bin_fraction, gate.convention
     if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not math.isfinite(float(tau)):
@@ -157,7 +157,7 @@ def check_deployment(gate: Gate | None, *, model_name: str | None, n_layers: int
 def gate_decision(window_attention, *, tau: float, window: int, k: int, bin_fraction: float, convention: str,
                   n_kept=None, kept_fraction=None) -> GateDecision:
     """The gate on one prefill's ā (L, H, T): D by :func:`collectors.signals.gate_signals`, open iff
-    D ≥ τ (:func:`pagestats.gatefile.gate_open`) and T ≥ w (§3, Eq. 2).
+    D ≥ τ (:func:`pagestats.deploy.gatefile.gate_open`) and T ≥ w (§3, Eq. 2).
 
     ``n_kept`` / ``kept_fraction`` describe the open cache (the closed one keeps all T).
     """

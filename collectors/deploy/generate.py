@@ -18,7 +18,7 @@ from collectors.decode import decode_arms, eos_token_ids, stop_reason
 from collectors.deploy.decision import GateDecision, check_deployment, gate_decision, resolve_gate, warn_short_prompt
 from collectors.deploy.log import deployment_manifest, open_log
 from collectors.tasks import tokenize_prompt
-from pagestats import defaults
+from pagestats.core import defaults
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ def gated_generate(model, tokenizer, prompt, *, evictor: str = "snapkv", budget:
     budget : float
         b ∈ (0, 1], the kept fraction when the gate opens (:func:`collectors.evictors.n_kept`).
     tau, gate
-        The threshold, or a calibrated :class:`pagestats.gatefile.Gate` / gate.json path (exactly one).
+        The threshold, or a calibrated :class:`pagestats.deploy.gatefile.Gate` / gate.json path (exactly one).
     max_new_tokens : int
         Greedy tokens at most (EOS stops earlier, as in the collector).
     window, k, bin_fraction, convention

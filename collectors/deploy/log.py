@@ -21,7 +21,7 @@ from collectors import hf
 from collectors.capture import CAPTURE_PREFIX
 from collectors.deploy.decision import GateDecision
 from collectors.writer import RunWriter, run_id_for, software_versions
-from pagestats import schema
+from pagestats.core import schema
 
 
 #: The lock a process holds on a ``log_dir`` while it appends to it (one writing process per log_dir).
@@ -32,7 +32,7 @@ class DeploymentLog:
     """The log of one deployed gate: a run of kind ``deployment`` (docs/SCHEMA.md, "Deployment runs")
     in ``log_dir``, one row per input, appended by :class:`GatedPress` and :func:`gated_generate`.
 
-    The rows are those of :data:`pagestats.schema.DEPLOYMENT` — D (Eq. 3), a_ℓ, τ and the decision
+    The rows are those of :data:`pagestats.core.schema.DEPLOYMENT` — D (Eq. 3), a_ℓ, τ and the decision
     (Eq. 2), T, the kept KV, and for :func:`gated_generate` the decode's length and stop reason (and
     the text with ``log_text``) — with no counterfactual arm: a deployed input is decoded once, so it
     has no outcomes and no full-KV score. They are written by :class:`collectors.writer.RunWriter`
@@ -182,7 +182,7 @@ def deployment_manifest(model, *, model_name, tau: float, gate, window: int, k: 
     """The manifest of a deployment run (docs/SCHEMA.md "Deployment runs"; ``files`` is the writer's).
 
     ``gate`` records τ and D's definition (w, k, bins, convention) and, when the gate came from a
-    gate file, its identity: ``policy``, ``sha256`` (:meth:`pagestats.gatefile.Gate.sha256`), the
+    gate file, its identity: ``policy``, ``sha256`` (:meth:`pagestats.deploy.gatefile.Gate.sha256`), the
     calibration model and logs; ``deployment`` the entry point, the base evictor and its budget. The
     run id hashes all of these and the model, so a log_dir holds one gate's deployment.
     """

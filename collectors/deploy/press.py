@@ -42,8 +42,8 @@ from collectors import capture, hf
 from collectors.deploy.decision import (GateDecision, check_deployment, check_mode, gate_decision, resolve_gate,
                                     warn_short_prompt)
 from collectors.deploy.log import deployment_manifest, open_log
-from pagestats import defaults
-from pagestats.gatefile import Gate
+from pagestats.core import defaults
+from pagestats.deploy.gatefile import Gate
 
 
 #: Why presses that override ``BasePress.__call__`` are refused.
@@ -123,7 +123,7 @@ def gated_press_class():
             The base evictor. Presses overriding ``BasePress.__call__`` are refused (module docstring).
         tau : float, optional
             The threshold τ. Give ``tau`` or ``gate``, not both.
-        gate : pagestats.gatefile.Gate or path, optional
+        gate : pagestats.deploy.gatefile.Gate or path, optional
             A calibrated gate (``pagestats calibrate``); w, k and the bins come from it, and a model
             other than the calibrated one is refused when the press is applied.
         window, k : int, optional

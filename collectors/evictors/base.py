@@ -8,7 +8,7 @@ Budget rule (docs/COLLECTION.md; PAGE App. A.2.3, Table 26)
 -----------------------------------------------------------
 An arm at budget ``b`` keeps ``n_kept = min(T, max(⌊b·T⌋, floor))`` prompt positions, the floor
 ``n_sink + n_recent`` (budget floor ``"protected"``) or ``n_sink + n_recent + 4`` = 40, the authors'
-runner's ``max(40, ⌊T·b⌋)`` (budget floor ``"page"``; :data:`pagestats.defaults.BUDGET_FLOORS`).
+runner's ``max(40, ⌊T·b⌋)`` (budget floor ``"page"``; :data:`pagestats.core.defaults.BUDGET_FLOORS`).
 The first ``n_sink`` (attention sinks) and the last ``n_recent`` (the observation window) are always
 kept and are counted inside ``n_kept`` — protection overrides the budget (App. A.2.3) and otherwise
 the kept size is ≈ b·T (Table 26). The remaining ``n_kept − |protected|`` slots go to the unprotected
@@ -24,7 +24,7 @@ from typing import ClassVar
 
 import torch
 
-from pagestats import defaults
+from pagestats.core import defaults
 
 __all__ = ["Evictor", "n_kept", "select_top", "checked_attention", "kv_group_mean"]
 
@@ -50,7 +50,7 @@ def n_kept(
     n_sink, n_recent : int
         Protected first and last positions, counted inside the result.
     budget_floor : {"protected", "page"}
-        The least count: ``n_sink + n_recent``, or that plus :data:`pagestats.defaults.PAGE_FLOOR_EXTRA`
+        The least count: ``n_sink + n_recent``, or that plus :data:`pagestats.core.defaults.PAGE_FLOOR_EXTRA`
         (the authors' runner: ``max(40, ⌊T·b⌋)`` with 4 sinks and a 32-position window).
 
     References

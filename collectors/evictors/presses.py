@@ -33,7 +33,7 @@ import torch
 
 from collectors import hf
 from collectors.evictors.base import Evictor
-from pagestats import defaults
+from pagestats.core import defaults
 
 #: Prefix of evictor names that are kvpress presses.
 PREFIX = "kvpress:"

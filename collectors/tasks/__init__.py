@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-from pagestats import defaults
+from pagestats.core import defaults
 
 from collectors.tasks import generators as _gen
 from collectors.tasks import templates as _tp
@@ -172,7 +172,7 @@ def make_input(
     ----------
     prompt_style : {"page", "ruler"}
         How the task text is put in the chat template (:mod:`collectors.tasks.prompt`; default
-        :data:`pagestats.defaults.PROMPT_STYLE`, the authors' prompt).
+        :data:`pagestats.core.defaults.PROMPT_STYLE`, the authors' prompt).
     max_new_tokens : int, optional
         Overrides the task's tokens to generate (:data:`TASK_TOKENS_TO_GENERATE`); either must hold
         the answer (:func:`check_decode_budget`).

@@ -1,13 +1,13 @@
 """The prompt around a task's text: two styles, tokenisation, and the context/question split.
 
-Two prompt styles (:data:`pagestats.defaults.PROMPT_STYLES`; docs/COLLECTION.md, "Prompt styles"):
+Two prompt styles (:data:`pagestats.core.defaults.PROMPT_STYLES`; docs/COLLECTION.md, "Prompt styles"):
 
 ``page``
     The authors' runner (the paper's repository, ``experiments/scripts/gated_eviction.py``), on
     whose D the paper's τ = 0.07 was set (§3 "Calibration"). RULER's input is split as kvpress's
     RULER dataset splits it — *context* up to the last question, *question* up to the answer
     prefix, the *answer prefix* — and the chat template gets a system turn
-    :data:`pagestats.defaults.PAGE_SYSTEM_PROMPT` and one user turn
+    :data:`pagestats.core.defaults.PAGE_SYSTEM_PROMPT` and one user turn
     ``context + "\\n\\n" + question + "\\n" + answer_prefix``, with the generation prompt. The
     text is tokenised without added special tokens, so the template's own BOS is the only one.
 ``ruler``
@@ -20,7 +20,7 @@ only; ``page`` needs a template) with the tokenizer's own special tokens.
 
 from __future__ import annotations
 
-from pagestats import defaults
+from pagestats.core import defaults
 
 
 def has_chat_template(tokenizer) -> bool:

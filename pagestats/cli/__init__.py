@@ -2,7 +2,7 @@
 
 Machine-readable outputs are part of the interface: ``validate`` prints one line per
 problem (``FILE[:row N]: message``) and exits 1 if there is any; ``whatif --format csv``
-prints exactly :data:`pagestats.whatif.WHATIF_COLUMNS` at full float precision.
+prints exactly :data:`pagestats.replay.whatif.WHATIF_COLUMNS` at full float precision.
 
 One module per command (:data:`COMMANDS`), each with ``add_parser(subparsers)``, ``usage_problem(args)``
 (every check that needs no log, made before any log is read: bad usage is one line and exit 2,

@@ -1,17 +1,17 @@
 """``pagestats calibrate LOGS --policy fixed|z|midpoint ... --out gate.json``: freeze the gate that
 ``whatif`` replays into a gate file for ``collectors.deploy.GatedPress`` (docs/CLI.md,
-:func:`pagestats.calibrate.calibrate`)."""
+:func:`pagestats.deploy.calibrate.calibrate`)."""
 
 from __future__ import annotations
 
 import sys
 
-from pagestats import defaults
-from pagestats.calibrate import ModelChoiceError, ThresholdCountError, calibrate
+from pagestats.core import defaults
+from pagestats.deploy.calibrate import ModelChoiceError, ThresholdCountError, calibrate
 from pagestats.cli.calibrate_risk import add_risk_options, load_logs, risk_usage_problem, run_risk
 from pagestats.cli.options import MAX_PILOT, MAX_SEED, add_midpoint_tasks, add_mode, number, policy_from_args
 from pagestats.io.validation.problems import one_line
-from pagestats.registry import gated
+from pagestats.core.registry import gated
 from pagestats.replay.pilot import PILOT_SPLITS
 
 

@@ -1,11 +1,11 @@
 """``pagestats calibrate LOGS --policy risk --alpha A --delta D --budget B [--evictor E] --out gate.json``:
-τ certified by Learn then Test on the held-out pilot (:func:`pagestats.risk.risk_gate`; docs/STATISTICS.md)."""
+τ certified by Learn then Test on the held-out pilot (:func:`pagestats.deploy.risk.risk_gate`; docs/STATISTICS.md)."""
 
 from __future__ import annotations
 
 import sys
 
-from pagestats import defaults
+from pagestats.core import defaults
 from pagestats.cli.logs import exclusion_line
 from pagestats.cli.options import number
 from pagestats.io import ExclusionError, LogError, load
@@ -66,7 +66,7 @@ def load_logs(args):
 def run_risk(args) -> int:
     """Exit 0 with the gate written (also when no τ is certified: the gate then never opens, said on
     stderr), 1 on bad logs, 2 on bad usage."""
-    from pagestats.risk import risk_gate
+    from pagestats.deploy.risk import risk_gate
 
     logs = load_logs(args)
     if isinstance(logs, int):

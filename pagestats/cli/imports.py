@@ -14,7 +14,7 @@ from pagestats.io import validate_paths
 from pagestats.io.imports import FORMATS, ImportError_
 from pagestats.io.imports import names
 from pagestats.io.validation.problems import one_line
-from pagestats.targets import folder_problem
+from pagestats.core.targets import folder_problem
 
 
 def add_parser(sub) -> None:

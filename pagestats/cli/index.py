@@ -10,7 +10,7 @@ from pagestats.cli.logs import bad_logs_line, exclusion_line
 from pagestats.cli.options import add_duckdb, add_mode, add_revalidate
 from pagestats.io import ExclusionError, LogError, index_logs
 from pagestats.io.validation.problems import one_line
-from pagestats.targets import file_problem
+from pagestats.core.targets import file_problem
 
 
 def add_parser(sub) -> None:
@@ -24,7 +24,7 @@ def add_parser(sub) -> None:
 
 
 def usage_problem(args) -> str | None:
-    """Why ``--db`` cannot be written (:mod:`pagestats.targets`: an existing DuckDB file is replaced)."""
+    """Why ``--db`` cannot be written (:mod:`pagestats.core.targets`: an existing DuckDB file is replaced)."""
     return file_problem(args.db, "--db", replace="duckdb")
 
 

@@ -8,6 +8,7 @@ import sys
 
 from pagestats.io import ExclusionError, LogError, load, logs_in_place, only_parquet, open_logs
 from pagestats.io.validation.problems import one_line
+from pagestats.io.decoding import decode_profile, limit_warnings
 
 #: Problems of bad logs shown on the one error line of ``whatif`` / ``report``.
 SHOWN_PROBLEMS = 3
@@ -95,7 +96,6 @@ def decode_limits(manifests: dict) -> dict[tuple[str, str], int]:
 
 def decode_warnings(files, manifests) -> list[str]:
     """The warning lines of :func:`pagestats.io.decoding.limit_warnings` for the full-KV answers."""
-    from pagestats.io.decoding import decode_profile, limit_warnings
 
     return limit_warnings(decode_profile(files, arms=False), decode_limits(manifests))
 

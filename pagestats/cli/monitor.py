@@ -1,5 +1,5 @@
 """``pagestats monitor DIR --gate gate.json``: a deployed gate's log against its calibration, with one
-warning line per drift kind (docs/CLI.md, "Monitor a deployed gate"; :func:`pagestats.monitor.monitor`)."""
+warning line per drift kind (docs/CLI.md, "Monitor a deployed gate"; :func:`pagestats.deploy.monitor.monitor`)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import os
 import sys
 
 from pagestats.cli.options import number
-from pagestats.gatefile import Gate
+from pagestats.deploy.gatefile import Gate
 from pagestats.io import LogError
 from pagestats.io.deployment import is_deployment_dir
 from pagestats.io.validation.problems import one_line
-from pagestats.monitor import ALPHA, monitor, table_text
+from pagestats.deploy.monitor import ALPHA, monitor, table_text
 
 
 def add_parser(sub) -> None:

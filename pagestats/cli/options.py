@@ -14,11 +14,14 @@ import os
 import re
 from fractions import Fraction
 
-from pagestats import defaults
+from pagestats.core import defaults
 from pagestats.io.duck import MEMORY_LIMIT
 from pagestats.io.validation.problems import one_line
-from pagestats.registry import policy_class, replayed
+from pagestats.core.registry import policy_class, replayed
 from pagestats.replay import LAYER_SUBSETS, PILOT_SPLITS, Policy, ProfileSpec, recalibrate
+import duckdb
+from pagestats.io.duck import connect
+from pagestats.core.targets import folder_problem
 
 #: Bounds of the numeric options: beyond them a value is a typo, or a run of hours.
 MAX_DRAWS = 1000
@@ -71,9 +74,7 @@ def memory_limit(text: str) -> str:
     ParserException traceback in ``whatif`` and ``index`` and ignored by ``report``. Checked
     here, and then by DuckDB itself on an empty connection (its range), before any log is read.
     """
-    import duckdb
 
-    from pagestats.io.duck import connect
 
     text = str(text).strip()
     m = _MEMORY.fullmatch(text)
@@ -197,7 +198,7 @@ def _midpoint_samples(text: str) -> dict:
 def policy_from_args(args) -> Policy:
     """The gate policy named by the ``pagestats whatif`` options.
 
-    ``--policy NAME`` (default ``fixed``) is the class of :data:`pagestats.registry.POLICIES`,
+    ``--policy NAME`` (default ``fixed``) is the class of :data:`pagestats.core.registry.POLICIES`,
     built with the options given for its parameters (:data:`POLICY_OPTIONS`; the class's defaults
     otherwise, the paper's: τ = 0.07, θ_z = −0.69, a held-out pilot of 100 inputs per model, the
     midpoint recipe's 20 NIAH-MK3 and 20 VT inputs, App. A.3.4 and Table 7). ``--midpoint-tasks
@@ -273,8 +274,7 @@ def profile_from_args(args) -> ProfileSpec:
 
 def usage_problem(args) -> str | None:
     """Why the options every command shares cannot run (one line), or ``None``: ``--temp-dir``
-    passes :mod:`pagestats.targets` (each command module's ``usage_problem`` checks the rest)."""
-    from pagestats.targets import folder_problem
+    passes :mod:`pagestats.core.targets` (each command module's ``usage_problem`` checks the rest)."""
 
     if getattr(args, "temp_dir", None) is not None:
         return folder_problem(args.temp_dir, "--temp-dir")

@@ -1,5 +1,5 @@
 """``pagestats power rho|harm|delta|claims``: how many inputs a claim needs (docs/STATISTICS.md;
-:mod:`pagestats.stats.power`, :mod:`pagestats.power`).
+:mod:`pagestats.stats.power`, :mod:`pagestats.tables.claims`).
 
 ``rho`` and ``harm`` print ``n = N`` on stdout (``n = none`` when no n up to the search's limit, or
 none at all, reaches the power; why on stderr). ``delta`` and ``claims`` read logs and print one row
@@ -13,10 +13,11 @@ import sys
 import numpy as np
 import polars as pl
 
-from pagestats import defaults, replay
+from pagestats import replay
+from pagestats.core import defaults
 from pagestats.cli.logs import exclusion_line
 from pagestats.cli.options import number
-from pagestats.escape import csv_frame
+from pagestats.core.escape import csv_frame
 from pagestats.io import ExclusionError, LogError, load
 from pagestats.io.validation.problems import one_line
 
@@ -145,7 +146,7 @@ def run(args) -> int:
     logs, code = _load(args.logs)
     if logs is None:
         return code
-    from pagestats import power  # the tables, SciPy and statsmodels: imported only for `power` (ARCHITECTURE.md)
+    from pagestats.tables import claims as power  # the tables, SciPy and statsmodels: imported only for `power` (ARCHITECTURE.md)
 
     gated = replay.gated_outcomes(logs, replay.FixedTau())
     try:

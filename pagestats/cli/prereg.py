@@ -1,5 +1,5 @@
 """``pagestats prereg freeze|check``: two-step pre-registration of the scaling prediction
-(PAGE §4 "Pre-Registered 32K Test", Table 21; :mod:`pagestats.prereg`, docs/CLI.md)."""
+(PAGE §4 "Pre-Registered 32K Test", Table 21; :mod:`pagestats.io.prereg`, docs/CLI.md)."""
 
 from __future__ import annotations
 
@@ -19,11 +19,11 @@ from pagestats.cli.options import (
     fit_contexts,
     number,
 )
-from pagestats.escape import csv_frame
+from pagestats.core.escape import csv_frame
 from pagestats.io.validation.problems import one_line
-from pagestats.prereg import PreregistrationError, freeze_band, is_sha256, load_band, verified_band
+from pagestats.io.prereg import PreregistrationError, freeze_band, is_sha256, load_band, verified_band
 from pagestats.replay import FixedTau, gated_outcomes
-from pagestats.targets import file_problem
+from pagestats.core.targets import file_problem
 
 
 def add_parser(sub) -> None:
@@ -74,7 +74,7 @@ def band_problem(path: str, sha256: str, flag: str) -> str | None:
 
 def usage_problem(args) -> str | None:
     """Why the options cannot run (one line), before any log is read: ``--db``; for ``freeze`` the band
-    file to write (:mod:`pagestats.targets`), for ``check`` the band (read, its sha256 compared)."""
+    file to write (:mod:`pagestats.core.targets`), for ``check`` the band (read, its sha256 compared)."""
     problem = database_problem(args)
     if problem:
         return problem

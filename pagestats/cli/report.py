@@ -6,14 +6,15 @@ from __future__ import annotations
 import os
 import sys
 
-from pagestats import defaults, replay
+from pagestats import replay
+from pagestats.core import defaults
 from pagestats.cli.logs import decode_warnings, folded_warnings, open_for, print_lines, strict_failure
 from pagestats.cli.options import MAX_SEED, add_logs, add_policy, database_problem, number, policy_from_args
 from pagestats.cli.prereg import band_problem
 from pagestats.io.logs import categorical_names
 from pagestats.io.validation.problems import one_line
-from pagestats.prereg import PreregistrationError, verified_band
-from pagestats.targets import report_problem
+from pagestats.io.prereg import PreregistrationError, verified_band
+from pagestats.core.targets import report_problem
 
 
 def add_parser(sub) -> None:

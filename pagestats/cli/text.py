@@ -13,7 +13,7 @@ import textwrap
 
 import polars as pl
 
-from pagestats.escape import terminal
+from pagestats.core.escape import terminal
 
 __all__ = ["COLUMN_HELP", "WIDTH", "summary_text"]
 
@@ -61,7 +61,7 @@ def _shorten(text: str, n: int) -> str:
 
 
 def summary_text(summary: pl.DataFrame, *, width: int | None = WIDTH) -> str:
-    """``summary`` (:func:`pagestats.whatif.whatif_summary`) as text: a heading per (model,
+    """``summary`` (:func:`pagestats.replay.whatif.whatif_summary`) as text: a heading per (model,
     context), then one row per group, at most ``width`` characters wide (``None``: no limit).
 
     Returns

@@ -9,12 +9,12 @@ import polars as pl
 
 from pagestats.cli.logs import decode_limits
 from pagestats.cli.options import add_duckdb, add_revalidate, add_strict
-from pagestats.escape import csv_frame
+from pagestats.core.escape import csv_frame
 from pagestats.io.decoding import decode_profile, limit_warnings
 from pagestats.io.deployment import check_deployment, split_deployments
 from pagestats.io.validate import checked_runs
 from pagestats.io.validation.problems import one_line
-from pagestats.monitor import only_deployments
+from pagestats.deploy.monitor import only_deployments
 
 
 def add_parser(sub) -> None:

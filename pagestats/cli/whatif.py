@@ -1,6 +1,6 @@
-"""``pagestats whatif LOGS``: replay the gate under a policy (docs/CLI.md, :mod:`pagestats.whatif`).
+"""``pagestats whatif LOGS``: replay the gate under a policy (docs/CLI.md, :mod:`pagestats.replay.whatif`).
 
-``--format csv`` prints exactly :data:`pagestats.whatif.WHATIF_COLUMNS` at full float precision; the
+``--format csv`` prints exactly :data:`pagestats.replay.whatif.WHATIF_COLUMNS` at full float precision; the
 table format prints the summary of ``--by``. Stderr says what was left out, the pilot that set τ, the
 degenerate cells, and the answers the decode limit may have cut.
 """
@@ -12,7 +12,7 @@ import textwrap
 
 import polars as pl
 
-from pagestats import defaults
+from pagestats.core import defaults
 from pagestats.cli.logs import decode_warnings, folded_warnings, open_for, strict_failure
 from pagestats.cli.text import COLUMN_HELP, WIDTH, summary_text
 from pagestats.cli.options import (
@@ -28,10 +28,14 @@ from pagestats.cli.options import (
     policy_from_args,
     profile_from_args,
 )
-from pagestats.columns import MATRIX_CELL
-from pagestats.escape import csv_frame
+from pagestats.core.columns import MATRIX_CELL
+from pagestats.core.escape import csv_frame
 from pagestats.io.validation.problems import one_line
 from pagestats.replay import RECALIBRATE_MODES
+from pagestats.core.columns import WHATIF_CELL
+from pagestats.core.targets import file_problem
+from pagestats.replay.whatif import WHATIF_FORMATS
+from pagestats.replay.whatif import degenerate_messages, filter_whatif, whatif_summary, whatif_with_pilot, write_whatif
 
 
 def add_parser(sub) -> None:
@@ -81,11 +85,8 @@ def _by(args) -> list[str]:
 
 def usage_problem(args) -> str | None:
     """Why the options cannot run (one line), before any log is read: ``--db``, ``--by``, ``-o``
-    (:mod:`pagestats.targets`), the policy and profile (kept on ``args`` as ``parsed_policy`` and
+    (:mod:`pagestats.core.targets`), the policy and profile (kept on ``args`` as ``parsed_policy`` and
     ``parsed_profile``) and the filters."""
-    from pagestats.columns import WHATIF_CELL
-    from pagestats.targets import file_problem
-    from pagestats.whatif import WHATIF_FORMATS
 
     problem = database_problem(args)
     if problem:
@@ -113,7 +114,6 @@ def usage_problem(args) -> str | None:
 
 def run(args) -> int:
     """Exit 0 with the table, 1 on bad logs (or ``--strict`` and cut answers), 2 on bad usage."""
-    from pagestats.whatif import degenerate_messages, filter_whatif, whatif_summary, whatif_with_pilot, write_whatif
 
     opened = open_for(args)
     if isinstance(opened, int):

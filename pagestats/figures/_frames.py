@@ -8,9 +8,9 @@ from collections.abc import Iterable
 
 import polars as pl
 
-from pagestats import defaults
-from pagestats.columns import MODEL_CELL, require_columns, rows_where
-from pagestats.escape import terminal
+from pagestats.core import defaults
+from pagestats.core.columns import MODEL_CELL, require_columns, rows_where
+from pagestats.core.escape import terminal
 
 
 def require(frame: pl.DataFrame, columns: Iterable[str], what: str) -> None:
@@ -84,7 +84,7 @@ def select_cells(frame: pl.DataFrame, **filters) -> pl.DataFrame:
 
 def task_order(frame: pl.DataFrame) -> list[str]:
     """The one task order of every figure that lists tasks: capacity-bound tasks first, then
-    the others, each class in the order of :data:`pagestats.defaults.RULER_TASKS` (RULER's own
+    the others, each class in the order of :data:`pagestats.core.defaults.RULER_TASKS` (RULER's own
     order: NIAH single, multikey 1-3, multivalue, multiquery, vt, cwe, fwe, qa_1, qa_2), tasks
     outside RULER after those, by name.
 

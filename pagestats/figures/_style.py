@@ -19,7 +19,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from pagestats.escape import terminal
+from pagestats.core.escape import terminal
 
 #: Single-column width of a two-column paper, inches.
 COLUMN_WIDTH = 3.3
@@ -198,7 +198,7 @@ def _metadata(fmt: str) -> dict | None:
 def plain_text(name) -> str:
     """A name from the logs as matplotlib plain text: ``$`` escaped, so that a task or model
     name is never parsed as mathtext (``$\\frac{a$`` would abort the drawing), and control and
-    format characters written as escapes (:func:`pagestats.escape.terminal`): a raw CR has no glyph,
+    format characters written as escapes (:func:`pagestats.core.escape.terminal`): a raw CR has no glyph,
     and matplotlib's warning about it relayed the CR to stderr."""
     return terminal(name).replace("$", r"\$")
 

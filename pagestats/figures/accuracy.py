@@ -7,8 +7,9 @@ import numpy as np
 import polars as pl
 from matplotlib.lines import Line2D
 
-from pagestats import formulas, metrics
-from pagestats.columns import MATRIX_CELL, with_task_class
+from pagestats import metrics
+from pagestats.core import formulas
+from pagestats.core.columns import MATRIX_CELL, with_task_class
 from pagestats.figures import _style as st
 from pagestats.figures._frames import (
     cells,

@@ -12,7 +12,7 @@ import numpy as np
 import polars as pl
 from matplotlib.lines import Line2D
 
-from pagestats import defaults
+from pagestats.core import defaults
 from pagestats.figures import _style as st
 from pagestats.figures._frames import cells, present, require, where
 from pagestats.figures.accuracy import pareto_mask

@@ -8,12 +8,12 @@ import polars as pl
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from pagestats import defaults
-from pagestats.columns import MODEL_CELL, names_like, with_task_class
+from pagestats.core import defaults
+from pagestats.core.columns import MODEL_CELL, names_like, with_task_class
 from pagestats.figures import _style as st
 from pagestats.figures._frames import (cells, n_inputs, present, require, short_task, task_key, task_order, tau_text,
                                        where)
-from pagestats.profile import bin_layers
+from pagestats.core.profile import bin_layers
 
 
 # --------------------------------------------------------------------------- Fig. 2
@@ -152,7 +152,7 @@ def agreement_profile_data(
         ``Logs.inputs``: ``task``, ``agreement`` (list of a_ℓ, length L), optionally
         ``task_class``, ``model``, ``context_length``.
     bin_fraction, convention
-        Early/late bins (:func:`pagestats.profile.bin_layers`) used to label layers.
+        Early/late bins (:func:`pagestats.core.profile.bin_layers`) used to label layers.
 
     Returns
     -------

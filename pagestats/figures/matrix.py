@@ -10,8 +10,9 @@ import numpy as np
 import polars as pl
 from matplotlib.patches import Rectangle
 
-from pagestats import defaults, metrics
-from pagestats.columns import MATRIX_CELL, MODEL_CELL
+from pagestats import metrics
+from pagestats.core import defaults
+from pagestats.core.columns import MATRIX_CELL, MODEL_CELL
 from pagestats.figures import _style as st
 from pagestats.figures._frames import cells, present, require, tau_text, where
 
@@ -191,7 +192,7 @@ def delta_of_f_data(gated: pl.DataFrame, *, f=None, anchor: Sequence[str] | None
     f : array_like, optional
         Capacity-bound shares in [0, 1] (default 0, 0.05, …, 1).
     anchor : sequence of str or None
-        The capacity-bound side (default :data:`pagestats.defaults.ANCHOR_TASKS`, NIAH-MK3: the
+        The capacity-bound side (default :data:`pagestats.core.defaults.ANCHOR_TASKS`, NIAH-MK3: the
         paper's Δ_MK3; ``None``: the capacity-bound class); Δ_rest is over every other task.
 
     Returns

@@ -7,7 +7,7 @@ import numpy as np
 import polars as pl
 
 from pagestats import metrics, stats
-from pagestats.columns import MODEL_CELL
+from pagestats.core.columns import MODEL_CELL
 from pagestats.figures import _style as st
 from pagestats.figures._frames import (cells, n_inputs, present, require, short_task, task_key, task_order, tau_text,
                                        where)

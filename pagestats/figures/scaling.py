@@ -7,7 +7,8 @@ import numpy as np
 import polars as pl
 from matplotlib.transforms import Bbox
 
-from pagestats import defaults, metrics
+from pagestats import metrics
+from pagestats.core import defaults
 from pagestats.figures import _style as st
 from pagestats.figures._frames import n_inputs, require, select_cells, short_task, task_key, task_order
 

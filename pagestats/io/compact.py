@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.parquet as pq
 
-from pagestats import schema
+from pagestats.core import schema
 from pagestats.io.deployment import is_deployment_dir
 from pagestats.io.discovery import log_format
 from pagestats.io.upgrades import upgrade_manifest, upgrade_table

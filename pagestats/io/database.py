@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import duckdb
 import polars as pl
 
-from pagestats import defaults, schema
+from pagestats.core import defaults, schema
 from pagestats.io import duck
 from pagestats.io.discovery import log_format
 from pagestats.io.duck import MEMORY_LIMIT

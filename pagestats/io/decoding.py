@@ -35,7 +35,7 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
-from pagestats import formulas, schema
+from pagestats.core import formulas, schema
 from pagestats.io import duck, record
 from pagestats.io.discovery import log_format
 from pagestats.io.upgrades import V2_COLUMNS

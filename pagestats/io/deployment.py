@@ -2,7 +2,7 @@
 
 ``collectors.deploy`` writes one row per input it gates — D (Eq. 3), a_ℓ, τ and the decision of
 Eq. 2, T and the kept KV — into a run directory whose manifest says ``"kind": "deployment"``, under
-``inputs/`` with the columns of :data:`pagestats.schema.DEPLOYMENT`. Such a run has no
+``inputs/`` with the columns of :data:`pagestats.core.schema.DEPLOYMENT`. Such a run has no
 counterfactual arm (a served input is decoded once): no ``outcomes`` and no full-KV score, so no
 replay that compares arms can read it; :class:`DeploymentRunError` says so in one line. Its rules:
 the manifest, the files against the manifest's sha256 and row counts, the column types, and the
@@ -25,7 +25,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pagestats import formulas, profile, schema
+from pagestats.core import formulas, profile, schema
 from pagestats.io.discovery import _Discovery
 from pagestats.io.guard import Refused, check_regular, read_manifest
 from pagestats.io.validation.manifest import BIN_CONVENTIONS, listed_files, parse_bins
@@ -60,7 +60,7 @@ class DeploymentRun:
     dir : str
     manifest : dict
     rows : polars.DataFrame
-        The :data:`pagestats.schema.DEPLOYMENT` columns of every row (``prediction`` when logged).
+        The :data:`pagestats.core.schema.DEPLOYMENT` columns of every row (``prediction`` when logged).
     files : list of (path, sha256, rows)
     """
 

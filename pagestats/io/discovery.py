@@ -13,7 +13,7 @@ from pathlib import Path
 import polars as pl
 import pyarrow as pa
 
-from pagestats import schema
+from pagestats.core import schema
 from pagestats.io.guard import Refused, check_regular, inside, list_dir, os_reason, read_manifest
 from pagestats.io.upgrades import upgrade_manifest
 from pagestats.io.validation.manifest import RunInfo, check_manifest

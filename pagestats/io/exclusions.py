@@ -22,7 +22,7 @@ import re
 
 import polars as pl
 
-from pagestats import defaults
+from pagestats.core import defaults
 from pagestats.io.discovery import _Discovery, _Source
 from pagestats.io.validation.problems import ExclusionError, Problem
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import duckdb
 import polars as pl
 
-from pagestats import defaults, schema
+from pagestats.core import defaults, schema
 from pagestats.io import duck, record
 from pagestats.io.discovery import _Discovery, _Source
 from pagestats.io.duck import MEMORY_LIMIT

@@ -31,7 +31,7 @@ holds, the row rules are skipped and ``Logs.notes`` says so.
 
 Schema versions: ``schema_version`` comes from the run's manifest (loose files without one are
 taken as the current version). An older readable version
-(:data:`pagestats.schema.READABLE_VERSIONS`) is upgraded on read, one step per version, to the
+(:data:`pagestats.core.schema.READABLE_VERSIONS`) is upgraded on read, one step per version, to the
 manifest, each file's arrow schema before the type check, and every table before the row rules.
 Version 2 is current; the one step, v1 → v2, adds the stop reasons and generated-token counts
 (unknown in v1).
@@ -45,7 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import polars as pl
 
-from pagestats import defaults, schema
+from pagestats.core import defaults, schema
 from pagestats.io import record
 from pagestats.io.deployment import deployment_refusal
 from pagestats.io.discovery import _sha256_or_none

@@ -15,11 +15,11 @@ from typing import Protocol
 import duckdb
 import polars as pl
 
-from pagestats import defaults
-from pagestats.columns import names_like, repeats_a_key, require_columns, rows_where, with_task_class
+from pagestats.core import defaults
+from pagestats.core.columns import names_like, repeats_a_key, require_columns, rows_where, with_task_class
 from pagestats.io import duck
 from pagestats.io.validation.problems import Problem
-from pagestats.schema import INPUT_KEY
+from pagestats.core.schema import INPUT_KEY
 
 #: Text columns left out by ``columns="analysis"`` (they can be huge).
 HEAVY_COLUMNS = ("prompt", "full_prediction", "prediction", "references")
@@ -55,7 +55,7 @@ def categorical_names(logs):
     and prints as its text, and DuckDB reads a registered categorical as text (VARCHAR, ordered
     by its text: ``tests/io/test_categorical_names.py`` holds both to it), so every table is the
     same. One rule keeps it so: a frame made from literals or read back from SQL meets these
-    through :func:`pagestats.columns.names_like` (polars joins no String key with a Categorical one).
+    through :func:`pagestats.core.columns.names_like` (polars joins no String key with a Categorical one).
     """
     tables = {t: categorical_frame(getattr(logs, t)) for t in ("inputs", "outcomes", "topk")}
     if all(tables[t] is getattr(logs, t) for t in tables):
@@ -108,7 +108,7 @@ class LogTables(Protocol):
 
     def typed_names(self, frame: pl.DataFrame) -> pl.DataFrame:
         """``frame`` (read back from SQL) with its name columns typed as the logs hold theirs, so that
-        it joins and stacks with their frames (:func:`pagestats.columns.names_like`)."""
+        it joins and stacks with their frames (:func:`pagestats.core.columns.names_like`)."""
 
 
 @dataclass
@@ -118,13 +118,13 @@ class Logs:
     Attributes
     ----------
     inputs : polars.DataFrame
-        :data:`pagestats.schema.INPUTS` columns (heavy text columns only with
+        :data:`pagestats.core.schema.INPUTS` columns (heavy text columns only with
         ``columns="all"``) plus ``task_class`` — the run manifest's ``tasks{name: class}``,
-        else :func:`pagestats.defaults.default_task_class`.
+        else :func:`pagestats.core.defaults.default_task_class`.
     outcomes : polars.DataFrame
-        :data:`pagestats.schema.OUTCOMES` columns.
+        :data:`pagestats.core.schema.OUTCOMES` columns.
     topk : polars.DataFrame or None
-        :data:`pagestats.schema.TOPK` rows, ``None`` when no topk files were given.
+        :data:`pagestats.core.schema.TOPK` rows, ``None`` when no topk files were given.
     manifests : dict
         run_id → parsed manifest.
     files : list of FileRecord
@@ -137,7 +137,7 @@ class Logs:
     run_dirs : dict
         run_id → the directory of the run (runs read through a manifest).
     mode : str or None
-        The collection mode the logs hold (:data:`pagestats.defaults.MODES`); ``None`` when
+        The collection mode the logs hold (:data:`pagestats.core.defaults.MODES`); ``None`` when
         read with every mode (validation only).
     notes : list of str
         Lines for the user about the validation itself (:mod:`pagestats.io.record`): that the

@@ -16,7 +16,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pagestats import schema
+from pagestats.core import schema
 from pagestats.io.discovery import _one_line, _Source
 from pagestats.io.guard import os_reason
 from pagestats.io.upgrades import upgrade_schema

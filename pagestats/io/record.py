@@ -37,7 +37,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pagestats import schema
+from pagestats.core import schema
+from importlib.metadata import version
 
 #: Version of the record's JSON layout.
 RECORD_FORMAT = 1
@@ -45,8 +46,7 @@ RECORD_FORMAT = 1
 #: lookup (2 s: the coarsest modification-time granularity of common file systems, FAT's).
 RACY_NS = 2_000_000_000
 #: The validator's sources, relative to the ``pagestats`` package: every module the rules run in.
-VALIDATOR_SOURCES = ("io/*.py", "io/validation/*.py", "schema.py", "defaults.py", "profile.py", "escape.py",
-                     "columns.py", "__init__.py")
+VALIDATOR_SOURCES = ("io/*.py", "io/validation/*.py", "core/*.py", "__init__.py")
 #: The libraries whose behaviour the rules depend on (their versions enter the digest).
 VALIDATOR_LIBRARIES = ("duckdb", "polars", "pyarrow", "numpy")
 _IDENTITY = ("size", "mtime_ns", "ctime_ns", "inode", "device")
@@ -68,7 +68,6 @@ def cache_dir() -> Path:
 def validator_digest() -> str:
     """sha256 of the validator's source files (:data:`VALIDATOR_SOURCES`, in path order) and of
     the versions of :data:`VALIDATOR_LIBRARIES`."""
-    from importlib.metadata import version
 
     root = Path(__file__).resolve().parent.parent
     h = hashlib.sha256()

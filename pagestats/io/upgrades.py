@@ -2,7 +2,7 @@
 
 :data:`UPGRADES` maps ``from_version`` to one :class:`Upgrade` step ``v`` → ``v + 1``;
 ``upgrade_manifest``, ``upgrade_schema`` and ``upgrade_table`` apply the steps from a run's
-version to :data:`pagestats.schema.SCHEMA_VERSION`.
+version to :data:`pagestats.core.schema.SCHEMA_VERSION`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import polars as pl
 import pyarrow as pa
 
-from pagestats import schema
+from pagestats.core import schema
 
 
 def _same_manifest(manifest: dict) -> dict:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import duckdb
 import polars as pl
 
-from pagestats import schema
+from pagestats.core import schema
 from pagestats.io import record
 from pagestats.io.discovery import _Discovery, _one_line, _sha256_or_none, _Source
 from pagestats.io.duck import MEMORY_LIMIT
@@ -50,6 +50,7 @@ from pagestats.io.read import _duck_column, _literal_name, _read_table, _version
 from pagestats.io.upgrades import upgrade_table
 from pagestats.io.validation.problems import ExclusionError, Problem, frame, one, unreadable_parquet
 from pagestats.io.validation.tables import check_tables
+from pagestats.io.deployment import check_deployment, deployment_refusal, split_deployments
 
 #: The columns of :attr:`Checked.task_classes`.
 _TASK_CLASSES = {"run_id": pl.String, "task": pl.String, "task_class": pl.String}
@@ -236,7 +237,6 @@ def _deployments_apart(paths, deployments: str):
     """The paths that name collection logs, and the :class:`Checked` of the deployment runs the paths
     name (:mod:`pagestats.io.deployment`: their own rules, and a note naming each valid one);
     ``deployments="refuse"`` raises :class:`~pagestats.io.deployment.DeploymentRunError` instead."""
-    from pagestats.io.deployment import check_deployment, deployment_refusal, split_deployments
 
     if deployments not in ("check", "refuse"):
         raise ValueError(f"deployments must be 'check' or 'refuse', got {deployments!r}")

@@ -8,8 +8,9 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from pagestats import formulas, stats
-from pagestats.columns import input_key, repeats_a_key, require_columns
+from pagestats import stats
+from pagestats.core import formulas
+from pagestats.core.columns import input_key, repeats_a_key, require_columns
 
 _ARMS = {"plain": ("score_plain", "n_kept_plain"), "gated": ("score_gated", "n_kept_gated")}
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from pagestats import defaults, formulas, stats
-from pagestats.columns import MATRIX_CELL, MODEL_CELL, input_key, key_codes, require_columns
+from pagestats import stats
+from pagestats.core import defaults, formulas
+from pagestats.core.columns import MATRIX_CELL, MODEL_CELL, input_key, key_codes, require_columns
 from pagestats.metrics._frames import _cell_rows, _outcome_rows, _uniq, _unit_key
 from pagestats.metrics.sides import capacity_side
-from pagestats.schema import INPUT_KEY
+from pagestats.core.schema import INPUT_KEY
 
 __all__ = [
     "equal_inputs",
@@ -264,9 +265,9 @@ def task_oracle(gated: pl.DataFrame, closed=defaults.ANCHOR_TASKS) -> pl.DataFra
     (§4.1, App. A.4.3, Table 14: "a task-label oracle that closes on NIAH-MK3 and opens elsewhere").
 
     The oracle's gate is closed on the inputs of the ``closed`` tasks (default
-    :data:`pagestats.defaults.ANCHOR_TASKS`; ``None``: the capacity-bound class, as
+    :data:`pagestats.core.defaults.ANCHOR_TASKS`; ``None``: the capacity-bound class, as
     :class:`pagestats.replay.policies.TaskOracle`) and open elsewhere; its arm is Eq. 2 on that
-    decision (:data:`pagestats.formulas.SCORE_GATED`, :data:`~pagestats.formulas.N_KEPT_GATED`),
+    decision (:data:`pagestats.core.formulas.SCORE_GATED`, :data:`~pagestats.core.formulas.N_KEPT_GATED`),
     evaluated on the rows' own plain and full-cache outcomes, so the two policies are compared on
     the same inputs by construction.
 

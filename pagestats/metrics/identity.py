@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import polars as pl
 
-from pagestats import formulas
-from pagestats.columns import MODEL_CELL, input_key, require_columns
+from pagestats.core import formulas
+from pagestats.core.columns import MODEL_CELL, input_key, require_columns
 
 __all__ = ["identical_evictors"]
 
@@ -26,7 +26,7 @@ def identical_evictors(gated: pl.DataFrame, by=MODEL_CELL) -> pl.DataFrame:
     """Per (``by``, evictor): the other evictors of the group whose outcomes equal this one's on every
     evicting row.
 
-    An evicting row is one at a budget b < 1 (:data:`pagestats.formulas.EVICTED`). Two evictors are
+    An evicting row is one at a budget b < 1 (:data:`pagestats.core.formulas.EVICTED`). Two evictors are
     identical in a group when they hold the same (input, budget) rows there and their plain outcomes,
     ``score_plain`` and ``n_kept_plain``, are equal on every one of them; their gated outcomes are then
     equal too (Eq. 2: where the gate opens the gated arm is the plain outcome, elsewhere the full cache,

@@ -25,10 +25,11 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from pagestats import defaults, formulas, stats
-from pagestats.columns import key_codes, sorting_order
+from pagestats import stats
+from pagestats.core import defaults, formulas
+from pagestats.core.columns import key_codes, sorting_order
 from pagestats.metrics._frames import _cell_rows
-from pagestats.schema import INPUT_KEY
+from pagestats.core.schema import INPUT_KEY
 
 __all__ = ["frontier_accuracy", "matched_memory"]
 
@@ -91,7 +92,7 @@ def frontier_accuracy(kept: np.ndarray, accuracy: np.ndarray, query: np.ndarray)
 
 def _cell_arrays(part: pl.DataFrame):
     """Per input × budget matrices of one cell (inputs in key order, budgets ascending), after the
-    budgets and which of them are eviction budgets (:data:`pagestats.formulas.EVICTED`)."""
+    budgets and which of them are eviction budgets (:data:`pagestats.core.formulas.EVICTED`)."""
     key = list(INPUT_KEY)
     order = sorting_order(part, [*key, "budget"])  # each matrix gathered in order, not a sorted copy of the part
     budgets = part.select(pl.col("budget").unique().sort())

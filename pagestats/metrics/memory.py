@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from pagestats import defaults, formulas, schema
-from pagestats.columns import MATRIX_CELL, names_like
+from pagestats.core import defaults, formulas, schema
+from pagestats.core.columns import MATRIX_CELL, names_like
 from pagestats.metrics._frames import _arm, _outcome_rows
 
 __all__ = ["kept_kv", "compression", "static_batching", "kv_bytes_per_token", "full_cache_gib"]
@@ -109,7 +109,7 @@ def static_batching(p_open, kept_open, batch_sizes=defaults.BATCH_SIZES) -> pl.D
 def kv_bytes_per_token(model: dict) -> int:
     """Bytes of KV cache one prompt token occupies: 2 (keys and values) × layers × KV heads ×
     head_dim × bytes per element of the model's dtype (docs/DEFINITIONS.md, "Memory"; the KV cache is
-    held in the model's dtype, :data:`pagestats.schema.MODEL_DTYPE_BYTES`).
+    held in the model's dtype, :data:`pagestats.core.schema.MODEL_DTYPE_BYTES`).
 
     Parameters
     ----------

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import polars as pl
 
-from pagestats import defaults, formulas, stats
-from pagestats.columns import TASK_CELL, distinct_rows, input_key, repeats_a_key, require_columns
+from pagestats import stats
+from pagestats.core import defaults, formulas
+from pagestats.core.columns import TASK_CELL, distinct_rows, input_key, repeats_a_key, require_columns
 from pagestats.metrics.sides import capacity_side, dilution_side
 from pagestats.metrics._frames import (
     _arm,

@@ -3,7 +3,7 @@
 ``scaling_rows`` builds Table 25 / Fig. 9 from gated outcomes, ``scaling_fit`` is the
 through-origin slope over dilution-prone rows (a binomial GLM; ≈ 0.34 in the paper), and
 ``predict_band`` forms the pre-registered intervals of Table 21 (ratio band of the fitting
-contexts × measured headroom), to be frozen with :func:`pagestats.prereg.freeze_band`
+contexts × measured headroom), to be frozen with :func:`pagestats.io.prereg.freeze_band`
 before the measurement is loaded. Re-exported by :mod:`pagestats.metrics`.
 """
 
@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import polars as pl
 
-from pagestats import defaults, formulas, stats
-from pagestats.columns import input_key, require_columns
+from pagestats import stats
+from pagestats.core import defaults, formulas
+from pagestats.core.columns import input_key, require_columns
 from pagestats.metrics._frames import _by
 from pagestats.metrics.rates import recovery_rate
 

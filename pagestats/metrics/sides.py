@@ -2,7 +2,7 @@
 dilution-prone tasks (§4 "The partition").
 
 The paper's tables read the capacity-bound side on one task, NIAH-MK3
-(:data:`pagestats.defaults.ANCHOR_TASKS`: Table 1's pooled 2/526, Table 2's "excluding NIAH-MK3",
+(:data:`pagestats.core.defaults.ANCHOR_TASKS`: Table 1's pooled 2/526, Table 2's "excluding NIAH-MK3",
 Tables 5–6, 9–10, 12, 14, 27, 29–30, Fig. 7), not on the whole capacity-bound class, whose
 second member niah_multiquery (Table 3) is in none of them. Class membership stays data (the
 ``task_class`` column, from the run manifests); the anchor is a set of task names a table is
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import polars as pl
 
-from pagestats import defaults
+from pagestats.core import defaults
 
 __all__ = ["capacity_side", "dilution_side", "anchor_name"]
 

@@ -6,7 +6,7 @@ A policy's ``calibrate(con, source)`` gives every row of the relation ``source``
 (:mod:`pagestats.replay.pilot`) and stores the pilot inputs and τ per group on ``con``
 (:func:`store_calibration`: the tables ``_pilot_units`` and ``_pilot_tau``), which
 :func:`decision_query` joins back to every row; :meth:`Policy.record` reads what set τ there (the gate
-file records it, :mod:`pagestats.calibrate`). :func:`calibration` runs it on a polars frame.
+file records it, :mod:`pagestats.deploy.calibrate`). :func:`calibration` runs it on a polars frame.
 
 References
 ----------
@@ -20,11 +20,11 @@ from typing import ClassVar
 
 import polars as pl
 
-from pagestats.formulas import GATE_RULE
-from pagestats.registry import short_name
+from pagestats.core.formulas import GATE_RULE
+from pagestats.core.registry import short_name
 from pagestats.replay.pilot import frame_query, pilot_query, refuse_small_groups
 from pagestats.replay.sqltext import draw_columns, group_columns, join_on, quoted, relation_columns
-from pagestats.schema import INPUT_KEY
+from pagestats.core.schema import INPUT_KEY
 
 
 class Policy(ABC):
@@ -52,7 +52,7 @@ class Policy(ABC):
 
     @property
     def short(self) -> str | None:
-        """The short name of :data:`pagestats.registry.POLICIES` (``--policy``, gate.json), or None."""
+        """The short name of :data:`pagestats.core.registry.POLICIES` (``--policy``, gate.json), or None."""
         return short_name(type(self))
 
     @property
@@ -73,7 +73,7 @@ class Policy(ABC):
 
     def record(self, con) -> list[tuple[dict, dict]]:
         """After :meth:`calibrate` on ``con``: per calibration group, its columns and what set its τ,
-        in the gate file's words (``pilot`` of :class:`pagestats.gatefile.Gate`); none by default."""
+        in the gate file's words (``pilot`` of :class:`pagestats.deploy.gatefile.Gate`); none by default."""
         return []
 
     def recalibrated(self, mode: str, **pilot) -> Policy:

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from pagestats import defaults, formulas
+from pagestats.core import defaults, formulas
 from pagestats.replay.session import Replay
 from pagestats.replay.spec import ProfileSpec
 from pagestats.replay.sqltext import sql_string
-from pagestats.schema import INPUT_KEY
+from pagestats.core.schema import INPUT_KEY
 
 TAU_CURVE_COLUMNS = ("tau", "n_inputs", "p_open", "delta", "fp_rate", "fn_rate", "kept_kv")
 #: Columns of the outcome rows the curve can be grouped by.
@@ -25,7 +25,7 @@ def tau_curve_query(groups: list[str]) -> str:
     Per input: D, its class, Σ(A_full − A_plain), Σ kept fraction and the row count over the
     rows with b < 1. Per group and distinct D: running sums in D order. For each threshold an
     ASOF join picks the running sums of the inputs with D < τ, the inputs whose gate
-    :data:`~pagestats.formulas.GATE_RULE` keeps closed; every metric is then a difference of
+    :data:`~pagestats.core.formulas.GATE_RULE` keeps closed; every metric is then a difference of
     sums.
     """
     g = ", ".join(groups)

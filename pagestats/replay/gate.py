@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import polars as pl
 
-from pagestats.columns import input_key, sorting_order, with_task_class
-from pagestats.formulas import N_KEPT_GATED, SCORE_GATED
+from pagestats.core.columns import input_key, sorting_order, with_task_class
+from pagestats.core.formulas import N_KEPT_GATED, SCORE_GATED
 from pagestats.replay.spec import _require
-from pagestats.schema import INPUT_KEY
+from pagestats.core.schema import INPUT_KEY
 
 GATE_COLUMNS = (
     "run_id", "task", "input_id", "pair_draw", "model", "context_length", "task_class",

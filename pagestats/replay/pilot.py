@@ -20,7 +20,8 @@ import polars as pl
 
 from pagestats.io import duck
 from pagestats.replay.sqltext import group_columns, join_on, quoted, sql_string
-from pagestats.schema import INPUT_KEY
+from pagestats.core.schema import INPUT_KEY
+import pyarrow as pa
 
 #: Canonical order of inputs inside a calibration group for the ``"first"`` pilot split: the first
 #: inputs of every task in turn (input_id first, task only as a tie-break), so that a pilot
@@ -49,7 +50,6 @@ def pilot_hash(seeds, run_ids, tasks, input_ids) -> list[int]:
 
 
 def _pilot_hash_arrow(seeds, run_ids, tasks, input_ids):
-    import pyarrow as pa
 
     return pa.array(pilot_hash(*(a.to_pylist() for a in (seeds, run_ids, tasks, input_ids))), type=pa.int64())
 

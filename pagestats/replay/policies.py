@@ -9,7 +9,7 @@ and custom policies, which have none), ``in_pilot`` and ``gate_open``, so the re
 rows carry ``run_id, task, input_id, [pair_draw], model, context_length, task_class, n_tokens,
 full_score, drop`` and the columns of the policy's ``reads`` (the a_ℓ list ``agreement`` only for a
 :class:`CustomPolicy`: head-pair draws would repeat it on every draw). The registered policies are
-found by short name in :data:`pagestats.registry.POLICIES`.
+found by short name in :data:`pagestats.core.registry.POLICIES`.
 
 References
 ----------
@@ -26,9 +26,9 @@ from typing import Callable, ClassVar
 import numpy as np
 import polars as pl
 
-from pagestats import defaults
-from pagestats.columns import names_like, with_task_class
-from pagestats.formulas import GATE_RULE
+from pagestats.core import defaults
+from pagestats.core.columns import names_like, with_task_class
+from pagestats.core.formulas import GATE_RULE
 from pagestats.replay.calibration import Policy, decision_query, standardised, store_calibration, stored_groups
 from pagestats.replay.pilot import frame_query, pilot_query
 from pagestats.replay.sqltext import (
@@ -40,7 +40,7 @@ from pagestats.replay.sqltext import (
     sql_float,
     sql_string,
 )
-from pagestats.schema import INPUT_KEY
+from pagestats.core.schema import INPUT_KEY
 
 
 @dataclass(frozen=True)
@@ -204,7 +204,7 @@ class Midpoint(Policy):
     capacity_tasks, dilution_tasks : tuple of str or None
         Tasks that supply the capacity-bound and dilution-prone samples; by default the
         paper's, ``("niah_multikey_3",)`` and ``("vt",)`` (App. A.3.4: "20 inputs from a known
-        capacity-bound task (NIAH-MK3)" and 20 from VT; :data:`pagestats.defaults.MIDPOINT_TASKS`).
+        capacity-bound task (NIAH-MK3)" and 20 from VT; :data:`pagestats.core.defaults.MIDPOINT_TASKS`).
         ``None`` for both pools by the ``task_class`` column instead: capacity-bound inputs vs
         dilution-prone inputs of any task.
     pilot_split : {"first", "random"}
@@ -356,7 +356,7 @@ class TaskOracle(Policy):
     @property
     def rule(self) -> str:
         """The decision as SQL (evaluated by polars here and by DuckDB in :mod:`pagestats.replay.sql`,
-        as the formulas of :mod:`pagestats.formulas`)."""
+        as the formulas of :mod:`pagestats.core.formulas`)."""
         return f"task_class <> {sql_string(self.capacity_class)}"
 
     def calibrate(self, con, source: str) -> str:

@@ -4,7 +4,7 @@ and D and the decisions computed once (§3, Eq. 2 and Eq. 3).
 A :class:`Replay` holds one DuckDB connection and gives what the analyses downstream read: the
 per-input decisions (:meth:`Replay.decisions`), the gated outcomes (:meth:`Replay.gated_outcomes`),
 the calibration pilot (:meth:`Replay.pilot_composition`) and the relations ``drops`` and
-``decisions`` that the what-if (:mod:`pagestats.whatif`) and the τ curve
+``decisions`` that the what-if (:mod:`pagestats.replay.whatif`) and the τ curve
 (:func:`pagestats.replay.tau_curve`) aggregate in SQL. :func:`gated_outcomes` and
 :func:`pilot_composition` and :func:`decide_all` are one call of a :class:`Replay` each.
 
@@ -20,12 +20,12 @@ from collections.abc import Iterator
 import polars as pl
 
 from pagestats.io.logs import LogTables
-from pagestats import formulas
+from pagestats.core import formulas
 from pagestats.replay import sql
 from pagestats.replay.gate import gated_from_decisions
 from pagestats.replay.policies import FixedTau, Policy
 from pagestats.replay.spec import ProfileSpec, profile_drop, profile_drop_by_draw
-from pagestats.schema import INPUT_KEY
+from pagestats.core.schema import INPUT_KEY
 
 #: Rows of head-pair draws decided at once by :func:`gate_by_draw` (bounds its memory).
 DRAW_BLOCK_ROWS = 4_000_000

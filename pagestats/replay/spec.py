@@ -3,7 +3,7 @@
 :class:`ProfileSpec` names a variant of the profile — layer subset, bin fractions, the
 strict-thirds convention, a head-pair subset drawn from ``pair_jaccard``, a top-k ``k ≤ k_max``
 re-derived from ``topk``, or another profile statistic / logged signal — and
-:func:`profile_drop` recomputes it per input with the definitions of :mod:`pagestats.profile`
+:func:`profile_drop` recomputes it per input with the definitions of :mod:`pagestats.core.profile`
 (the functions the collector used), so the default spec reproduces the logged ``drop`` bit for
 bit. :mod:`pagestats.replay` applies gate policies to the result.
 
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from pagestats import defaults
-from pagestats.columns import input_key, require_columns
-from pagestats.profile import (
+from pagestats.core import defaults
+from pagestats.core.columns import input_key, require_columns
+from pagestats.core.profile import (
     bin_layers,
     drop_from_agreement,
     jaccard_from_intersections,
@@ -32,7 +32,7 @@ from pagestats.profile import (
     n_pairs,
     pairwise_intersections,
 )
-from pagestats.schema import INPUT_KEY
+from pagestats.core.schema import INPUT_KEY
 
 #: Named layer subsets of Table 10 (App. A.3.5); explicit index tuples are also accepted.
 LAYER_SUBSETS = ("all", "first-half", "second-half", "every-2", "every-4", "early-only", "first-last")
@@ -56,7 +56,7 @@ class ProfileSpec:
         0, 2, 4, … / 0, 4, 8, …; ``"early-only"`` = the early bin [0, ⌊fL⌋) of the full profile
         (f = ``bin_fraction``); ``"first-last"`` = {0, L−1}; or explicit layer indices.
         On a subset of L' layers the bins are recomputed over the kept layers in depth
-        order (:func:`pagestats.profile.bin_layers` with L'), so "first-last" gives
+        order (:func:`pagestats.core.profile.bin_layers` with L'), so "first-last" gives
         D = a_0 − a_{L−1} and "early-only" contrasts the first and last ⌊fL'⌋ layers of the
         early bin. A subset must keep at least 2 layers.
     bin_fraction : float
@@ -217,7 +217,7 @@ def topk_pair_jaccard(indices: np.ndarray, k: int) -> np.ndarray:
     -----
     Per (input, layer) the positions are renumbered densely (0 … U−1, U ≤ H·k distinct
     positions) so that the one-hot intersection of
-    :func:`pagestats.profile.pairwise_intersections` (the collector's definition) needs at
+    :func:`pagestats.core.profile.pairwise_intersections` (the collector's definition) needs at
     most H·k columns instead of T; renumbering preserves every intersection exactly. Rows
     are processed in blocks of 256 (input, layer) rows to keep the one-hot block in cache.
     Each stored list must be a set (no repeated position), as docs/SCHEMA.md states.
@@ -434,7 +434,7 @@ def profile_drop(logs, profile: ProfileSpec = ProfileSpec()) -> pl.DataFrame:
     -----
     Everything is vectorised per model: the list columns are stacked into 2-D/3-D arrays.
     The default spec takes the stored float32 a_ℓ through
-    :func:`pagestats.profile.drop_from_agreement`, the collector's own function, and so
+    :func:`pagestats.core.profile.drop_from_agreement`, the collector's own function, and so
     reproduces the logged ``drop`` exactly.
     """
     inputs, parts = _statistics(logs, profile)

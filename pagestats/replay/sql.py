@@ -1,5 +1,5 @@
 """The replay's DuckDB engine: the gate decision per input as a relation that the aggregates
-of :mod:`pagestats.whatif` and :func:`pagestats.replay.tau_curve` join to the outcome rows, so
+of :mod:`pagestats.replay.whatif` and :func:`pagestats.replay.tau_curve` join to the outcome rows, so
 that no per-(input, budget) row is built in Python.
 
 Every function here works on a connection of a :class:`pagestats.replay.Replay`, on which
@@ -8,7 +8,7 @@ contract between the session and this module; :meth:`pagestats.io.LogTables.curs
 session chooses what runs where:
 
 * D (the relation ``drops``, :func:`logged_drops`) is the logged ``drop`` under the default
-  profile (validation checks it against :func:`pagestats.profile.drop_from_agreement`; the
+  profile (validation checks it against :func:`pagestats.core.profile.drop_from_agreement`; the
   collector's logs reproduce it bit for bit); any other profile spec (layer or head-pair
   subsets, k, statistics) recomputes it with :func:`pagestats.replay.profile_drop` on the
   per-input frame (only the list columns the spec reads, :func:`profile_lists`) and joins it back
@@ -33,12 +33,12 @@ from __future__ import annotations
 
 import polars as pl
 
-from pagestats.formulas import N_KEPT_GATED, SCORE_GATED
+from pagestats.core.formulas import N_KEPT_GATED, SCORE_GATED
 from pagestats.io.logs import INPUT_COLUMNS
 from pagestats.replay.pilot import register_functions
 from pagestats.replay.policies import Policy
 from pagestats.replay.spec import ProfileSpec
-from pagestats.schema import INPUT_KEY
+from pagestats.core.schema import INPUT_KEY
 
 #: The columns of the relation ``decisions`` made by :func:`decide`.
 DECISION_COLUMNS = (*INPUT_KEY, "pair_draw", *INPUT_COLUMNS[3:-1], "drop", "tau", "gate_open")
@@ -116,8 +116,8 @@ def decide(con, draw_columns: list[str], held: str) -> None:
 def gated_query(draw_columns: list[str], *, outcomes: str = "outcomes", decisions: str = "decisions",
                 held_out: str = "held_out") -> str:
     """The gated outcomes (Eq. 2) as SQL: every outcome row of an evaluated input (a held-out pilot's
-    inputs left out) with its input's decision, the gated arm :data:`~pagestats.formulas.SCORE_GATED`
-    and :data:`~pagestats.formulas.N_KEPT_GATED`, in the columns of
+    inputs left out) with its input's decision, the gated arm :data:`~pagestats.core.formulas.SCORE_GATED`
+    and :data:`~pagestats.core.formulas.N_KEPT_GATED`, in the columns of
     :data:`pagestats.replay.GATED_OUTCOME_COLUMNS` (``pair_draw`` with ``draw_columns``). An outcome
     row without an input row keeps a null ``model`` (the readers refuse it). ``outcomes``,
     ``decisions`` and ``held_out`` name the relations read (one run's, in the what-if run by run)."""

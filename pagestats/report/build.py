@@ -29,8 +29,8 @@ import polars as pl
 from tqdm.auto import tqdm
 
 import pagestats
-from pagestats import defaults
-from pagestats.columns import names_like
+from pagestats.core import defaults
+from pagestats.core.columns import names_like
 from pagestats.replay import ZScored, pilot_composition
 from pagestats.report.conformance import conformance
 from pagestats.report.context import Context, Entry, needs_inputs
@@ -46,7 +46,7 @@ from pagestats.report.write import (
     _write_table,
     staged_directory,
 )
-from pagestats.targets import report_problem
+from pagestats.core.targets import report_problem
 
 # --------------------------------------------------------------------------- catalogue
 
@@ -164,7 +164,7 @@ def build_report(logs, out, *, policy=None, profile=None, entries: Sequence[Entr
     The report is written to a temporary folder beside ``out`` and moved into place when
     complete (replacing a previous report there), so that a failure leaves no half-written
     report. Raises ``ValueError`` when ``out`` cannot receive a report
-    (:func:`pagestats.targets.report_problem`); the parameters are those of
+    (:func:`pagestats.core.targets.report_problem`); the parameters are those of
     :func:`_build_into`.
     """
     problem = report_problem(out, "out")
@@ -194,7 +194,7 @@ def _build_into(logs, out, *, policy=None, profile=None, entries: Sequence[Entry
     formats : sequence of str
         Figure file formats (default PNG and PDF).
     prereg : tuple, optional
-        ``(meta, band)`` of a frozen band already verified by :func:`pagestats.prereg.verified_band`;
+        ``(meta, band)`` of a frozen band already verified by :func:`pagestats.io.prereg.verified_band`;
         Table 21 then checks it. Without it Table 21 is a post-hoc illustration.
     dilution_rule : str, optional
         Rows Fig. 9's slope is fitted on (:data:`pagestats.metrics.DILUTION_RULES`).

@@ -16,8 +16,9 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from pagestats import defaults, replay
-from pagestats.escape import markdown as md
+from pagestats import replay
+from pagestats.core import defaults
+from pagestats.core.escape import markdown as md
 from pagestats.replay import FixedTau, ProfileSpec
 from pagestats.tables.conformance import COLUMNS, STATUSES, conformance_table
 from pagestats.report.context import split_runs, first_draw

@@ -16,11 +16,12 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from pagestats import defaults, formulas, metrics, replay
+from pagestats import metrics, replay
+from pagestats.core import defaults, formulas
 from pagestats.io.decoding import decode_profile, flagged_tasks
 from pagestats.io.logs import categorical_names
-from pagestats.columns import headline_evictor, names_like, with_task_class
-from pagestats.schema import INPUT_KEY
+from pagestats.core.columns import headline_evictor, names_like, with_task_class
+from pagestats.core.schema import INPUT_KEY
 from pagestats.replay import FixedTau, ProfileSpec
 
 #: A requirement: ``None`` when the context satisfies it, else the one-line skip reason.
@@ -44,7 +45,7 @@ class Context:
 
     def __init__(self, logs, *, policy=None, profile=None, prereg=None, dilution_rule=None, headline_evictor=None):
         logs = categorical_names(logs)
-        #: the control runs (a :data:`~pagestats.defaults.CONTROL_EVICTORS` arm): Table 31 reads these alone
+        #: the control runs (a :data:`~pagestats.core.defaults.CONTROL_EVICTORS` arm): Table 31 reads these alone
         logs, self.controls = split_controls(logs)
         #: every run, those with unknown full-KV outcomes included: the conformance table reads these
         self.every_run = logs
@@ -58,7 +59,7 @@ class Context:
         self.logs = first_draw(logs)
         self.policy = policy if policy is not None else FixedTau()
         self.profile = profile if profile is not None else ProfileSpec()
-        #: ``(meta, band)`` of a verified frozen band (:func:`pagestats.prereg.verified_band`), or None
+        #: ``(meta, band)`` of a verified frozen band (:func:`pagestats.io.prereg.verified_band`), or None
         self.prereg = prereg
         #: rows the scaling slope of Fig. 9 is fitted on (:data:`pagestats.metrics.DILUTION_RULES`)
         self.dilution_rule = dilution_rule or defaults.DILUTION_RULE
@@ -169,7 +170,7 @@ class Context:
 
 def split_controls(logs):
     """``(logs without the control runs, the control runs)``: a run that logs a control arm
-    (:data:`pagestats.defaults.CONTROL_EVICTORS`, Table 31's uniform-random scoring) repeats inputs
+    (:data:`pagestats.core.defaults.CONTROL_EVICTORS`, Table 31's uniform-random scoring) repeats inputs
     of the main runs to compare an informed scorer with the control, so its inputs and outcomes are
     kept out of every other entry (docs/decisions.md, "Control runs"). The second item is ``None``
     when there are none (and the first is ``logs`` itself)."""

@@ -11,11 +11,12 @@ import weakref
 import numpy as np
 import polars as pl
 
-from pagestats import defaults, formulas, metrics, replay
-from pagestats.columns import distinct_rows, input_key, names_like, rows_where
+from pagestats import metrics, replay
+from pagestats.core import defaults, formulas
+from pagestats.core.columns import distinct_rows, input_key, names_like, rows_where
 from pagestats.figures import decision_frontier, decision_frontier_data
 from pagestats.report.context import Context
-from pagestats.schema import INPUT_KEY
+from pagestats.core.schema import INPUT_KEY
 from pagestats.tables import LAYOUTS
 
 _CACHE: "weakref.WeakKeyDictionary[Context, pl.DataFrame]" = weakref.WeakKeyDictionary()

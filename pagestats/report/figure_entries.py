@@ -9,8 +9,9 @@ from collections.abc import Sequence
 import numpy as np
 import polars as pl
 
-from pagestats import defaults, formulas, replay
-from pagestats.columns import rows_where
+from pagestats import replay
+from pagestats.core import defaults, formulas
+from pagestats.core.columns import rows_where
 from pagestats.figures import (
     accuracy_vs_budget,
     accuracy_vs_kept_kv,
@@ -75,7 +76,7 @@ def _fig5(ctx):
 
 
 def tau_grid() -> np.ndarray:
-    """Thresholds of the τ-sensitivity curve (Fig. 6): :data:`pagestats.defaults.TAU_GRID`
+    """Thresholds of the τ-sensitivity curve (Fig. 6): :data:`pagestats.core.defaults.TAU_GRID`
     (start, stop, step; stop included), rounded to 6 decimals."""
     start, stop, step = defaults.TAU_GRID
     return np.round(np.arange(start, stop + step / 25, step), 6)

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import polars as pl
 
-from pagestats import formulas
-from pagestats.defaults import HEADLINE_BATCH as _B  # the headline's batch size (Table 23)
+from pagestats.core import formulas
+from pagestats.core.defaults import HEADLINE_BATCH as _B  # the headline's batch size (Table 23)
 
 #: tidy name → (header, meaning).
 COLUMNS: dict[str, tuple[str, str]] = {

@@ -11,8 +11,9 @@ from fractions import Fraction
 import numpy as np
 import polars as pl
 
-from pagestats import defaults, formulas, metrics
-from pagestats.columns import MATRIX_CELL, MODEL_CELL, input_key, rows_where
+from pagestats import metrics
+from pagestats.core import defaults, formulas
+from pagestats.core.columns import MATRIX_CELL, MODEL_CELL, input_key, rows_where
 from pagestats.report.context import Context
 from pagestats.report.paper import PAPER_VALUES
 
@@ -27,12 +28,12 @@ def headline(ctx: Context) -> pl.DataFrame:
     """Per matrix cell, the paper's defensible quantities first (§4: Δ "is at matched nominal budget, not a
     compression win"; "the defensible headline is the harm reduction (Table 27) and the matched-cache
     frontier"): the harm rates of the plain and the gated arm on the capacity-bound anchor NIAH-MK3
-    (:data:`~pagestats.defaults.ANCHOR_TASKS`; not the whole class: niah_multiquery is in none of the
-    paper's tables) at b = :data:`~pagestats.defaults.HEADLINE_BUDGET` (Table 27's cell) and their difference, Δ at
+    (:data:`~pagestats.core.defaults.ANCHOR_TASKS`; not the whole class: niah_multiquery is in none of the
+    paper's tables) at b = :data:`~pagestats.core.defaults.HEADLINE_BUDGET` (Table 27's cell) and their difference, Δ at
     matched memory (Table N3, :func:`pagestats.metrics.matched_memory`) with its interval and
     BH-adjusted p, Δ at the nominal budget with the 95% cluster-bootstrap interval and BH-adjusted p
-    (the same draw as Table 28: :data:`~pagestats.defaults.BOOTSTRAP_SEED`), p_open, and the realized
-    compression at b = 1/16 at batch 1 (Table 22) and at batch :data:`~pagestats.defaults.HEADLINE_BATCH`
+    (the same draw as Table 28: :data:`~pagestats.core.defaults.BOOTSTRAP_SEED`), p_open, and the realized
+    compression at b = 1/16 at batch 1 (Table 22) and at batch :data:`~pagestats.core.defaults.HEADLINE_BATCH`
     (Table 23).
 
     Notes
@@ -100,7 +101,7 @@ def headline_sentences(frame: pl.DataFrame, headline_evictor: str | None) -> lis
     """One sentence per (model, context) cell of the headline evictor, the finding first.
 
     The gate "raises" (or "lowers") accuracy only where the Benjamini–Hochberg-adjusted p of
-    the cell's Δ is below :data:`pagestats.defaults.FDR_Q` (Table 28); otherwise the sentence
+    the cell's Δ is below :data:`pagestats.core.defaults.FDR_Q` (Table 28); otherwise the sentence
     says that the change is not significant, whatever the sign of its point estimate. The harm
     verb follows the two harm rates (Table 27): "cuts", "raises" or "leaves".
     """
@@ -139,7 +140,7 @@ def _fraction(b: float) -> str:
 
 
 def _effect(delta, low, high, p) -> str:
-    """'it raises accuracy by …' where BH rejects at :data:`~pagestats.defaults.FDR_Q`, else 'not significant'."""
+    """'it raises accuracy by …' where BH rejects at :data:`~pagestats.core.defaults.FDR_Q`, else 'not significant'."""
     interval = f"{delta * 100:+.1f} pp [{low * 100:+.1f}, {high * 100:+.1f}]"
     if p is not None and p == p and p < defaults.FDR_Q and delta != 0:
         return f"it {'raises' if delta > 0 else 'lowers'} accuracy by {interval} over plain eviction ({_p_text(p)})"

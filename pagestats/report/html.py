@@ -18,7 +18,7 @@ from pathlib import Path
 
 import polars as pl
 
-from pagestats.escape import markdown as md
+from pagestats.core.escape import markdown as md
 from pagestats.report.conformance import conformance_html, conformance_markdown
 from pagestats.report.glossary import glossary, header
 from pagestats.report.paper import PAPER_VALUES
@@ -245,7 +245,7 @@ def write_index_html(index: dict, out) -> str:
                  f"profile: {html.escape(plain(index['profile']))}</p>")
     parts.append("<h3>Calibration pilots and pre-registration</h3><ul>"
                  + "".join(f"<li>{html.escape(line)}</li>" for line in calibration_lines(index)) + "</ul>")
-    parts.append("<h3>Defaults (pagestats.defaults)</h3>" + _html_table(
+    parts.append("<h3>Defaults (pagestats.core.defaults)</h3>" + _html_table(
         ["name", "value"], [[k, plain(v)] for k, v in index["defaults"].items()], {"name", "value"}))
     parts.append("<h3>Log files</h3>" + (_html_table(
         ["path", "table", "sha256", "rows"], [[f["path"], f["table"], f["sha256"], str(f["rows"])] for f in index["files"]],
@@ -306,7 +306,7 @@ def index_markdown(index: dict, out) -> str:
     """``index.md``: the content of ``index.html`` in the same order, linking the files in ``out``.
 
     Every text that can hold a name from the logs (model, task, evictor, run, file) passes
-    :func:`pagestats.escape.markdown`, as the HTML page passes :func:`html.escape`."""
+    :func:`pagestats.core.escape.markdown`, as the HTML page passes :func:`html.escape`."""
     lines = ["# pagestats report", "", md(_meta_line(index)), ""]
     lines += [f"See also: [{md(link['text'])}]({link['href'].replace(' ', '%20')})" for link in index.get("see_also", [])]
     lines += ["", "## Headline", ""]
@@ -347,7 +347,7 @@ def index_markdown(index: dict, out) -> str:
               f"- profile: {md(plain(index['profile']))}", "",
               "### Calibration pilots and pre-registration", ""]
     lines += [f"- {md(line)}" for line in calibration_lines(index)]
-    lines += ["", "### Defaults (pagestats.defaults)", ""]
+    lines += ["", "### Defaults (pagestats.core.defaults)", ""]
     lines += [f"- {k} = {md(plain(v))}" for k, v in index["defaults"].items()]
     lines += ["", "### Log files", ""]
     if index["files"]:

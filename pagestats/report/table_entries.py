@@ -7,11 +7,12 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from pagestats import defaults, formulas, metrics, replay
-from pagestats.columns import with_task_class
+from pagestats import metrics, replay
+from pagestats.core import defaults, formulas
+from pagestats.core.columns import with_task_class
 from pagestats.io.decoding import decode_profile, flagged_tasks
 from pagestats.replay.policies import Midpoint
-from pagestats.schema import INPUT_KEY
+from pagestats.core.schema import INPUT_KEY
 from pagestats.stats.power import straddles
 from pagestats.report.decision import decision_table
 from pagestats.report.paper import PAPER_VALUES
@@ -63,7 +64,7 @@ from pagestats.tables import (
 
 
 
-#: How the captions name the capacity-bound anchor the paper's tables read (:data:`pagestats.defaults.ANCHOR_TASKS`).
+#: How the captions name the capacity-bound anchor the paper's tables read (:data:`pagestats.core.defaults.ANCHOR_TASKS`).
 _ANCHOR = f"the capacity-bound anchor {metrics.anchor_name()} (the paper's NIAH-MK3; niah_multiquery is not in it)"
 
 

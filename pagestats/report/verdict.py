@@ -5,7 +5,7 @@ Table 2; App. A.6) — exercises the toolchain and is not evidence for or agains
 its numbers; the line says so, then what was measured. Inside it, the verdict weighs the paper's two
 claims on the headline evictor: the gate cuts the harm on the capacity-bound anchor at b = 1/16
 (Table 27), and it raises accuracy at the same nominal budget (Table 2, Table 28; BH at
-:data:`pagestats.defaults.FDR_Q`). Both hold: consistent with the paper; the harm rises or Δ is
+:data:`pagestats.core.defaults.FDR_Q`). Both hold: consistent with the paper; the harm rises or Δ is
 significantly negative: against it; else not settled by these logs.
 """
 
@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import polars as pl
 
-from pagestats import defaults, metrics
+from pagestats import metrics
+from pagestats.core import defaults
 
 __all__ = ["PAPER_MODELS", "PAPER_MIN_CONTEXT", "in_paper_setting", "p_text", "verdict_lines"]
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pagestats import defaults
+from pagestats.core import defaults
 from pagestats.stats._results import _check_level, _Result
 
 __all__ = ["BootstrapResult", "bootstrap_pvalue", "cluster_bootstrap"]

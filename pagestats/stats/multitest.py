@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 from statsmodels.stats.multitest import multipletests
 
-from pagestats import defaults
+from pagestats.core import defaults
 from pagestats.stats._results import _Result
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as sps
 
-from pagestats import defaults
+from pagestats.core import defaults
 from pagestats.stats._results import _check_level, _Result
 from pagestats.stats.bootstrap import cluster_bootstrap
 

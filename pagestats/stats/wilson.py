@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 from statsmodels.stats.proportion import proportion_confint
 
-from pagestats import defaults
+from pagestats.core import defaults
 from pagestats.stats._results import _check_level, _Result, _scalar_or_array
 
 

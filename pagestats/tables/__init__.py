@@ -12,7 +12,7 @@ Examples
 
 from __future__ import annotations
 
-from pagestats import defaults
+from pagestats.core import defaults
 from pagestats.tables._common import ordering_margin, task_means
 from pagestats.tables._render import (
     Layout,

@@ -13,15 +13,16 @@ from collections.abc import Sequence
 
 import polars as pl
 
-from pagestats import defaults, formulas, metrics, replay
-from pagestats.columns import MODEL_CELL, headline_evictor, input_key, require_columns, rows_where
+from pagestats import metrics, replay
+from pagestats.core import defaults, formulas
+from pagestats.core.columns import MODEL_CELL, headline_evictor, input_key, require_columns, rows_where
 from pagestats.replay.pilot import pilot_need
 from pagestats.replay.policies import FixedTau
-from pagestats.schema import INPUT_KEY
+from pagestats.core.schema import INPUT_KEY
 
 
 def group_tau(col: str = "tau") -> pl.Expr:
-    """τ of a group of gate rows, :func:`pagestats.formulas.group_tau` (the value itself when
+    """τ of a group of gate rows, :func:`pagestats.core.formulas.group_tau` (the value itself when
     constant, so that a parallel group-by stays bit-reproducible; else the mean)."""
     return formulas.expr(formulas.group_tau(col)).alias(col)
 
@@ -73,7 +74,7 @@ def ordering_margin(means: pl.DataFrame, by=MODEL_CELL, *, value: str = "mean", 
     ``margin = min over the other side's tasks of the task mean − max over the anchor's task
     means``: positive iff every anchor task mean lies strictly below every task mean of the other
     side, i.e. a single threshold separates them on task means. The paper's anchor is NIAH-MK3
-    (:data:`pagestats.defaults.ANCHOR_TASKS`; ``None``: the capacity-bound class); the other side
+    (:data:`pagestats.core.defaults.ANCHOR_TASKS`; ``None``: the capacity-bound class); the other side
     is, with ``others="dilution-prone"``, the dilution-prone tasks (Table 9: "the gap between mean D
     on NIAH-MK3 and the smallest mean D among the dilution-prone tasks"; Tables 5–6) and, with
     ``others="other"``, every other task (Table 10: "the smallest mean D among the other tasks").
@@ -114,7 +115,7 @@ def same_as(gated: pl.DataFrame, by) -> pl.DataFrame:
 
 
 def inputs_per(logs, by: Sequence[str]) -> pl.DataFrame:
-    """``by`` and ``n``: the number of distinct inputs (:data:`~pagestats.schema.INPUT_KEY`) of each group of ``logs``."""
+    """``by`` and ``n``: the number of distinct inputs (:data:`~pagestats.core.schema.INPUT_KEY`) of each group of ``logs``."""
     return logs.inputs.group_by(list(by)).agg(pl.struct(*INPUT_KEY).n_unique().alias("n"))
 
 
@@ -128,7 +129,7 @@ def gate_at(logs, spec: replay.ProfileSpec, recalibrate: str, tau: float, pilot_
     polars.DataFrame
         ``model, context_length``, ``tau_gate`` (τ of the cell: its value when constant, as
         :func:`group_tau`, else the mean over inputs and head-pair draws), ``p_open`` (over inputs
-        and draws, :func:`pagestats.metrics.p_open`), ``degenerate`` (:data:`pagestats.formulas.DEGENERATE`)
+        and draws, :func:`pagestats.metrics.p_open`), ``degenerate`` (:data:`pagestats.core.formulas.DEGENERATE`)
         and ``recalibration`` (what was done). A model with too few inputs for the held-out pilot
         of ``pilot_n`` (``recalibrate="z"``) has null numbers and a ``recalibration`` saying why.
     """

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import polars as pl
 
-from pagestats.escape import csv_frame, markdown
+from pagestats.core.escape import csv_frame, markdown
 
 
 def markdown_table(frame: pl.DataFrame, float_digits: int = 4) -> str:
@@ -35,7 +35,7 @@ def markdown_table(frame: pl.DataFrame, float_digits: int = 4) -> str:
 
 
 def _flat_for_csv(frame: pl.DataFrame) -> pl.DataFrame:
-    """Nested columns as text, and every text cell escaped for CSV (:func:`pagestats.escape.csv_frame`)."""
+    """Nested columns as text, and every text cell escaped for CSV (:func:`pagestats.core.escape.csv_frame`)."""
     nested = [c for c, t in frame.schema.items() if isinstance(t, (pl.List, pl.Array, pl.Struct))]
     flat = frame.with_columns(pl.col(c).map_elements(str, return_dtype=pl.String) for c in nested) if nested else frame
     return csv_frame(flat)

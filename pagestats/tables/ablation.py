@@ -13,10 +13,11 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import polars as pl
 
-from pagestats import defaults, metrics, replay, stats
-from pagestats.columns import MODEL_CELL, names_like
+from pagestats import metrics, replay, stats
+from pagestats.core import defaults
+from pagestats.core.columns import MODEL_CELL, names_like
 from pagestats.replay.policies import FixedTau
-from pagestats.schema import INPUT_KEY
+from pagestats.core.schema import INPUT_KEY
 from pagestats.tables._common import as_list, gate_at, ordering_margin, task_means
 
 __all__ = ["signal_names", "auc_table", "signal_ablation_table"]
@@ -104,7 +105,7 @@ def signal_ablation_table(logs, *, statistics: Sequence[str] | None = None, prof
     For every statistic and (model, context) cell: does a single threshold separate the
     capacity-bound anchor's task mean from the dilution-prone ones (Table 5: "separating the
     capacity-bound anchor (NIAH-MK3) from the dilution-prone tasks"; ``anchor``, default
-    :data:`pagestats.defaults.ANCHOR_TASKS`, ``None`` for the capacity-bound class), by what
+    :data:`pagestats.core.defaults.ANCHOR_TASKS`, ``None`` for the capacity-bound class), by what
     margin, how well does it separate inputs (AUC), are its task means monotone (either
     direction) along MK1 → MK2 → MK3, and how does it correlate with D.
 

@@ -11,8 +11,9 @@ from collections.abc import Sequence
 
 import polars as pl
 
-from pagestats import defaults, formulas, metrics, replay
-from pagestats.columns import MODEL_CELL
+from pagestats import metrics, replay
+from pagestats.core import defaults, formulas
+from pagestats.core.columns import MODEL_CELL
 from pagestats.replay.pilot import pilot_mask
 from pagestats.replay.policies import FixedTau, Midpoint, RecalibratedTau, TaskOracle, ZScored
 from pagestats.tables._common import logged_evictor

@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from pagestats import defaults, formulas, metrics
+from pagestats import metrics
+from pagestats.core import defaults, formulas
 from pagestats.metrics.matched import FRONTIER_TOL, frontier_accuracy
 
 __all__ = ["COLUMNS", "PAPER_VALUES_FILE", "INTERVAL_TOLERANCE", "QUANTITIES", "STATUSES", "conformance_table",
@@ -328,7 +329,7 @@ _ORACLE = ("oracle_grand_mean_delta", "cells_oracle_equal", "cells_beat_oracle",
 
 def _oracle(parts: list[pl.DataFrame], q: str) -> float:
     """Table 14 over the listed cells: the task-label oracle closes on the anchor task (NIAH-MK3,
-    :data:`pagestats.defaults.ANCHOR_TASKS`) and opens on every other; gap = Δ(gate) − Δ(oracle)."""
+    :data:`pagestats.core.defaults.ANCHOR_TASKS`) and opens on every other; gap = Δ(gate) − Δ(oracle)."""
     deltas, gaps, equal = [], [], []
     for p in parts:
         closed = pl.col("task").is_in(list(defaults.ANCHOR_TASKS))

@@ -10,9 +10,10 @@ from collections.abc import Sequence
 
 import polars as pl
 
-from pagestats import defaults, formulas, metrics
-from pagestats.columns import MATRIX_CELL, MODEL_CELL, input_key, require_columns, rows_where
-from pagestats.schema import INPUT_KEY
+from pagestats import metrics
+from pagestats.core import defaults, formulas
+from pagestats.core.columns import MATRIX_CELL, MODEL_CELL, input_key, require_columns, rows_where
+from pagestats.core.schema import INPUT_KEY
 from pagestats.tables._common import group_tau, one_evictor, same_as
 
 __all__ = [
@@ -51,7 +52,7 @@ def delta_matrix_table(gated: pl.DataFrame, *, anchor: Sequence[str] | None = de
     ----------
     gated : polars.DataFrame
     anchor : sequence of str or None
-        The tasks left out of ``delta_rest`` (default :data:`pagestats.defaults.ANCHOR_TASKS`,
+        The tasks left out of ``delta_rest`` (default :data:`pagestats.core.defaults.ANCHOR_TASKS`,
         NIAH-MK3; ``None``: the capacity-bound class).
 
     Returns

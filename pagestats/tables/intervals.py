@@ -10,8 +10,9 @@ from collections.abc import Sequence
 import numpy as np
 import polars as pl
 
-from pagestats import defaults, formulas, metrics, stats
-from pagestats.columns import MATRIX_CELL, MODEL_CELL, input_key, require_columns
+from pagestats import metrics, stats
+from pagestats.core import defaults, formulas
+from pagestats.core.columns import MATRIX_CELL, MODEL_CELL, input_key, require_columns
 from pagestats.tables._common import one_evictor, same_as
 
 __all__ = ["bootstrap_table", "draw_replicates_table", "remaining_deltas_table"]

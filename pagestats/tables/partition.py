@@ -12,9 +12,10 @@ from collections.abc import Sequence
 
 import polars as pl
 
-from pagestats import defaults, formulas, metrics, stats
-from pagestats.columns import MODEL_CELL, input_key, names_like, require_columns
-from pagestats.schema import INPUT_KEY
+from pagestats import metrics, stats
+from pagestats.core import defaults, formulas
+from pagestats.core.columns import MODEL_CELL, input_key, names_like, require_columns
+from pagestats.core.schema import INPUT_KEY
 from pagestats.tables._common import as_list, group_tau, one_evictor, task_means
 
 __all__ = [
@@ -45,7 +46,7 @@ def recovery_table(gated: pl.DataFrame, *, evictor: str | None = None,
         does not matter).
     evictor : str, optional
         The evictor whose plain arm defines ρ (the paper: SnapKV; default
-        :func:`~pagestats.columns.headline_evictor`).
+        :func:`~pagestats.core.columns.headline_evictor`).
     anchor : sequence of str or None
         The capacity-bound side of the pooled contrast (default NIAH-MK3, the paper's: "only 2/526
         NIAH-MK3 inputs recover"; ``None``: the capacity-bound class).
@@ -261,7 +262,7 @@ def preregistered_table(gated: pl.DataFrame, inputs: pl.DataFrame, *, band: pl.D
                         status: str | None = None, evictor: str | None = None, by=("model", "task")) -> pl.DataFrame:
     """Table 21: predicted ρ bands at a target context vs the measured ρ.
 
-    With ``band`` (read through :func:`pagestats.prereg.load_band` after its hash and its
+    With ``band`` (read through :func:`pagestats.io.prereg.load_band` after its hash and its
     freezing time were checked) the table is the pre-registered test of §4. Without it the
     band is computed here from the same logs (fitting contexts = every context but the
     largest, target = the largest) and the table says so in ``status``:

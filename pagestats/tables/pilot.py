@@ -11,11 +11,12 @@ from collections.abc import Sequence
 
 import polars as pl
 
-from pagestats import defaults, metrics, replay
-from pagestats.columns import MODEL_CELL, rows_where
+from pagestats import metrics, replay
+from pagestats.core import defaults
+from pagestats.core.columns import MODEL_CELL, rows_where
 from pagestats.replay.pilot import PILOT_SPLITS
 from pagestats.replay.policies import ZScored
-from pagestats.schema import INPUT_KEY
+from pagestats.core.schema import INPUT_KEY
 from pagestats.replay.pilot import pilot_need
 from pagestats.tables._common import group_tau, inputs_per, logged_evictor
 

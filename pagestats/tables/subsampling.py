@@ -14,8 +14,9 @@ from collections.abc import Sequence
 
 import polars as pl
 
-from pagestats import defaults, replay
-from pagestats.columns import MODEL_CELL
+from pagestats import replay
+from pagestats.core import defaults
+from pagestats.core.columns import MODEL_CELL
 from pagestats.replay.policies import FixedTau
 from pagestats.replay.spec import resolve_layers
 from pagestats.tables._common import gate_at, ordering_margin, task_means

@@ -20,7 +20,8 @@ from dataclasses import asdict
 
 import numpy as np
 
-from pagestats import __version__, defaults, schema
+from pagestats import __version__
+from pagestats.core import defaults, schema
 from pagestats.testing.params import DEFAULT_N_REFERENCES, ModelSpec
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pagestats import defaults, profile
+from pagestats.core import defaults, profile
 
 _WORD_CHUNK = 1 << 20  # sharing words (or pair words) per chunk (bounds peak memory)
 #: Binary digits of the slot-sharing probability σ_ℓ (σ is a multiple of 2^-SIGMA_BITS).
@@ -145,7 +145,7 @@ def _intersections(words: np.ndarray) -> np.ndarray:
 def _stored_profile(inter: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """(agreement float32 (n, L), pair_jaccard float32 (n, L·P)) from intersections (n, L, P).
 
-    Same arithmetic as :func:`pagestats.profile.agreement_from_topk`: Jaccard in float64,
+    Same arithmetic as :func:`pagestats.core.profile.agreement_from_topk`: Jaccard in float64,
     layer mean in float64, then stored as float32.
     """
     jac = profile.jaccard_from_intersections(inter, k)

@@ -1,5 +1,5 @@
 """Schema-v1 frames of one synthetic cell: INPUTS, OUTCOMES and TOPK rows with exactly the columns
-of :mod:`pagestats.schema`; with ``with_text``, prompts, references and predictions consistent
+of :mod:`pagestats.core.schema`; with ``with_text``, prompts, references and predictions consistent
 with the RULER ``string_match_all`` scores.
 
 References
@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from pagestats import schema
+from pagestats.core import schema
 from pagestats.testing.params import SIGNAL_NAMES
 
 #: Tokens every synthetic decode generates (it stops at EOS).

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from pagestats import defaults
+from pagestats.core import defaults
 
 #: The eight RULER tasks drawn by default (a subset of ``defaults.RULER_TASKS``).
 SYNTHETIC_TASKS = tuple(t for t in defaults.RULER_TASKS if t not in ("cwe", "qa_1", "qa_2"))

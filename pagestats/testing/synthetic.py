@@ -16,7 +16,7 @@ Everything below is drawn independently per input ``x`` of a task with class ``c
 drop_sd)`` and a late-layer agreement level ``base ~ Uniform(level_low, level_high)`` give
 the target agreement ``J*_ℓ = clip(base + d·s_ℓ, 0.005, 0.95)``, where ``s_ℓ`` is linear
 in depth and normalised so that its early-bin mean is 1 and its late-bin mean 0 (bins of
-:func:`pagestats.profile.bin_layers`): the target profile decays with depth by exactly
+:func:`pagestats.core.profile.bin_layers`): the target profile decays with depth by exactly
 ``d``. Slot ``s`` of head ``h``'s ranked top-k list in layer ℓ is *shared* with probability
 ``σ_ℓ = round(√π_ℓ·2¹⁰)/2¹⁰`` (:data:`SIGMA_BITS`), ``π_ℓ = 2J*_ℓ/(1+J*_ℓ)``, independently per (head, slot).
 A shared slot holds the layer's anchor position for that slot, an unshared one a position
@@ -31,13 +31,13 @@ The sharing bits of the first k slots are always drawn (the same way), so ``pair
 - ``with_topk=True``: the lists are materialised. Per (input, layer) a pool of
   ``(H+1)·k_max`` distinct positions in ``[0, n_tokens)`` is split into ``k_max`` anchors
   and ``H`` disjoint private lists, and slots k..k_max get their own sharing bits. The
-  stored Jaccards equal what :func:`pagestats.profile.agreement_from_topk` computes from
+  stored Jaccards equal what :func:`pagestats.core.profile.agreement_from_topk` computes from
   these lists (the tests check this bit for bit). Needs ``n_tokens ≥ (H+1)·k_max``.
 - ``with_topk=False`` (fast path, used at 10⁶ inputs): only the intersections are formed
   (bits packed in 32-bit words, AND and popcount per pair), in chunks of inputs.
 
 ``agreement`` is the float32 of the float64 layer mean of the pair Jaccards; ``drop`` is
-:func:`pagestats.profile.drop_from_agreement` of the stored float32 ``agreement``, so a
+:func:`pagestats.core.profile.drop_from_agreement` of the stored float32 ``agreement``, so a
 replay of the logged defaults reproduces it bit for bit.
 
 *Outcomes.* A task has ``m`` references (:data:`DEFAULT_N_REFERENCES`, else 1); scores are
@@ -87,7 +87,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from pagestats import defaults, schema
+from pagestats.core import defaults, schema
 from pagestats.io.logs import Logs
 
 # fmt: off
@@ -190,8 +190,8 @@ class SyntheticLogs(Logs):
     Attributes
     ----------
     inputs, outcomes : polars.DataFrame
-        Exactly the INPUTS / OUTCOMES columns of :mod:`pagestats.schema` (writer's types
-        after :func:`pagestats.schema.to_arrow`).
+        Exactly the INPUTS / OUTCOMES columns of :mod:`pagestats.core.schema` (writer's types
+        after :func:`pagestats.core.schema.to_arrow`).
     topk : polars.DataFrame or None
         TOPK rows (one per input, layer, head) when generated with ``with_topk=True``.
     manifests : dict
@@ -223,7 +223,7 @@ class SyntheticLogs(Logs):
         Each run gets ``inputs/part-XXXXX.parquet`` and ``outcomes/part-XXXXX.parquet``
         (``n_shards`` files each, split by input), ``topk/part-XXXXX.parquet`` when top-k
         lists exist, and ``manifest.json`` with file hashes, all through
-        :func:`pagestats.schema.write_parquet` / :func:`pagestats.schema.write_manifest`.
+        :func:`pagestats.core.schema.write_parquet` / :func:`pagestats.core.schema.write_manifest`.
 
         Raises
         ------
@@ -293,7 +293,7 @@ def synthetic_logs(
     tasks : sequence of str
         Task names (default :data:`SYNTHETIC_TASKS`).
     task_classes : mapping, optional
-        task → class; default :func:`pagestats.defaults.default_task_class`.
+        task → class; default :func:`pagestats.core.defaults.default_task_class`.
     n_inputs : int
         Inputs per (run, task).
     input_draws : sequence of int

@@ -19,7 +19,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from pagestats import escape, schema, testing
+from pagestats import testing
+from pagestats.core import escape, schema
 from pagestats.cli import main
 from pagestats.io import validate_paths
 

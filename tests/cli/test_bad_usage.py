@@ -11,7 +11,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from pagestats import io, report, schema, testing
+from pagestats import io, report, testing
+from pagestats.core import schema
 from pagestats.cli import main
 from pagestats.cli.options import MAX_DRAWS
 from pagestats.report.table_entries import TABLES
@@ -242,7 +243,7 @@ def test_report_no_pdf_writes_each_figure_once(run, tmp_path, capsys):
 
 
 def test_a_band_with_an_unreadable_frozen_at_is_a_preregistration_error():
-    from pagestats.prereg import PreregistrationError, check_frozen_before
+    from pagestats.io.prereg import PreregistrationError, check_frozen_before
 
     with pytest.raises(PreregistrationError, match="frozen_at 'soon' is not an ISO 8601 time stamp"):
         check_frozen_before({"frozen_at": "soon"}, {"r": {"created_at": "2025-01-01T00:00:00Z"}}, ["r"])

@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 
 from pagestats.cli import main
-from pagestats.risk import NEVER_OPENS
+from pagestats.deploy.risk import NEVER_OPENS
 from pagestats.testing import synthetic_logs
 from brute import brute_ltt_tau
 
@@ -41,7 +41,7 @@ def test_gate_file_recomputes(runs, tmp_path, capsys):
     assert gate["mode"] == "query-aware" and gate["prompt_style"] == "ruler"  # as calibrate's other policies record
     keys = pl.DataFrame(p["calibration_inputs"], schema=["run_id", "task", "input_id"], orient="row")
     assert keys.height == p["n"] == 60 and keys.unique().height == 60
-    # labels read here from the synthetic frames, not through pagestats.risk
+    # labels read here from the synthetic frames, not through pagestats.deploy.risk
     rows = keys.join(s.inputs.select("run_id", "task", "input_id", "drop", "full_score"), on=["run_id", "task", "input_id"])
     rows = rows.join(s.outcomes.filter((pl.col("evictor") == "snapkv") & (pl.col("budget") == 0.125))
                      .select("run_id", "task", "input_id", "score"), on=["run_id", "task", "input_id"])

@@ -83,11 +83,12 @@ from contextlib import redirect_stdout  # noqa: E402
 
 import polars as pl  # noqa: E402
 
-from pagestats import metrics, schema  # noqa: E402
-from pagestats.columns import MATRIX_CELL  # noqa: E402
+from pagestats import metrics
+from pagestats.core import schema# noqa: E402
+from pagestats.core.columns import MATRIX_CELL  # noqa: E402
 from pagestats.io import load  # noqa: E402
 from pagestats.replay import FixedTau, gated_outcomes  # noqa: E402
-from pagestats.whatif import WHATIF_COLUMNS, whatif_summary, whatif_table  # noqa: E402
+from pagestats.replay.whatif import WHATIF_COLUMNS, whatif_summary, whatif_table  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -243,7 +244,7 @@ def test_show_one_input(capsys):
     assert all(repr(r) in out for r in row["references"])
     assert f"D = {row['drop']:.4f}" in out
     assert ("gate open" in out) == (row["drop"] >= 0.07)
-    from pagestats.show import sparkline
+    from pagestats.cli.show import sparkline
 
     assert sparkline(row["agreement"]) in out and len(sparkline(row["agreement"])) == len(row["agreement"])
     arms = logs.outcomes.filter((pl.col("task") == "vt") & (pl.col("input_id") == 3))
@@ -263,7 +264,7 @@ def test_show_bad_input_exit_2(capsys, spec, needle):
 
 
 def test_sparkline_scales_min_to_max():
-    from pagestats.show import BLOCKS, sparkline
+    from pagestats.cli.show import BLOCKS, sparkline
 
     assert sparkline([0.0, 0.5, 1.0]) == BLOCKS[0] + BLOCKS[4] + BLOCKS[-1]  # 0.5·7 = 3.5 rounds to 4
     assert sparkline([2.0, 2.0]) == BLOCKS[0] * 2

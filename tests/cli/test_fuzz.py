@@ -69,7 +69,8 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from pagestats import escape, schema, testing  # noqa: E402
+from pagestats import testing
+from pagestats.core import escape, schema# noqa: E402
 from pagestats.cli import main  # noqa: E402
 from pagestats.io.validation.problems import one_line  # noqa: E402
 
@@ -661,7 +662,7 @@ def _same_relabelled(got: pl.DataFrame, reference: pl.DataFrame, relabel) -> boo
     cells that hold exactly that name; columns whose reference cells embed the old name in a longer
     text (labels, sentences) are left out, and rows are sorted (names order the rows)."""
     old, new = relabel
-    new = escape.csv_field(new)  # CSV cells hold the name escaped (pagestats.escape)
+    new = escape.csv_field(new)  # CSV cells hold the name escaped (pagestats.core.escape)
     if got.columns != reference.columns or got.height != reference.height:
         return False
     kept = [c for c in reference.columns if not (reference.schema[c] == pl.String and reference[c].str.contains(

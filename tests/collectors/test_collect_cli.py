@@ -15,7 +15,7 @@ import pytest
 
 from collectors import cli
 from collectors.writer import CRASH_ENV, CRASH_EXIT_CODE
-from pagestats import schema
+from pagestats.core import schema
 
 TIMINGS = {"prefill_ms", "gate_ms", "decode_ms"}
 ARGS = ["--tasks", "niah_single_1,niah_multikey_2", "--context-length", "640", "--n", "1",

@@ -17,7 +17,7 @@ import ray
 from collectors import cli
 from collectors.ray_launcher import launch
 from collectors.writer import CRASH_ENV, RunMismatchError
-from pagestats import schema
+from pagestats.core import schema
 
 ROOT = str(pathlib.Path(__file__).resolve().parents[2])  # Ray workers import this checkout's collectors
 TIMINGS = {"prefill_ms", "gate_ms", "decode_ms"}

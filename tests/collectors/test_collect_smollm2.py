@@ -9,7 +9,7 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from pagestats import defaults
+from pagestats.core import defaults
 
 pytestmark = pytest.mark.slow
 

@@ -62,7 +62,7 @@ def test_matches_brute_force(shape, k, k_max):
 
 
 def test_drop_is_bit_exact_replay_of_logged_agreement():
-    from pagestats import profile
+    from pagestats.core import profile
 
     rng = np.random.default_rng(3)
     att = torch.from_numpy(rng.dirichlet(np.ones(300), size=(30, 9)).astype(np.float32))

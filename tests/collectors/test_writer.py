@@ -22,7 +22,7 @@ from collectors.writer import (
     shard_items,
     work_items,
 )
-from pagestats import schema
+from pagestats.core import schema
 
 TASKS = ("niah_single_1", "vt", "cwe")
 PARAMS = {"model": {"name": "fake"}, "context_length": 128, "tasks": list(TASKS)}

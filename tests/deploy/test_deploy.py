@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 
 from collectors import cli as collect_cli  # noqa: E402
 from collectors.deploy import ShortPromptWarning, gated_generate  # noqa: E402
-from pagestats.gatefile import Gate  # noqa: E402
+from pagestats.deploy.gatefile import Gate  # noqa: E402
 
 EVICTORS = ("snapkv", "h2o", "streamingllm", "pyramidkv", "snapkv-perhead")
 
@@ -136,7 +136,7 @@ def test_calibrate_writes_the_tau_whatif_uses(collected, tmp_path, capsys):
     from pagestats.cli import main as pagestats_main
     from pagestats.io import load
     from pagestats.replay.policies import ZScored
-    from pagestats.whatif import whatif_table
+    from pagestats.replay.whatif import whatif_table
 
     manifest, inputs, _ = collected
     run = str(collected_dir(manifest, inputs))
@@ -174,7 +174,7 @@ def test_calibrate_deploy_log_monitor_end_to_end(text_model_dir, collected, tmp_
     from collectors.deploy import close_log
     from pagestats.cli import main as pagestats_main
     from pagestats.io.deployment import read_deployment
-    from pagestats.monitor import monitor
+    from pagestats.deploy.monitor import monitor
 
     manifest, inputs, outcomes = collected
     run = collected_dir(manifest, inputs)

@@ -26,7 +26,7 @@ kvpress = pytest.importorskip("kvpress")
 from collectors import cli as collect_cli  # noqa: E402
 from collectors import deploy  # noqa: E402
 from collectors.deploy import GatedPress, ShortPromptWarning  # noqa: E402
-from pagestats.gatefile import Gate  # noqa: E402
+from pagestats.deploy.gatefile import Gate  # noqa: E402
 
 PEAKED = dict(initializer_range=0.2)  # peaked attention: presses keep different sets, D is not 0
 
@@ -289,7 +289,7 @@ def test_log_dir_appends_one_row_per_prefill_and_monitor_reads_it(make_tiny_mode
 
     from pagestats.cli import main as pagestats_main
     from pagestats.io.deployment import read_deployment
-    from pagestats.monitor import monitor
+    from pagestats.deploy.monitor import monitor
 
     model = make_tiny_model("llama", **PEAKED)
     probe = GatedPress(kvpress.SnapKVPress(compression_ratio=0.5), tau=-1)

@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 
 from pagestats import testing
-from pagestats.calibrate import calibrate
+from pagestats.deploy.calibrate import calibrate
 from pagestats.io import load
 from pagestats.replay import Midpoint, ZScored
 

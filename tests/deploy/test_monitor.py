@@ -24,11 +24,11 @@ torch = pytest.importorskip("torch")
 
 from collectors import deploy  # noqa: E402
 from collectors.deploy import GateDecision, close_log, gated_generate  # noqa: E402
-from pagestats import profile, schema  # noqa: E402
+from pagestats.core import profile, schema# noqa: E402
 from pagestats.cli import main as pagestats_main  # noqa: E402
-from pagestats.gatefile import Gate  # noqa: E402
+from pagestats.deploy.gatefile import Gate  # noqa: E402
 from pagestats.io.deployment import read_deployment  # noqa: E402
-from pagestats.monitor import monitor  # noqa: E402
+from pagestats.deploy.monitor import monitor  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "tiny"

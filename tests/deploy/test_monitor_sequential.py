@@ -15,11 +15,11 @@ torch = pytest.importorskip("torch")
 
 from collectors import deploy  # noqa: E402
 from collectors.deploy import GateDecision, close_log  # noqa: E402
-from pagestats import profile  # noqa: E402
+from pagestats.core import profile# noqa: E402
 from pagestats.cli import main as pagestats_main  # noqa: E402
-from pagestats.gatefile import Gate  # noqa: E402
+from pagestats.deploy.gatefile import Gate  # noqa: E402
 from pagestats.io.deployment import read_deployment  # noqa: E402
-from pagestats.monitor import monitor  # noqa: E402
+from pagestats.deploy.monitor import monitor  # noqa: E402
 from pagestats.stats.sequential import sequential_drift  # noqa: E402
 
 

@@ -203,7 +203,7 @@ def _hand_inputs():
 
 
 def test_agreement_profile_data_brute_force():
-    from pagestats.profile import bin_layers
+    from pagestats.core.profile import bin_layers
 
     inputs = _hand_inputs()
     data = F.agreement_profile_data(inputs)
@@ -838,7 +838,7 @@ def _ruler_inputs(tasks, model="m1"):
 
 @pytest.mark.parametrize("n_tasks", [9, 11])
 def test_agreement_profile_tells_every_task_apart(n_tasks):
-    from pagestats import defaults
+    from pagestats.core import defaults
 
     tasks = list(defaults.RULER_TASKS[:n_tasks])
     fig = F.agreement_profile(_ruler_inputs(tasks))

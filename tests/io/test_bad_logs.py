@@ -17,7 +17,7 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
-from pagestats import schema
+from pagestats.core import schema
 from pagestats.io import ExclusionError, load, validate_paths
 from pagestats.io.guard import MAX_JSON_DEPTH, MAX_MANIFEST_BYTES
 
@@ -416,7 +416,8 @@ def test_the_gate_convention_the_collector_writes_is_the_one_d_is_checked_with(t
     manifest says strict, and refused when it says deployed (the reader used to ignore the key)."""
     import numpy as np
 
-    from pagestats import profile, testing
+    from pagestats import testing
+    from pagestats.core import profile
 
     run = testing.synthetic_logs(models={"m": (10, 3)}, context_lengths=(512,), tasks=("vt",), n_inputs=4,
                                  evictors=("snapkv",), budgets=(0.5, 1.0), with_topk=False, with_text=False,

@@ -10,7 +10,7 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
-from pagestats.columns import names_like
+from pagestats.core.columns import names_like
 from pagestats.io import NAME_COLUMNS, categorical_names, index_logs, load
 from pagestats.testing import synthetic_logs
 

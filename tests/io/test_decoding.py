@@ -16,7 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from collectors import cli as collect_cli
-from pagestats import cli, schema
+from pagestats import cli
+from pagestats.core import schema
 from pagestats.io import load
 import re
 

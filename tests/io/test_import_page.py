@@ -20,7 +20,7 @@ from pagestats.io.imports import ImportError_, import_page
 from pagestats.io.imports.rules import infer_tau
 from pagestats.replay import ProfileSpec
 from pagestats.replay.policies import FixedTau
-from pagestats.whatif import whatif_summary, whatif_table
+from pagestats.replay.whatif import whatif_summary, whatif_table
 
 ROOT = Path(__file__).resolve().parents[2]
 CONDENSED = ROOT / "data" / "page-release" / "condensed"

@@ -1,6 +1,6 @@
 """Tests of pagestats.io: loading schema-v1 runs and every validation rule of docs/SCHEMA.md.
 
-The fixture writes a small valid run with the shared writers of pagestats.schema (2 tasks ×
+The fixture writes a small valid run with the shared writers of pagestats.core.schema (2 tasks ×
 3 inputs × 2 evictors × the 9 budgets, L = 6, H = 4); each rule test breaks one thing and
 checks that the problem names the file (and the row, where there is one). Expected row
 numbers and counts are worked out here from how the fixture is built, not by the code
@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pagestats import defaults, profile, schema
+from pagestats.core import defaults, profile, schema
 from pagestats.io import FileRecord, LogError, Logs, Problem, load, upgrades, validate_paths
 
 from logbuild import (  # noqa: F401  (the builders and constants the tests below use)

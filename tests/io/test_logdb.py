@@ -18,7 +18,7 @@ from pagestats.cli import main
 from pagestats.io import LogDB, LogError, index_logs, load, open_logs
 from pagestats.replay import CustomPolicy, FixedTau, Midpoint, ProfileSpec, TaskOracle, ZScored
 from pagestats.testing import synthetic_logs
-from pagestats.whatif import WHATIF_COLUMNS, whatif_table
+from pagestats.replay.whatif import WHATIF_COLUMNS, whatif_table
 
 from brute import brute_whatif
 

@@ -9,7 +9,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from pagestats import io, profile, replay
+from pagestats import io, replay
+from pagestats.core import profile
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 RUNS = sorted(str(m.parent) for m in DATA.glob("*/manifest.json"))
@@ -77,7 +78,8 @@ def test_report_headline_is_table_28_on_the_same_inputs(logs):
     """The HTML headline and Table 28 compare the evictors on the same inputs: on the shipped logs the
     second SnapKV draw (30 inputs of one evictor only) is left out of both, so they give the same Δ,
     interval and n for every cell (the headline once pooled it into SnapKV's cell alone)."""
-    from pagestats import defaults, report, tables
+    from pagestats import report, tables
+    from pagestats.core import defaults
     from pagestats.report.headline import headline
 
     ctx = report.Context(logs)

@@ -21,7 +21,7 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
-from pagestats import schema
+from pagestats.core import schema
 from pagestats.cli import main
 from pagestats.io import decoding, load
 from pagestats.io.decoding import decode_profile

@@ -17,7 +17,7 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
-from pagestats import schema
+from pagestats.core import schema
 from pagestats.cli import main
 from pagestats.io import exclusions, load, record, validate
 from pagestats.io import files as io_files
@@ -255,5 +255,5 @@ def test_whatif_at_a_fixed_tau_imports_no_scipy_or_matplotlib(runs, warm):
         subprocess.run(cmd, check=True, capture_output=True)
     done = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
     imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
-    assert "pagestats.whatif" in imported and (UNCHANGED in done.stderr) == warm
+    assert "pagestats.replay.whatif" in imported and (UNCHANGED in done.stderr) == warm
     assert not {m for m in imported if m.split(".")[0] in ("scipy", "matplotlib", "statsmodels", "great_tables")}

@@ -5,7 +5,7 @@ import polars as pl
 import pytest
 
 from pagestats import metrics
-from pagestats.columns import sorting_order
+from pagestats.core.columns import sorting_order
 
 
 def brute_frontier(kept, acc, k):

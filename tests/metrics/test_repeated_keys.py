@@ -1,4 +1,4 @@
-"""The duplicate-key check every measure runs on its frame (pagestats.columns.repeats_a_key),
+"""The duplicate-key check every measure runs on its frame (pagestats.core.columns.repeats_a_key),
 against polars' own hash-table check, including the path a 64-bit hash collision takes; and the
 sort-based distinct counts (key_codes, distinct_rows) against polars' n_unique and unique."""
 
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pagestats import metrics
-from pagestats.columns import distinct_rows, key_codes, repeats_a_key
+from pagestats.core.columns import distinct_rows, key_codes, repeats_a_key
 
 rows = st.lists(st.tuples(st.one_of(st.none(), st.integers(0, 3)), st.sampled_from(["a", "b", None]),
                           st.sampled_from([0.25, 0.5, 1.0])), max_size=30)

@@ -1,4 +1,4 @@
-"""The policies by short name (pagestats.registry): one table that the command line, calibrate and the gate
+"""The policies by short name (pagestats.core.registry): one table that the command line, calibrate and the gate
 file read, each registered class a Policy under its own name; and no caller outside the policy classes asks
 which policy it has."""
 
@@ -9,9 +9,9 @@ import re
 
 import pytest
 
-from pagestats import registry
+from pagestats.core import registry
 from pagestats.cli import build_parser
-from pagestats.gatefile import Gate
+from pagestats.deploy.gatefile import Gate
 from pagestats.replay import CustomPolicy, FixedTau, Midpoint, Policy, RecalibratedTau, TaskOracle, ZScored
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

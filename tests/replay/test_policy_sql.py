@@ -15,7 +15,7 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
-from pagestats import defaults
+from pagestats.core import defaults
 from pagestats.io import load, logs_in_place
 from pagestats.replay import (
     Midpoint,
@@ -29,7 +29,7 @@ from pagestats.replay import (
     sql,
 )
 from pagestats.testing import synthetic_logs
-from pagestats.whatif import whatif_table
+from pagestats.replay.whatif import whatif_table
 
 KEY = ("run_id", "task", "input_id")
 

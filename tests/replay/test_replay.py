@@ -1,6 +1,6 @@
 """pagestats.replay / pagestats.replay.policies against independent references written here.
 
-References: Python-set Jaccards and plain-Python means (no pagestats.profile calls) for the
+References: Python-set Jaccards and plain-Python means (no pagestats.core.profile calls) for the
 recomputed D; closed forms for the calibrated thresholds; a brute-force loop of
 ``gated_outcomes`` for the τ curve. The synthetic logs mimic the collector: a_ℓ and pair
 Jaccards from the top-k sets, stored as float32, and ``drop`` computed per input from the
@@ -17,9 +17,9 @@ import polars as pl
 import polars.testing
 import pytest
 
-from pagestats import defaults
+from pagestats.core import defaults
 from pagestats.io import Logs
-from pagestats.profile import agreement_from_topk, drop_from_agreement
+from pagestats.core.profile import agreement_from_topk, drop_from_agreement
 from pagestats.replay import (
     CustomPolicy,
     FixedTau,
@@ -556,7 +556,8 @@ def test_paper_tau_curve_is_the_cell_mean_by_hand():
     the cell's mean gated − plain; FP the share of MK3 inputs open; FN the share of VT/FWE inputs closed."""
     import polars as pl
 
-    from pagestats import defaults, replay, testing
+    from pagestats import replay, testing
+    from pagestats.core import defaults
 
     syn = testing.synthetic_logs(models={"m": (6, 3)}, evictors=("snapkv",), tasks=("niah_multikey_3", "vt", "fwe"),
                                  n_inputs=12, budgets=(0.0625, 0.125, 0.25, 0.375, 0.5, 1.0), with_topk=False,

@@ -25,7 +25,7 @@ from pagestats.replay import (
     sql,
 )
 from pagestats.testing import synthetic_logs
-from pagestats.whatif import replay_whatif, whatif_table, whatif_with_pilot
+from pagestats.replay.whatif import replay_whatif, whatif_table, whatif_with_pilot
 
 POLICIES = [FixedTau(), TaskOracle(), ZScored(pilot_n=8, seed=3), RecalibratedTau(pilot_n=8, pilot_split="first"),
             Midpoint(n=4, pilot_split="random", seed=2, capacity_tasks=None, dilution_tasks=None),

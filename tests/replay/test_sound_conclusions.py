@@ -13,12 +13,12 @@ import numpy as np
 import polars as pl
 import pytest
 
-from pagestats import defaults, profile
+from pagestats.core import defaults, profile
 from pagestats.cli import main
 from pagestats.io import load
 from pagestats.replay import FixedTau, Midpoint, ProfileSpec, ZScored, gate, gated_outcomes, recalibrate
 from pagestats.testing import synthetic_logs
-from pagestats.whatif import whatif_table
+from pagestats.replay.whatif import whatif_table
 
 N_PER_TASK = 6
 TASKS = ("niah_multikey_3", "vt")

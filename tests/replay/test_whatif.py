@@ -1,4 +1,4 @@
-"""pagestats.whatif: the docs/CLI.md table against a hand-computed log and a brute-force loop."""
+"""pagestats.replay.whatif: the docs/CLI.md table against a hand-computed log and a brute-force loop."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from contextlib import redirect_stdout
 import polars as pl
 import pytest
 
-from pagestats import defaults
+from pagestats.core import defaults
 from pagestats.io import Logs
 from pagestats.replay import FixedTau, Midpoint, ProfileSpec, RecalibratedTau, TaskOracle, ZScored
 from pagestats.cli.options import parse_layers, policy_from_args, profile_from_args
-from pagestats.whatif import WHATIF_COLUMNS, whatif_table
+from pagestats.replay.whatif import WHATIF_COLUMNS, whatif_table
 
 from brute import brute_whatif
 
@@ -125,7 +125,7 @@ def test_whatif_matches_brute_force(synth, policy, profile):
 def test_whatif_over_several_runs_out_of_core_is_evaluated_run_by_run(tmp_path, synth, policy, profile, monkeypatch):
     """A database of several runs joins and aggregates each run alone and pools the cells
     (memory grows with the largest run); the pooled table equals the row-by-row reference."""
-    from pagestats import whatif as whatif_module
+    from pagestats.replay import whatif as whatif_module
     from pagestats.io import load, logs_in_place
     from pagestats.testing import synthetic_logs
 

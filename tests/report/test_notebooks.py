@@ -134,7 +134,8 @@ def test_a_wrong_logs_location_is_an_error_not_a_demo(tmp_path, monkeypatch):
 def test_quickstart_summary_is_the_librarys(logs_location, monkeypatch):
     """Notebook 01's summary is `whatif.whatif_summary` (means over budgets b < 1), not a mean that
     also takes the b = 1 rows: its Δ per cell equals the CLI's."""
-    from pagestats import io, whatif
+    from pagestats import io
+    from pagestats.replay import whatif
     from pagestats.replay import FixedTau
 
     nb = nbformat.read(NB_DIR / "01_quickstart.ipynb", as_version=4)

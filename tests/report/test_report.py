@@ -13,7 +13,8 @@ import pytest
 from matplotlib.figure import Figure
 from polars.testing import assert_frame_equal
 
-from pagestats import defaults, io, replay, report, tables, testing
+from pagestats import io, replay, report, tables, testing
+from pagestats.core import defaults
 from pagestats.replay import FixedTau
 from pagestats.report.build import _run_entry, run_order
 from pagestats.report.context import needs_agreement, needs_contexts, needs_draws, needs_topk

@@ -1,4 +1,4 @@
-"""Learn then Test (pagestats.stats.ltt, pagestats.risk) against a brute force over scipy's exact binomial
+"""Learn then Test (pagestats.stats.ltt, pagestats.deploy.risk) against a brute force over scipy's exact binomial
 test, and its guarantee by simulation (P(harm of the certified τ > A) ≤ δ, Monte Carlo error stated)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy.stats import binomtest
 
-from pagestats import risk
+from pagestats.deploy import risk
 from pagestats.stats.ltt import fixed_sequence_threshold
 from brute import brute_ltt_tau
 

@@ -9,7 +9,8 @@ import polars as pl
 import pytest
 from scipy.stats import norm
 
-from pagestats import prereg, stats
+from pagestats import stats
+from pagestats.io import prereg
 from pagestats.stats import bootstrap
 
 # --------------------------------------------------------------------------- Wilson

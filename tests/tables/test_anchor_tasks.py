@@ -12,7 +12,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from pagestats import defaults, figures, metrics, replay, tables, testing
+from pagestats import figures, metrics, replay, tables, testing
+from pagestats.core import defaults
 from pagestats.replay.policies import FixedTau
 
 MK3, MQ = "niah_multikey_3", "niah_multiquery"

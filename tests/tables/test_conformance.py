@@ -15,7 +15,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from pagestats import defaults, io, replay, testing
+from pagestats import io, replay, testing
+from pagestats.core import defaults
 from pagestats.io.imports import import_page
 from pagestats.replay import FixedTau
 from pagestats.report.conformance import conformance

@@ -14,7 +14,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from pagestats import defaults, io, replay, report, tables, testing, metrics
+from pagestats import io, replay, report, tables, testing, metrics
+from pagestats.core import defaults
 from pagestats.replay.policies import FixedTau, TaskOracle, ZScored
 from pagestats.report.table_entries import TABLES
 

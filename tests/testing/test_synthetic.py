@@ -13,7 +13,7 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
-from pagestats import defaults, schema
+from pagestats.core import defaults, schema
 from pagestats.testing import SIGMA_BITS, ClassEffect, ModelSpec, PlantedEffect, planted_rates, synthetic_logs
 
 K = defaults.TOP_K

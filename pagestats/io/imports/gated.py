@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from pagestats import formulas
+from pagestats.core import formulas
 from pagestats.io.imports.records import Records, RecordError, missing_keys
 from pagestats.io.imports.rules import Threshold, differing, lines, repeated, stored_threshold
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import polars as pl
 
-from pagestats import schema
+from pagestats.core import schema
 from pagestats.io.imports import names
 from pagestats.io.imports.adakv import read_adakv
 from pagestats.io.imports.gated import gated_tables, incomplete_inputs, read_gated, summed_kept_problem

@@ -17,8 +17,8 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from pagestats import defaults
-from pagestats.profile import drop_from_agreement
+from pagestats.core import defaults
+from pagestats.core.profile import drop_from_agreement
 from pagestats.io.imports.records import Records, missing_keys
 
 #: The largest |D from the profile − logged drop| a matched profile may show (issue 40: 1e-9).

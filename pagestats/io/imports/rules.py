@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from pagestats import defaults
+from pagestats.core import defaults
 from pagestats.io.imports.records import MAX_LINES_NAMED, Records, RecordError, missing_keys
 
 

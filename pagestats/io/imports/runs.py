@@ -18,7 +18,8 @@ from pathlib import Path
 
 import polars as pl
 
-from pagestats import __version__, defaults, schema
+from pagestats import __version__
+from pagestats.core import defaults, schema
 from pagestats.io.imports import names
 from pagestats.io.imports.rules import Threshold
 from pagestats.io.imports.records import Records

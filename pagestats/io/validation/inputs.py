@@ -7,7 +7,7 @@ without ``/`` (so that an exclusion can name them); ``n_tokens`` ≥ 1; ``model`
 manifest ``n_layers`` (else consistent within the run) and ≥ 2; ``pair_jaccard`` length
 = L·H(H−1)/2; profile values in [0, 1]; ``agreement`` = the per-layer mean of
 ``pair_jaccard`` within :data:`AGREEMENT_TOLERANCE`; logged ``drop`` =
-:func:`pagestats.profile.drop_from_agreement` (manifest bins) within
+:func:`pagestats.core.profile.drop_from_agreement` (manifest bins) within
 :data:`DROP_TOLERANCE`.
 
 The rules run on the relation ``inp`` of a DuckDB connection (the inputs without later
@@ -32,7 +32,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from pagestats import defaults, profile
+from pagestats.core import defaults, profile
 from pagestats.io.validation.manifest import _run_frame
 from pagestats.io.validation.problems import (
     Collector,
@@ -336,7 +336,7 @@ class _Profiles:
       logged (rows whose list lengths do not split into L layers are reported by the length
       rules; NaN or out-of-range values by the range rule, so a NaN difference is not
       reported twice);
-    * logged ``drop`` against :func:`pagestats.profile.drop_from_agreement` (Eq. 3), with the
+    * logged ``drop`` against :func:`pagestats.core.profile.drop_from_agreement` (Eq. 3), with the
       bins of the run's manifest.
     """
 

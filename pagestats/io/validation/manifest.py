@@ -1,7 +1,7 @@
 """Manifest rules of the log schema: :func:`check_manifest` and the :class:`RunInfo` it yields.
 
 A run's ``manifest.json`` must be a JSON object with every key of
-:data:`pagestats.schema.MANIFEST_KEYS` and of the ``model``, ``gate`` and ``protection``
+:data:`pagestats.core.schema.MANIFEST_KEYS` and of the ``model``, ``gate`` and ``protection``
 blocks; a readable ``schema_version``; sane ``n_layers``/``n_heads``, ``budgets``,
 ``evictors``, ``tasks`` and ``gate.bins`` (:func:`parse_bins`); and ``files[]`` entries
 whose paths stay inside the run directory (:func:`safe_relative_path`). The row checks
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from pagestats import defaults, schema
+from pagestats.core import defaults, schema
 from pagestats.io.validation.problems import Problem
 
 
@@ -125,7 +125,7 @@ _INT_FIELDS = (
 #: Manifest fields that must be strings (``device`` and ``model.attn_impl`` are only recorded; the
 #: values of ``created_at`` and ``model.dtype`` are interpreted and checked by :func:`_check_interpreted`).
 _STRING_FIELDS = ("run_id", "created_at", "device", "model.name", "model.dtype", "model.attn_impl")
-#: Architecture fields bounded by :data:`pagestats.schema.MODEL_SIZE_MAX`.
+#: Architecture fields bounded by :data:`pagestats.core.schema.MODEL_SIZE_MAX`.
 _MODEL_SIZE_FIELDS = ("model.n_layers", "model.n_heads", "model.n_kv_heads", "model.head_dim")
 #: Layer-bin conventions (``gate.bins`` / ``gate.convention``; App. F deployed, Table 24 strict).
 BIN_CONVENTIONS = ("deployed", "strict")
@@ -133,7 +133,7 @@ BIN_CONVENTIONS = ("deployed", "strict")
 
 def _check_interpreted(manifest: Mapping, fields: dict, bad) -> None:
     """Values that the analysis interprets, beyond their type: ``model.dtype`` (bytes per KV
-    element, :data:`pagestats.schema.MODEL_DTYPE_BYTES`), ``n_kv_heads`` (grouped-query attention:
+    element, :data:`pagestats.core.schema.MODEL_DTYPE_BYTES`), ``n_kv_heads`` (grouped-query attention:
     it divides ``n_heads``) and ``created_at`` (ISO 8601, compared with a pre-registration)."""
     dtype = fields["model.dtype"]
     if dtype is not None and dtype not in schema.MODEL_DTYPE_BYTES:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from pagestats import schema
+from pagestats.core import schema
 from pagestats.io.validation.problems import (
     FIRST,
     FIRST_ROW,

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import duckdb
 import polars as pl
 
-from pagestats import schema
-from pagestats.escape import terminal
+from pagestats.core import schema
+from pagestats.core.escape import terminal
 
 #: Rows reported per (rule, file) before the rest are summarised in one line.
 MAX_ROWS_PER_RULE = 20
@@ -55,7 +55,7 @@ def unreadable_parquet(path: str, reason: str) -> Problem:
 def one_line(text: str) -> str:
     """``text`` with every control, format or line/paragraph-separator character escaped
     (``\\n``, ``\\x1b``, ``\\u2028`` …), so that names from the logs cannot break a
-    message into several lines or restyle a terminal (:func:`pagestats.escape.terminal`, the
+    message into several lines or restyle a terminal (:func:`pagestats.core.escape.terminal`, the
     one escaping helper of every writer)."""
     return terminal(text)
 
@@ -140,7 +140,7 @@ def null_checks(table: str, present: list[str], imported: tuple[str, ...] = ()) 
     """The null rules of ``table`` as (SQL condition, rule, detail): nulls in required columns,
     and null elements inside any list column (a list's min/max/length rules do not see them).
     ``detail`` is ``None`` or (extra SQL columns, callable). In the runs ``imported`` (run ids), the
-    columns of :data:`pagestats.schema.IMPORTED_NULLABLE` may be null."""
+    columns of :data:`pagestats.core.schema.IMPORTED_NULLABLE` may be null."""
     checks = []
     exempt = ", ".join(literal(r) for r in imported)
     for col in schema.columns(table):

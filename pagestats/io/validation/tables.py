@@ -12,7 +12,7 @@ jsonl file).
 The rules, in the order they run:
 
 manifest (:func:`check_manifest`)
-    valid JSON object; every key of :data:`pagestats.schema.MANIFEST_KEYS` and of the
+    valid JSON object; every key of :data:`pagestats.core.schema.MANIFEST_KEYS` and of the
     ``model``, ``gate`` and ``protection`` blocks; a readable ``schema_version``; sane
     ``n_layers``/``n_heads``, ``budgets``, ``evictors``, ``tasks``, ``gate.bins``;
     ``files[]`` entries whose paths stay inside the run directory (docs/SCHEMA.md, "Safety").
@@ -22,7 +22,7 @@ tables (:func:`check_tables`)
     ``model``, ``context_length`` and ``task`` agreeing with the run's manifest;
     ``agreement`` length = manifest ``n_layers`` (else consistent within the run);
     ``pair_jaccard`` length = L·H(H−1)/2; profile values in [0, 1]; logged ``drop`` =
-    :func:`pagestats.profile.drop_from_agreement` (manifest bins) within 1e-6;
+    :func:`pagestats.core.profile.drop_from_agreement` (manifest bins) within 1e-6;
     outcomes without an input and inputs without outcomes; the same budget grid for
     every (input, evictor) and the same evictor set for every input of a run (the
     manifest's, when there is one); the budget-1.0 arm present and equal to the full-KV
@@ -48,7 +48,7 @@ from collections.abc import Mapping
 
 import duckdb
 
-from pagestats import schema
+from pagestats.core import schema
 from pagestats.io.validation.inputs import _check_inputs
 from pagestats.io.validation.manifest import RunInfo
 from pagestats.io.validation.outcomes import _check_outcomes

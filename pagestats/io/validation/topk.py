@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from pagestats import schema
+from pagestats.core import schema
 from pagestats.io.validation.manifest import _run_frame
 from pagestats.io.validation.problems import FIRST, FIRST_ROW, Problem, emit, frame, mode, one, value_text
 

@@ -1,5 +1,5 @@
 """The gate policies by short name: the one table that ``--policy`` (``whatif``, ``report``,
-``calibrate``), :func:`pagestats.calibrate.calibrate` and the gate file (:class:`pagestats.gatefile.Gate`)
+``calibrate``), :func:`pagestats.deploy.calibrate.calibrate` and the gate file (:class:`pagestats.deploy.gatefile.Gate`)
 read.
 
 It imports nothing: the gate file is read where neither polars nor DuckDB is installed (a deployed
@@ -18,7 +18,7 @@ class Entry(NamedTuple):
     path: str
     #: ``whatif`` and ``report`` replay it: it reads D and the inputs' task classes, no outcome.
     replay: bool
-    #: A gate file holds it: one τ per model (:mod:`pagestats.calibrate`).
+    #: A gate file holds it: one τ per model (:mod:`pagestats.deploy.calibrate`).
     gate: bool
 
 
@@ -27,7 +27,7 @@ POLICIES: dict[str, Entry] = {
     "z": Entry("pagestats.replay.policies:ZScored", replay=True, gate=True),
     "midpoint": Entry("pagestats.replay.policies:Midpoint", replay=True, gate=True),
     "oracle": Entry("pagestats.replay.policies:TaskOracle", replay=True, gate=False),
-    "risk": Entry("pagestats.risk:RiskControlled", replay=False, gate=True),
+    "risk": Entry("pagestats.deploy.risk:RiskControlled", replay=False, gate=True),
 }
 
 

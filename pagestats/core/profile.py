@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from pagestats import defaults
+from pagestats.core import defaults
 
 
 def n_pairs(n_heads: int) -> int:

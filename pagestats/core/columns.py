@@ -1,7 +1,7 @@
 """Column conventions of every analysis frame: the cell keys, the input key, the column check,
 and the two data-derived defaults (task class, headline evictor).
 
-An *input* is identified by :data:`pagestats.schema.INPUT_KEY` (``run_id, task, input_id``),
+An *input* is identified by :data:`pagestats.core.schema.INPUT_KEY` (``run_id, task, input_id``),
 plus ``pair_draw`` when a head-pair subsampling replay made several draws of D per input
 (App. A.3.5). The paper aggregates inputs into *cells*:
 
@@ -18,8 +18,8 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from pagestats import defaults
-from pagestats.schema import INPUT_KEY
+from pagestats.core import defaults
+from pagestats.core.schema import INPUT_KEY
 
 MODEL_CELL = ("model", "context_length")
 MATRIX_CELL = (*MODEL_CELL, "evictor")
@@ -140,7 +140,7 @@ def input_key(frame: pl.DataFrame) -> list[str]:
 
 def with_task_class(frame: pl.DataFrame) -> pl.DataFrame:
     """``frame`` with a ``task_class`` column: kept where present (the loader takes it from the
-    manifests' ``tasks``), else the default partition of :func:`pagestats.defaults.default_task_class`
+    manifests' ``tasks``), else the default partition of :func:`pagestats.core.defaults.default_task_class`
     (§4 "The partition", Table 3)."""
     if "task_class" in frame.columns:
         return frame
@@ -150,7 +150,7 @@ def with_task_class(frame: pl.DataFrame) -> pl.DataFrame:
 
 
 def headline_evictor(evictors) -> str:
-    """The evictor of the paper's single-evictor tables and figures: :data:`pagestats.defaults.HEADLINE_EVICTOR`
+    """The evictor of the paper's single-evictor tables and figures: :data:`pagestats.core.defaults.HEADLINE_EVICTOR`
     (SnapKV, §4) when logged, else the first logged evictor by name."""
     names = sorted(set(evictors))
     if not names:

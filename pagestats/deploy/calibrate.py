@@ -4,7 +4,7 @@ The gate evicts iff D ≥ τ (PAGE §3, Eq. 2). τ is computed by the very polic
 (:mod:`pagestats.replay.policies`: ``FixedTau``, ``ZScored`` — τ = μ + θ_z σ on an unlabelled pilot,
 App. A.3.4 —, ``Midpoint`` — Eq. 5), in its SQL, on the validated inputs of the logs (:func:`pagestats.io.load`),
 so the τ a deployed :class:`collectors.deploy.GatedPress` uses is the one ``whatif`` used for the same
-policy. The file records what τ depends on (:class:`pagestats.gatefile.Gate`): the model, D's window
+policy. The file records what τ depends on (:class:`pagestats.deploy.gatefile.Gate`): the model, D's window
 w, k, bin fraction and convention (read from the manifests, which must agree), the pilot's μ and σ
 for ``z``, the class means for ``midpoint``, the calibration D values (for ``pagestats monitor``),
 and a sha256 over the logs' data files.
@@ -18,8 +18,8 @@ import hashlib
 import numpy as np
 import polars as pl
 
-from pagestats.gatefile import Gate
-from pagestats.registry import gated
+from pagestats.deploy.gatefile import Gate
+from pagestats.core.registry import gated
 from pagestats.replay.calibration import calibration
 
 
@@ -94,7 +94,7 @@ def calibrate(logs, policy, *, model: str | None = None, files=None) -> Gate:
     logs : pagestats.io.Logs
         Validated logs.
     policy : pagestats.replay.Policy
-        A policy a gate file holds (:func:`pagestats.registry.gated`), as ``pagestats whatif`` builds
+        A policy a gate file holds (:func:`pagestats.core.registry.gated`), as ``pagestats whatif`` builds
         it (:func:`pagestats.cli.options.policy_from_args`).
     model : str, optional
         The model to calibrate for; required when the logs hold several.

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import polars as pl
 
-from pagestats import formulas
-from pagestats.schema import utc_time
+from pagestats.core import formulas
+from pagestats.core.schema import utc_time
 
 __all__ = [
     "BAND_KIND", "PreregistrationError", "check_frozen_before", "freeze_band", "is_sha256", "load_band", "target_runs", "verified_band",

@@ -25,15 +25,16 @@ from typing import ClassVar
 import numpy as np
 import polars as pl
 
-from pagestats import defaults, formulas, metrics, replay
-from pagestats.calibrate import _model_source, _n_layers, _prompt_style, _statistic, logs_sha256
-from pagestats.columns import MATRIX_CELL
-from pagestats.gatefile import Gate
-from pagestats.registry import POLICIES, gated, policy_class
+from pagestats import metrics, replay
+from pagestats.core import defaults, formulas
+from pagestats.deploy.calibrate import _model_source, _n_layers, _prompt_style, _statistic, logs_sha256
+from pagestats.core.columns import MATRIX_CELL
+from pagestats.deploy.gatefile import Gate
+from pagestats.core.registry import POLICIES, gated, policy_class
 from pagestats.replay.calibration import Policy, calibration, decision_query, stored_groups
 from pagestats.replay.pilot import pilot_query, refuse_small_groups
 from pagestats.replay.sqltext import group_columns, join_on, quoted, relation_columns, sql_string
-from pagestats.schema import INPUT_KEY
+from pagestats.core.schema import INPUT_KEY
 from pagestats.stats._results import _Result
 from pagestats.stats.ltt import Certificate, fixed_sequence_threshold
 
@@ -52,7 +53,7 @@ class RiskControlled(Policy):
 
     It reads ``harmed``, each input's harm under plain eviction at (``evictor``, ``budget``)
     (:func:`harm_labels`), which the logs' inputs do not carry: :func:`risk_gate` adds it, and
-    ``whatif`` does not replay it (:data:`pagestats.registry.POLICIES`).
+    ``whatif`` does not replay it (:data:`pagestats.core.registry.POLICIES`).
     """
 
     labels: ClassVar[str] = "harm labels of the pilot: plain eviction below the full KV cache at the budget (Table 27)"

@@ -17,9 +17,9 @@ Notes
 -----
 ``pair_jaccard`` is layer-major: for layer ℓ and the pair (i, j), i < j, in lexicographic
 order, the value sits at ``ℓ·P + p`` with ``P = H(H−1)/2`` and ``p`` the pair's rank
-(:func:`pagestats.profile.pair_index`). ``agreement`` is a_ℓ (§3, Eq. 3 inputs) and ``drop``
+(:func:`pagestats.core.profile.pair_index`). ``agreement`` is a_ℓ (§3, Eq. 3 inputs) and ``drop``
 is D (Eq. 3) computed from the stored float32 ``agreement`` by
-:func:`pagestats.profile.drop_from_agreement`, so an offline replay of the logged defaults
+:func:`pagestats.core.profile.drop_from_agreement`, so an offline replay of the logged defaults
 reproduces ``drop`` bit for bit.
 """
 

@@ -21,8 +21,9 @@ import numpy as np
 import polars as pl
 from scipy.stats import beta
 
-from pagestats import defaults, metrics
-from pagestats.columns import MATRIX_CELL, input_key
+from pagestats import metrics
+from pagestats.core import defaults
+from pagestats.core.columns import MATRIX_CELL, input_key
 from pagestats.stats import power as pw
 from pagestats.tables import recovery_table
 
