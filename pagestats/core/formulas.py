@@ -1,7 +1,7 @@
 """The gate rule, the gated arm and the aggregates of the per-cell metrics, each written once, as SQL.
 
 polars evaluates them on in-memory frames (:func:`polars.sql_expr`: :mod:`pagestats.replay`,
-:mod:`pagestats.metrics`) and DuckDB on the parquet files (:mod:`pagestats.replay.sql`,
+:mod:`pagestats.metrics`) and DuckDB on the parquet files (:mod:`pagestats.replay.relations`,
 :mod:`pagestats.replay.whatif`, :func:`pagestats.replay.tau_curve`), so a formula cannot mean one
 thing in memory and another out of core. The gate rule reads a per-input row (``drop``,
 ``tau``); the gated arm an outcome row joined with its input's decision (``score``,

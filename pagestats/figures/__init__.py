@@ -32,7 +32,7 @@ from pagestats.figures.accuracy import (
     pareto_mask,
 )
 from pagestats.figures.decision import decision_frontier, decision_frontier_data
-from pagestats.figures.gate import (
+from pagestats.figures.drop import (
     agreement_profile,
     agreement_profile_data,
     drop_by_task,

@@ -1,18 +1,16 @@
 """Offline replay of the PAGE gate from logs: recompute D under any profile spec, apply any
 policy, and substitute the full-KV outcome where the gate closes (Eq. 2).
 
-:mod:`~pagestats.replay.session` — :class:`Replay`, one replay (logs, policy, profile) with the
-engine chosen once and D and the decisions computed once; :func:`gated_outcomes`,
-:func:`pilot_composition`, :func:`decide_all` are one call of it.
-:mod:`~pagestats.replay.spec` — :class:`ProfileSpec` and :func:`profile_drop` (D recomputed
-from the stored profile with the collector's own definitions, so the default spec reproduces
-the logged ``drop`` bit for bit); :mod:`~pagestats.replay.policies` — how τ is chosen, with
-:mod:`~pagestats.replay.pilot` (the calibration pilot, :func:`pilot_mask`) and
-:mod:`~pagestats.replay.calibration` (τ from the pilot, in SQL) written over
-:mod:`~pagestats.replay.sqltext`; the two engines: :mod:`~pagestats.replay.gate` (polars:
-:func:`gate`, :func:`gate_by_draw` one head-pair draw at a time, :func:`gated_from_decisions`)
-and :mod:`~pagestats.replay.sql` (DuckDB: the relations ``drops`` and ``decisions``);
-:mod:`~pagestats.replay.curve` — :func:`tau_curve`, a whole threshold sweep in one pass.
+:mod:`~pagestats.replay.session` — :class:`Replay`, one replay (logs, policy, profile) on one DuckDB
+connection: D and the decisions computed once, in SQL (:mod:`~pagestats.replay.relations`: the relations
+``drops``, ``decisions``, ``held_out`` and ``gated``); :func:`gate`, :func:`gated_outcomes`,
+:func:`decide_all` are one call of it, and :mod:`~pagestats.replay.frames` turns its decisions into the
+per-row polars frames the tables read. :mod:`~pagestats.replay.spec` — :class:`ProfileSpec` and
+:func:`profile_drop` (D recomputed from the stored profile with the collector's own definitions, so the
+default spec reproduces the logged ``drop`` bit for bit). :mod:`~pagestats.replay.policies` — how τ is
+chosen (every policy one ``calibrate(con, source)``, :mod:`~pagestats.replay.calibration`), with the
+pilot (:mod:`~pagestats.replay.pilot`). :mod:`~pagestats.replay.curve` — :func:`tau_curve`, a whole
+threshold sweep in one pass. :mod:`~pagestats.replay.whatif` — the what-if table of ``pagestats whatif``.
 
 References
 ----------
@@ -22,7 +20,7 @@ Fig. 6); A.3.5 (head-pair subsampling, Table 9; layer subsampling, Table 10).
 """
 
 from pagestats.replay.curve import TAU_CURVE_COLUMNS, paper_tau_curve, tau_curve
-from pagestats.replay.gate import (
+from pagestats.replay.frames import (
     DELTA_COLUMNS,
     GATE_COLUMNS,
     GATED_OUTCOME_COLUMNS,

@@ -111,7 +111,7 @@ def tau_curve(
         raise ValueError(f"tau_curve: cannot group by {bad}")
     with Replay(logs, profile=profile) as session:
         con = session.con
-        groups = [*by, *session.drops()]
+        groups = [*by, *session.drops_relation()]
         con.register("_thresholds", pl.DataFrame({"tau": taus, "_ord": np.arange(taus.size, dtype=np.int64)}))
         out = con.sql(tau_curve_query(groups)).pl()
     if out.height == 0:

@@ -3,7 +3,7 @@
 :func:`pilot_query` draws the pilot of a relation (the first inputs in a balanced order, or a
 seeded sample by :func:`pilot_hash`); :func:`refuse_small_groups` refuses a group too small for
 it; :func:`pilot_mask` marks the pilot rows of a polars frame (the same query, run by DuckDB on
-the frame, :func:`frame_query`). The replay's DuckDB engine (:mod:`pagestats.replay.sql`) runs
+the frame, :func:`frame_query`). The replay's DuckDB engine (:mod:`pagestats.replay.relations`) runs
 the same query on the logs out of core, so the two share one definition.
 
 References
@@ -164,7 +164,7 @@ def pilot_mask(frame: pl.DataFrame, by, n: int, split: str = "first", seed: int 
     -----
     The selection is made on distinct inputs, so every head-pair draw of an input is in or
     out of the pilot together. It is :func:`pilot_query` run by DuckDB on ``frame``, the
-    query that also draws the pilot of the logs out of core (:mod:`pagestats.replay.sql`).
+    query that also draws the pilot of the logs out of core (:mod:`pagestats.replay.relations`).
     """
     _check_pilot(n, split)
     by = group_columns(frame.columns, by, "pilot_mask")

@@ -5,7 +5,7 @@ exactly that rule, so a policy only says how τ is chosen. Each is a frozen data
 :class:`~pagestats.replay.calibration.Policy`: one ``calibrate(con, source)`` gives every row of a
 DuckDB relation (one row per input, or per input and head-pair draw) ``tau`` (null for the oracle
 and custom policies, which have none), ``in_pilot`` and ``gate_open``, so the replay on the logs
-(:mod:`pagestats.replay.sql`) and ``decide(frame)`` on a polars frame share one definition. The
+(:mod:`pagestats.replay.relations`) and ``decide(frame)`` on a polars frame share one definition. The
 rows carry ``run_id, task, input_id, [pair_draw], model, context_length, task_class, n_tokens,
 full_score, drop`` and the columns of the policy's ``reads`` (the a_ℓ list ``agreement`` only for a
 :class:`CustomPolicy`: head-pair draws would repeat it on every draw). The registered policies are
@@ -355,7 +355,7 @@ class TaskOracle(Policy):
 
     @property
     def rule(self) -> str:
-        """The decision as SQL (evaluated by polars here and by DuckDB in :mod:`pagestats.replay.sql`,
+        """The decision as SQL (evaluated by polars here and by DuckDB in :mod:`pagestats.replay.relations`,
         as the formulas of :mod:`pagestats.core.formulas`)."""
         return f"task_class <> {sql_string(self.capacity_class)}"
 

@@ -21,8 +21,8 @@ import polars as pl
 
 from pagestats.io.logs import LogTables
 from pagestats.core import formulas
-from pagestats.replay import sql
-from pagestats.replay.gate import gated_from_decisions
+from pagestats.replay import relations
+from pagestats.replay.frames import gated_from_decisions
 from pagestats.replay.policies import FixedTau, Policy
 from pagestats.replay.spec import ProfileSpec, profile_drop, profile_drop_by_draw
 from pagestats.core.schema import INPUT_KEY
@@ -50,8 +50,8 @@ class Replay:
     Notes
     -----
     The per-input frames (:meth:`decisions`, :meth:`gated_outcomes`) are polars
-    (:mod:`pagestats.replay.gate`) on the logs' per-input rows (:meth:`pagestats.io.LogTables.per_input`).
-    The aggregates run in DuckDB (:mod:`pagestats.replay.sql`): a policy
+    (:mod:`pagestats.replay.frames`) on the logs' per-input rows (:meth:`pagestats.io.LogTables.per_input`).
+    The aggregates run in DuckDB (:mod:`pagestats.replay.relations`): a policy
     is decided there, one that reads the a_ℓ lists (a
     :class:`~pagestats.replay.policies.CustomPolicy`) by polars and joined back.
     D, the decisions and the connection are made on first use and kept: the what-if and
@@ -67,14 +67,14 @@ class Replay:
         One row per input (and head-pair draw ``pair_draw``): the input columns and D under
         ``profile``.
     ``decisions`` (after :meth:`decide`)
-        :data:`pagestats.replay.sql.DECISION_COLUMNS`: ``drops`` with ``tau`` and
+        :data:`pagestats.replay.relations.DECISION_COLUMNS`: ``drops`` with ``tau`` and
         ``gate_open``, the evaluated inputs only.
     ``held_out`` (after :meth:`decide`)
         ``run_id, task, input_id`` of the inputs a held-out pilot used to set τ, left out of
         every evaluated number (empty without one).
     ``gated`` (after :meth:`gated`)
         The gated outcomes of the evaluated inputs (Eq. 2), :data:`~pagestats.replay.GATED_OUTCOME_COLUMNS`
-        (:func:`pagestats.replay.sql.gated_query`, which the what-if aggregates): the rows of
+        (:func:`pagestats.replay.relations.gated_query`, which the what-if aggregates): the rows of
         :meth:`gated_outcomes`, in SQL.
 
     Other relations on it are the engine's own (names starting with ``_``); a query that adds
@@ -101,7 +101,7 @@ class Replay:
         if self._con is not None:
             self._con.close()
             self._con = None
-            self._done = {k: v for k, v in self._done.items() if k in ("frames", "dropped", "decided_frame",
+            self._done = {k: v for k, v in self._done.items() if k in ("frames", "drop_frame", "decided_frame",
                                                                       "decisions")}
 
     def _once(self, name: str, compute):
@@ -127,23 +127,23 @@ class Replay:
     def frames(self):
         """The per-input rows the polars engine reads, with the per-layer lists the profile spec
         needs (:meth:`pagestats.io.LogTables.per_input`)."""
-        return self._once("frames", lambda: self.logs.per_input(sql.profile_lists(self.profile),
+        return self._once("frames", lambda: self.logs.per_input(relations.profile_lists(self.profile),
                                                                 topk=self.profile.k is not None))
 
-    def dropped(self) -> pl.DataFrame:
+    def drop_frame(self) -> pl.DataFrame:
         """D per input (and head-pair draw) under the profile spec (:func:`pagestats.replay.profile_drop`)."""
-        return self._once("dropped", lambda: profile_drop(self.frames(), self.profile))
+        return self._once("drop_frame", lambda: profile_drop(self.frames(), self.profile))
 
-    def drops(self) -> list[str]:
+    def drops_relation(self) -> list[str]:
         """Create the relation ``drops``; return its draw columns (``["pair_draw"]`` or ``[]``).
 
-        The default profile reads the logged D in SQL; any other spec joins :meth:`dropped` back,
+        The default profile reads the logged D in SQL; any other spec joins :meth:`drop_frame` back,
         as does a policy that reads the a_ℓ list (``"agreement"`` in its ``reads``), with the list.
         """
         def make():
             if self.profile == ProfileSpec() and "agreement" not in self.policy.reads:
-                return sql.logged_drops(self._connection())
-            return self.register_drops(self.dropped())
+                return relations.logged_drops(self._connection())
+            return self.register_drops(self.drop_frame())
 
         return self._once("drops", make)
 
@@ -153,7 +153,7 @@ class Replay:
         if "agreement" in self.policy.reads:
             frame = frame.join(self.frames().inputs.select(*INPUT_KEY, "agreement"), on=INPUT_KEY, how="left",
                                maintain_order="left")
-        return sql.register_drops(self._connection(), frame)
+        return relations.register_drops(self._connection(), frame)
 
     def decided(self) -> pl.DataFrame:
         """Every input's decision, a held-out pilot included, with ``held_out`` marking the inputs
@@ -162,7 +162,7 @@ class Replay:
         the gate cannot decide (:meth:`decisions` is)."""
         def make():
             draw_columns, held = self._decided()
-            return self.logs.typed_names(sql.decided_rows(self._connection(), draw_columns, held))
+            return self.logs.typed_names(relations.decided_rows(self._connection(), draw_columns, held))
 
         return self._once("decided_frame", make)
 
@@ -179,8 +179,8 @@ class Replay:
         """The decisions in SQL (``_decided``: every row of ``drops`` with ``tau``, ``gate_open``,
         ``in_pilot``), computed once; the draw columns and the SQL condition of a held-out row."""
         def make():
-            draw_columns = self.drops()
-            return draw_columns, sql.decide_rows(self._connection(), self.policy)
+            draw_columns = self.drops_relation()
+            return draw_columns, relations.decide_rows(self._connection(), self.policy)
 
         return self._once("decided", make)
 
@@ -189,7 +189,7 @@ class Replay:
         def make():
             draw_columns, held = self._decided()
             con = self._connection()
-            sql.decide(con, draw_columns, held)
+            relations.decide(con, draw_columns, held)
             _refuse_no_drop(con.sql("SELECT run_id, count(DISTINCT (task, input_id)) FROM decisions WHERE gate_open "
                                     "IS NULL GROUP BY run_id ORDER BY run_id").fetchall())
             _refuse_unknown_full(con.sql("SELECT run_id, count(DISTINCT (task, input_id)) FROM decisions WHERE NOT "
@@ -202,7 +202,7 @@ class Replay:
         """Create the relation ``gated``; return its draw columns."""
         def make():
             draw_columns = self.decide()
-            self.con.execute(f"CREATE OR REPLACE TEMP VIEW gated AS {sql.gated_query(draw_columns)}")
+            self.con.execute(f"CREATE OR REPLACE TEMP VIEW gated AS {relations.gated_query(draw_columns)}")
             return draw_columns
 
         return self._once("gated", make)
@@ -216,7 +216,7 @@ class Replay:
         in SQL (:meth:`decide`), so only they reach polars."""
         draw_columns = self.decide()
         con = self._connection()
-        pilot = sql.pilot_rows(con, draw_columns) if self.policy.has_pilot else sql.no_pilot_rows(con)
+        pilot = relations.pilot_rows(con, draw_columns) if self.policy.has_pilot else relations.no_pilot_rows(con)
         cols = list(PILOT_COLUMNS[:4])
         draw_columns = [c for c in ("pair_draw",) if c in pilot.columns]
         tau = formulas.expr(formulas.group_tau()).alias("tau")  # per group and draw, then over the draws
@@ -278,9 +278,9 @@ def decide_each(logs: LogTables, policies, profile: ProfileSpec = ProfileSpec())
     # the replay's drops carry the a_ℓ list when any policy reads it
     first = next((p for p in policies if "agreement" in p.reads), policies[0])
     with Replay(logs, first, profile) as session:
-        draw_columns, con = session.drops(), session._connection()
+        draw_columns, con = session.drops_relation(), session._connection()
         for policy in policies:
-            yield logs.typed_names(sql.decided_rows(con, draw_columns, sql.decide_rows(con, policy)))
+            yield logs.typed_names(relations.decided_rows(con, draw_columns, relations.decide_rows(con, policy)))
 
 
 def gate_by_draw(logs: LogTables, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec()
@@ -304,7 +304,7 @@ def gate_by_draw(logs: LogTables, policy: Policy = FixedTau(), profile: ProfileS
 
         def decided(block):
             draw_columns = session.register_drops(pl.concat(block))
-            out = logs.typed_names(sql.decided_rows(con, draw_columns, sql.decide_rows(con, policy)))
+            out = logs.typed_names(relations.decided_rows(con, draw_columns, relations.decide_rows(con, policy)))
             out = out.filter(~pl.col("held_out")).drop("held_out")
             if len(block) == 1:
                 return [out]
@@ -341,13 +341,13 @@ def gated_outcomes(logs, policy: Policy = FixedTau(), profile: ProfileSpec = Pro
     evictor : str, optional
         Only this evictor's outcome rows (a table of one evictor need not gate the others).
     columns : sequence of str, optional
-        Only these of :data:`~pagestats.replay.gate.GATED_OUTCOME_COLUMNS` (a table that reads
+        Only these of :data:`~pagestats.replay.frames.GATED_OUTCOME_COLUMNS` (a table that reads
         a few holds narrow rows).
 
     Returns
     -------
     polars.DataFrame
-        Columns :data:`~pagestats.replay.gate.GATED_OUTCOME_COLUMNS` (``pair_draw`` only with
+        Columns :data:`~pagestats.replay.frames.GATED_OUTCOME_COLUMNS` (``pair_draw`` only with
         head-pair draws; only ``columns`` when given), sorted by input key, [pair_draw],
         evictor, budget.
     """

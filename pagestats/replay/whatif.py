@@ -21,7 +21,7 @@ import polars as pl
 
 from pagestats.core import formulas
 from pagestats.core.columns import MATRIX_CELL, MODEL_CELL, WHATIF_CELL
-from pagestats.replay import FixedTau, Policy, ProfileSpec, Replay, sql
+from pagestats.replay import FixedTau, Policy, ProfileSpec, Replay, relations
 from pagestats.core.schema import INPUT_KEY
 from pagestats.core.escape import csv_frame
 from pathlib import Path
@@ -89,7 +89,7 @@ def _per_draw(draw_columns: list[str], input_draws, tables: dict[str, str] | Non
     cell = _cell(input_draws)
     key = ", ".join(INPUT_KEY)
     draw = ", ".join(draw_columns)
-    gated = sql.gated_query(draw_columns, outcomes=t["outcomes"], decisions=t["decisions"], held_out=t["held_out"])
+    gated = relations.gated_query(draw_columns, outcomes=t["outcomes"], decisions=t["decisions"], held_out=t["held_out"])
     acc = ", ".join(f"{_exact_mean(sql)} AS {name}" for name, sql in formulas.ACCURACY.items())
     draw_col = ", x.draw" if input_draws == "split" else ""
     draw_join = f" LEFT JOIN (SELECT {key}, draw FROM {t['inputs']}) x USING ({key})" if input_draws is not None else ""

@@ -26,7 +26,7 @@ from pagestats.replay import (
     pilot_composition,
     pilot_mask,
     profile_drop,
-    sql,
+    relations,
 )
 from pagestats.testing import synthetic_logs
 from pagestats.replay.whatif import whatif_table

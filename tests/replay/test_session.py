@@ -22,7 +22,7 @@ from pagestats.replay import (
     gated_outcomes,
     pilot_composition,
     session as session_module,
-    sql,
+    relations,
 )
 from pagestats.testing import synthetic_logs
 from pagestats.replay.whatif import replay_whatif, whatif_table, whatif_with_pilot
@@ -46,7 +46,7 @@ def written(tmp_path_factory):
 
 @pytest.fixture
 def counted(monkeypatch):
-    """How often the decision step runs: the SQL decision of a policy (``sql.decide_rows``), the one
+    """How often the decision step runs: the SQL decision of a policy (``relations.decide_rows``), the one
     engine of every policy (a Python policy's function included)."""
     calls = []
 
@@ -56,7 +56,7 @@ def counted(monkeypatch):
             return fn(*args, **kwargs)
         return wrapped
 
-    monkeypatch.setattr(sql, "decide_rows", counting("sql", sql.decide_rows))
+    monkeypatch.setattr(relations, "decide_rows", counting("sql", relations.decide_rows))
     return calls
 
 
@@ -161,7 +161,7 @@ def test_connection_is_made_on_first_use_and_closed(written):
     session.close()
     assert session._con is None
     with session:
-        assert session.drops() == []
+        assert session.drops_relation() == []
         assert session.con.sql("SELECT count(*) FROM drops").fetchall()[0][0] == logs.inputs.height
     assert session._con is None
     assert replay_whatif(session).height  # a closed session opens a new connection when asked again
