@@ -26,7 +26,6 @@ from pagestats.replay import (
     pilot_composition,
     pilot_mask,
     profile_drop,
-    relations,
 )
 from pagestats.testing import synthetic_logs
 from pagestats.replay.whatif import whatif_table
