@@ -5,6 +5,7 @@ exactly what notebooks/build_notebooks.py writes."""
 
 from __future__ import annotations
 
+import glob
 import importlib.util
 import os
 from pathlib import Path
@@ -99,11 +100,17 @@ def test_notebook_runs_and_shows_its_figures(path, logs_location, monkeypatch):
     assert _builder().image_outputs(nb) >= nb.metadata["pagestats"]["min_images"], path.name
 
 
+def _runs(location: str) -> list[str]:
+    """The runs under a location the notebooks accept: a folder of runs, a run, or a glob of them."""
+    roots = glob.glob(location) if any(ch in location for ch in "*?[") else [location]
+    return sorted(str(m.parent) for root in roots for m in Path(root).glob("**/manifest.json"))
+
+
 def test_quickstart_reads_a_log_database(logs_location, monkeypatch, tmp_path):
     """With PAGESTATS_DB the notebook reads the logs through `pagestats index`'s database: same counts."""
     from pagestats import io
 
-    runs = sorted(str(m.parent) for m in Path(logs_location).glob("**/manifest.json"))
+    runs = _runs(logs_location)
     db = str(tmp_path / "logs.duckdb")
     io.index_logs(runs, db).close()
     logs = io.load(runs)
@@ -141,7 +148,7 @@ def test_quickstart_summary_is_the_librarys(logs_location, monkeypatch):
     nb = nbformat.read(NB_DIR / "01_quickstart.ipynb", as_version=4)
     source = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
     assert "whatif.whatif_summary(fixed)" in source
-    runs = sorted(str(m.parent) for m in Path(logs_location).glob("**/manifest.json"))
+    runs = _runs(logs_location)
     logs = io.load(runs, mode="query-aware")
     table = whatif.whatif_table(logs, FixedTau(0.07))
     keys = ["model", "context_length", "evictor", *(["draw"] if "draw" in table.columns else [])]  # draws apart
