@@ -91,8 +91,7 @@ notebooks: $(VENV)/.core
 # tests from the busier worker's queue to the idle one, for a suite whose tests take from 0.01 to 45 s.
 test:
 	$(MAKE) -j2 --no-print-directory $(VENV)/.full $(KVPRESS_VENV)/.done
-	@# three workers on the two cores: with two, about 0.3 of a core sat idle (subprocesses, Ray start-up, the last tests)
-	$(PY) -m pytest -n 3 --dist worksteal --durations=15 tests
+	$(PY) -m pytest -n 2 --dist worksteal --durations=15 tests
 	$(KVPRESS_VENV)/bin/python -m pytest -n 2 --dist worksteal $(KVPRESS_TESTS)
 
 recollect: $(VENV)/.full
