@@ -1,16 +1,6 @@
 """Offline replay of the PAGE gate from logs: recompute D under any profile spec, apply any
-policy, and substitute the full-KV outcome where the gate closes (Eq. 2).
-
-:mod:`~pagestats.replay.session` — :class:`Replay`, one replay (logs, policy, profile) on one DuckDB
-connection: D and the decisions computed once, in SQL (:mod:`~pagestats.replay.relations`: the relations
-``drops``, ``decisions``, ``held_out`` and ``gated``); :func:`gate`, :func:`gated_outcomes`,
-:func:`decide_all` are one call of it, and :mod:`~pagestats.replay.frames` turns its decisions into the
-per-row polars frames the tables read. :mod:`~pagestats.replay.spec` — :class:`ProfileSpec` and
-:func:`profile_drop` (D recomputed from the stored profile with the collector's own definitions, so the
-default spec reproduces the logged ``drop`` bit for bit). :mod:`~pagestats.replay.policies` — how τ is
-chosen (every policy one ``calibrate(con, source)``, :mod:`~pagestats.replay.calibration`), with the
-pilot (:mod:`~pagestats.replay.pilot`). :mod:`~pagestats.replay.curve` — :func:`tau_curve`, a whole
-threshold sweep in one pass. :mod:`~pagestats.replay.whatif` — the what-if table of ``pagestats whatif``.
+policy, and substitute the full-KV outcome where the gate closes (Eq. 2). :class:`Replay` is one
+replay on one DuckDB connection; the other functions are one call of it each.
 
 References
 ----------
@@ -42,8 +32,7 @@ from pagestats.replay.policies import (
 from pagestats.replay.session import (
     PILOT_COLUMNS,
     Replay,
-    decide_all,
-    decide_each,
+    decision_frames,
     gate,
     gate_by_draw,
     gated_outcomes,
@@ -77,8 +66,7 @@ __all__ = [
     "Replay",
     "TaskOracle",
     "ZScored",
-    "decide_all",
-    "decide_each",
+    "decision_frames",
     "gate",
     "gate_by_draw",
     "gated_from_decisions",

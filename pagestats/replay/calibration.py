@@ -1,12 +1,8 @@
 """The policy contract and a pilot's threshold, set in SQL: :class:`Policy` (one
 ``calibrate(con, source)``), the pilot moments, τ per group, and τ joined back to every row.
 
-A policy's ``calibrate(con, source)`` gives every row of the relation ``source`` its ``tau``,
-``in_pilot`` and ``gate_open``, as SQL. A policy with a pilot draws it first
-(:mod:`pagestats.replay.pilot`) and stores the pilot inputs and τ per group on ``con``
-(:func:`store_calibration`: the tables ``_pilot_units`` and ``_pilot_tau``), which
-:func:`decision_query` joins back to every row; :meth:`Policy.record` reads what set τ there (the gate
-file records it, :mod:`pagestats.deploy.calibrate`). :func:`calibration` runs it on a polars frame.
+A policy with a pilot stores the pilot inputs and τ per group on the connection (the tables
+``_pilot_units`` and ``_pilot_tau``), joined back to every row; :meth:`Policy.record` reads what set τ there.
 
 References
 ----------
@@ -88,7 +84,8 @@ class Policy(ABC):
         return logs, None
 
     def decide(self, frame: pl.DataFrame) -> pl.DataFrame:
-        """``frame`` with ``in_pilot``, ``tau`` and ``gate_open`` added, row order kept (:func:`calibration`)."""
+        """The policy's decision on the inputs of ``frame``: ``in_pilot``, ``tau`` and ``gate_open``
+        added, row order kept (:meth:`calibrate`, run by :func:`calibration`)."""
         return calibration(self, frame)[0]
 
 

@@ -95,10 +95,8 @@ def tau_curve(
     n_kept/n_tokens. Over the group's inputs: p_open = fraction with D ≥ τ; fp_rate = share of
     capacity-bound inputs whose gate opens ("gate fires on capacity-bound MK3"); fn_rate =
     share of dilution-prone inputs whose gate stays closed (App. A.3.4); NaN when the group
-    has no input of that class. One DuckDB query (:func:`tau_curve_query`) over the outcome
-    rows and a table of the thresholds: the closed inputs at τ are those with D < τ, found
-    for every τ at once by an ASOF join on running sums in D order. Equals the brute-force
-    loop of :func:`gated_outcomes` over τ up to floating-point summation order.
+    has no input of that class. Equals the brute-force loop of :func:`gated_outcomes` over τ up
+    to floating-point summation order.
     """
     taus = np.asarray(taus, dtype=np.float64).ravel()
     if np.isnan(taus).any():

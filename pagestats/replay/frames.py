@@ -1,7 +1,5 @@
-"""The per-row frames at the edge, in polars: :func:`gated_from_decisions` expands the decisions of a
-:class:`pagestats.replay.Replay` (decided in SQL) to every (evictor, budget) arm, substituting the
-full-KV outcome where the gate closes (Eq. 2); :func:`plain_outcomes` for inputs without D.
-
+"""The per-row frames at the edge, in polars: the decisions read back from SQL expanded to every
+(evictor, budget) arm, the full-KV outcome substituted where the gate closes (Eq. 2).
 
 References
 ----------
@@ -57,20 +55,23 @@ def _outcome_rows(outcomes: pl.DataFrame, decisions: pl.DataFrame) -> pl.DataFra
 _GATED_READS = ("model", "full_score", "n_tokens", "gate_open")
 
 
-def gated_from_decisions(outcomes: pl.DataFrame, decided: pl.DataFrame, columns=None) -> pl.DataFrame:
-    """:func:`pagestats.replay.gated_outcomes` of the outcome rows ``outcomes`` under the decisions ``decided``
-    (a :func:`decided` frame: every input of the outcomes, ``held_out`` marking the inputs
-    left out of the evaluated rows); only ``columns`` of :data:`GATED_OUTCOME_COLUMNS` when given."""
+def gated_from_decisions(outcomes: pl.DataFrame, decisions: pl.DataFrame, columns=None) -> pl.DataFrame:
+    """:func:`pagestats.replay.gated_outcomes` of the outcome rows ``outcomes`` under ``decisions`` (a
+    :meth:`~pagestats.replay.Replay.decision_frame`: every input of the outcomes, ``held_out`` marking the
+    inputs left out of the evaluated rows); only ``columns`` of :data:`GATED_OUTCOME_COLUMNS` when given.
+
+    The same rows as the relation ``gated`` (:func:`pagestats.replay.relations.gated_query`), made in
+    polars so that they share the outcomes' columns instead of copying them (docs/PERFORMANCE.md)."""
     if columns is not None:
         unknown = sorted(set(columns) - set(GATED_OUTCOME_COLUMNS))
         if unknown:
             raise ValueError(f"gated_outcomes: unknown columns {unknown}; expected some of {GATED_OUTCOME_COLUMNS}")
     wanted = GATED_OUTCOME_COLUMNS if columns is None else tuple(columns)
     keep = {*INPUT_KEY, "pair_draw", *_GATED_READS, *wanted}
-    decisions = decided.select([c for c in GATE_COLUMNS if c in decided.columns and c in keep])
-    rows = _outcome_rows(outcomes, decisions)  # every input decided, so that outcome rows all have one
-    if decided["held_out"].any():  # a held-out pilot: its inputs are not evaluated
-        rows = rows.join(decided.filter(~pl.col("held_out")).select(INPUT_KEY).unique(), on=INPUT_KEY, how="semi")
+    gates = decisions.select([c for c in GATE_COLUMNS if c in decisions.columns and c in keep])
+    rows = _outcome_rows(outcomes, gates)  # every input decided, so that outcome rows all have one
+    if decisions["held_out"].any():  # a held-out pilot: its inputs are not evaluated
+        rows = rows.join(decisions.filter(~pl.col("held_out")).select(INPUT_KEY).unique(), on=INPUT_KEY, how="semi")
     derived = {
         "score_full": pl.col("full_score"),
         "score_plain": pl.col("score"),

@@ -1,10 +1,7 @@
 """The calibration pilot, drawn in SQL: which inputs of each group set τ (§3 "Calibration").
 
-:func:`pilot_query` draws the pilot of a relation (the first inputs in a balanced order, or a
-seeded sample by :func:`pilot_hash`); :func:`refuse_small_groups` refuses a group too small for
-it; :func:`pilot_mask` marks the pilot rows of a polars frame (the same query, run by DuckDB on
-the frame, :func:`frame_query`). The replay's DuckDB engine (:mod:`pagestats.replay.relations`) runs
-the same query on the logs out of core, so the two share one definition.
+The pilot is the first inputs of each group in a balanced order, or a seeded sample by
+:func:`pilot_hash`; a polars frame gets the same query, run by DuckDB on the frame.
 
 References
 ----------

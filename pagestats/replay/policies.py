@@ -1,15 +1,12 @@
 """Gate policies as values: fixed τ, z-scored, midpoint, task-label oracle, custom callable.
 
 The gate evicts iff D ≥ τ (§3 "Algorithm", Eq. 2); every policy that has a threshold applies
-exactly that rule, so a policy only says how τ is chosen. Each is a frozen dataclass and a
-:class:`~pagestats.replay.calibration.Policy`: one ``calibrate(con, source)`` gives every row of a
-DuckDB relation (one row per input, or per input and head-pair draw) ``tau`` (null for the oracle
-and custom policies, which have none), ``in_pilot`` and ``gate_open``, so the replay on the logs
-(:mod:`pagestats.replay.relations`) and ``decide(frame)`` on a polars frame share one definition. The
-rows carry ``run_id, task, input_id, [pair_draw], model, context_length, task_class, n_tokens,
-full_score, drop`` and the columns of the policy's ``reads`` (the a_ℓ list ``agreement`` only for a
-:class:`CustomPolicy`: head-pair draws would repeat it on every draw). The registered policies are
-found by short name in :data:`pagestats.core.registry.POLICIES`.
+exactly that rule, so a policy only says how τ is chosen, in one ``calibrate(con, source)``
+(:class:`~pagestats.replay.calibration.Policy`). ``tau`` is null for the oracle and custom
+policies, which have none. The rows carry ``run_id, task, input_id, [pair_draw], model,
+context_length, task_class, n_tokens, full_score, drop`` and the columns of the policy's ``reads``
+(the a_ℓ list ``agreement`` only for a :class:`CustomPolicy`: head-pair draws would repeat it on
+every draw).
 
 References
 ----------
@@ -68,12 +65,6 @@ class FixedTau(Policy):
     def calibrate(self, con, source: str) -> str:
         tau = sql_float(self._checked())
         return f"SELECT *, false AS in_pilot, {GATE_RULE} AS gate_open FROM (SELECT *, {tau} AS tau FROM {source})"
-
-    def decide(self, frame: pl.DataFrame) -> pl.DataFrame:
-        """:meth:`calibrate`'s decision by polars (the same rule, no DuckDB round trip: the report
-        gates every table at a fixed τ)."""
-        out = frame.with_columns(pl.lit(False).alias("in_pilot"), pl.lit(float(self._checked())).alias("tau"))
-        return out.with_columns(pl.sql_expr(GATE_RULE).alias("gate_open"))
 
     def recalibrated(self, mode: str, **pilot) -> Policy:
         if mode == "z":

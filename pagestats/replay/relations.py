@@ -1,28 +1,12 @@
-"""The replay's DuckDB engine: the gate decision per input as a relation that the aggregates
-of :mod:`pagestats.replay.whatif` and :func:`pagestats.replay.tau_curve` join to the outcome rows, so
-that no per-(input, budget) row is built in Python.
+"""The replay's DuckDB relations, on the connection of a :class:`pagestats.replay.Replay` whose
+``inputs`` and ``outcomes`` are the logs' tables: D (``drops``), every policy's decision in SQL
+(``_calibrated``, ``decisions``, ``held_out``) and the gated outcomes (:func:`gated_query`), so that no
+per-(input, budget) row is built in Python.
 
-Every function here works on a connection of a :class:`pagestats.replay.Replay`, on which
-``inputs`` and ``outcomes`` name the logs' tables (the relations of its docstring, the
-contract between the session and this module; :meth:`pagestats.io.LogTables.cursor`). The
-session chooses what runs where:
-
-* D (the relation ``drops``, :func:`logged_drops`) is the logged ``drop`` under the default
-  profile (validation checks it against :func:`pagestats.core.profile.drop_from_agreement`; the
-  collector's logs reproduce it bit for bit); any other profile spec (layer or head-pair
-  subsets, k, statistics) recomputes it with :func:`pagestats.replay.profile_drop` on the
-  per-input frame (only the list columns the spec reads, :func:`profile_lists`) and joins it back
-  (:func:`register_drops`), with the a_ℓ list for a policy that reads it (a
-  :class:`~pagestats.replay.policies.CustomPolicy`);
-* every policy decides in SQL over ``drops`` (:func:`decide_rows`), with its own ``calibrate``
-  (:class:`~pagestats.replay.calibration.Policy`; a Python policy's function is its own, joined
-  back): only the pilot inputs and τ per group are materialised.
-
-:func:`decide` creates ``decisions`` (``run_id, task, input_id, [pair_draw], drop, tau, gate_open`` and
-the input's columns) and ``held_out``: the keys of the inputs a held-out calibration pilot used
-to set τ (:class:`~pagestats.replay.policies.ZScored` by default), which no evaluated number
-may include; it is empty for a policy without one. The per-(input, evictor, budget) rows never
-leave DuckDB.
+D is the logged ``drop`` under the default profile (validation checks it against
+:func:`pagestats.core.profile.drop_from_agreement`); any other profile spec recomputes it in NumPy
+(:func:`pagestats.replay.profile_drop`) and joins it back (:func:`register_drops`). A held-out
+pilot's inputs set τ and are left out of every evaluated number (``held_out``).
 
 References
 ----------
@@ -40,7 +24,7 @@ from pagestats.replay.policies import Policy
 from pagestats.replay.spec import ProfileSpec
 from pagestats.core.schema import INPUT_KEY
 
-#: The columns of the relation ``decisions`` made by :func:`decide`.
+#: The columns of the relation ``decisions`` (:func:`create_decisions`).
 DECISION_COLUMNS = (*INPUT_KEY, "pair_draw", *INPUT_COLUMNS[3:-1], "drop", "tau", "gate_open")
 
 _KEY = ", ".join(INPUT_KEY)
@@ -49,9 +33,8 @@ _INPUT_META = ", ".join(c for c in INPUT_COLUMNS if c not in (*INPUT_KEY, "drop"
 
 
 def profile_lists(profile: ProfileSpec) -> list[str]:
-    """The per-input list (or struct) columns :func:`pagestats.replay.profile_drop` reads under
-    ``profile`` besides the scalar ones: ``agreement`` always, ``pair_jaccard`` for a head-pair
-    subsample (unless k recomputes the pairs from ``topk``), ``signals`` for a signal statistic."""
+    """The list (or struct) columns :func:`pagestats.replay.profile_drop` reads under ``profile``:
+    ``pair_jaccard`` for a head-pair subsample unless k recomputes the pairs from ``topk``."""
     lists = ["agreement"]
     if profile.pairs_fraction is not None and profile.k is None:
         lists.append("pair_jaccard")
@@ -68,10 +51,9 @@ def logged_drops(con) -> list[str]:
 
 
 def register_drops(con, frame: pl.DataFrame) -> list[str]:
-    """Create the relation ``drops`` on ``con`` from ``frame``, D per input (and head-pair draw)
-    recomputed under a profile spec (:func:`pagestats.replay.profile_drop`), joined to the input
-    columns, with any other column of ``frame`` after D (the a_ℓ list a Python policy reads);
-    return its draw columns (``["pair_draw"]`` or ``[]``)."""
+    """Create the relation ``drops`` on ``con`` from ``frame`` (D per input and head-pair draw, and any
+    other column after D: the a_ℓ list a Python policy reads) joined to the input columns; return its
+    draw columns (``["pair_draw"]`` or ``[]``)."""
     draw_columns = ["pair_draw"] if "pair_draw" in frame.columns else []
     con.register("_dropped", frame)
     meta = ", ".join(f"i.{c}" for c in INPUT_COLUMNS if c not in (*INPUT_KEY, "drop"))
@@ -82,45 +64,36 @@ def register_drops(con, frame: pl.DataFrame) -> list[str]:
     return draw_columns
 
 
-def decide_rows(con, policy: Policy) -> str:
-    """Create ``_decided`` on ``con``: every row of ``drops`` with ``tau``, ``gate_open`` and
-    ``in_pilot``, decided in SQL by the policy's :meth:`~pagestats.replay.calibration.Policy.calibrate`;
-    return the SQL condition of a held-out row."""
+def create_calibrated(con, policy: Policy) -> str:
+    """Create ``_calibrated`` on ``con``: every row of ``drops`` with ``tau``, ``gate_open`` and
+    ``in_pilot`` (``policy.calibrate``); return the SQL condition of a held-out row."""
     source = "drops"
     if "reference_drop" in policy.reads:  # the reference D: the logged one
         con.execute(f"CREATE OR REPLACE TEMP VIEW _gate_source AS SELECT d.*, CAST(i.\"drop\" AS DOUBLE) AS "
                     f"reference_drop FROM drops d JOIN (SELECT {_KEY}, \"drop\" FROM inputs) i USING ({_KEY})")
         source = "_gate_source"
     register_functions(con)
-    con.execute(f"CREATE OR REPLACE TEMP VIEW _decided AS {policy.calibrate(con, source)}")
+    con.execute(f"CREATE OR REPLACE TEMP VIEW _calibrated AS {policy.calibrate(con, source)}")
     # an input without D is the session's refusal (its own line); any other undecided input, the policy's fault
-    if con.sql('SELECT count(*) FROM _decided WHERE gate_open IS NULL AND "drop" IS NOT NULL').fetchall()[0][0]:
+    if con.sql('SELECT count(*) FROM _calibrated WHERE gate_open IS NULL AND "drop" IS NOT NULL').fetchall()[0][0]:
         raise ValueError(f"policy {policy.name!r} left gate_open undecided for some inputs")
     return "in_pilot" if policy.held_out else "false"
 
 
-def decide(con, draw_columns: list[str], held: str) -> None:
-    """Create the relations ``decisions`` and ``held_out`` on ``con`` from ``_decided``
-    (:func:`decide_rows`; ``held`` its condition of a held-out row, ``draw_columns`` the head-pair draw columns
-    of ``drops``).
-
-    ``decisions`` has :data:`DECISION_COLUMNS` (``pair_draw`` only with head-pair draws), one
-    row per evaluated input (and draw): the input's own columns with its D, τ and decision, so
-    that a query joins the outcome rows to it once.
-    """
+def create_decisions(con, draw_columns: list[str], held: str) -> None:
+    """Create ``decisions`` (:data:`DECISION_COLUMNS`, one row per evaluated input and draw) and
+    ``held_out`` (the keys of the held-out pilot) on ``con`` from ``_calibrated``; ``held`` is the
+    condition of a held-out row (:func:`create_calibrated`)."""
     cols = f"{_KEY}, {'pair_draw, ' if draw_columns else ''}{_INPUT_META}, \"drop\", tau, gate_open"
-    con.execute(f"CREATE OR REPLACE TEMP VIEW decisions AS SELECT {cols} FROM _decided WHERE NOT ({held})")
-    con.execute(f"CREATE OR REPLACE TEMP VIEW held_out AS SELECT DISTINCT {_KEY} FROM _decided WHERE {held}")
+    con.execute(f"CREATE OR REPLACE TEMP VIEW decisions AS SELECT {cols} FROM _calibrated WHERE NOT ({held})")
+    con.execute(f"CREATE OR REPLACE TEMP VIEW held_out AS SELECT DISTINCT {_KEY} FROM _calibrated WHERE {held}")
 
 
 def gated_query(draw_columns: list[str], *, outcomes: str = "outcomes", decisions: str = "decisions",
                 held_out: str = "held_out") -> str:
-    """The gated outcomes (Eq. 2) as SQL: every outcome row of an evaluated input (a held-out pilot's
-    inputs left out) with its input's decision, the gated arm :data:`~pagestats.core.formulas.SCORE_GATED`
-    and :data:`~pagestats.core.formulas.N_KEPT_GATED`, in the columns of
-    :data:`pagestats.replay.GATED_OUTCOME_COLUMNS` (``pair_draw`` with ``draw_columns``). An outcome
-    row without an input row keeps a null ``model`` (the readers refuse it). ``outcomes``,
-    ``decisions`` and ``held_out`` name the relations read (one run's, in the what-if run by run)."""
+    """The gated outcomes (Eq. 2) as SQL: every outcome row of an evaluated input with its input's
+    decision and the gated arm, in :data:`pagestats.replay.GATED_OUTCOME_COLUMNS`. An outcome row
+    without an input row keeps a null ``model`` (the readers refuse it)."""
     draw = "".join(f"d.{c}, " for c in draw_columns)
     held = " AND ".join(f"h.{c} = o.{c}" for c in INPUT_KEY)
     return f"""
@@ -131,21 +104,20 @@ def gated_query(draw_columns: list[str], *, outcomes: str = "outcomes", decision
         WHERE NOT EXISTS (SELECT 1 FROM {held_out} h WHERE {held})"""
 
 
-def decided_rows(con, draw_columns: list[str], held: str) -> pl.DataFrame:
-    """Every row of ``_decided`` (:func:`decide_rows`; a held-out pilot included) with
-    :data:`DECISION_COLUMNS` and ``held_out`` (``held``: the condition of a held-out row), in
-    input (and draw) order: the frame of :func:`pagestats.replay.decide_all`."""
+def decision_frame(con, draw_columns: list[str], held: str) -> pl.DataFrame:
+    """Every row of ``_calibrated``, a held-out pilot included, with :data:`DECISION_COLUMNS` and
+    ``held_out`` (``held``: the condition of a held-out row), in input (and draw) order."""
     cols = f"{_KEY}, {'pair_draw, ' if draw_columns else ''}{_INPUT_META}, \"drop\", tau, gate_open"
     order = ", ".join([*INPUT_KEY, *draw_columns])
-    return con.sql(f"SELECT {cols}, {held} AS held_out FROM _decided ORDER BY {order}").pl()
+    return con.sql(f"SELECT {cols}, {held} AS held_out FROM _calibrated ORDER BY {order}").pl()
 
 
 def pilot_rows(con, draw_columns: list[str]) -> pl.DataFrame:
-    """The rows of the calibration pilot in ``_decided`` (``model, context_length, run_id, task,
+    """The rows of the calibration pilot in ``_calibrated`` (``model, context_length, run_id, task,
     input_id, [pair_draw], tau``) in input order."""
     order = ", ".join([*INPUT_KEY, *draw_columns])
     return con.sql(f"SELECT model, context_length, run_id, task, input_id{', pair_draw' if draw_columns else ''}, tau "
-                   f"FROM _decided WHERE in_pilot ORDER BY {order}").pl()
+                   f"FROM _calibrated WHERE in_pilot ORDER BY {order}").pl()
 
 
 def no_pilot_rows(con) -> pl.DataFrame:

@@ -1,12 +1,5 @@
-"""One replay of the gate: the logs, a policy and a profile spec, with the engine chosen once
-and D and the decisions computed once (§3, Eq. 2 and Eq. 3).
-
-A :class:`Replay` holds one DuckDB connection and gives what the analyses downstream read: the
-per-input decisions (:meth:`Replay.decisions`), the gated outcomes (:meth:`Replay.gated_outcomes`),
-the calibration pilot (:meth:`Replay.pilot_composition`) and the relations ``drops`` and
-``decisions`` that the what-if (:mod:`pagestats.replay.whatif`) and the τ curve
-(:func:`pagestats.replay.tau_curve`) aggregate in SQL. :func:`gated_outcomes` and
-:func:`pilot_composition` and :func:`decide_all` are one call of a :class:`Replay` each.
+"""One replay of the gate: the logs, a policy and a profile spec on one DuckDB connection, with D
+and the decisions computed once (§3, Eq. 2 and Eq. 3).
 
 References
 ----------
@@ -27,7 +20,7 @@ from pagestats.replay.policies import FixedTau, Policy
 from pagestats.replay.spec import ProfileSpec, profile_drop, profile_drop_by_draw
 from pagestats.core.schema import INPUT_KEY
 
-#: Rows of head-pair draws decided at once by :func:`gate_by_draw` (bounds its memory).
+#: Rows of head-pair draws calibrated at once by :func:`gate_by_draw` (bounds its memory).
 DRAW_BLOCK_ROWS = 4_000_000
 #: The columns of :meth:`Replay.pilot_composition`.
 PILOT_COLUMNS = ("model", "context_length", "run_id", "task", "n_pilot", "held_out", "tau")
@@ -39,9 +32,7 @@ class Replay:
     Parameters
     ----------
     logs : pagestats.io.LogTables
-        In-memory logs (:class:`~pagestats.io.Logs`) or a database of views over the parquet
-        files (:class:`~pagestats.io.LogDB`, out of core): the session reads either through
-        the protocol and never asks which it has.
+        In-memory logs or a database of views over the parquet files (out of core).
     policy : Policy
         How τ is chosen (default fixed τ = 0.07).
     profile : ProfileSpec
@@ -49,36 +40,25 @@ class Replay:
 
     Notes
     -----
-    The per-input frames (:meth:`decisions`, :meth:`gated_outcomes`) are polars
-    (:mod:`pagestats.replay.frames`) on the logs' per-input rows (:meth:`pagestats.io.LogTables.per_input`).
-    The aggregates run in DuckDB (:mod:`pagestats.replay.relations`): a policy
-    is decided there, one that reads the a_ℓ lists (a
-    :class:`~pagestats.replay.policies.CustomPolicy`) by polars and joined back.
-    D, the decisions and the connection are made on first use and kept: the what-if and
-    the pilot composition of one session read the same decisions.
-
-    The connection (:attr:`con`, the logs' :meth:`~pagestats.io.LogTables.cursor`) holds these
-    relations, the contract between the session and the queries that read it:
+    D, the decisions and the connection are made on first use and kept. The connection
+    (:attr:`con`) holds these relations, the contract of the queries that read it:
 
     ``inputs``, ``outcomes``
         The logs' tables: :data:`pagestats.io.logs.INPUT_COLUMNS` (and ``draw`` when logged)
         and :data:`pagestats.io.logs.OUTCOME_COLUMNS`.
-    ``drops`` (after :meth:`drops`)
+    ``drops`` (after :meth:`drops_relation`)
         One row per input (and head-pair draw ``pair_draw``): the input columns and D under
         ``profile``.
-    ``decisions`` (after :meth:`decide`)
+    ``decisions`` (after :meth:`decisions_relation`)
         :data:`pagestats.replay.relations.DECISION_COLUMNS`: ``drops`` with ``tau`` and
         ``gate_open``, the evaluated inputs only.
-    ``held_out`` (after :meth:`decide`)
+    ``held_out`` (after :meth:`decisions_relation`)
         ``run_id, task, input_id`` of the inputs a held-out pilot used to set τ, left out of
         every evaluated number (empty without one).
     ``gated`` (after :meth:`gated`)
-        The gated outcomes of the evaluated inputs (Eq. 2), :data:`~pagestats.replay.GATED_OUTCOME_COLUMNS`
-        (:func:`pagestats.replay.relations.gated_query`, which the what-if aggregates): the rows of
-        :meth:`gated_outcomes`, in SQL.
+        The gated outcomes of the evaluated inputs (Eq. 2): the rows of :meth:`gated_outcomes`.
 
-    Other relations on it are the engine's own (names starting with ``_``); a query that adds
-    its own gives them names of its own, starting with ``_`` too.
+    Relations named ``_*`` are the engine's own; a query that adds its own names them ``_*`` too.
     """
 
     def __init__(self, logs: LogTables, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec()):
@@ -101,8 +81,7 @@ class Replay:
         if self._con is not None:
             self._con.close()
             self._con = None
-            self._done = {k: v for k, v in self._done.items() if k in ("frames", "drop_frame", "decided_frame",
-                                                                      "decisions")}
+            self._done = {k: v for k, v in self._done.items() if k in ("frames", "drop_frame", "decision_frame")}
 
     def _once(self, name: str, compute):
         if name not in self._done:
@@ -110,9 +89,8 @@ class Replay:
         return self._done[name]
 
     def _connection(self):
-        """The connection with ``inputs``: what D and the decisions read. The outcome rows are
-        related only when a query asks for them (:attr:`con`), so that the pilot composition of
-        in-memory logs copies none."""
+        """The connection with ``inputs`` only: the outcome rows are related when a query asks for
+        them (:attr:`con`), so that the pilot composition of in-memory logs copies none."""
         if self._con is None:
             self._con = self.logs.cursor()
         return self._con
@@ -125,8 +103,7 @@ class Replay:
         return con
 
     def frames(self):
-        """The per-input rows the polars engine reads, with the per-layer lists the profile spec
-        needs (:meth:`pagestats.io.LogTables.per_input`)."""
+        """The per-input rows with the per-layer lists the profile spec reads."""
         return self._once("frames", lambda: self.logs.per_input(relations.profile_lists(self.profile),
                                                                 topk=self.profile.k is not None))
 
@@ -148,73 +125,64 @@ class Replay:
         return self._once("drops", make)
 
     def register_drops(self, frame: pl.DataFrame) -> list[str]:
-        """Make ``frame`` (D per input and head-pair draw, a :func:`profile_drop` frame) the relation
-        ``drops``, with the a_ℓ list when the policy reads it; return its draw columns."""
+        """Make ``frame`` (a :func:`profile_drop` frame) the relation ``drops``, with the a_ℓ list when the
+        policy reads it; return its draw columns."""
         if "agreement" in self.policy.reads:
             frame = frame.join(self.frames().inputs.select(*INPUT_KEY, "agreement"), on=INPUT_KEY, how="left",
                                maintain_order="left")
         return relations.register_drops(self._connection(), frame)
 
-    def decided(self) -> pl.DataFrame:
-        """Every input's decision, a held-out pilot included, with ``held_out`` marking the inputs
-        that set τ: the rows of the relation ``_decided`` in input (and draw) order, with the names
-        typed as the logs hold them (:meth:`pagestats.io.LogTables.typed_names`); not refused where
-        the gate cannot decide (:meth:`decisions` is)."""
+    def decision_frame(self) -> pl.DataFrame:
+        """Every input's decision, a held-out pilot included (``held_out`` marks the inputs that set
+        τ), in input (and draw) order, names typed as the logs hold them; not refused where the gate
+        cannot decide (:meth:`decisions_relation` is)."""
         def make():
-            draw_columns, held = self._decided()
-            return self.logs.typed_names(relations.decided_rows(self._connection(), draw_columns, held))
+            draw_columns, held = self._calibrated()
+            return self.logs.typed_names(relations.decision_frame(self._connection(), draw_columns, held))
 
-        return self._once("decided_frame", make)
+        return self._once("decision_frame", make)
 
-    def decisions(self) -> pl.DataFrame:
-        """:func:`pagestats.replay.decide_all`: :meth:`decided`, refused (:class:`UnknownFullError`)
-        where an input has no D or the gate closes on an input without its full-KV outcome."""
-        def make():
-            self.decide()  # the refusals, in SQL
-            return self.decided()
-
-        return self._once("decisions", make)
-
-    def _decided(self) -> tuple[list[str], str]:
-        """The decisions in SQL (``_decided``: every row of ``drops`` with ``tau``, ``gate_open``,
-        ``in_pilot``), computed once; the draw columns and the SQL condition of a held-out row."""
+    def _calibrated(self) -> tuple[list[str], str]:
+        """``_calibrated`` made once (:func:`~pagestats.replay.relations.create_calibrated`); its draw
+        columns and the SQL condition of a held-out row."""
         def make():
             draw_columns = self.drops_relation()
-            return draw_columns, relations.decide_rows(self._connection(), self.policy)
+            return draw_columns, relations.create_calibrated(self._connection(), self.policy)
 
-        return self._once("decided", make)
+        return self._once("calibrated", make)
 
-    def decide(self) -> list[str]:
-        """Create the relations ``decisions`` and ``held_out``; return their draw columns."""
+    def decisions_relation(self) -> list[str]:
+        """Create the relations ``decisions`` and ``held_out``, refused (:class:`UnknownFullError`) where an
+        input has no D or the gate closes on an input without its full-KV outcome; return their draw columns."""
         def make():
-            draw_columns, held = self._decided()
+            draw_columns, held = self._calibrated()
             con = self._connection()
-            relations.decide(con, draw_columns, held)
+            relations.create_decisions(con, draw_columns, held)
             _refuse_no_drop(con.sql("SELECT run_id, count(DISTINCT (task, input_id)) FROM decisions WHERE gate_open "
                                     "IS NULL GROUP BY run_id ORDER BY run_id").fetchall())
             _refuse_unknown_full(con.sql("SELECT run_id, count(DISTINCT (task, input_id)) FROM decisions WHERE NOT "
                                          "gate_open AND full_score IS NULL GROUP BY run_id ORDER BY run_id").fetchall())
             return draw_columns
 
-        return self._once("decide", make)
+        return self._once("decisions", make)
 
     def gated(self) -> list[str]:
         """Create the relation ``gated``; return its draw columns."""
         def make():
-            draw_columns = self.decide()
+            draw_columns = self.decisions_relation()
             self.con.execute(f"CREATE OR REPLACE TEMP VIEW gated AS {relations.gated_query(draw_columns)}")
             return draw_columns
 
         return self._once("gated", make)
 
     def gated_outcomes(self, *, evictor: str | None = None, columns=None) -> pl.DataFrame:
-        """:func:`gated_outcomes` of this replay (over :meth:`decisions`)."""
-        return gated_from_decisions(self.logs.outcome_rows(evictor), self.decisions(), columns)
+        """:func:`gated_outcomes` of this replay."""
+        self.decisions_relation()  # the refusals
+        return gated_from_decisions(self.logs.outcome_rows(evictor), self.decision_frame(), columns)
 
     def pilot_composition(self) -> pl.DataFrame:
-        """:func:`pilot_composition` of this replay: the pilot's rows are read from the decisions
-        in SQL (:meth:`decide`), so only they reach polars."""
-        draw_columns = self.decide()
+        """:func:`pilot_composition` of this replay: only the pilot's rows reach polars."""
+        draw_columns = self.decisions_relation()
         con = self._connection()
         pilot = relations.pilot_rows(con, draw_columns) if self.policy.has_pilot else relations.no_pilot_rows(con)
         cols = list(PILOT_COLUMNS[:4])
@@ -251,8 +219,7 @@ def _refuse_no_drop(missing: list[tuple[str, int]]) -> None:
 
 
 def gate(logs: LogTables, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec()) -> pl.DataFrame:
-    """Gate decision per input under ``policy``: open (evict) iff D ≥ τ (§3, Eq. 2), decided in SQL
-    (:meth:`Replay.decided`).
+    """Gate decision per input under ``policy``: open (evict) iff D ≥ τ (§3, Eq. 2).
 
     A policy whose pilot is held out (``pilot_split="held-out"``, the z-scored default) sets τ
     on its pilot inputs and leaves them out of the frame, so no evaluated number is
@@ -266,21 +233,20 @@ def gate(logs: LogTables, policy: Policy = FixedTau(), profile: ProfileSpec = Pr
         threshold-free policies.
     """
     with Replay(logs, policy, profile) as session:
-        decided = session.decided()
+        decided = session.decision_frame()
     return decided.filter(~pl.col("held_out")).drop("held_out")
 
 
-def decide_each(logs: LogTables, policies, profile: ProfileSpec = ProfileSpec()) -> Iterator[pl.DataFrame]:
-    """:func:`decide_all` of each policy of ``policies`` in turn, on one replay's D (the relation
-    ``drops``, computed once; Table N1 compares 19 pilot definitions), each decided in SQL. The
-    frames are in one row order (input, then head-pair draw)."""
+def decision_frames(logs: LogTables, policies, profile: ProfileSpec = ProfileSpec()) -> Iterator[pl.DataFrame]:
+    """:meth:`Replay.decision_frame` of each policy of ``policies`` in turn, on one D computed once
+    (Table N1 compares 19 pilot definitions), in one row order (input, then head-pair draw)."""
     policies = list(policies)
     # the replay's drops carry the a_ℓ list when any policy reads it
     first = next((p for p in policies if "agreement" in p.reads), policies[0])
     with Replay(logs, first, profile) as session:
         draw_columns, con = session.drops_relation(), session._connection()
         for policy in policies:
-            yield logs.typed_names(relations.decided_rows(con, draw_columns, relations.decide_rows(con, policy)))
+            yield logs.typed_names(relations.decision_frame(con, draw_columns, relations.create_calibrated(con, policy)))
 
 
 def gate_by_draw(logs: LogTables, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec()
@@ -289,11 +255,9 @@ def gate_by_draw(logs: LogTables, policy: Policy = FixedTau(), profile: ProfileS
     :func:`gate` with ``pair_draw == d`` (without head-pair draws, :func:`gate` itself, once).
 
     A policy's pilot is the same inputs in every draw and its τ is set per draw (the draw is
-    one of its calibration groups), so draws can be decided apart: D of about
-    :data:`DRAW_BLOCK_ROWS` rows of draws at a time (:func:`pagestats.replay.profile_drop_by_draw`)
-    is the replay's ``drops``, decided in SQL, and only one block's rows are held (Table 9 holds
-    20 draws of every input otherwise). A policy that may pool draws (not ``per_draw``: a
-    :class:`~pagestats.replay.policies.CustomPolicy`) is refused here.
+    one of its calibration groups), so draws can be calibrated apart, about :data:`DRAW_BLOCK_ROWS`
+    rows at a time (Table 9 holds 20 draws of every input otherwise). A policy that may pool draws
+    (not ``per_draw``: a :class:`~pagestats.replay.policies.CustomPolicy`) is refused here.
     """
     if not policy.per_draw and profile.has_draws:
         raise TypeError(f"gate_by_draw: the policy {policy.name!r} sees every head-pair draw at once (a CustomPolicy "
@@ -302,9 +266,9 @@ def gate_by_draw(logs: LogTables, policy: Policy = FixedTau(), profile: ProfileS
         con, frames = session._connection(), session.frames()
         per_block = max(1, DRAW_BLOCK_ROWS // max(1, frames.inputs.height))
 
-        def decided(block):
+        def gates(block):
             draw_columns = session.register_drops(pl.concat(block))
-            out = logs.typed_names(relations.decided_rows(con, draw_columns, relations.decide_rows(con, policy)))
+            out = logs.typed_names(relations.decision_frame(con, draw_columns, relations.create_calibrated(con, policy)))
             out = out.filter(~pl.col("held_out")).drop("held_out")
             if len(block) == 1:
                 return [out]
@@ -314,18 +278,10 @@ def gate_by_draw(logs: LogTables, policy: Policy = FixedTau(), profile: ProfileS
         for prof in profile_drop_by_draw(frames, profile):
             block.append(prof)
             if len(block) == per_block:
-                yield from decided(block)
+                yield from gates(block)
                 block = []
         if block:
-            yield from decided(block)
-
-
-def decide_all(logs: LogTables, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec()) -> pl.DataFrame:
-    """:func:`pagestats.replay.gate` for every input, a held-out pilot included, with ``held_out``
-    (Boolean) marking the inputs that set τ and are left out of every evaluated number
-    (:meth:`Replay.decisions`)."""
-    with Replay(logs, policy, profile) as session:
-        return session.decisions()
+            yield from gates(block)
 
 
 def gated_outcomes(logs, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec(), *,
@@ -358,9 +314,6 @@ def gated_outcomes(logs, policy: Policy = FixedTau(), profile: ProfileSpec = Pro
 def pilot_composition(logs, policy: Policy, profile: ProfileSpec = ProfileSpec()) -> pl.DataFrame:
     """The calibration pilot of ``policy``: how many inputs per (model, context_length,
     run_id, task), whether they are held out, and the τ they set (§3 "Calibration").
-
-    The pilot is drawn in SQL (:meth:`Replay.pilot_composition`; out of core for a
-    :class:`pagestats.io.LogDB`) and only its rows reach polars.
 
     Returns
     -------

@@ -2,10 +2,8 @@
 
 :class:`ProfileSpec` names a variant of the profile — layer subset, bin fractions, the
 strict-thirds convention, a head-pair subset drawn from ``pair_jaccard``, a top-k ``k ≤ k_max``
-re-derived from ``topk``, or another profile statistic / logged signal — and
-:func:`profile_drop` recomputes it per input with the definitions of :mod:`pagestats.core.profile`
-(the functions the collector used), so the default spec reproduces the logged ``drop`` bit for
-bit. :mod:`pagestats.replay` applies gate policies to the result.
+re-derived from ``topk``, or another profile statistic / logged signal. D is recomputed with the
+collector's own functions, so the default spec reproduces the logged ``drop`` bit for bit.
 
 References
 ----------

@@ -1,10 +1,6 @@
 """The SQL text the replay's DuckDB queries are written with: literals, quoted column lists,
 join conditions, and the columns of a relation.
-
-A foundation of :mod:`pagestats.replay` (it imports nothing of pagestats): the pilot
-(:mod:`~pagestats.replay.pilot`), the calibration (:mod:`~pagestats.replay.calibration`), the
-policies (:mod:`~pagestats.replay.policies`) and the τ curve (:mod:`~pagestats.replay.curve`)
-write their SQL with it.
+It imports nothing of pagestats.
 """
 
 from __future__ import annotations

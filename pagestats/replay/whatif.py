@@ -1,11 +1,6 @@
 """The what-if table of ``pagestats whatif``: the gate replayed under any policy and profile
 spec, one row per (model, context_length, evictor, task, budget), computed by one DuckDB query
-over in-memory logs or a :class:`pagestats.io.LogDB` (out of core).
-
-Every query reads the relations of a :class:`pagestats.replay.Replay` (``inputs``,
-``outcomes``, ``decisions``, ``held_out``; its docstring): :func:`replay_whatif` is the table of
-one replay, so that :func:`whatif_with_pilot` gives the table and the calibration pilot of
-``pagestats whatif`` from one set of decisions.
+over the relations of a :class:`pagestats.replay.Replay`, in memory or out of core.
 
 References
 ----------
@@ -49,17 +44,12 @@ GATE_FREE = ("n_inputs", "acc_full", "acc_plain", "harm_plain")
 
 
 def whatif_query(draw_columns: list[str], input_draws: str | int | None = None, *, tables: dict[str, str] | None = None) -> str:
-    """The what-if as one DuckDB query over ``outcomes`` and ``decisions`` (one join).
+    """The what-if as one DuckDB query over ``outcomes`` and ``decisions`` (one join), every aggregate a
+    formula of :mod:`pagestats.core.formulas`.
 
-    Every aggregate is a formula of :mod:`pagestats.core.formulas` and the gated arm is
-    :data:`~pagestats.core.formulas.SCORE_GATED` / :data:`~pagestats.core.formulas.N_KEPT_GATED`,
-    the same SQL text that polars evaluates in :mod:`pagestats.metrics` and
-    :func:`pagestats.replay.gated_outcomes`. ``draw_columns``: the head-pair draw columns of
-    ``decisions`` (``["pair_draw"]``, or none). ``input_draws``: ``"split"`` adds the input draw
-    (``inputs.draw``) to the cell keys, an integer keeps only that draw's inputs, ``None``
-    pools whatever is there. ``tables`` renames the relations read (``outcomes``,
-    ``decisions``, ``inputs``, ``held_out``, the relations of a :class:`~pagestats.replay.Replay`;
-    see :func:`replay_whatif` for the run-by-run evaluation).
+    ``draw_columns``: the head-pair draw columns of ``decisions``. ``input_draws``: ``"split"`` adds the
+    input draw (``inputs.draw``) to the cell keys, an integer keeps only that draw's inputs, ``None``
+    pools whatever is there. ``tables`` renames the relations read (one run's, :func:`_run_by_run`).
     """
     return _over_draws(_per_draw(draw_columns, input_draws, tables), draw_columns, input_draws)
 
@@ -194,15 +184,10 @@ def whatif_table(logs, policy: Policy = FixedTau(), profile: ProfileSpec = Profi
     -----
     Over the inputs x of the row's (model, context_length, task), at the row's evictor and
     budget b: ``acc_full``, ``acc_plain``, ``acc_gated`` (gated per Eq. 2) and ``delta`` =
-    acc_gated − acc_plain (the formulas of :func:`~pagestats.metrics.accuracy`); ``harm_*`` =
-    Pr[A(b, x) < full_score(x)] (:func:`~pagestats.metrics.harm_rate`, Table 27); ``p_open``
-    (:func:`~pagestats.metrics.p_open`); ``kept_kv`` = mean n_kept/n_tokens of the gated arm
-    (:func:`~pagestats.metrics.kept_kv`). One DuckDB query computes them all
-    (:func:`whatif_query`, over the decisions of a :class:`~pagestats.replay.Replay`), so only
-    the result rows reach Python; over several runs it is evaluated run by run and pooled (:func:`_run_by_run`), so that memory grows with the
-    largest run. With head-pair draws (``profile.pairs_fraction``) each
-    column is computed per draw and then averaged over the draws (equal weight);
-    :data:`GATE_FREE` columns do not depend on the gate and equal the draw-free values.
+    acc_gated − acc_plain; ``harm_*`` = Pr[A(b, x) < full_score(x)] (Table 27); ``p_open``;
+    ``kept_kv`` = mean n_kept/n_tokens of the gated arm. With head-pair draws each column is
+    computed per draw and averaged over the draws (equal weight); :data:`GATE_FREE` columns equal
+    the draw-free values.
 
     ``input_draws`` says what to do with input draws (``inputs.draw``, e.g. a second draw of some
     tasks): by default, when more than one is logged, each row is one draw's and a ``draw``
@@ -220,23 +205,20 @@ def whatif_table(logs, policy: Policy = FixedTau(), profile: ProfileSpec = Profi
 
 def whatif_with_pilot(logs, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec(), *,
                       input_draws: str | int | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """What ``pagestats whatif`` prints: the :func:`whatif_table` and the calibration pilot
-    (:func:`pagestats.replay.pilot_composition`) of one :class:`~pagestats.replay.Replay`, so
-    that the decisions are computed once for both."""
+    """What ``pagestats whatif`` prints: the :func:`whatif_table` and the calibration pilot of one replay."""
     with Replay(logs, policy, profile) as session:
         return replay_whatif(session, input_draws=input_draws), session.pilot_composition()
 
 
 def replay_whatif(session: Replay, *, input_draws: str | int | None = None) -> pl.DataFrame:
-    """:func:`whatif_table` of the replay ``session`` (its decisions, made once: :meth:`Replay.decide
-    <pagestats.replay.Replay.decide>`)."""
+    """:func:`whatif_table` of the replay ``session`` (its decisions, made once)."""
     con = session.con
     present = logged_input_draws(con)
     if input_draws not in (None, "pooled") and (isinstance(input_draws, bool) or input_draws not in present):
         raise ValueError(f"input_draws takes pooled or one of the logged input draws {present}, got {input_draws!r}")
     mode = (input_draws if input_draws not in (None, "pooled")
             else ("split" if input_draws is None and len(present) > 1 else None))
-    draw_columns = session.decide()
+    draw_columns = session.decisions_relation()
     if con.sql("SELECT count(DISTINCT run_id) FROM inputs").fetchall()[0][0] > 1:
         table = _run_by_run(con, draw_columns, mode)  # one join per run
     else:

@@ -1,7 +1,7 @@
 """The calibrating policies decided in SQL (z-scored, recalibrated τ, midpoint): the pilot, its
 moments and τ from :mod:`pagestats.replay.policies` against a brute-force loop over the rows
 written here (BLAKE2b order, first-n order, Python means and sample SDs), on the in-memory
-path (``policy.decide``) and out of core (:meth:`pagestats.replay.Replay.decide` on a LogDB,
+path (``policy.decide``) and out of core (:meth:`pagestats.replay.Replay.decisions_relation` on a LogDB,
 where no per-input frame is read)."""
 
 from __future__ import annotations
@@ -232,7 +232,7 @@ def test_out_of_core_decisions_read_no_per_input_frame(written, policy, monkeypa
 
     monkeypatch.setattr(type(db), "per_input", no_frame)
     with Replay(db, policy) as session:
-        assert session.decide() == []
+        assert session.decisions_relation() == []
         got = session.con.sql("SELECT * FROM decisions ORDER BY run_id, task, input_id").pl()
         held = set(session.con.sql("SELECT * FROM held_out").fetchall())
     assert held == (members if policy.held_out else set())
@@ -255,7 +255,7 @@ def test_head_pair_draws_out_of_core_equal_in_memory(written):
     logs, db = written
     policy, profile = ZScored(pilot_n=10, seed=1), ProfileSpec(pairs_fraction=0.5, pair_draws=3, seed=2)
     with Replay(db, policy, profile) as session:
-        assert session.decide() == ["pair_draw"]
+        assert session.decisions_relation() == ["pair_draw"]
         got = session.con.sql("SELECT run_id, task, input_id, pair_draw, tau, gate_open FROM decisions "
                               "ORDER BY ALL").pl()
     from pagestats.replay import gate

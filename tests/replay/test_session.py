@@ -18,7 +18,6 @@ from pagestats.replay import (
     Replay,
     TaskOracle,
     ZScored,
-    decide_all,
     gated_outcomes,
     pilot_composition,
     session as session_module,
@@ -46,8 +45,8 @@ def written(tmp_path_factory):
 
 @pytest.fixture
 def counted(monkeypatch):
-    """How often the decision step runs: the SQL decision of a policy (``relations.decide_rows``), the one
-    engine of every policy (a Python policy's function included)."""
+    """How often a policy's calibration runs (``relations.create_calibrated``), the one engine of every
+    policy (a Python policy's function included)."""
     calls = []
 
     def counting(name, fn):
@@ -56,7 +55,7 @@ def counted(monkeypatch):
             return fn(*args, **kwargs)
         return wrapped
 
-    monkeypatch.setattr(relations, "decide_rows", counting("sql", relations.decide_rows))
+    monkeypatch.setattr(relations, "create_calibrated", counting("sql", relations.create_calibrated))
     return calls
 
 
@@ -83,7 +82,7 @@ def test_every_product_of_a_session_reads_one_decision(written, counted):
         for _ in range(2):
             replay_whatif(session)
             session.pilot_composition()
-            assert session.decide() == []
+            assert session.decisions_relation() == []
         assert counted == ["sql"]
         gated = session.gated_outcomes()
         again = session.gated_outcomes(evictor="h2o", columns=["score_gated"])
@@ -134,12 +133,11 @@ def test_in_memory_and_database_give_the_same_frames(written, policy, profile):
     logs, db = written
     with Replay(logs, policy, profile) as mem, Replay(db, policy, profile) as out:
         assert type(mem.logs) is not type(out.logs)  # in memory, and views over the files
-        assert mem.decisions().equals(out.decisions())
+        assert mem.decision_frame().equals(out.decision_frame())
         assert mem.gated_outcomes().equals(out.gated_outcomes())
         assert mem.pilot_composition().equals(out.pilot_composition())
         # DuckDB's sums over the database's views may run on several threads: equal to 1e-12
         assert_frame_equal(replay_whatif(mem), replay_whatif(out), rel_tol=1e-12, abs_tol=1e-12)
-    assert decide_all(logs, policy, profile).equals(decide_all(db, policy, profile))
 
 
 def test_decisions_are_the_gate_with_its_held_out_pilot(written):
@@ -147,7 +145,8 @@ def test_decisions_are_the_gate_with_its_held_out_pilot(written):
     from pagestats.replay import gate
 
     policy = ZScored(pilot_n=8, seed=3)
-    decided = decide_all(logs, policy)
+    with Replay(logs, policy) as session:
+        decided = session.decision_frame()
     assert decided.filter(~pl.col("held_out")).drop("held_out").equals(gate(logs, policy))
     assert decided["held_out"].sum() == pilot_composition(logs, policy)["n_pilot"].sum()
 
@@ -173,7 +172,7 @@ def test_bad_arguments(written):
     with pytest.raises(TypeError, match="profile must be a ProfileSpec"):
         Replay(logs, FixedTau(), "layers")
     with pytest.raises(TypeError, match="policy must be one of"):
-        Replay(logs, "z").decisions()
+        Replay(logs, "z").decision_frame()
     with pytest.raises(ValueError, match="FixedTau.tau must be a number"):
         whatif_with_pilot(logs, FixedTau(float(np.nan)))
 
