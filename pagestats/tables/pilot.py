@@ -106,7 +106,7 @@ def pilot_sensitivity_table(logs, *, pilot_splits: Sequence[str] = PILOT_SPLITS,
     policies = [reference, *(policy for *_, policy in definitions)]
     decision_cols = ["tau", "gate_open", "held_out"]
     base, decisions, units = None, [], []
-    for frame in replay.decide_each(logs, policies, profile):
+    for frame in replay.decision_frames(logs, policies, profile):
         if base is None:
             base = frame.drop(decision_cols)
         elif not frame.select(unit).equals(base.select(unit)):  # pragma: no cover - decide keeps the row order
