@@ -1,6 +1,5 @@
-"""``pagestats calibrate LOGS --policy fixed|z|midpoint ... --out gate.json``: freeze the gate that
-``whatif`` replays into a gate file for ``collectors.deploy.GatedPress`` (docs/CLI.md,
-:func:`pagestats.deploy.calibrate.calibrate`)."""
+"""``pagestats calibrate LOGS --policy NAME ... --out gate.json``: freeze the gate that ``whatif`` replays
+into a gate file (docs/CLI.md)."""
 
 from __future__ import annotations
 
@@ -8,7 +7,7 @@ import sys
 
 from pagestats.core import defaults
 from pagestats.deploy.calibrate import ModelChoiceError, ThresholdCountError, calibrate
-from pagestats.cli.calibrate_risk import add_risk_options, load_logs, risk_usage_problem, run_risk
+from pagestats.cli.calibrate_risk import add_risk_options, load_logs, reads_harm_labels, risk_usage_problem, run_risk
 from pagestats.cli.options import MAX_PILOT, MAX_SEED, add_midpoint_tasks, add_mode, number, policy_from_args
 from pagestats.io.validation.problems import one_line
 from pagestats.core.registry import gated
@@ -58,7 +57,7 @@ def _calibration_error(err: Exception) -> str:
 
 def run(args) -> int:
     """Exit 0 with the gate written, 1 on bad logs, 2 on bad usage."""
-    if args.policy == "risk":
+    if reads_harm_labels(args):
         return run_risk(args)
     try:
         policy = policy_from_args(args)

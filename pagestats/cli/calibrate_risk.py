@@ -8,11 +8,17 @@ import sys
 from pagestats.core import defaults
 from pagestats.cli.logs import exclusion_line
 from pagestats.cli.options import number
+from pagestats.core.registry import POLICIES, labelled
 from pagestats.io import ExclusionError, LogError, load
 from pagestats.io.validation.problems import one_line
 
-#: The options only the risk policy reads.
+#: The options only a policy certified on harm labels reads (:data:`pagestats.core.registry.Entry.harm_labels`).
 RISK_OPTIONS = ("alpha", "delta", "budget", "evictor")
+
+
+def reads_harm_labels(args) -> bool:
+    """Whether ``--policy`` names a policy whose τ is certified on harm labels (the registry says so)."""
+    return POLICIES[args.policy or "fixed"].harm_labels
 
 
 def add_risk_options(p) -> None:
@@ -31,22 +37,23 @@ def add_risk_options(p) -> None:
 
 
 def risk_usage_problem(args) -> str | None:
-    """The risk options without ``--policy risk``, or ``--policy risk`` without them, or a value on an edge."""
+    """The harm options without a policy that reads them, or such a policy without them, or a value on an edge."""
     given = [f"--{o}" for o in RISK_OPTIONS if getattr(args, o, None) is not None]
-    if args.policy != "risk":
-        return f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to --policy risk" if given else None
+    if not reads_harm_labels(args):
+        readers = " or ".join(f"--policy {n}" for n in labelled())
+        return f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to {readers}" if given else None
     missing = [f"--{o}" for o in RISK_OPTIONS[:3] if getattr(args, o, None) is None]
     if missing:
-        return f"--policy risk needs {', '.join(missing)}"
+        return f"--policy {args.policy} needs {', '.join(missing)}"
     for o in ("alpha", "delta"):
         if not 0.0 < getattr(args, o) < 1.0:
             return f"--{o} {getattr(args, o)!r} is not in (0, 1)"
     if not 0.0 < args.budget < 1.0:
         return f"--budget {args.budget!r} is not an eviction budget in (0, 1)"
     if getattr(args, "theta", None) is not None or getattr(args, "midpoint_tasks", None) is not None:
-        return "--theta and --midpoint-tasks apply to --policy z and midpoint, not risk"
+        return f"--theta and --midpoint-tasks apply to --policy z and midpoint, not {args.policy}"
     if getattr(args, "pilot_split", None) not in (None, "held-out"):
-        return "--policy risk calibrates on the held-out pilot; --pilot-split must be held-out"
+        return f"--policy {args.policy} calibrates on the held-out pilot; --pilot-split must be held-out"
     return None
 
 

@@ -1,9 +1,7 @@
-"""The gate policies by short name: the one table that ``--policy`` (``whatif``, ``report``,
-``calibrate``), :func:`pagestats.deploy.calibrate.calibrate` and the gate file (:class:`pagestats.deploy.gatefile.Gate`)
-read.
+"""The gate policies by short name: the one table that ``--policy``, calibrate and the gate file read.
 
-It imports nothing: the gate file is read where neither polars nor DuckDB is installed (a deployed
-gate, :mod:`collectors.deploy`), so a class is imported only when :func:`policy_class` asks for it.
+It imports nothing: the gate file is read where neither polars nor DuckDB is installed, and the
+command line routes a policy without importing its class (``deploy.risk`` costs about 1.2 s).
 """
 
 from __future__ import annotations
@@ -20,6 +18,9 @@ class Entry(NamedTuple):
     replay: bool
     #: A gate file holds it: one τ per model (:mod:`pagestats.deploy.calibrate`).
     gate: bool
+    #: Its τ is certified on harm labels at one (evictor, budget) (Table 27; the class reads ``harmed``):
+    #: ``calibrate`` takes ``--alpha``, ``--delta``, ``--budget``, ``--evictor`` and labels the pilot first.
+    harm_labels: bool = False
 
 
 POLICIES: dict[str, Entry] = {
@@ -27,7 +28,7 @@ POLICIES: dict[str, Entry] = {
     "z": Entry("pagestats.replay.policies:ZScored", replay=True, gate=True),
     "midpoint": Entry("pagestats.replay.policies:Midpoint", replay=True, gate=True),
     "oracle": Entry("pagestats.replay.policies:TaskOracle", replay=True, gate=False),
-    "risk": Entry("pagestats.deploy.risk:RiskControlled", replay=False, gate=True),
+    "risk": Entry("pagestats.deploy.risk:RiskControlled", replay=False, gate=True, harm_labels=True),
 }
 
 
@@ -39,6 +40,11 @@ def replayed() -> list[str]:
 def gated() -> list[str]:
     """The short names a gate file holds (``calibrate`` takes)."""
     return [name for name, entry in POLICIES.items() if entry.gate]
+
+
+def labelled() -> list[str]:
+    """The short names whose τ is certified on harm labels (``calibrate``'s harm options)."""
+    return [name for name, entry in POLICIES.items() if entry.harm_labels]
 
 
 def policy_class(name: str) -> type:

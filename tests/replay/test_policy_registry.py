@@ -34,6 +34,14 @@ def test_every_registered_class_is_a_policy_under_its_own_name():
         registry.policy_class("nope")
 
 
+def test_the_registry_says_which_policies_need_harm_labels():
+    """``harm_labels`` (what routes ``calibrate`` to the harm options, read without importing the class) is
+    true exactly where the registered class reads the harm label."""
+    assert registry.labelled() == ["risk"]
+    for name, entry in registry.POLICIES.items():
+        assert entry.harm_labels == ("harmed" in registry.policy_class(name).reads)
+
+
 def test_the_command_line_and_the_gate_file_read_the_registry():
     assert _choices("whatif") == _choices("report") == registry.replayed() == ["fixed", "z", "midpoint", "oracle"]
     assert _choices("calibrate") == registry.gated() == ["fixed", "z", "midpoint", "risk"]
@@ -56,14 +64,18 @@ def test_a_policy_says_what_its_callers_ask():
         z.recalibrated("z")
 
 
-#: A type check of a policy: isinstance against a policy class, or its class or class name compared.
+#: A type check of a policy: isinstance against a policy class, its class or class name compared, or a
+#: policy variable compared with a registered short name.
+_NAMES = "|".join(registry.POLICIES)
 _TYPE_CHECK = re.compile(r"isinstance\([^)]*(Policy|FixedTau|ZScored|RecalibratedTau|Midpoint|TaskOracle|_POLICIES)"
-                         r"|type\([a-z_.]*policy\)|__name__\s*==\s*[\"'](FixedTau|ZScored|Midpoint|TaskOracle)")
+                         r"|type\([a-z_.]*policy\)|__name__\s*==\s*[\"'](FixedTau|ZScored|Midpoint|TaskOracle)"
+                         rf"|policy\w*\s*[!=]=\s*[\"']({_NAMES})[\"']|[\"']({_NAMES})[\"']\s*[!=]=\s*[\w.]*policy")
 
 
 def test_the_type_check_finder_finds_a_planted_one():
     assert _TYPE_CHECK.search("if isinstance(policy, FixedTau):")
     assert _TYPE_CHECK.search('x = type(self.policy).__name__ == "FixedTau"')
+    assert _TYPE_CHECK.search('if args.policy == "risk":') and _TYPE_CHECK.search("if args.policy != 'z':")
     assert not _TYPE_CHECK.search("if policy.fixed_tau is None:")
 
 
@@ -101,6 +113,6 @@ def test_every_policy_decides_through_one_calibrate():
     assert oracle["gate_open"].to_list() == [True, False] * 3
     with pytest.raises(ValueError, match="task_class is null"):
         TaskOracle().decide(frame.with_columns(pl.lit(None, pl.String).alias("task_class")))
-    fixed = FixedTau(0.1)
-    assert calibration(fixed, frame)[0]["gate_open"].to_list() == fixed.decide(frame)["gate_open"].to_list() == [
-        d >= 0.1 for d in frame["drop"]]
+    fixed = FixedTau(0.1).decide(frame)
+    assert fixed["gate_open"].to_list() == [d >= 0.1 for d in frame["drop"]]
+    assert fixed["tau"].to_list() == [0.1] * 6 and not fixed["in_pilot"].any()
