@@ -1,4 +1,4 @@
-"""``pagestats whatif LOGS``: replay the gate under a policy (docs/CLI.md, :mod:`pagestats.replay.whatif`).
+"""``pagestats whatif LOGS``: replay the gate under a policy (docs/CLI.md).
 
 ``--format csv`` prints exactly :data:`pagestats.replay.whatif.WHATIF_COLUMNS` at full float precision; the
 table format prints the summary of ``--by``. Stderr says what was left out, the pilot that set τ, the

@@ -1,13 +1,10 @@
-"""The gate that ``whatif`` replays, frozen into a ``gate.json`` (the command: :mod:`pagestats.cli.calibrate`).
+"""The gate that ``whatif`` replays, frozen into a ``gate.json``.
 
-The gate evicts iff D ≥ τ (PAGE §3, Eq. 2). τ is computed by the very policy object ``whatif`` uses
-(:mod:`pagestats.replay.policies`: ``FixedTau``, ``ZScored`` — τ = μ + θ_z σ on an unlabelled pilot,
-App. A.3.4 —, ``Midpoint`` — Eq. 5), in its SQL, on the validated inputs of the logs (:func:`pagestats.io.load`),
-so the τ a deployed :class:`collectors.deploy.GatedPress` uses is the one ``whatif`` used for the same
-policy. The file records what τ depends on (:class:`pagestats.deploy.gatefile.Gate`): the model, D's window
-w, k, bin fraction and convention (read from the manifests, which must agree), the pilot's μ and σ
-for ``z``, the class means for ``midpoint``, the calibration D values (for ``pagestats monitor``),
-and a sha256 over the logs' data files.
+The gate evicts iff D ≥ τ (PAGE §3, Eq. 2). τ is computed by the very policy object and SQL ``whatif``
+uses (τ = μ + θ_z σ on an unlabelled pilot, App. A.3.4; Eq. 5), so a deployed gate's τ is the one
+``whatif`` used. The file records what τ depends on: the model, D's window w, k, bin fraction and
+convention (the manifests must agree), what set τ, the calibration D values, and a sha256 over the
+logs' data files.
 """
 
 from __future__ import annotations
@@ -94,8 +91,7 @@ def calibrate(logs, policy, *, model: str | None = None, files=None) -> Gate:
     logs : pagestats.io.Logs
         Validated logs.
     policy : pagestats.replay.Policy
-        A policy a gate file holds (:func:`pagestats.core.registry.gated`), as ``pagestats whatif`` builds
-        it (:func:`pagestats.cli.options.policy_from_args`).
+        A policy a gate file holds (:func:`pagestats.core.registry.gated`).
     model : str, optional
         The model to calibrate for; required when the logs hold several.
     files : sequence of paths, optional

@@ -1,5 +1,4 @@
-"""A frozen gate: τ and everything it depends on, as ``gate.json`` (``pagestats calibrate`` writes
-it, :class:`collectors.deploy.GatedPress` and :func:`collectors.deploy.gated_generate` read it).
+"""A frozen gate: τ and everything it depends on, as ``gate.json``.
 
 The gate of the PAGE paper evicts iff D ≥ τ (§3 "Algorithm", Eq. 2), D being the drop in top-k head
 agreement from the early to the late layers (Eq. 3). τ only means something for the statistic it was
@@ -29,11 +28,8 @@ GATE_FORMAT = 1
 
 
 def gate_open(drop, tau):
-    """The gate rule (§3, Eq. 2): evict iff D ≥ τ, on a D or a NumPy array of them.
-
-    :data:`pagestats.core.formulas.GATE_RULE` is the same rule in SQL; this one serves a deployed gate
-    (:mod:`collectors.deploy`), which reads no polars. A NaN D keeps the gate closed.
-    """
+    """The gate rule (§3, Eq. 2): evict iff D ≥ τ, on a D or a NumPy array of them; a NaN D keeps the
+    gate closed. A deployed gate reads no polars, hence not ``formulas.GATE_RULE``."""
     return drop >= tau
 
 

@@ -1,12 +1,10 @@
-"""A deployed gate's log against its calibration (the command: :mod:`pagestats.cli.monitor`; docs/CLI.md,
-"Monitor a deployed gate").
+"""A deployed gate's log against its calibration (docs/CLI.md, "Monitor a deployed gate").
 
 A gate calibrated offline (``pagestats calibrate``) evicts iff D ≥ τ (PAGE §3, Eq. 2). τ holds only
 while the deployed traffic's D is distributed as the calibration inputs' D was: the z-scored policy
 sets τ = μ + θ_z σ on an unlabelled pilot (App. A.3.4), and the rate at which the gate opens, p_open,
-is what the memory saving rests on (App. A.6.2). :func:`monitor` reads a deployment run
-(:mod:`pagestats.io.deployment`, written by ``collectors.deploy`` with ``log_dir``) and the gate file
-(:class:`pagestats.deploy.gatefile.Gate`) and reports:
+is what the memory saving rests on (App. A.6.2). :func:`monitor` reads a deployment run and its gate
+file and reports:
 
 * the inputs, and those shorter than the window w (the full cache kept whatever D is);
 * p_open, the share of the inputs decided by D (T ≥ w) on which the gate opened, with its Wilson
