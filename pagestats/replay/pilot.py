@@ -160,8 +160,7 @@ def pilot_mask(frame: pl.DataFrame, by, n: int, split: str = "first", seed: int 
     Notes
     -----
     The selection is made on distinct inputs, so every head-pair draw of an input is in or
-    out of the pilot together. It is :func:`pilot_query` run by DuckDB on ``frame``, the
-    query that also draws the pilot of the logs out of core (:mod:`pagestats.replay.relations`).
+    out of the pilot together.
     """
     _check_pilot(n, split)
     by = group_columns(frame.columns, by, "pilot_mask")
