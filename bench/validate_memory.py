@@ -44,6 +44,7 @@ import json
 import os
 import pathlib
 import platform
+import re
 import shutil
 import statistics
 import sys
@@ -140,18 +141,52 @@ def _commit(tree: pathlib.Path) -> str:
     return (tree / "COMMIT").read_text().strip() if (tree / "COMMIT").is_file() else git_head(tree)
 
 
-def _ratios(query: dict, path: dict) -> dict:
+def _scan_sql(files: str, columns: list[tuple[str, str]]) -> str:
+    """One DuckDB scan that reads every value of every column once: a numeric column summed, a string
+    column's lengths summed, a list's elements summed (numeric) or counted (strings), a struct's
+    fields each read; the least any check of every value must do."""
+    def one(name: str, kind: str) -> str:
+        col = f'"{name}"'
+        if kind.startswith("STRUCT"):
+            fields = re.findall(r"(\w+) [A-Z]+[,)]", kind)
+            return " + ".join(f"sum({col}.{f})" for f in fields)
+        if kind.endswith("[]"):
+            return (f"sum(list_sum(list_transform({col}, lambda x: length(x))))" if kind.startswith("VARCHAR")
+                    else f"sum(list_sum({col}))")
+        return f"sum(length({col}))" if kind == "VARCHAR" else f"sum({col})"
+
+    return "SELECT " + ", ".join(one(n, k) for n, k in columns) + f" FROM read_parquet({files})"
+
+
+def _scan(table: str, run: str) -> None:
+    """Child: :func:`_scan_sql` over ``run``'s ``table`` files."""
+    import duckdb
+
+    con = duckdb.connect()
+    con.execute("SET enable_progress_bar = false")
+    files = f"'{run}/{table}/*.parquet'"
+    columns = [(r[0], r[1]) for r in con.sql(f"DESCRIBE SELECT * FROM read_parquet({files})").fetchall()]
+    con.sql(_scan_sql(files, columns)).fetchall()
+
+
+def _ratios(query: dict, path: dict, floor: dict | None = None) -> dict:
     v, w = path["validate"], path["whatif"]
     return {"validate_wall": v["wall_s"] / query["wall_s"], "validate_rss": v["peak_rss_gib"] / query["peak_rss_gib"],
             "whatif_wall": w["wall_s"] / query["wall_s"], "whatif_rss": w["peak_rss_gib"] / query["peak_rss_gib"],
             "cold_path_wall": (v["wall_s"] + w["wall_s"]) / query["wall_s"],
             "cold_path_cpu": (v["cpu_s"] + w["cpu_s"]) / query["cpu_s"],
-            "cold_path_rss": max(v["peak_rss_gib"], w["peak_rss_gib"]) / query["peak_rss_gib"]}
+            "cold_path_rss": max(v["peak_rss_gib"], w["peak_rss_gib"]) / query["peak_rss_gib"],
+            **({"floor_wall": (sum(f["wall_s"] for f in floor.values()) + query["wall_s"]) / query["wall_s"],
+                "floor_cpu": (sum(f["cpu_s"] for f in floor.values()) + query["cpu_s"]) / query["cpu_s"]}
+               if floor else {})}
 
 
 def main() -> int:
     if len(sys.argv) == 5 and sys.argv[1] == "--generate":
         _generate(sys.argv[2], int(sys.argv[3]), sys.argv[4])
+        return 0
+    if len(sys.argv) == 4 and sys.argv[1] == "--scan":
+        _scan(sys.argv[2], sys.argv[3])
         return 0
     if len(sys.argv) >= 4 and sys.argv[1] == "--query":
         _query(sys.argv[3:], sys.argv[2])
@@ -164,6 +199,8 @@ def main() -> int:
     ap.add_argument("--also-tree", default=None, help="a second checkout measured in the same rounds")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default="validate_memory")
+    ap.add_argument("--floor", action="store_true", help="also the floor: one scan of every value of inputs "
+                    "and of outcomes, each in its own child, in every round")
     args = ap.parse_args()
     import duckdb
     import polars as pl
@@ -205,6 +242,9 @@ def main() -> int:
             one["query"] = q = _step("query", [py, __file__, "--query", str(tmp / "query.json"), run],
                                      tmp / "query.out", HERE.parent)
             rows = json.loads((tmp / "query.json").read_text())
+            if args.floor:
+                one["floor"] = {t: _step(f"scan {t}", [py, __file__, "--scan", t, run], tmp / f"scan_{t}.out", HERE.parent)
+                                for t in ("inputs", "outcomes")}
             for tag, tree in (trees.items() if i % 2 == 0 else reversed(trees.items())):
                 one[tag] = path = _cold_path(py, run, tree, tmp, tag, rows)
                 for name, m in path.items():
@@ -216,7 +256,7 @@ def main() -> int:
                 if check is not None and not check["ok"]:
                     result["failures"].append(f"round {i} {tag}: the what-if differs from the query: {check}")
                 if q["returncode"] == 0 and all(m["returncode"] == 0 for m in path.values()):
-                    path["ratios"] = _ratios(q, path)
+                    path["ratios"] = _ratios(q, path, one.get("floor"))
             result["rounds"].append(one)
             write_result(args.out, _with_earlier(args.out, result), {})  # so far
         for tag in trees:

@@ -144,7 +144,7 @@ def _rows(con, files, *, arms: bool, text: bool) -> str | None:
     return f"{full} UNION ALL BY NAME SELECT * EXCLUDE (input_id, budget) FROM ({evicted})"
 
 
-def decode_profile(files, *, arms: bool = True) -> pl.DataFrame:
+def decode_profile(files, *, arms: bool = True, arm_texts: bool = True) -> pl.DataFrame:
     """Per (run, run_id, task, arm): how the decodes stopped (two copies of one run count apart).
 
     Two queries: the counts read no text; the text readings (looping, cut inside a reference) read the
@@ -162,6 +162,13 @@ def decode_profile(files, *, arms: bool = True) -> pl.DataFrame:
     arms : bool
         Also the evicted arms (every evictor at budgets b < 1; budget-1.0 rows repeat the full arm);
         otherwise the full-KV answers only (the inputs table).
+    arm_texts : bool
+        Also read the evicted arms' texts (``n_looping``, ``n_cut``); otherwise those two are null on
+        the evicted arms' rows and only the full-KV texts are read, which alone decide
+        :func:`limit_warnings`. The evicted texts are most of the cost: at 1M inputs with answers like
+        the shipped logs' (a quarter stopped at the limit), splitting 2M of them into words takes
+        about 12 CPU seconds in DuckDB, six times the what-if's own query (docs/decisions.md,
+        "Validate reads the full-KV texts only").
 
     Returns
     -------
@@ -190,11 +197,13 @@ def decode_profile(files, *, arms: bool = True) -> pl.DataFrame:
         if (counts["n_length"] + counts["n_unknown"]).sum() > 0:
             readings = con.sql(_by_run(f"""
                 SELECT filename, run_id, task, arm, count_if({_LOOP}) AS n_looping, count_if({_CUT}) AS n_cut
-                FROM ({_read(_rows(con, files, arms=arms, text=True))})
+                FROM ({_read(_rows(con, files, arms=arms and arm_texts, text=True))})
                 GROUP BY filename, run_id, task, arm""", ("n_looping", "n_cut"))).pl()
     finally:
         con.close()
-    out = counts.join(readings, on=list(_CELL), how="left").with_columns(pl.col("n_looping", "n_cut").fill_null(0))
+    read = (pl.col("arm") == "full") | arm_texts  # the rows whose texts were read: a missing reading counts 0
+    out = counts.join(readings, on=list(_CELL), how="left").with_columns(
+        pl.when(read).then(pl.col(c).fill_null(0)).alias(c) for c in ("n_looping", "n_cut"))
     out = out.select(*_CELL, "n", "n_length", "n_looping", "n_cut", "n_unknown", "max_generated").cast(
         _PROFILE).sort("run", "run_id", "task", pl.col("arm") != "full", "arm")
     if kept is not None:

@@ -122,3 +122,27 @@ def test_the_full_kv_profile_is_read_once(tmp_path, monkeypatch, capsys):
     assert len(texts) == 1 and kept.height == 1 and kept["arm"].to_list() == ["full"]
     other = [dataclasses.replace(f, sha256="0" * 64) if f.table == "inputs" else f for f in files]
     assert decode_profile(other, arms=False).equals(kept) and len(texts) == 2
+
+
+def test_validate_reads_the_evicted_texts_with_decodes_only(tmp_path, monkeypatch, capsys):
+    """By default ``validate`` reads the full-KV texts only (they decide the warnings) and leaves the
+    evicted arms' looping and cut shares blank; ``--decodes`` reads those texts too, to the counts of
+    :func:`decode_profile` over every arm (snapkv: 1 of 4 answers cut inside its reference)."""
+    run = _cut_run(tmp_path)
+    read = []  # the text rows of every SQL reading: with the evicted arms, they join the inputs' references
+    real = decoding._read
+    monkeypatch.setattr(decoding, "_read", lambda rows: read.append("JOIN" in rows) or real(rows))
+
+    def table(err):
+        rows = [[c.strip() for c in line.strip("|").split("|")] for line in err.splitlines() if line.startswith("| ")]
+        header, *body = rows
+        return {r[header.index("arm")]: dict(zip(header, r)) for r in body if set(r[0]) != {"-"}}
+
+    assert main(["validate", str(run)]) == 0 and read == [False]
+    default = table(capsys.readouterr().err)
+    assert default["snapkv"]["looping"] == default["snapkv"]["cut_in_reference"] == "not read"
+    assert default["snapkv"]["length"] == "0.5" and default["full"]["cut_in_reference"] == "0.0"
+    assert main(["validate", str(run), "--decodes", "--revalidate"]) == 0 and read == [False, True]
+    every = table(capsys.readouterr().err)
+    assert every["snapkv"]["cut_in_reference"] == "0.25" and every["snapkv"]["looping"] == "0.0"
+    assert every["full"] == default["full"]
