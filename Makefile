@@ -23,6 +23,13 @@ KVPRESS_TESTS ?= tests/collectors/test_kvpress.py tests/collectors/test_perhead.
 
 .PHONY: report test recollect bench gpu-env kvpress-env clean readme-numbers
 
+# Every command here lets Python keep the bytecode it compiles (__pycache__, ignored by git). Where the
+# environment sets PYTHONDONTWRITEBYTECODE (as this project's machines do), each new Python process would
+# compile torch, transformers, polars and pagestats from source again: `make test` starts hundreds (xdist
+# workers, CLI subprocesses, notebook kernels, Ray workers), and tests/cli/test_validate_cli.py alone took
+# 11.5 CPU s with it set and 5.2 s without.
+unexport PYTHONDONTWRITEBYTECODE
+
 # Installs go through uv (pip install uv, into the venv), several times faster than pip. uv reads no pip
 # configuration, so pip's find-links (where a machine keeps local wheels, the CPU torch among them) are
 # passed on to it; torch==2.13.0 is that local CPU build, pinned in the same install as everything that
