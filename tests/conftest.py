@@ -22,12 +22,21 @@ validation_cache
 model_dir
     A directory holding the tiny Llama (``save_pretrained``) and a byte-level tokenizer with a chat
     template: a local model for ``pagestats-collect --model``.
+smollm2
+    The embedded SmolLM2-135M-Instruct, loaded from its GGUF by ``collectors.model.load_model()`` once
+    per test session (all xdist workers together) and saved as a float32 safetensors directory with its
+    tokenizer, plus ``gguf-manifest.json``, the manifest entry of that GGUF load. Loading the directory
+    takes ~1 s of CPU, the GGUF ~29 s (transformers reads the GGUF three times and dequantises it) and
+    its tokenizer alone ~10 s; the weights and the tokenizer are the same (equal logits, vocabulary and
+    chat template, checked in tests/collectors/test_model.py).
 
 Tests that do not use torch never import it: the import happens inside the fixtures.
 """
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 import shutil
 import tempfile
@@ -101,3 +110,47 @@ def model_dir(tmp_path_factory):
     _make_tiny_model("llama", vocab_size=512).save_pretrained(d)
     tok.save_pretrained(d)
     return d
+
+
+def shared_artefact(tmp_path_factory, name: str, build):
+    """A folder ``name`` built once per test session by ``build(folder)``, shared by the xdist workers.
+
+    The folder lies beside the workers' base temporary folders (pytest's own base folder without
+    xdist); a file lock makes the first worker build it while another that needs it waits, and a
+    folder is published only whole (built under another name, then renamed)."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    folder = base / name
+    with open(base / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if not folder.is_dir():
+                partial = base / f"{name}.partial"
+                shutil.rmtree(partial, ignore_errors=True)
+                partial.mkdir()
+                build(partial)
+                partial.rename(folder)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def smollm2(tmp_path_factory):
+    """The embedded SmolLM2 as a safetensors directory, converted once per session from its GGUF."""
+    from collectors.model import default_gguf_path, sha256_file
+
+    gguf = default_gguf_path()
+
+    def convert(folder):
+        from collectors.model import load_model
+
+        lm, tokenizer, manifest = load_model()
+        lm.hf_quantizer = None  # the weights are dequantised float32: save them as they are
+        del lm.config.quantization_config
+        lm.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        (folder / "gguf-manifest.json").write_text(json.dumps(manifest))
+
+    return shared_artefact(tmp_path_factory, f"smollm2-{sha256_file(gguf)[:16]}", convert)

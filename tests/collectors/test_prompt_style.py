@@ -121,14 +121,12 @@ def test_make_input_defaults_to_page_and_records_the_style():
     assert x.references == y.references
 
 
-def test_smollm2s_own_template_gives_the_hand_built_page_prompt():
-    """The embedded SmolLM2's real chat template (it has a default system prompt, which page replaces)."""
+def test_smollm2s_own_template_gives_the_hand_built_page_prompt(smollm2):
+    """The embedded SmolLM2's real chat template (it has a default system prompt, which page replaces);
+    its tokenizer as the GGUF load gave it (saved by the conftest's session fixture)."""
     from transformers import AutoTokenizer
 
-    from collectors.model import default_gguf_path
-
-    path = default_gguf_path()
-    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    tok = AutoTokenizer.from_pretrained(str(smollm2))
     prompt, _ = render(tok, TEXT, QUESTION, PREFIX, "page")
     assert prompt == ("<|im_start|>system\nAnswer the question concisely.<|im_end|>\n<|im_start|>user\n" + USER_PAGE
                       + "<|im_end|>\n<|im_start|>assistant\n")

@@ -15,13 +15,11 @@ NEEDLE_HAYSTACK = [t for t, c in NIAH_CONFIGS.items() if c["haystack"] == "needl
 
 
 @pytest.fixture(scope="module")
-def tok():
+def tok(smollm2):
+    """SmolLM2's tokenizer, as the GGUF load gave it (saved by the conftest's session fixture)."""
     from transformers import AutoTokenizer
 
-    from collectors.model import default_gguf_path
-
-    path = default_gguf_path()
-    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    return AutoTokenizer.from_pretrained(str(smollm2))
 
 
 def n_tokens(tok, text):
