@@ -199,8 +199,9 @@ def calibration_notebook():
                       'rows = []\n'
                       'for name, (policy, source) in policies.items():\n'
                       '    g = replay.gated_outcomes(source, policy)\n'
-                      '    d = metrics.delta(g, by=("model", "context_length"))\n'
-                      '    po = metrics.p_open(g, by=("model", "context_length")).select("model", "context_length", "p_open")\n'
+                      '    rel = metrics.relation(g)  # the rows as a DuckDB relation: every metric is SQL over it\n'
+                      '    d = metrics.delta(rel, by=("model", "context_length"))\n'
+                      '    po = metrics.p_open(rel, by=("model", "context_length")).select("model", "context_length", "p_open")\n'
                       '    tau = g.group_by("model", "context_length").agg(pl.col("tau").mean())\n'
                       '    rows.append(d.join(po, on=["model", "context_length"]).join(tau, on=["model", "context_length"])\n'
                       '                .with_columns(pl.lit(name).alias("policy")))\n'
@@ -291,7 +292,7 @@ def depth_notebook():
         new_code_cell('threshold = float(custom["drop"].median())\n'
                       'policy = CustomPolicy(lambda f: mid_dip(f) >= threshold, name="mid_dip ≥ median")\n'
                       'g = replay.gated_outcomes(logs, policy)\n'
-                      'metrics.delta(g, by=("model", "context_length", "evictor"))'),
+                      'metrics.delta(metrics.relation(g), by=("model", "context_length", "evictor"))'),
     ]
 
 

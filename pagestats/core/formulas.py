@@ -1,9 +1,10 @@
 """The gate rule, the gated arm and the aggregates of the per-cell metrics, each written once, as SQL.
 
-polars evaluates them on in-memory frames (:func:`polars.sql_expr`: :mod:`pagestats.replay`,
-:mod:`pagestats.metrics`) and DuckDB on the parquet files (:mod:`pagestats.replay.relations`,
-:mod:`pagestats.replay.whatif`, :func:`pagestats.replay.tau_curve`), so a formula cannot mean one
-thing in memory and another out of core. The gate rule reads a per-input row (``drop``,
+DuckDB evaluates the aggregates (:mod:`pagestats.metrics`, :mod:`pagestats.replay.whatif`,
+:func:`pagestats.replay.tau_curve`); the gate rule and the gated arm are also evaluated by polars
+on the per-row frames at the edge (:func:`polars.sql_expr`: :mod:`pagestats.replay.frames`), so a
+formula cannot mean one thing in memory and another out of core. Every mean is :func:`mean`,
+summed exactly: its last bits do not depend on the order the engine's threads add the terms in. The gate rule reads a per-input row (``drop``,
 ``tau``); the gated arm an outcome row joined with its input's decision (``score``,
 ``n_kept``, ``full_score``, ``n_tokens``, ``gate_open``); the aggregates a gated-outcome row
 (``score_full``, ``score_plain``, ``score_gated``, ``n_kept_*``, ``n_tokens``, ``gate_open``).
@@ -51,14 +52,18 @@ def known_count(column: str) -> str:
     return f"CASE WHEN count({column}) = count(*) THEN sum(CAST({column} AS BIGINT)) END"
 
 
-def full_mean(column: str = "score_full") -> pl.Expr:
-    """The polars mean of a full-KV score column over a group, null when any row's is unknown
-    (:func:`with_full`; polars' ``mean`` skips nulls like SQL's ``avg``)."""
-    return pl.when(pl.col(column).null_count() == 0).then(pl.col(column).mean())
+def mean(value: str) -> str:
+    """The mean of ``value`` over a group, summed exactly: the terms as DECIMAL(38, 18) (scores,
+    paired differences and kept fractions lie in [−1, 1]), so the sum does not depend on the order
+    the engine's threads add them in and a rerun is bit-identical (parallel float sums differ in
+    their last bits). A term is rounded to 18 decimals first: a mean differs from the float mean of
+    the same terms by at most 1e-18 (a unit in the last place of a value near 0.01)."""
+    return f"avg(CAST({value} AS DECIMAL(38, 18)))"
 
 
 #: Mean accuracy of each arm over the rows of a group (Table 13).
-ACCURACY = {"acc_full": with_full("avg(score_full)"), "acc_plain": "avg(score_plain)", "acc_gated": "avg(score_gated)"}
+ACCURACY = {"acc_full": with_full(mean("score_full")), "acc_plain": mean("score_plain"),
+            "acc_gated": mean("score_gated")}
 
 
 def harm_count(score: str) -> str:

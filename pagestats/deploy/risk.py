@@ -286,12 +286,13 @@ def policy_comparison(logs, gate: Gate) -> pl.DataFrame:
         g = replay.gated_outcomes(use, policy, evictor=gate.pilot["evictor"]).filter(pl.col("budget") == budget)
         if name == "risk":
             g = g.join(cal, on=list(INPUT_KEY), how="anti")
-        harm = metrics.harm_rate(g, by=MATRIX_CELL, arm="gated").select(*MATRIX_CELL, "harm",
-                                                                         pl.col("n").alias("n_inputs"))
-        opened = g.group_by(MATRIX_CELL).agg(pl.col("gate_open").mean().alias("p_open"),
-                                             formulas.expr(formulas.group_tau()).alias("tau"))
-        kept = metrics.kept_kv(g, by=MATRIX_CELL).select(*MATRIX_CELL, "compression")
-        frames.append(harm.join(opened, on=list(MATRIX_CELL)).join(kept, on=list(MATRIX_CELL))
+        harm = metrics.on_frame(metrics.harm_rate, g, by=MATRIX_CELL, arm="gated").select(
+            *MATRIX_CELL, "harm", pl.col("n").alias("n_inputs"))
+        opened = metrics.on_frame(metrics.p_open, g, by=MATRIX_CELL).select(*MATRIX_CELL, "p_open")
+        taus = g.group_by(MATRIX_CELL).agg(formulas.expr(formulas.group_tau()).alias("tau"))
+        kept = metrics.on_frame(metrics.kept_kv, g, by=MATRIX_CELL).select(*MATRIX_CELL, "compression")
+        frames.append(harm.join(opened, on=list(MATRIX_CELL)).join(taus, on=list(MATRIX_CELL))
+                      .join(kept, on=list(MATRIX_CELL))
                       .with_columns(pl.lit(name).alias("policy")))
     return pl.concat(frames, how="vertical_relaxed").select("policy", *MATRIX_CELL, "tau", "n_inputs", "harm",
                                                             "p_open", "compression").sort(*MATRIX_CELL, "policy")

@@ -9,7 +9,7 @@ from matplotlib.lines import Line2D
 
 from pagestats import metrics
 from pagestats.core import formulas
-from pagestats.core.columns import MATRIX_CELL, with_task_class
+from pagestats.core.columns import MATRIX_CELL, input_key, with_task_class
 from pagestats.figures import _style as st
 from pagestats.figures._frames import (
     cells,
@@ -53,12 +53,8 @@ def accuracy_by_budget_data(gated: pl.DataFrame) -> pl.DataFrame:
     require(gated, GATED_COLUMNS, "accuracy_by_budget_data")
     gated = with_task_class(gated)
     keys = present(gated, MATRIX_CELL) + ["task", "task_class", "budget"]
-    wide = gated.group_by(keys).agg(
-        formulas.full_mean("score_full").alias("full"),
-        pl.col("score_plain").mean().alias("plain"),
-        pl.col("score_gated").mean().alias("gated"),
-        pl.len().alias("n_inputs"),
-    )
+    wide = metrics.on_frame(metrics.accuracy, gated, by=keys).select(
+        *keys, *(pl.col(f"acc_{arm}").alias(arm) for arm in ARMS), "n_inputs")
     return (
         wide.unpivot(index=[*keys, "n_inputs"], on=list(ARMS), variable_name="arm", value_name="accuracy")
         .select(*keys, "arm", "accuracy", "n_inputs")
@@ -171,21 +167,20 @@ def frontier_data(gated: pl.DataFrame, *, by=MATRIX_CELL) -> pl.DataFrame:
                     "n_kept_plain", "n_kept_gated"), "frontier_data")
     keys = present(gated, by)
     # the columns read, then the rows: a filter copies every column it keeps (9M rows at 1M inputs)
-    evicted = gated.select(list(dict.fromkeys([*keys, "budget", "score_plain", "score_gated"]))).filter(formulas.EVICTED)
+    read = [*input_key(gated), *keys, "budget", "score_full", "score_plain", "score_gated"]
+    evicted = gated.select(list(dict.fromkeys(read))).filter(formulas.EVICTED)
     if evicted.height == 0:
         raise ValueError("frontier_data: no eviction budgets b < 1")
     points = []
+    acc = metrics.on_frame(metrics.accuracy, evicted, by=[*keys, "budget"])
     for arm in ("plain", "gated"):
-        kept = metrics.kept_kv(gated, by=[*keys, "budget"], arm=arm).select(*keys, "budget", "kept_kv")
-        acc = evicted.group_by(*keys, "budget").agg(
-            pl.col(f"score_{arm}").mean().alias("accuracy"), pl.len().alias("n_inputs")
-        )
-        points.append(kept.join(acc, on=[*keys, "budget"], nulls_equal=True).with_columns(pl.lit(arm).alias("arm")))
-    unit = list(dict.fromkeys([*present(gated, ("run_id",)), "task", "input_id", *keys]))
-    inputs = gated.select(*unit, "score_full").unique(subset=unit, keep="first")
-    full = inputs.group_by(keys or pl.lit(0)).agg(
-        formulas.full_mean("score_full").alias("accuracy"), pl.len().alias("n_inputs")
-    ).with_columns(pl.lit(1.0).alias("budget"), pl.lit(1.0).alias("kept_kv"), pl.lit("full").alias("arm"))
+        kept = metrics.on_frame(metrics.kept_kv, gated, by=[*keys, "budget"], arm=arm).select(
+            *keys, "budget", "kept_kv")
+        points.append(kept.join(acc.select(*keys, "budget", pl.col(f"acc_{arm}").alias("accuracy"), "n_inputs"),
+                                on=[*keys, "budget"], nulls_equal=True).with_columns(pl.lit(arm).alias("arm")))
+    full = metrics.on_frame(metrics.full_accuracy, gated, by=keys).select(
+        *keys, pl.col("acc_full").alias("accuracy"), pl.col("n").alias("n_inputs"),
+        pl.lit(1.0).alias("budget"), pl.lit(1.0).alias("kept_kv"), pl.lit("full").alias("arm"))
     cols = [*keys, "budget", "arm", "kept_kv", "accuracy", "n_inputs"]
     data = pl.concat([p.select(cols) for p in points] + [full.select(cols)], how="vertical_relaxed")
     parts = []

@@ -44,10 +44,11 @@ def delta_matrix_data(gated: pl.DataFrame) -> pl.DataFrame:
     require(gated, _NEEDS, "delta_matrix_data")
     keys = present(gated, MATRIX_CELL)
     if "evictor" not in keys:
-        return metrics.delta(gated, by=keys).with_columns(pl.lit(0, pl.Int64).alias("n_left_out")).sort(keys)
+        return metrics.on_frame(metrics.delta, gated, by=keys).with_columns(
+            pl.lit(0, pl.Int64).alias("n_left_out")).sort(keys)
     rows = present(gated, MODEL_CELL)
     gated, left = metrics.equal_inputs(gated, by=rows)
-    return metrics.delta(gated, by=keys).join(left, on=keys, how="left").sort(keys)
+    return metrics.on_frame(metrics.delta, gated, by=keys).join(left, on=keys, how="left").sort(keys)
 
 
 def delta_matrix(gated: pl.DataFrame, *, ax=None):
@@ -217,7 +218,7 @@ def delta_of_f_data(gated: pl.DataFrame, *, f=None, anchor: Sequence[str] | None
     if "evictor" in keys:  # the cells of a (model, context) on the same inputs, as Table 2
         gated, _ = metrics.equal_inputs(gated, by=present(gated, MODEL_CELL))
     side = pl.when(metrics.capacity_side(anchor)).then(pl.lit("capacity")).otherwise(pl.lit("rest")).alias("_side")
-    by_side = metrics.delta(gated.with_columns(side), by=[*keys, "_side"])
+    by_side = metrics.on_frame(metrics.delta, gated.with_columns(side), by=[*keys, "_side"])
     wide = by_side.pivot(on="_side", index=keys or None, values="delta")
     name = metrics.anchor_name(anchor)
     for col, what in (("capacity", f"no {name} inputs"), ("rest", f"no inputs outside {name}")):

@@ -17,7 +17,7 @@ R_VALUES = (-1, 0, 1)
 
 def _indicator(gated: pl.DataFrame) -> pl.DataFrame:
     require(gated, ("task", "input_id", "budget", "score_plain", "score_gated"), "recovery indicator")
-    return metrics.recovery_indicator(gated)
+    return metrics.on_frame(metrics.recovery_indicator, gated)
 
 
 def recovery_distribution_data(gated: pl.DataFrame) -> pl.DataFrame:

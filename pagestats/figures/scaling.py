@@ -41,7 +41,7 @@ def scaling_data(gated: pl.DataFrame, *, evictor=None, rule: str = defaults.DILU
     sub = select_cells(gated, evictor=evictor)
     if "evictor" in sub.columns and sub["evictor"].n_unique() > 1:
         raise ValueError(f"scaling_data: choose one evictor of {sub['evictor'].unique().sort().to_list()}")
-    rows = metrics.scaling_rows(sub)
+    rows = metrics.on_frame(metrics.scaling_rows, sub)
     dil = rows.filter(metrics.in_fit(rule) & pl.col("rho").is_not_null() & (pl.col("headroom") > 0))
     slope = se = np.nan
     n = dil.height

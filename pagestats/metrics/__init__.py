@@ -1,17 +1,20 @@
-"""The paper's metrics as pure functions of the replay frames.
+"""The paper's metrics, each written once as SQL over a relation of gated outcomes.
 
-Inputs are the frames of :mod:`pagestats.replay`: ``gated_outcomes`` (one row per input,
-evictor and budget, columns ``run_id, task, input_id, [pair_draw], model, context_length,
-task_class, evictor, budget, n_tokens, drop, tau, gate_open, score_full, score_plain,
-score_gated, n_kept_plain, n_kept_gated``) or the per-input ``gate`` frame. Functions
-over many groups return polars frames sorted by their ``by`` columns; interval
-arithmetic is delegated to :mod:`pagestats.stats`. The scaling relation (Table 25, Fig. 9,
-Table 21) lives in :mod:`~pagestats.metrics.scaling`; rates (ρ, harm, r(x), p_open, AUC) in
-:mod:`~pagestats.metrics.rates`; Δ, Δ(f) and the oracle gap in :mod:`~pagestats.metrics.delta`;
-kept-KV, compression and batching in :mod:`~pagestats.metrics.memory`; the two sides a table
-contrasts (the capacity-bound anchor, NIAH-MK3, and the dilution-prone tasks) in
-:mod:`~pagestats.metrics.sides`; evictors whose outcomes are identical in :mod:`~pagestats.metrics.identity`. The conventions below
-hold for all of them.
+A metric takes a DuckDB relation with the columns of the replay's ``gated`` relation
+(:meth:`pagestats.replay.Replay.gated`: one row per input, evictor and budget, ``run_id, task,
+input_id, [pair_draw], model, context_length, task_class, evictor, budget, n_tokens, drop, tau,
+gate_open, score_full, score_plain, score_gated, n_kept_plain, n_kept_gated``), or some of them,
+and returns a polars frame (:mod:`~pagestats.metrics.engine`; :func:`relation` puts a polars frame
+on the engine, :func:`on_frame` runs a metric over one). The aggregates are the formulas of
+:mod:`pagestats.core.formulas`, the ones ``pagestats whatif`` reads; intervals and resampling are
+NumPy's (:mod:`pagestats.stats`). Functions over many groups return frames sorted by their ``by``
+columns. The scaling relation (Table 25, Fig. 9, Table 21) lives in :mod:`~pagestats.metrics.scaling`;
+rates (ρ, harm, r(x), p_open, AUC) in :mod:`~pagestats.metrics.rates`; accuracy, Δ, Δ(f), the oracle
+gap and Δ's bootstrap in :mod:`~pagestats.metrics.delta`; kept-KV, compression and batching in
+:mod:`~pagestats.metrics.memory`; Δ at matched memory in :mod:`~pagestats.metrics.matched`; the two
+sides a table contrasts (the capacity-bound anchor, NIAH-MK3, and the dilution-prone tasks) in
+:mod:`~pagestats.metrics.sides`; evictors whose outcomes are identical in
+:mod:`~pagestats.metrics.identity`. The conventions below hold for all of them.
 
 Conventions (one place, used by every function below)
 -----------------------------------------------------
@@ -22,9 +25,10 @@ Conventions (one place, used by every function below)
 * A *unit* is one input under one evictor: ``(run_id, task, input_id, [pair_draw], evictor)``.
   Rates count units, so pooling over evictors (``evictor`` not in ``by``) counts each
   (input, evictor) pair once.
-* A frame with several head-pair draws (``pair_draw``) must have ``pair_draw`` in ``by``;
+* A relation with several head-pair draws (``pair_draw``) must have ``pair_draw`` in ``by``;
   otherwise one input would be counted once per draw.
-* An empty frame (or an empty selection) gives an empty result with the same columns.
+* An empty relation (or an empty selection) gives an empty result with the same columns.
+* Text columns come back from SQL as :class:`polars.String`.
 """
 
 from __future__ import annotations
@@ -35,10 +39,12 @@ from pagestats.metrics.delta import (
     delta_bootstrap,
     delta_of_f,
     equal_inputs,
+    full_accuracy,
     same_inputs,
     oracle_gap,
     task_oracle,
 )
+from pagestats.metrics.engine import on_frame, relation
 from pagestats.metrics.identity import identical_evictors
 from pagestats.metrics.matched import frontier_accuracy, matched_memory
 from pagestats.metrics.memory import compression, full_cache_gib, kept_kv, kv_bytes_per_token, static_batching
@@ -53,8 +59,11 @@ from pagestats.metrics.scaling import DILUTION_RULES, in_fit, predict_band, scal
 from pagestats.metrics.sides import anchor_name, capacity_side, dilution_side
 
 __all__ = [
+    "relation",
+    "on_frame",
     "frontier_accuracy", "matched_memory",
     "accuracy",
+    "full_accuracy",
     "equal_inputs",
     "same_inputs",
     "recovery_rate",

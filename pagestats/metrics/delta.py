@@ -12,7 +12,8 @@ import polars as pl
 from pagestats import stats
 from pagestats.core import defaults, formulas
 from pagestats.core.columns import MATRIX_CELL, MODEL_CELL, input_key, key_codes, require_columns
-from pagestats.metrics._frames import _cell_rows, _outcome_rows, _uniq, _unit_key
+from pagestats.metrics import engine
+from pagestats.metrics.engine import ROWS, grouped, names, query, uniq
 from pagestats.metrics.sides import capacity_side
 from pagestats.core.schema import INPUT_KEY
 
@@ -20,6 +21,7 @@ __all__ = [
     "equal_inputs",
     "same_inputs",
     "accuracy",
+    "full_accuracy",
     "delta",
     "delta_bootstrap",
     "delta_of_f",
@@ -100,48 +102,87 @@ def same_inputs(*frames: pl.DataFrame, by=MODEL_CELL) -> tuple[list[pl.DataFrame
     return kept, left
 
 
-def accuracy(frame: pl.DataFrame, by=(*MATRIX_CELL, "budget")) -> pl.DataFrame:
+def accuracy(rows, by=(*MATRIX_CELL, "budget")) -> pl.DataFrame:
     """Mean accuracy of the full-KV, plain and gated arms per group, over every budget present
-    (the b = 1 audit rows included), and their difference Δ = gated − plain (§3 Eq. 2; Table 13).
+    (the b = 1 audit rows included), and their difference Δ = gated − plain (§3 Eq. 2; Table 13):
+    :data:`pagestats.core.formulas.ACCURACY` and :data:`~pagestats.core.formulas.DELTA`, the
+    aggregates of ``pagestats whatif``.
 
-    Put ``budget`` in ``by`` for A(b) at each budget, as ``pagestats whatif`` does.
+    Put ``budget`` in ``by`` for A(b) at each budget, as ``pagestats whatif`` does; select the
+    rows b < 1 first for the paper's means over eviction budgets.
+
+    Parameters
+    ----------
+    rows : duckdb.DuckDBPyRelation
+        Gated outcomes (:mod:`pagestats.metrics.engine`).
 
     Returns
     -------
     polars.DataFrame
-        ``by`` columns, ``acc_full``, ``acc_plain``, ``acc_gated``, ``delta``, ``n_inputs`` (distinct inputs).
+        ``by`` columns, ``acc_full`` (null where a full-KV outcome is unknown), ``acc_plain``,
+        ``acc_gated``, ``delta``, ``n_inputs`` (distinct inputs).
     """
-    rows, by = _outcome_rows(frame, by, ["score_full", "score_plain", "score_gated"], "accuracy", include_full=True)
-    rows = rows.with_columns(key_codes(rows, input_key(rows), "_input"))  # distinct inputs: one integer column
-    out = rows.group_by(by).agg(
-        *(formulas.expr(sql).alias(name) for name, sql in formulas.ACCURACY.items()),
-        pl.col("_input").n_unique().cast(pl.Int64).alias("n_inputs"),
-    )
-    return out.with_columns(formulas.expr(formulas.DELTA).alias("delta")).sort(by)
+    by = engine.outcome_rows(rows, by, ["score_full", "score_plain", "score_gated"], "accuracy")
+    acc = ", ".join(f"{sql} AS {name}" for name, sql in formulas.ACCURACY.items())
+    out = query(rows, f"""
+        SELECT *, {formulas.DELTA} AS delta FROM (
+            SELECT {names(by)}{", " if by else ""}{acc}, count(DISTINCT ({names(engine.input_key(rows))})) AS n_inputs
+            FROM {ROWS} {grouped(by)})""")
+    return out.select(*by, *(pl.col(c).cast(pl.Float64) for c in formulas.ACCURACY), pl.col("delta").cast(pl.Float64),
+                      pl.col("n_inputs").cast(pl.Int64)).sort(by)
 
 
-def delta(frame: pl.DataFrame, by=MATRIX_CELL) -> pl.DataFrame:
-    """Gating Δ: mean over inputs and budgets b < 1 of ``score_gated − score_plain`` (Table 2).
+def full_accuracy(rows, by=MATRIX_CELL, column: str = "score_full") -> pl.DataFrame:
+    """The full-KV accuracy A_full of each group: the mean of the full-KV score over the group's
+    distinct inputs, each once whatever its evictors and budgets (Table 25's ``1 − A_full``
+    headroom; Fig. 3's full-cache line), null where any input's is unknown
+    (:func:`pagestats.core.formulas.with_full`).
+
+    Parameters
+    ----------
+    rows : duckdb.DuckDBPyRelation
+        Gated outcomes, or per-input rows (``column="full_score"``).
+
+    Returns
+    -------
+    polars.DataFrame
+        ``by`` columns, ``acc_full``, ``n`` (distinct inputs).
+    """
+    by = engine.group_by(by, "full_accuracy", rows)
+    key = engine.uniq(by, engine.input_key(rows))
+    engine.check(rows, [*key, column], "full_accuracy")
+    out = query(rows, f"""
+        SELECT {names(by)}{", " if by else ""}{formulas.ACCURACY["acc_full"]} AS acc_full, count(*) AS n
+        FROM (SELECT DISTINCT ON ({names(key)}) {names(key)}, "{column}" AS score_full FROM {ROWS}) {grouped(by)}""")
+    return out.with_columns(pl.col("acc_full").cast(pl.Float64), pl.col("n").cast(pl.Int64)).sort(by)
+
+
+def delta(rows, by=MATRIX_CELL) -> pl.DataFrame:
+    """Gating Δ: mean over inputs and budgets b < 1 of ``score_gated − score_plain`` (Table 2;
+    :data:`pagestats.core.formulas.PAIRED_DIFFERENCE`, an exact mean: :func:`pagestats.core.formulas.mean`).
 
     Add ``task`` to ``by`` for the per-task breakdown (Table 12).
+
+    Parameters
+    ----------
+    rows : duckdb.DuckDBPyRelation
+        Gated outcomes (:mod:`pagestats.metrics.engine`).
 
     Returns
     -------
     polars.DataFrame
         ``by`` columns, ``delta``, ``n_inputs`` (distinct inputs, whatever the evictors pooled), ``n_rows``.
     """
-    rows, by = _outcome_rows(frame, by, ["score_gated", "score_plain"], "delta")
-    rows = rows.with_columns(key_codes(rows, input_key(rows), "_input"))  # distinct inputs: one integer column
-    out = rows.group_by(by).agg(
-        formulas.expr(formulas.PAIRED_DIFFERENCE).mean().alias("delta"),
-        pl.col("_input").n_unique().cast(pl.Int64).alias("n_inputs"),
-        pl.len().cast(pl.Int64).alias("n_rows"),
-    )
-    return out.sort(by)
+    by = engine.outcome_rows(rows, by, ["score_gated", "score_plain"], "delta")
+    out = query(rows, f"""
+        SELECT {names(by)}{", " if by else ""}{formulas.mean(formulas.PAIRED_DIFFERENCE)} AS delta,
+            count(DISTINCT ({names(engine.input_key(rows))})) AS n_inputs, count(*) AS n_rows
+        FROM {ROWS} WHERE {formulas.evicted()} {grouped(by)}""")
+    return out.with_columns(pl.col("delta").cast(pl.Float64), pl.col("n_inputs", "n_rows").cast(pl.Int64)).sort(by)
 
 
 def delta_bootstrap(
-    frame: pl.DataFrame,
+    rows,
     by=MATRIX_CELL,
     *,
     rng: np.random.Generator,
@@ -152,12 +193,18 @@ def delta_bootstrap(
 ) -> pl.DataFrame:
     """Δ per cell with cluster-bootstrap intervals and BH-adjusted p-values (Table 28).
 
-    Each group of ``by`` is a cell; its units (inputs) carry their per-budget paired
-    differences ``score_gated − score_plain`` over budgets b < 1 into
-    :func:`pagestats.stats.cluster_bootstrap` (cells in ``by`` order, one ``rng``).
+    Each group of ``by`` is a cell. SQL gives its (units × budgets b < 1) matrix of paired
+    differences :data:`~pagestats.core.formulas.PAIRED_DIFFERENCE` (units, then budgets, in
+    ascending order) and its Δ (:func:`delta`, the same number as Table 2's); NumPy resamples the
+    units (:func:`pagestats.stats.cluster_bootstrap`, cells in ``by`` order, one ``rng``).
     Benjamini–Hochberg at ``q`` runs across all cells of the call (:func:`pagestats.stats.bh`).
     ``shared_inputs=True`` resamples the inputs jointly across cells (see
     :func:`~pagestats.stats.cluster_bootstrap`); every cell must then hold the same inputs.
+
+    Parameters
+    ----------
+    rows : duckdb.DuckDBPyRelation
+        Gated outcomes (:mod:`pagestats.metrics.engine`).
 
     Returns
     -------
@@ -172,44 +219,51 @@ def delta_bootstrap(
         A cell whose units do not all carry the same set of budgets (the bootstrap needs
         a balanced grid so that Δ is the mean of per-input means).
     """
-    rows, by = _outcome_rows(frame, by, ["score_gated", "score_plain"], "delta_bootstrap")
-    unit = _unit_key(rows)
-    # the paired differences alone beside the keys, sorted (the scores are not held in the sorted copy)
-    rows = rows.select(*_uniq(by, unit, ["budget"]), formulas.expr(formulas.PAIRED_DIFFERENCE).alias("_d")).sort(
-        _uniq(by, unit, ["budget"])
-    )
-    keys, cells, inputs = [], [], []
-    for part in _cell_rows(rows, by):
-        n_units = key_codes(part, unit).n_unique()
-        n_budgets = part["budget"].n_unique()
-        # no (unit, budget) repeats (_outcome_rows), so a unit holds at most n_budgets rows: n_units × n_budgets
-        # rows in all means that every unit holds every budget of the cell
-        if part.height != n_units * n_budgets:
-            label = part.select(by).row(0, named=True)
-            raise ValueError(f"delta_bootstrap: cell {label} has units with different budget sets")
-        keys.append(part.select(by).head(1))
-        cells.append(part["_d"].to_numpy().reshape(n_units, n_budgets))
-        if shared_inputs:
-            inputs.append(part.select(input_key(part)).unique(maintain_order=True))
-    return bootstrap_table(keys, cells, inputs, {c: frame.schema[c] for c in by}, rng=rng, n_boot=n_boot,
+    by = engine.outcome_rows(rows, by, ["score_gated", "score_plain"], "delta_bootstrap")
+    unit = engine.unit_key(rows)
+    evicted = f"FROM {ROWS} WHERE {formulas.evicted()}"
+    order = f"ORDER BY {names(by)}" if by else ""
+    shape = query(rows, f"SELECT {names(by)}{', ' if by else ''}count(DISTINCT ({names(unit)})) AS _units, "
+                        f"count(DISTINCT budget) AS _budgets, count(*) AS _rows {evicted} {grouped(by)} {order}")
+    if shape.height and not by and shape["_rows"].item() == 0:
+        shape = shape.clear()  # no rows: no cell
+    # no (unit, budget) twice (engine.outcome_rows): units × budgets rows means every unit holds every budget
+    unbalanced = shape.filter(pl.col("_rows") != pl.col("_units") * pl.col("_budgets"))
+    if unbalanced.height:
+        raise ValueError(f"delta_bootstrap: cell {unbalanced.select(by).row(0, named=True)} has units with different "
+                         "budget sets")
+    if shared_inputs and shape.height > 1:
+        key = names(engine.input_key(rows))
+        cells_per_input = query(rows, f"SELECT count(DISTINCT ({names(by)})) AS n {evicted} GROUP BY {key}")["n"]
+        if (cells_per_input != shape.height).any():
+            raise ValueError("delta_bootstrap: shared_inputs=True but the cells do not hold the same inputs")
+    diffs = query(rows, f"SELECT {formulas.PAIRED_DIFFERENCE} AS _d {evicted} "
+                        f"ORDER BY {names(uniq(by, unit, ['budget']))}")["_d"].to_numpy().astype(np.float64)
+    cells, start = [], 0
+    for n_units, n_budgets in shape.select("_units", "_budgets").iter_rows():
+        cells.append(diffs[start:start + n_units * n_budgets].reshape(n_units, n_budgets))
+        start += n_units * n_budgets
+    keys = shape.select(by)
+    if not cells:
+        return bootstrap_frame(keys, [], None, rng=rng, n_boot=n_boot, confidence_level=confidence_level, q=q,
+                               shared_inputs=shared_inputs)
+    estimate = keys.join(delta(rows, by), on=by, how="left", nulls_equal=True, maintain_order="left")["delta"]
+    return bootstrap_frame(keys, cells, estimate.to_numpy(), rng=rng, n_boot=n_boot,
                            confidence_level=confidence_level, q=q, shared_inputs=shared_inputs)
 
 
-def bootstrap_table(keys, cells, inputs, by_schema, *, rng, n_boot, confidence_level, q, shared_inputs):
-    """The bootstrap, BH and result frame of :func:`delta_bootstrap` from its per-cell matrices
-    (one (n_inputs × n_budgets) matrix per cell).
+def bootstrap_frame(keys: pl.DataFrame, cells, estimate, *, rng, n_boot, confidence_level, q, shared_inputs):
+    """The bootstrap, BH and result frame of :func:`delta_bootstrap` from its per-cell matrices.
 
     Parameters
     ----------
-    keys : list of polars.DataFrame
+    keys : polars.DataFrame
         One row per cell: its ``by`` values.
     cells : list of numpy.ndarray
         Per cell, the (n_inputs × n_budgets) matrix of paired differences gated − plain
         (App. A.7.2), rows in unit order.
-    inputs : list of polars.DataFrame
-        Per cell, its input keys in row order (read only when ``shared_inputs``).
-    by_schema : dict
-        The ``by`` columns' dtypes (the schema of a result without cells).
+    estimate : numpy.ndarray or None
+        Δ per cell (:func:`delta`); None when there are no cells.
     rng, n_boot, confidence_level, q, shared_inputs
         As :func:`delta_bootstrap`.
 
@@ -218,10 +272,8 @@ def bootstrap_table(keys, cells, inputs, by_schema, *, rng, n_boot, confidence_l
     polars.DataFrame
         As :func:`delta_bootstrap`.
     """
-    if shared_inputs and any(not x.equals(inputs[0]) for x in inputs[1:]):
-        raise ValueError("delta_bootstrap: shared_inputs=True but the cells do not hold the same inputs")
     if not cells:
-        schema = {**by_schema, "delta": pl.Float64, "low": pl.Float64,
+        schema = {**keys.schema, "delta": pl.Float64, "low": pl.Float64,
                   "high": pl.Float64, "p_value": pl.Float64, "p_adjusted": pl.Float64,
                   "rejected": pl.Boolean, "n_inputs": pl.Int64, "n_budgets": pl.Int64, "n_boot": pl.Int64,
                   "note": pl.String}
@@ -230,8 +282,8 @@ def bootstrap_table(keys, cells, inputs, by_schema, *, rng, n_boot, confidence_l
         cells, rng=rng, n_boot=n_boot, confidence_level=confidence_level, shared_inputs=shared_inputs
     )
     adj = stats.bh(res.p_value, q=q)
-    return pl.concat(keys).with_columns(
-        pl.Series("delta", res.estimate),
+    return keys.with_columns(
+        pl.Series("delta", estimate, dtype=pl.Float64),
         pl.Series("low", res.low),
         pl.Series("high", res.high),
         pl.Series("p_value", res.p_value),
@@ -292,24 +344,24 @@ def task_oracle(gated: pl.DataFrame, closed=defaults.ANCHOR_TASKS) -> pl.DataFra
     return gated.with_columns(new.get_columns())
 
 
-def oracle_gap(frame_gate_policy: pl.DataFrame, frame_oracle: pl.DataFrame, by=MATRIX_CELL) -> pl.DataFrame:
+def oracle_gap(rows_policy, rows_oracle, by=MATRIX_CELL) -> pl.DataFrame:
     """Δ of a gate policy minus Δ of the task-label oracle per cell (§4.1, App. A.4.3, Table 14).
 
-    Both frames are gated outcomes of the same logs, under the policy and under
-    :class:`pagestats.replay.policies.TaskOracle` (close on capacity-bound tasks, open elsewhere).
-    A gap of exactly 0 means the gate reproduced the oracle's decisions; positive needs
-    within-task per-input variation.
+    Both relations are gated outcomes of the same logs, under the policy and under
+    :class:`pagestats.replay.policies.TaskOracle` (close on capacity-bound tasks, open elsewhere);
+    Δ of each is :func:`delta`. A gap of exactly 0 means the gate reproduced the oracle's
+    decisions; positive needs within-task per-input variation.
 
     Returns
     -------
     polars.DataFrame
         ``by`` columns, ``delta_policy``, ``delta_oracle``, ``gap``, ``n_inputs``.
     """
-    a = delta(frame_gate_policy, by).rename({"delta": "delta_policy"})
-    b = delta(frame_oracle, by).rename({"delta": "delta_oracle"})
+    a = delta(rows_policy, by).rename({"delta": "delta_policy"})
+    b = delta(rows_oracle, by).rename({"delta": "delta_oracle"})
     by = [by] if isinstance(by, str) else list(by)
     if a.height != b.height or a.join(b, on=by, how="anti", nulls_equal=True).height:
-        raise ValueError("oracle_gap: the two frames do not cover the same cells")
+        raise ValueError("oracle_gap: the two relations do not cover the same cells")
     out = a.join(b.select(*by, "delta_oracle"), on=by, nulls_equal=True)
     return out.select(*by, "delta_policy", "delta_oracle", (pl.col("delta_policy") - pl.col("delta_oracle")).alias("gap"),
                       "n_inputs").sort(by)

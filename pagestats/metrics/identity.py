@@ -13,20 +13,34 @@ from __future__ import annotations
 import polars as pl
 
 from pagestats.core import formulas
-from pagestats.core.columns import MODEL_CELL, input_key, require_columns
+from pagestats.core.columns import MODEL_CELL
+from pagestats.metrics import engine
+from pagestats.metrics.engine import ROWS, names, query
+from pagestats.replay.sqltext import sql_float, sql_string
 
 __all__ = ["identical_evictors"]
 
 #: The outcome columns compared: the plain arm's score and kept tokens.
 OUTCOME = ("score_plain", "n_kept_plain")
-_SEED = 0x5EED
 
 
-def identical_evictors(gated: pl.DataFrame, by=MODEL_CELL) -> pl.DataFrame:
+def _row_hash(cols) -> str:
+    """The SQL of one row's 64-bit hash over ``cols``."""
+    return f"hash({names(cols)})"
+
+
+def _equals(column: str, value) -> str:
+    """SQL: ``column`` holds ``value`` (nulls equal)."""
+    literal = ("NULL" if value is None else sql_string(value) if isinstance(value, str)
+               else sql_float(value) if isinstance(value, float) else str(int(value)))
+    return f'"{column}" IS NOT DISTINCT FROM {literal}'
+
+
+def identical_evictors(rows, by=MODEL_CELL) -> pl.DataFrame:
     """Per (``by``, evictor): the other evictors of the group whose outcomes equal this one's on every
     evicting row.
 
-    An evicting row is one at a budget b < 1 (:data:`pagestats.core.formulas.EVICTED`). Two evictors are
+    An evicting row is one at a budget b < 1 (:func:`pagestats.core.formulas.evicted`). Two evictors are
     identical in a group when they hold the same (input, budget) rows there and their plain outcomes,
     ``score_plain`` and ``n_kept_plain``, are equal on every one of them; their gated outcomes are then
     equal too (Eq. 2: where the gate opens the gated arm is the plain outcome, elsewhere the full cache,
@@ -34,9 +48,9 @@ def identical_evictors(gated: pl.DataFrame, by=MODEL_CELL) -> pl.DataFrame:
 
     Parameters
     ----------
-    gated : polars.DataFrame
-        :func:`pagestats.replay.gated_outcomes` rows (or any frame with ``by``, ``evictor``, the input
-        key, ``budget``, ``score_plain`` and ``n_kept_plain``).
+    rows : duckdb.DuckDBPyRelation
+        Gated outcomes (:mod:`pagestats.metrics.engine`), or any relation with ``by``, ``evictor``, the
+        input key, ``budget``, ``score_plain`` and ``n_kept_plain``.
     by : sequence of str
         The groups whose evictors are compared (default the (model, context) cell; add ``budget`` to
         compare at each budget).
@@ -50,33 +64,35 @@ def identical_evictors(gated: pl.DataFrame, by=MODEL_CELL) -> pl.DataFrame:
 
     Notes
     -----
-    Each evictor's rows are summed as 64-bit hashes of (input, budget, outcome) per group: evictors
-    whose row counts and sums differ are not identical. Those whose sums agree are compared row by row
-    (sorted by input and budget), so a hash collision never makes two evictors identical.
+    Each evictor's rows are summed as 64-bit hashes of (input, budget, outcome) per group, in SQL:
+    evictors whose row counts and sums differ are not identical. Those whose sums agree are compared
+    row by row (``EXCEPT ALL``), so a hash collision never makes two evictors identical.
     """
     by = [by] if isinstance(by, str) else list(by)
-    key = [c for c in [*input_key(gated), "budget"] if c not in by]
-    require_columns(gated, [*by, "evictor", *key, *OUTCOME], "identical_evictors")
-    cols = list(dict.fromkeys([*by, "evictor", "budget"]))
-    sig = (gated.select(*cols, pl.struct(*key, *OUTCOME).hash(_SEED).alias("_h"))
-           .filter(formulas.EVICTED)
-           .group_by([*by, "evictor"]).agg(pl.len().cast(pl.Int64).alias("n_rows"), pl.col("_h").sum().alias("_sig")))
-    groups = (sig.group_by([*by, "n_rows", "_sig"]).agg(pl.col("evictor").sort())
-              .filter(pl.col("evictor").list.len() > 1))
+    key = [c for c in [*engine.input_key(rows), "budget"] if c not in by]
+    engine.check(rows, [*by, "evictor", *key, *OUTCOME], "identical_evictors")
+    evicting = f"FROM {ROWS} WHERE {formulas.evicted()}"
+    group = [*by, "evictor"]
+    sig = query(rows, f"SELECT {names(group)}, count(*) AS n_rows, CAST(sum({_row_hash([*key, *OUTCOME])}) AS VARCHAR) "
+                      f"AS _sig {evicting} GROUP BY {names(group)}").with_columns(pl.col("n_rows").cast(pl.Int64))
+    candidates = (sig.group_by([*by, "n_rows", "_sig"]).agg(pl.col("evictor").sort())
+                  .filter(pl.col("evictor").list.len() > 1))
     same: list[dict] = []
-    for row in groups.iter_rows(named=True):
-        where = pl.all_horizontal(*(pl.col(c) == row[c] for c in by)) if by else pl.lit(True)
-        classes: list[tuple[pl.DataFrame, list[str]]] = []
+    for row in candidates.iter_rows(named=True):
+        where = " AND ".join(_equals(c, row[c]) for c in by) or "true"
+
+        def outcomes(ev):
+            return f"SELECT {names([*key, *OUTCOME])} {evicting} AND {where} AND {_equals('evictor', ev)}"
+
+        classes: list[list[str]] = []
         for ev in row["evictor"]:
-            rows = (gated.filter(where & (pl.col("evictor") == ev) & formulas.EVICTED)
-                    .select(*key, *OUTCOME).sort(key))
-            for ref, members in classes:
-                if rows.equals(ref):
-                    members.append(ev)
+            for members in classes:
+                if not query(rows, f"SELECT count(*) FROM ({outcomes(members[0])} EXCEPT ALL {outcomes(ev)})").item():
+                    members.append(ev)  # as many rows (the signature) and none of the first's missing: the same rows
                     break
             else:
-                classes.append((rows, [ev]))
-        for _, members in classes:
+                classes.append([ev])
+        for members in classes:
             for ev in members if len(members) > 1 else ():
                 same.append({**{c: row[c] for c in by}, "evictor": ev,
                              "same_as": ", ".join(str(m) for m in members if m != ev)})

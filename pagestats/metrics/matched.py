@@ -27,8 +27,8 @@ import polars as pl
 
 from pagestats import stats
 from pagestats.core import defaults, formulas
-from pagestats.core.columns import key_codes, sorting_order
-from pagestats.metrics._frames import _cell_rows
+from pagestats.metrics import engine
+from pagestats.metrics.engine import ROWS, grouped, names, query, uniq
 from pagestats.core.schema import INPUT_KEY
 
 __all__ = ["frontier_accuracy", "matched_memory"]
@@ -90,28 +90,30 @@ def frontier_accuracy(kept: np.ndarray, accuracy: np.ndarray, query: np.ndarray)
     return al + np.clip(weight, 0.0, 1.0) * (ar - al)
 
 
-def _cell_arrays(part: pl.DataFrame):
-    """Per input × budget matrices of one cell (inputs in key order, budgets ascending), after the
-    budgets and which of them are eviction budgets (:data:`pagestats.core.formulas.EVICTED`)."""
-    key = list(INPUT_KEY)
-    order = sorting_order(part, [*key, "budget"])  # each matrix gathered in order, not a sorted copy of the part
-    budgets = part.select(pl.col("budget").unique().sort())
-    evicted = budgets.select(formulas.EVICTED).to_series().to_numpy()
-    budgets = budgets.to_series().to_numpy()
-    n = key_codes(part, key).n_unique()
-    if part.height != n * budgets.size:
-        raise ValueError("matched_memory: a cell's inputs do not all carry the same budgets")
-
-    def mat(expr):
-        values = part.select(expr).to_series()
-        values = values if order is None else values.gather(order)
-        return values.to_numpy().astype(np.float64).reshape(n, budgets.size)
-
-    def kept(arm):
-        return formulas.expr(formulas.kept_fraction(f"n_kept_{arm}"))
-
-    return (budgets, evicted, mat(pl.col("score_plain")), mat(kept("plain")), mat(pl.col("score_gated")),
-            mat(kept("gated")))
+def _cells(rows, by: list[str]):
+    """Per cell, in ``by`` order: its ``by`` values, its budgets (ascending), which of them are
+    eviction budgets (:func:`pagestats.core.formulas.evicted`), and its four (inputs × budgets) matrices,
+    inputs in key order: the plain and gated scores and kept fractions
+    (:func:`pagestats.core.formulas.kept_fraction`), read from SQL in that order."""
+    key = names(INPUT_KEY)
+    order = f"ORDER BY {names(by)}" if by else ""
+    shape = query(rows, f"SELECT {names(by)}{', ' if by else ''}count(DISTINCT ({key})) AS _inputs, "
+                        f"list_sort(list(DISTINCT budget)) AS _budgets, count(*) AS _rows "
+                        f"FROM {ROWS} {grouped(by)} {order}")
+    values = query(rows, f"""
+        SELECT CAST(score_plain AS DOUBLE) AS plain, {formulas.kept_fraction("n_kept_plain")} AS kept_plain,
+            CAST(score_gated AS DOUBLE) AS gated, {formulas.kept_fraction("n_kept_gated")} AS kept_gated
+        FROM {ROWS} ORDER BY {names(uniq(by, INPUT_KEY, ["budget"]))}""")
+    columns = [values[c].to_numpy() for c in ("plain", "kept_plain", "gated", "kept_gated")]
+    start = 0
+    for cell, n, budgets, n_rows in zip(shape.select(by).iter_rows(named=True), shape["_inputs"], shape["_budgets"],
+                                        shape["_rows"]):
+        budgets = np.asarray(budgets, dtype=np.float64)
+        if n_rows != n * budgets.size:
+            raise ValueError("matched_memory: a cell's inputs do not all carry the same budgets")
+        matrices = [c[start:start + n_rows].reshape(n, budgets.size) for c in columns]
+        start += n_rows
+        yield cell, budgets, budgets < 1, matrices
 
 
 def _resampled_rows(matrices: tuple[np.ndarray, ...]) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
@@ -137,21 +139,22 @@ def _delta_matched(weights, evicted, plain, kept_plain, gated, kept_gated) -> tu
         (mg - mp[:, evicted]).mean(axis=1)
 
 
-def matched_memory(frame: pl.DataFrame, by=("model", "context_length", "evictor"), *, rng: np.random.Generator,
+def matched_memory(rows, by=("model", "context_length", "evictor"), *, rng: np.random.Generator,
                    n_boot: int = defaults.N_BOOTSTRAP, confidence_level: float = defaults.CONFIDENCE_LEVEL,
                    q: float = defaults.FDR_Q) -> pl.DataFrame:
     """Δ at matched memory per cell, with a cluster-bootstrap interval and BH-adjusted p (module docstring).
 
     Parameters
     ----------
-    frame : polars.DataFrame
-        Gated outcomes (:func:`pagestats.replay.gated_outcomes`) with every budget, 1.0 included:
+    rows : duckdb.DuckDBPyRelation
+        Gated outcomes (:mod:`pagestats.metrics.engine`) with every budget, 1.0 included:
         ``run_id, task, input_id, budget, n_tokens, score_plain, n_kept_plain, score_gated,
         n_kept_gated`` and the ``by`` columns. Every input of a cell must carry the same budgets.
     by : sequence of str
         The cells.
     rng : numpy.random.Generator
-        Draws the resamples (one generator for all cells, in ``by`` order).
+        Draws the resamples (one generator for all cells, in ``by`` order; the rows come from SQL,
+        the resampling is NumPy's).
 
     Returns
     -------
@@ -162,13 +165,14 @@ def matched_memory(frame: pl.DataFrame, by=("model", "context_length", "evictor"
         ``delta_nominal`` (Δ at the same nominal budget, for comparison).
     """
     by = list(by)
-    rows = []
+    engine.check(rows, [*by, *INPUT_KEY, "budget", "n_tokens", "score_plain", "n_kept_plain", "score_gated",
+                        "n_kept_gated"], "matched_memory")
+    engine.refuse_repeats(rows, [*by, *INPUT_KEY, "budget"], "matched_memory",
+                          "duplicate rows for the same (cell, input, budget)")
+    out = []
     replicates = []
     alpha = 1.0 - confidence_level
-    read = [*by, *INPUT_KEY, "budget", "n_tokens", "score_plain", "n_kept_plain", "score_gated", "n_kept_gated"]
-    frame = frame.select(list(dict.fromkeys(read)))  # the columns read: each cell's part is a copy
-    for part in _cell_rows(frame, by):
-        budgets, evicted, plain, kept_plain, gated, kept_gated = _cell_arrays(part)
+    for cell, budgets, evicted, (plain, kept_plain, gated, kept_gated) in _cells(rows, by):
         n = plain.shape[0]
         if not evicted.any() or not (budgets == 1.0).any():
             raise ValueError("matched_memory: a cell needs budget 1.0 (the full cache) and budgets b < 1")
@@ -178,12 +182,12 @@ def matched_memory(frame: pl.DataFrame, by=("model", "context_length", "evictor"
                                for chunk in stats.resample_counts(counts, n_boot, rng)])
         replicates.append(boot)
         low, high = np.quantile(boot, [alpha / 2, 1 - alpha / 2])
-        rows.append({**part.select(by).row(0, named=True), "n_inputs": n, "kept_kv_gated": float(point[2][0]),
-                     "acc_gated": float(point[1][0]), "acc_plain_matched": float(point[3][0]),
-                     "delta_matched": float(point[0][0]), "low": float(low), "high": float(high),
-                     "delta_nominal": float(point[4][0])})
-    if not rows:
+        out.append({**cell, "n_inputs": n, "kept_kv_gated": float(point[2][0]),
+                    "acc_gated": float(point[1][0]), "acc_plain_matched": float(point[3][0]),
+                    "delta_matched": float(point[0][0]), "low": float(low), "high": float(high),
+                    "delta_nominal": float(point[4][0])})
+    if not out:
         raise ValueError("matched_memory: no cells")
     p = stats.bootstrap_pvalue(np.vstack(replicates))
     adjusted = stats.bh(p, q=q).adjusted
-    return pl.DataFrame(rows).with_columns(pl.Series("p_value", p), pl.Series("p_adjusted", adjusted))
+    return pl.DataFrame(out).with_columns(pl.Series("p_value", p), pl.Series("p_adjusted", adjusted))

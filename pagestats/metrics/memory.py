@@ -1,7 +1,8 @@
 """The gate's effect on memory: achieved kept-KV, compression, and compression under static
 batching (App. A.6.2, Tables 22–23).
 
-Pure functions of the replay frames; conventions in :mod:`pagestats.metrics`.
+:func:`kept_kv` reads a relation of gated outcomes (:mod:`pagestats.metrics.engine`) in SQL; the
+batching and cache-size arithmetic is NumPy's. Conventions in :mod:`pagestats.metrics`.
 """
 
 from __future__ import annotations
@@ -11,44 +12,53 @@ import polars as pl
 
 from pagestats.core import defaults, formulas, schema
 from pagestats.core.columns import MATRIX_CELL, names_like
-from pagestats.metrics._frames import _arm, _outcome_rows
+from pagestats.metrics import engine
+from pagestats.metrics.engine import ROWS, grouped, names, query
+from pagestats.metrics.rates import arm_columns
 
 __all__ = ["kept_kv", "compression", "static_batching", "kv_bytes_per_token", "full_cache_gib"]
 
 
-def kept_kv(frame: pl.DataFrame, by=MATRIX_CELL, arm: str = "gated", *, include_full: bool = False) -> pl.DataFrame:
+def kept_kv(rows, by=MATRIX_CELL, arm: str = "gated", *, include_full: bool = False) -> pl.DataFrame:
     """Achieved kept-KV and compression of an arm (App. A.6.2, Table 22).
 
     ``kept_kv`` = mean over rows (inputs × budgets b < 1 in the group; the b = 1 audit rows
-    too with ``include_full``) of ``n_kept / n_tokens``; put ``budget`` in ``by`` for one
+    too with ``include_full``) of ``n_kept / n_tokens`` (:func:`pagestats.core.formulas.kept_fraction`,
+    an exact mean: :func:`pagestats.core.formulas.mean`); put ``budget`` in ``by`` for one
     budget, leave it out for the paper's "grid mean" over the budget grid.
     ``compression = 1 / kept_kv``.
     ``kept_kv_open`` is the same mean over gate-open rows only (Table 23's ``k_open``).
+
+    Parameters
+    ----------
+    rows : duckdb.DuckDBPyRelation
+        Gated outcomes (:mod:`pagestats.metrics.engine`).
 
     Returns
     -------
     polars.DataFrame
         ``by`` columns, ``kept_kv``, ``compression``, ``kept_kv_open``, ``n_rows``, ``n_open_rows``.
     """
-    _, kept = _arm(arm)
-    rows, by = _outcome_rows(frame, by, [kept, "n_tokens", "gate_open"], "kept_kv", include_full=include_full)
-    if (rows["n_tokens"] <= 0).any():
+    _, kept = arm_columns(arm)
+    by = engine.outcome_rows(rows, by, [kept, "n_tokens", "gate_open"], "kept_kv")
+    where = "" if include_full else f"WHERE {formulas.evicted()}"
+    if query(rows, f"SELECT count(*) FROM {ROWS} {where}{' AND' if where else 'WHERE'} n_tokens <= 0").item():
         raise ValueError("kept_kv: n_tokens must be positive")
-    frac = formulas.expr(formulas.kept_fraction(kept))
-    out = rows.group_by(by).agg(
-        frac.mean().alias("kept_kv"),
-        frac.filter(pl.col("gate_open")).mean().alias("kept_kv_open"),
-        pl.len().cast(pl.Int64).alias("n_rows"),
-        pl.col("gate_open").sum().cast(pl.Int64).alias("n_open_rows"),
-    )
+    frac = formulas.mean(formulas.kept_fraction(kept))
+    out = query(rows, f"""
+        SELECT {names(by)}{", " if by else ""}{frac} AS kept_kv, {frac} FILTER (WHERE gate_open) AS kept_kv_open,
+            count(*) AS n_rows, {formulas.OPEN_COUNT} AS n_open_rows
+        FROM {ROWS} {where} {grouped(by)}""")
+    out = out.with_columns(pl.col("kept_kv", "kept_kv_open").cast(pl.Float64),
+                           pl.col("n_rows", "n_open_rows").cast(pl.Int64))
     out = out.with_columns((1.0 / pl.col("kept_kv")).alias("compression"))
     return out.select(*by, "kept_kv", "compression", "kept_kv_open", "n_rows", "n_open_rows").sort(by)
 
 
-def compression(frame: pl.DataFrame, by=MATRIX_CELL, arm: str = "gated") -> pl.DataFrame:
+def compression(rows, by=MATRIX_CELL, arm: str = "gated") -> pl.DataFrame:
     """Achieved compression ``1 / kept-KV`` (Table 22): :func:`kept_kv`'s by-columns,
     ``compression`` and ``kept_kv``."""
-    return kept_kv(frame, by, arm).select(*([by] if isinstance(by, str) else by), "compression", "kept_kv")
+    return kept_kv(rows, by, arm).select(*([by] if isinstance(by, str) else by), "compression", "kept_kv")
 
 
 def static_batching(p_open, kept_open, batch_sizes=defaults.BATCH_SIZES) -> pl.DataFrame:

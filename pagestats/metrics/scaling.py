@@ -12,9 +12,10 @@ from __future__ import annotations
 import polars as pl
 
 from pagestats import stats
-from pagestats.core import defaults, formulas
-from pagestats.core.columns import input_key, require_columns
-from pagestats.metrics._frames import _by
+from pagestats.core import defaults
+from pagestats.metrics import engine
+from pagestats.metrics.delta import full_accuracy
+from pagestats.metrics.engine import ROWS, grouped, names, query
 from pagestats.metrics.rates import recovery_rate
 
 __all__ = ["scaling_rows", "scaling_fit", "predict_band", "in_fit", "SCALING_BY", "DILUTION_RULES"]
@@ -24,7 +25,7 @@ SCALING_BY = ("model", "context_length", "task")
 
 
 def scaling_rows(
-    frame: pl.DataFrame,
+    rows,
     by=SCALING_BY,
     *,
     confidence_level: float = defaults.CONFIDENCE_LEVEL,
@@ -34,35 +35,30 @@ def scaling_rows(
 
     Parameters
     ----------
-    frame : polars.DataFrame
-        Gated outcomes (see :mod:`pagestats.metrics`) of **one** evictor per row group
-        (the paper uses SnapKV); filter first, pooling evictors raises.
+    rows : duckdb.DuckDBPyRelation
+        Gated outcomes (:mod:`pagestats.metrics.engine`) of **one** evictor per row group
+        (the paper uses SnapKV); select it first, pooling evictors raises.
 
     Returns
     -------
     polars.DataFrame
-        ``by`` columns, ``task_class``, ``n`` (inputs), ``a_full`` (mean full-cache score),
-        ``headroom``, ``k``, ``rho``, ``low``, ``high`` (Wilson, Eq. 1 on the plain arm),
+        ``by`` columns, ``task_class``, ``n`` (inputs), ``a_full`` (mean full-cache score,
+        :func:`~pagestats.metrics.full_accuracy`), ``headroom``, ``k``, ``rho``, ``low``, ``high``
+        (Wilson, Eq. 1 on the plain arm: :func:`~pagestats.metrics.recovery_rate`),
         ``dilution_prone`` (ρ ≥ 0.05) and ``ratio = rho / headroom`` (null at zero headroom).
     """
-    by = _by(frame, by, "scaling_rows")
-    require_columns(frame, [*input_key(frame), "evictor", "score_full", "task_class"], "scaling_rows")
-    many = frame.group_by(by).agg(pl.col("evictor").n_unique().alias("_ne")).filter(pl.col("_ne") > 1)
-    if many.height:
+    by = engine.group_by(by, "scaling_rows", rows)
+    engine.check(rows, [*engine.input_key(rows), "evictor", "score_full", "task_class"], "scaling_rows")
+    groups = query(rows, f"SELECT {names(by)}, count(DISTINCT evictor) AS evictors, count(DISTINCT task_class) AS "
+                         f"classes, any_value(task_class) AS task_class FROM {ROWS} {grouped(by)}")
+    if (groups["evictors"] > 1).any():
         raise ValueError("scaling_rows: several evictors in a row group; filter to one evictor (e.g. snapkv)")
-    inputs = frame.select(*{c: None for c in [*by, *input_key(frame), "score_full", "task_class"]}).unique(
-        subset=[*by, *input_key(frame)], keep="first"
-    )
-    full = inputs.group_by(by).agg(
-        pl.col("task_class").first(),
-        pl.col("task_class").n_unique().alias("_nc"),
-        pl.len().cast(pl.Int64).alias("n"),
-        formulas.full_mean("score_full").alias("a_full"),
-    )
-    if (full["_nc"] > 1).any():
+    if (groups["classes"] > 1).any():
         raise ValueError("scaling_rows: a row group mixes task classes; include 'task' in by")
-    rho = recovery_rate(frame, by, "plain", confidence_level=confidence_level, threshold=threshold)
-    out = full.drop("_nc").join(rho.drop("n"), on=by, how="left", nulls_equal=True)
+    full = full_accuracy(rows, by).rename({"acc_full": "a_full"})
+    rho = recovery_rate(rows, by, "plain", confidence_level=confidence_level, threshold=threshold)
+    out = groups.select(*by, "task_class").join(full, on=by, nulls_equal=True).join(rho.drop("n"), on=by, how="left",
+                                                                                    nulls_equal=True)
     out = out.with_columns((1.0 - pl.col("a_full")).alias("headroom"))
     out = out.with_columns(
         pl.when(pl.col("headroom") > 0).then(pl.col("rho") / pl.col("headroom")).otherwise(None).alias("ratio")

@@ -10,8 +10,6 @@ PAGE paper, §3 (Eq. 2); §4 (Table 2 matrix cells); Table 27 (harm rate); App. 
 
 from __future__ import annotations
 
-import re
-
 import polars as pl
 
 from pagestats.core import formulas
@@ -54,19 +52,6 @@ def whatif_query(draw_columns: list[str], input_draws: str | int | None = None, 
     return _over_draws(_per_draw(draw_columns, input_draws, tables), draw_columns, input_draws)
 
 
-def _exact_mean(sql: str) -> str:
-    """``avg(x)`` summed exactly: the terms as DECIMAL(38, 18) (scores and kept fractions lie in
-    [0, 1]), so the sum does not depend on the order DuckDB's threads add them in and a rerun of
-    the same what-if is bit-identical (parallel float sums differ in their last bits)."""
-    guarded = re.fullmatch(r"CASE WHEN (.*) THEN (avg\(.*\)) END", sql.strip())
-    if guarded:  # formulas.with_full: the mean, or null when a full-KV outcome is unknown
-        return f"CASE WHEN {guarded.group(1)} THEN {_exact_mean(guarded.group(2))} END"
-    inner = re.fullmatch(r"avg\((.*)\)", sql.strip())
-    if inner is None:
-        raise ValueError(f"not a mean: {sql!r}")
-    return f"avg(CAST({inner.group(1)} AS DECIMAL(38, 18)))"
-
-
 def _cell(input_draws) -> str:
     return ", ".join([*WHATIF_CELL, *(["draw"] if input_draws == "split" else [])])
 
@@ -80,7 +65,7 @@ def _per_draw(draw_columns: list[str], input_draws, tables: dict[str, str] | Non
     key = ", ".join(INPUT_KEY)
     draw = ", ".join(draw_columns)
     gated = relations.gated_query(draw_columns, outcomes=t["outcomes"], decisions=t["decisions"], held_out=t["held_out"])
-    acc = ", ".join(f"{_exact_mean(sql)} AS {name}" for name, sql in formulas.ACCURACY.items())
+    acc = ", ".join(f"{sql} AS {name}" for name, sql in formulas.ACCURACY.items())
     draw_col = ", x.draw" if input_draws == "split" else ""
     draw_join = f" LEFT JOIN (SELECT {key}, draw FROM {t['inputs']}) x USING ({key})" if input_draws is not None else ""
     draw_where = f" WHERE x.draw = {int(input_draws)}" if isinstance(input_draws, int) else ""
@@ -89,7 +74,7 @@ def _per_draw(draw_columns: list[str], input_draws, tables: dict[str, str] | Non
             {formulas.harm_count("score_plain")} / count(*) AS harm_plain,
             {formulas.harm_count("score_gated")} / count(*) AS harm_gated,
             {formulas.P_OPEN} AS p_open,
-            {_exact_mean(f"avg({formulas.kept_fraction('n_kept_gated')})")} AS kept_kv
+            {formulas.mean(formulas.kept_fraction('n_kept_gated'))} AS kept_kv
         FROM (
             SELECT model, context_length, evictor, task, budget{", " + draw if draw_columns else ""}{draw_col},
                 score_full, score_plain, score_gated, n_kept_gated, n_tokens, gate_open
@@ -118,7 +103,7 @@ def _over_draws(per_draw: str, draw_columns: list[str], input_draws) -> str:
     varying = [c for c in WHATIF_COLUMNS[6:] if c not in (*GATE_FREE, "delta", "degenerate")]
     return f"""
         SELECT {cell}, {", ".join(f"arg_min({c}, pair_draw) AS {c}" for c in GATE_FREE)},
-            {", ".join(f"{_exact_mean(f'avg({c})')} AS {c}" for c in varying)}
+            {", ".join(f"{formulas.mean(c)} AS {c}" for c in varying)}
         FROM ({per_draw}) GROUP BY ALL ORDER BY {cell}"""
 
 

@@ -123,7 +123,7 @@ class Context:
                                                                    "p_value", "p_adjusted")}})
         if both.height != rows.select(by).n_unique():  # else every cell: no copy
             rows = rows.join(both, on=by, how="semi")
-        return names_like(metrics.matched_memory(rows, by=by, rng=np.random.default_rng(defaults.BOOTSTRAP_SEED)), rows)
+        return metrics.on_frame(metrics.matched_memory, rows, by=by, rng=np.random.default_rng(defaults.BOOTSTRAP_SEED))
 
     @functools.cached_property
     def decode_limited(self) -> pl.DataFrame:

@@ -38,7 +38,7 @@ def decision_data(ctx: Context) -> pl.DataFrame:
         # the columns read, then the rows (a filter copies every column it keeps)
         read = [*input_key(ctx.gated), *keys, "score_full", "score_plain", "score_gated"]
         gated, _ = metrics.equal_inputs(rows_where(ctx.gated.select(read), formulas.EVICTED))
-        accuracy = metrics.accuracy(gated, list(keys))
+        accuracy = metrics.on_frame(metrics.accuracy, gated, list(keys))
         unit = [*INPUT_KEY, "evictor"]
         units, like = distinct_rows(gated, unit), gated.head(0)
         del gated  # not held beside the τ curve's query (at 1M inputs: 8M rows)

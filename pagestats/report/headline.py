@@ -58,24 +58,25 @@ def headline(ctx: Context) -> pl.DataFrame:
         return pl.DataFrame()
     rows, _ = metrics.equal_inputs(rows, by=list(MODEL_CELL))
     by = list(MATRIX_CELL) + (["pair_draw"] if "pair_draw" in rows.columns else [])
-    boot = metrics.delta_bootstrap(rows.filter(pl.col("pair_draw") == 0) if "pair_draw" in rows.columns else rows,
-                                   list(MATRIX_CELL), rng=np.random.default_rng(defaults.BOOTSTRAP_SEED))
+    boot = metrics.on_frame(metrics.delta_bootstrap,
+                            rows.filter(pl.col("pair_draw") == 0) if "pair_draw" in rows.columns else rows,
+                            list(MATRIX_CELL), rng=np.random.default_rng(defaults.BOOTSTRAP_SEED))
 
     def harm(frame: pl.DataFrame, arm: str, name: str) -> pl.DataFrame:
         """The arm's harm rate (Table 27) over every budget of ``frame``: harmed rows / rows."""
-        per_budget = metrics.harm_rate(frame, by, arm).group_by(by).agg(pl.col("k", "n").sum())
+        per_budget = metrics.on_frame(metrics.harm_rate, frame, by, arm).group_by(by).agg(pl.col("k", "n").sum())
         return per_budget.select(*by, (pl.col("k") / pl.col("n")).alias(name), pl.col("n"))
 
-    pooled = (metrics.kept_kv(rows, by).select(*by, "kept_kv")
+    pooled = (metrics.on_frame(metrics.kept_kv, rows, by).select(*by, "kept_kv")
               .join(harm(rows, "plain", "harm_plain_all").drop("n"), on=by)
               .join(harm(rows, "gated", "harm_gated_all").drop("n"), on=by))
     at_b = rows.filter(pl.col("budget") == defaults.HEADLINE_BUDGET)
     capacity_rows = at_b.filter(metrics.capacity_side(defaults.ANCHOR_TASKS))  # Table 27's cell: NIAH-MK3 alone
     capacity = (harm(capacity_rows, "plain", "harm_plain").rename({"n": "n_capacity"})
                 .join(harm(capacity_rows, "gated", "harm_gated").drop("n"), on=by))
-    memory = metrics.kept_kv(at_b, by).select(*by, pl.col("kept_kv").alias("kept_kv_budget"),
+    memory = metrics.on_frame(metrics.kept_kv, at_b, by).select(*by, pl.col("kept_kv").alias("kept_kv_budget"),
                                               pl.col("kept_kv_open").alias("kept_open"))
-    opened = metrics.p_open(rows, by).select(*by, "p_open")
+    opened = metrics.on_frame(metrics.p_open, rows, by).select(*by, "p_open")
     per = (pooled.join(opened, on=by).join(capacity, on=by, how="left").join(memory, on=by, how="left")
            .with_columns(pl.col("n_capacity").fill_null(0)))
     if "pair_draw" in by:  # a head-pair replay: every value is the mean over the draws

@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 
 from pagestats import metrics, replay
-from pagestats.core import defaults, formulas
+from pagestats.core import defaults
 from pagestats.core.columns import with_task_class
 from pagestats.io.decoding import decode_profile, flagged_tasks
 from pagestats.replay.policies import Midpoint
@@ -115,8 +115,8 @@ def _needs_pair_jaccard(ctx) -> str | None:
 def _needs_prediction_fit(ctx) -> str | None:
     inputs = ctx.logs.inputs
     largest = max(ctx.context_lengths)
-    fit = (inputs.filter(pl.col("context_length") < largest).group_by("model", "task")
-           .agg((1.0 - formulas.full_mean("full_score")).alias("h")).filter(pl.col("h") > 0))
+    fit = metrics.on_frame(metrics.full_accuracy, inputs.filter(pl.col("context_length") < largest),
+                           by=["model", "task"], column="full_score").filter(pl.col("acc_full") < 1)
     target = inputs.filter(pl.col("context_length") == largest).select("model", "task").unique()
     if fit.join(target, on=["model", "task"], how="semi").height == 0:
         return (f"no (model, task) has full-KV headroom > 0 below the largest context {largest} "

@@ -111,7 +111,7 @@ def same_as(gated: pl.DataFrame, by) -> pl.DataFrame:
     """``by`` (with ``evictor``) and ``same_as``: the evictors whose outcomes equal the row's on every
     evicting row of the group (:func:`pagestats.metrics.identical_evictors`)."""
     group = [c for c in by if c != "evictor"]
-    return metrics.identical_evictors(gated, by=group).select(*group, "evictor", "same_as")
+    return metrics.on_frame(metrics.identical_evictors, gated, by=group).select(*group, "evictor", "same_as")
 
 
 def inputs_per(logs, by: Sequence[str]) -> pl.DataFrame:
@@ -146,7 +146,7 @@ def gate_at(logs, spec: replay.ProfileSpec, recalibrate: str, tau: float, pilot_
         t = pl.col("tau")
         per_draw = [gate.group_by(list(MODEL_CELL)).agg(
             t.sum().alias("_tau_sum"), t.min().alias("_tau_min"), t.max().alias("_tau_max"), pl.len().alias("_n_rows"),
-        ).join(metrics.p_open(gate, by=MODEL_CELL).select(*MODEL_CELL, "k", "n"), on=list(MODEL_CELL))
+        ).join(metrics.on_frame(metrics.p_open, gate, by=MODEL_CELL).select(*MODEL_CELL, "k", "n"), on=list(MODEL_CELL))
             for gate in replay.gate_by_draw(fit, policy, spec)]
         sums = pl.concat(per_draw).group_by(list(MODEL_CELL)).agg(
             pl.col("_tau_sum", "_n_rows", "k", "n").sum(), pl.col("_tau_min").min(), pl.col("_tau_max").max())

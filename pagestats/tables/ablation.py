@@ -71,8 +71,8 @@ def auc_table(frames: Mapping[str, pl.DataFrame], by=MODEL_CELL, *, q: float = d
     (Table 5), which the family-wise BH correction then covers.
     """
     by = as_list(by)
-    parts = [metrics.auc_by_signal(frame, "drop", by=by, confidence_level=confidence_level,
-                                   capacity_tasks=None if anchor is None else list(anchor))
+    parts = [metrics.on_frame(metrics.auc_by_signal, frame, "drop", by=by, confidence_level=confidence_level,
+                              capacity_tasks=None if anchor is None else list(anchor))
              .with_columns(pl.lit(name).alias("statistic")) for name, frame in frames.items()]
     out = pl.concat(parts, how="vertical_relaxed")
     adj = stats.bh(out["p_value"].fill_null(np.nan).to_numpy(), q=q)

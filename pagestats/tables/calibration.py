@@ -64,8 +64,10 @@ def calibration_table(logs, *, tau: float = defaults.TAU, n: int = defaults.MIDP
         pilot_means.append(part.group_by(list(MODEL_CELL)).agg(pl.col("drop").mean().alias(label)))
     out = pilot_means[0].join(pilot_means[1], on=list(MODEL_CELL))
     for frame, suffix in ((fixed, "fixed"), (cal, "calibrated")):
-        d = metrics.delta(frame, by=MODEL_CELL).select(*MODEL_CELL, pl.col("delta").alias(f"delta_{suffix}"))
-        po = metrics.p_open(frame, by=MODEL_CELL).select(*MODEL_CELL, pl.col("p_open").alias(f"p_open_{suffix}"))
+        d = metrics.on_frame(metrics.delta, frame, by=MODEL_CELL).select(
+            *MODEL_CELL, pl.col("delta").alias(f"delta_{suffix}"))
+        po = metrics.on_frame(metrics.p_open, frame, by=MODEL_CELL).select(
+            *MODEL_CELL, pl.col("p_open").alias(f"p_open_{suffix}"))
         out = out.join(d, on=list(MODEL_CELL)).join(po, on=list(MODEL_CELL))
     taus = gate.group_by(list(MODEL_CELL)).agg(formulas.expr(formulas.group_tau()).alias("tau_calibrated"))
     out = out.join(taus, on=list(MODEL_CELL)).with_columns(

@@ -87,7 +87,7 @@ def _rho_rows(gated, evictor, confidence_level, power):
 
 
 def _delta_rows(gated, rng, confidence_level, power):
-    boot = metrics.delta_bootstrap(gated, rng=rng, confidence_level=confidence_level)
+    boot = metrics.on_frame(metrics.delta_bootstrap, gated, rng=rng, confidence_level=confidence_level)
     diffs = {tuple(k.values()): d for k, d in delta_cells(gated)}
     rows = []
     for r in boot.iter_rows(named=True):

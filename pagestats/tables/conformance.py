@@ -279,17 +279,18 @@ def _cell_value(rows: pl.DataFrame, row: dict, cell: tuple[str, int, str], q: st
     if q in ("plain", "gated", "full", "delta"):
         # over exactly the row's budgets (metrics.accuracy reads every budget present, b = 1 included)
         sel = _need(_select(rows, row, cell), "score_full" if q == "full" else "score_gated")
-        return float(metrics.accuracy(sel, by=["model"])["delta" if q == "delta" else f"acc_{q}"][0])
+        return _one(metrics.accuracy, sel, "delta" if q == "delta" else f"acc_{q}")
     if q in ("gated_min_over_budgets", "gated_max_over_budgets"):
-        acc = metrics.accuracy(_need(_select(rows, row, cell), "score_gated"), by=["model", "budget"])["acc_gated"]
+        sel = _need(_select(rows, row, cell), "score_gated")
+        acc = metrics.on_frame(metrics.accuracy, sel, by=["model", "budget"])["acc_gated"]
         return float(acc.min() if q.startswith("gated_min") else acc.max())
     if q == "p_open":
-        return float(metrics.p_open(_select(rows, row, cell), by=["model"])["p_open"][0])
+        return _one(metrics.p_open, _select(rows, row, cell), "p_open")
     if q == "kept_kv_plain":
         sel = _select(rows, row, cell)
-        return float(metrics.kept_kv(sel, by=["model"], arm="plain", include_full=include_full)["kept_kv"][0])
+        return _one(metrics.kept_kv, sel, "kept_kv", arm="plain", include_full=include_full)
     if q == "compression":
-        return float(metrics.kept_kv(_select(rows, row, cell), by=["model"], arm="gated")["compression"][0])
+        return _one(metrics.kept_kv, _select(rows, row, cell), "compression", arm="gated")
     if q == "batch_compression":
         return _batch_compression(_select(rows, row, cell), int(row["batch_size"]))
     if q == "crossover_kept_kv":
@@ -297,14 +298,19 @@ def _cell_value(rows: pl.DataFrame, row: dict, cell: tuple[str, int, str], q: st
     raise ValueError(f"paper values: no recipe for the quantity {q!r} ({row['item']})")
 
 
+def _one(metric, rows: pl.DataFrame, column: str, **kwargs) -> float:
+    """``column`` of ``metric`` over ``rows``, one model's: the value of a row of the paper."""
+    return float(metrics.on_frame(metric, rows, by=["model"], **kwargs)[column][0])
+
+
 def _pooled(rows: pl.DataFrame, row: dict, cells: list, q: str) -> float:
     parts = [_select(rows, row, cell, full=q == "max_matched_gain") for cell in cells]  # every cell or none
     if q == "grand_mean_delta":
-        return float(np.mean([metrics.accuracy(_need(p, "score_gated"), by=["model"])["delta"][0] for p in parts]))
+        return float(np.mean([_one(metrics.accuracy, _need(p, "score_gated"), "delta") for p in parts]))
     if q == "cells_rest_identical":
         return float(sum(bool(p["gate_open"].all()) for p in parts))
     if q == "mean_compression":
-        return float(np.mean([metrics.kept_kv(p, by=["model"], arm="gated")["compression"][0] for p in parts]))
+        return float(np.mean([_one(metrics.kept_kv, p, "compression", arm="gated") for p in parts]))
     if q == "mean_batch_compression":
         return float(np.mean([_batch_compression(p, int(row["batch_size"])) for p in parts]))
     if q == "max_matched_gain":
@@ -315,7 +321,7 @@ def _pooled(rows: pl.DataFrame, row: dict, cells: list, q: str) -> float:
         rec = _recovery(parts)
         return float({"rho": rec["rho"], "recovered_inputs": rec["k"], "inputs": rec["n"]}[q])
     pooled = _need(pl.concat(parts, how="vertical_relaxed").with_columns(pl.col("task").cast(pl.String)), "score_full")
-    harm = {arm: metrics.harm_rate(pooled, by=["task"], arm=arm) for arm in ("plain", "gated")}
+    harm = {arm: metrics.on_frame(metrics.harm_rate, pooled, by=["task"], arm=arm) for arm in ("plain", "gated")}
     k = {arm: int(h["k"].sum()) for arm, h in harm.items()}
     n = int(harm["plain"]["n"].sum())
     if q == "harm_ratio":
@@ -335,8 +341,8 @@ def _oracle(parts: list[pl.DataFrame], q: str) -> float:
         closed = pl.col("task").is_in(list(defaults.ANCHOR_TASKS))
         arm = pl.when(closed).then(pl.col("score_full")).otherwise(pl.col("score_plain"))
         oracle = p.with_columns((~closed).alias("gate_open"), arm.alias("score_gated"))
-        d_oracle = float(metrics.accuracy(_need(oracle, "score_gated"), by=["model"])["delta"][0])
-        d_gate = float(metrics.accuracy(_need(p, "score_gated"), by=["model"])["delta"][0])
+        d_oracle = _one(metrics.accuracy, _need(oracle, "score_gated"), "delta")
+        d_gate = _one(metrics.accuracy, _need(p, "score_gated"), "delta")
         deltas.append(d_oracle)
         gaps.append(d_gate - d_oracle)
         equal.append(bool((p["gate_open"] == oracle["gate_open"]).all()))
@@ -351,13 +357,13 @@ def _recovery(parts: list[pl.DataFrame]) -> dict:
     """Table 1's pooled contrast: recovered inputs k of n, ρ and its Wilson interval, the inputs of every
     listed cell pooled (:func:`pagestats.metrics.recovery_rate`, the plain arm)."""
     pooled = _need(pl.concat(parts, how="vertical_relaxed").with_columns(pl.col("task").cast(pl.String)), "score_full")
-    rec = metrics.recovery_rate(pooled.with_columns(pl.lit("pooled").alias("_cells")), by=["_cells"])
+    rec = metrics.on_frame(metrics.recovery_rate, pooled.with_columns(pl.lit("pooled").alias("_cells")), by=["_cells"])
     return rec.row(0, named=True)
 
 
 def _batch_compression(sel: pl.DataFrame, batch_size: int) -> float:
-    kept = metrics.kept_kv(sel, by=["model"], arm="gated")
-    p = float(metrics.p_open(sel, by=["model"])["p_open"][0])
+    kept = metrics.on_frame(metrics.kept_kv, sel, by=["model"], arm="gated")
+    p = _one(metrics.p_open, sel, "p_open")
     k_open = kept["kept_kv_open"][0]
     k_open = 1.0 if k_open is None else float(k_open)  # no open input: the full cache
     return float(metrics.static_batching(p, k_open, [batch_size])["compression"][0])
@@ -402,8 +408,8 @@ def _intervals(rows: pl.DataFrame, row: dict, cells: list, q: str, *, rng: np.ra
     """Table 28 over the listed cells: how many cluster-bootstrap intervals of Δ exclude zero, or the
     smallest lower bound (one :func:`pagestats.metrics.delta_bootstrap` call, the cells in order)."""
     parts = [_need(_select(rows, row, cell), "score_gated") for cell in cells]
-    boot = metrics.delta_bootstrap(pl.concat(parts, how="vertical_relaxed"), by=["model", "context_length", "evictor"],
-                                   rng=rng, n_boot=n_boot)
+    boot = metrics.on_frame(metrics.delta_bootstrap, pl.concat(parts, how="vertical_relaxed"),
+                            by=["model", "context_length", "evictor"], rng=rng, n_boot=n_boot)
     if q == "min_ci_low":
         return float(boot["low"].min())
     return float(((boot["low"] > 0) | (boot["high"] < 0)).sum())
@@ -417,5 +423,5 @@ def _interval(rows: pl.DataFrame, row: dict, *, rng: np.random.Generator, n_boot
     if row["quantity"] != "delta":
         raise ValueError(f"paper values: an interval is printed for {row['quantity']!r}; only Δ and ρ have one")
     (cell,) = _cells(row)
-    boot = metrics.delta_bootstrap(_select(rows, row, cell), by=["model"], rng=rng, n_boot=n_boot)
+    boot = metrics.on_frame(metrics.delta_bootstrap, _select(rows, row, cell), by=["model"], rng=rng, n_boot=n_boot)
     return {"low": float(boot["low"][0]), "high": float(boot["high"][0])}

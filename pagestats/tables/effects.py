@@ -12,7 +12,7 @@ import polars as pl
 
 from pagestats import metrics
 from pagestats.core import defaults, formulas
-from pagestats.core.columns import MATRIX_CELL, MODEL_CELL, input_key, require_columns, rows_where
+from pagestats.core.columns import MATRIX_CELL, MODEL_CELL, input_key, names_like, require_columns, rows_where
 from pagestats.core.schema import INPUT_KEY
 from pagestats.tables._common import group_tau, one_evictor, same_as
 
@@ -39,7 +39,7 @@ def _rest_open(gated: pl.DataFrame, by, anchor) -> pl.DataFrame:
     rest = _rest(gated, by, ["gate_open"], anchor)
     if rest.height == 0:
         return pl.DataFrame(schema={**{c: gated.schema[c] for c in by}, "p_open_rest": pl.Float64, "identical": pl.Boolean})
-    po = metrics.p_open(rest, by=by)
+    po = metrics.on_frame(metrics.p_open, rest, by=by)
     return po.select(*by, pl.col("p_open").alias("p_open_rest"), (pl.col("k") == pl.col("n")).alias("identical"))
 
 
@@ -77,9 +77,10 @@ def delta_matrix_table(gated: pl.DataFrame, *, anchor: Sequence[str] | None = de
     """
     by = list(MATRIX_CELL)
     gated, left = metrics.equal_inputs(gated)
-    full = metrics.delta(gated, by=by)
+    full = metrics.on_frame(metrics.delta, gated, by=by)
     rest_rows = _rest(gated, by, ["budget", "score_gated", "score_plain"], anchor)
-    rest = metrics.delta(rest_rows, by=by).select(*by, pl.col("delta").alias("delta_rest")) if rest_rows.height else None
+    rest = (metrics.on_frame(metrics.delta, rest_rows, by=by).select(*by, pl.col("delta").alias("delta_rest"))
+            if rest_rows.height else None)
     del rest_rows
     out = full.select(*by, "delta", "n_inputs")
     if rest is not None:
@@ -106,8 +107,8 @@ def delta_by_task_table(gated: pl.DataFrame, *, anchor: Sequence[str] | None = d
     """
     by = [*MATRIX_CELL, "task", "task_class"]
     gated, _ = metrics.equal_inputs(gated)  # the evictors of a cell on the same inputs, as Table 2
-    d = metrics.delta(gated, by=by)
-    po = metrics.p_open(gated, by=[*MODEL_CELL, "task"]).select(*MODEL_CELL, "task", "p_open")
+    d = metrics.on_frame(metrics.delta, gated, by=by)
+    po = metrics.on_frame(metrics.p_open, gated, by=[*MODEL_CELL, "task"]).select(*MODEL_CELL, "task", "p_open")
     out = d.join(po, on=[*MODEL_CELL, "task"], how="left").join(_rest_open(gated, list(MATRIX_CELL), anchor),
                                                                 on=list(MATRIX_CELL), how="left")
     return out.select(*by, "delta", "n_inputs", "p_open", "identical").sort(by)
@@ -136,12 +137,9 @@ def budget_axis_table(gated: pl.DataFrame) -> pl.DataFrame:
             "gate_open"]
     # the columns read, then the rows; the evictors on the same inputs
     rows, _ = metrics.equal_inputs(gated.select(read).filter(formulas.EVICTED))
-    acc = rows.group_by(by).agg(
-        formulas.full_mean("score_full").alias("acc_full"), pl.col("score_plain").mean().alias("acc_plain"),
-        pl.col("score_gated").mean().alias("acc_gated"),
-    )
-    d = metrics.delta(rows, by=by).select(*by, "delta", "n_inputs")
-    kept = metrics.kept_kv(rows, by=by).select(*by, pl.col("kept_kv").alias("kept_kv_gated"))
+    acc = metrics.on_frame(metrics.accuracy, rows, by=by).drop("delta", "n_inputs")
+    d = metrics.on_frame(metrics.delta, rows, by=by).select(*by, "delta", "n_inputs")
+    kept = metrics.on_frame(metrics.kept_kv, rows, by=by).select(*by, pl.col("kept_kv").alias("kept_kv_gated"))
     out = acc.join(d, on=by).join(kept, on=by).join(same_as(rows, by), on=by, how="left")
     return out.select(*by, "n_inputs", "acc_full", "acc_plain", "acc_gated", "delta", "kept_kv_gated", "same_as").sort(by)
 
@@ -172,7 +170,7 @@ def oracle_gap_table(gated: pl.DataFrame, gated_oracle: pl.DataFrame) -> pl.Data
     (gated, gated_oracle), _ = metrics.same_inputs(gated, gated_oracle)
     gated, _ = metrics.equal_inputs(gated)
     gated_oracle, _ = metrics.equal_inputs(gated_oracle)
-    gap = metrics.oracle_gap(gated, gated_oracle, by=MATRIX_CELL)
+    gap = names_like(metrics.oracle_gap(metrics.relation(gated), metrics.relation(gated_oracle), by=MATRIX_CELL), gated)
     key = [*INPUT_KEY, *MATRIX_CELL]
     a = gated.select(*key, "gate_open").unique()
     b = gated_oracle.select(*key, pl.col("gate_open").alias("_oracle")).unique()
@@ -192,12 +190,12 @@ def best_evictor_table(gated: pl.DataFrame) -> pl.DataFrame:
         ``model, context_length, best_plain, acc_best_plain, best_gated, acc_best_gated,
         gain`` (= acc_best_gated − acc_best_plain), ``n_evictors``.
     """
-    require_columns(gated, [*MATRIX_CELL, "budget", "score_plain", "score_gated"], "best_evictor_table")
+    require_columns(gated, [*MATRIX_CELL, "budget", "score_full", "score_plain", "score_gated"], "best_evictor_table")
     gated, _ = metrics.equal_inputs(gated)  # the best evictor is chosen on the same inputs for all
     # the columns read, then the rows (a filter copies every column it keeps; a lazy query sums in another order)
-    acc = gated.select(*MATRIX_CELL, "budget", "score_plain", "score_gated").filter(formulas.EVICTED).group_by(
-        list(MATRIX_CELL)).agg(pl.col("score_plain").mean().alias("plain"), pl.col("score_gated").mean().alias("gated"))
-    acc = acc.sort([*MODEL_CELL, "evictor"])
+    read = [*input_key(gated), *MATRIX_CELL, "budget", "score_full", "score_plain", "score_gated"]
+    acc = metrics.on_frame(metrics.accuracy, rows_where(gated.select(read), formulas.EVICTED), by=MATRIX_CELL)
+    acc = acc.select(*MATRIX_CELL, pl.col("acc_plain").alias("plain"), pl.col("acc_gated").alias("gated"))
     out = acc.group_by(list(MODEL_CELL), maintain_order=True).agg(
         pl.col("evictor").sort_by("plain", descending=True, maintain_order=True).first().alias("best_plain"),
         pl.col("plain").max().alias("acc_best_plain"),
@@ -245,8 +243,10 @@ def cross_cell_table(gated_fixed: pl.DataFrame, gated_calibrated: pl.DataFrame |
         sub = pl.concat([both, rows_where(sub, ~calibrated)])
 
     def arm(frame, suffix):
-        d = metrics.delta(frame, by=MODEL_CELL).select(*MODEL_CELL, "n_inputs", pl.col("delta").alias(f"delta_{suffix}"))
-        po = metrics.p_open(frame, by=MODEL_CELL).select(*MODEL_CELL, pl.col("p_open").alias(f"p_open_{suffix}"))
+        d = metrics.on_frame(metrics.delta, frame, by=MODEL_CELL).select(
+            *MODEL_CELL, "n_inputs", pl.col("delta").alias(f"delta_{suffix}"))
+        po = metrics.on_frame(metrics.p_open, frame, by=MODEL_CELL).select(
+            *MODEL_CELL, pl.col("p_open").alias(f"p_open_{suffix}"))
         tau = frame.group_by(list(MODEL_CELL)).agg(group_tau().alias(f"tau_{suffix}"))
         return d.join(tau, on=list(MODEL_CELL)).join(po, on=list(MODEL_CELL))
 
@@ -280,14 +280,15 @@ def compression_table(gated: pl.DataFrame, *, evictor: str | None = None) -> pl.
     sub, ev = one_evictor(gated, evictor)
     parts = []
     for by, grid in (([*MODEL_CELL, "budget"], False), (list(MODEL_CELL), True)):
-        g = metrics.kept_kv(sub, by=by, arm="gated")
-        p = metrics.kept_kv(sub, by=by, arm="plain").select(*by, pl.col("kept_kv").alias("kept_kv_plain"))
+        g = metrics.on_frame(metrics.kept_kv, sub, by=by, arm="gated")
+        p = metrics.on_frame(metrics.kept_kv, sub, by=by, arm="plain").select(
+            *by, pl.col("kept_kv").alias("kept_kv_plain"))
         part = g.join(p, on=by).rename({"kept_kv": "kept_kv_gated"})
         if grid:
             part = part.with_columns(pl.lit(None, pl.Float64).alias("budget"))
         parts.append(part.select(*MODEL_CELL, "budget", "kept_kv_plain", "kept_kv_gated", "compression", "kept_kv_open"))
     out = pl.concat(parts)
-    po = metrics.p_open(sub, by=MODEL_CELL).select(*MODEL_CELL, "p_open")
+    po = metrics.on_frame(metrics.p_open, sub, by=MODEL_CELL).select(*MODEL_CELL, "p_open")
     out = out.join(po, on=list(MODEL_CELL)).with_columns(pl.lit(ev).alias("evictor"))
     return out.select(*MODEL_CELL, "evictor", "budget", "kept_kv_plain", "kept_kv_gated", "compression",
                       "kept_kv_open", "p_open").sort([*MODEL_CELL, "budget"], nulls_last=True)
@@ -314,8 +315,8 @@ def batching_table(gated: pl.DataFrame, *, evictor: str | None = None, budget: f
     at = evict.filter(pl.col("budget") == b)
     if at.height == 0:
         raise ValueError(f"batching_table: budget {b} is not logged")
-    kept = metrics.kept_kv(at, by=MODEL_CELL)
-    po = metrics.p_open(at, by=MODEL_CELL).select(*MODEL_CELL, "p_open")
+    kept = metrics.on_frame(metrics.kept_kv, at, by=MODEL_CELL)
+    po = metrics.on_frame(metrics.p_open, at, by=MODEL_CELL).select(*MODEL_CELL, "p_open")
     cells = kept.join(po, on=list(MODEL_CELL)).sort(list(MODEL_CELL))
     parts = []
     for row in cells.iter_rows(named=True):

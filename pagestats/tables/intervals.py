@@ -54,7 +54,8 @@ def bootstrap_table(gated: pl.DataFrame, *, rng: np.random.Generator, by=MATRIX_
     left = None
     if "evictor" in by:  # cells that differ by evictor are compared on the same inputs
         sub, left = metrics.equal_inputs(sub, by=[c for c in by if c != "evictor"])
-    out = metrics.delta_bootstrap(sub, by=by, rng=rng, n_boot=n_boot, confidence_level=confidence_level, q=q)
+    out = metrics.on_frame(metrics.delta_bootstrap, sub, by=by, rng=rng, n_boot=n_boot,
+                           confidence_level=confidence_level, q=q)
     if left is not None:
         out = (out.join(left, on=[c for c in left.columns if c != "n_left_out"], how="left")
                .join(same_as(sub, by), on=by, how="left"))
@@ -106,10 +107,11 @@ def draw_replicates_table(gated: pl.DataFrame, input_draws: pl.DataFrame, *, evi
               .join(draws_per_cell, on=MATRIX_CELL).filter(pl.col("_n") == pl.col("_all")).select(*MATRIX_CELL, "task"))
     sub = sub.join(common, on=[*MATRIX_CELL, "task"], how="semi")
     by = [*MATRIX_CELL, "draw"]
-    parts = [metrics.delta(sub, by=by).with_columns(pl.lit("all tasks").alias("subset"))]
+    parts = [metrics.on_frame(metrics.delta, sub, by=by).with_columns(pl.lit("all tasks").alias("subset"))]
     cap = sub.filter(metrics.capacity_side(anchor))
     if cap.height:
-        parts.append(metrics.delta(cap, by=by).with_columns(pl.lit(metrics.anchor_name(anchor)).alias("subset")))
+        parts.append(metrics.on_frame(metrics.delta, cap, by=by).with_columns(
+            pl.lit(metrics.anchor_name(anchor)).alias("subset")))
     out = pl.concat(parts)
     grp = ["subset", *MATRIX_CELL]
     out = out.with_columns(
@@ -187,7 +189,8 @@ def remaining_deltas_table(gated: pl.DataFrame, calibrated: pl.DataFrame | None,
         frame = make()
         if frame.height == 0:
             continue
-        boot = metrics.delta_bootstrap(frame, by=by, rng=rng, n_boot=n_boot, confidence_level=confidence_level, q=q)
+        boot = metrics.on_frame(metrics.delta_bootstrap, frame, by=by, rng=rng, n_boot=n_boot,
+                                confidence_level=confidence_level, q=q)
         del frame
         parts.append(boot.with_columns(pl.lit(label).alias("row"), pl.lit("cluster bootstrap").alias("interval"),
                                        *([] if "task" in by else [pl.lit(None, pl.String).alias("task")]))

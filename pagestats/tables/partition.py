@@ -67,12 +67,14 @@ def recovery_table(gated: pl.DataFrame, *, evictor: str | None = None,
     PAGE §4 "The partition", Table 1 (pooled NIAH-MK3: 2/526, ρ = 0.004, Wilson [0.001, 0.014]).
     """
     sub, ev = one_evictor(gated, evictor)
-    cells = metrics.recovery_rate(sub, by=("model", "context_length", "task_class", "task"), confidence_level=confidence_level)
+    cells = metrics.on_frame(metrics.recovery_rate, sub, by=("model", "context_length", "task_class", "task"),
+                             confidence_level=confidence_level)
     side = (pl.when(metrics.capacity_side(anchor)).then(pl.lit(defaults.CAPACITY_BOUND))
             .when(metrics.dilution_side(anchor)).then(pl.lit(defaults.DILUTION_PRONE)).alias("_side"))
     read = list(dict.fromkeys([*input_key(sub), "evictor", "task_class", "budget", "score_plain", "score_full"]))
     sided = sub.select(read).with_columns(side).filter(pl.col("_side").is_not_null())
-    pooled = metrics.recovery_rate(sided, by=("_side",), confidence_level=confidence_level).rename({"_side": "task_class"})
+    pooled = metrics.on_frame(metrics.recovery_rate, sided, by=("_side",), confidence_level=confidence_level).rename(
+        {"_side": "task_class"})
     cells = cells.with_columns(pl.lit("cell").alias("scope"))
     pooled = pooled.with_columns(
         pl.lit("pooled").alias("scope"), pl.lit(None, pl.String).alias("model"),
@@ -105,7 +107,7 @@ def drop_by_task_table(gate: pl.DataFrame, *, confidence_level: float = defaults
     """
     require_columns(gate, [*MODEL_CELL, "task", "task_class", "drop", "gate_open", "tau"], "drop_by_task_table")
     means = task_means(gate, "drop").rename({"mean": "mean_drop", "sd": "sd_drop"})
-    opened = metrics.p_open(gate, by=(*MODEL_CELL, "task"), confidence_level=confidence_level)
+    opened = metrics.on_frame(metrics.p_open, gate, by=(*MODEL_CELL, "task"), confidence_level=confidence_level)
     taus = gate.group_by([*MODEL_CELL, "task"]).agg(group_tau())
     out = means.join(opened.select(*MODEL_CELL, "task", "p_open", "low", "high"), on=[*MODEL_CELL, "task"])
     out = out.join(taus, on=[*MODEL_CELL, "task"], how="left")
@@ -144,7 +146,7 @@ def distractor_sweep_table(gate: pl.DataFrame, tasks: Sequence[str] = MULTIKEY_T
     require_columns(gate, [*MODEL_CELL, "task", "drop", "gate_open"], "distractor_sweep_table")
     sub = gate.filter(pl.col("task").is_in(tasks))
     means = task_means(sub, "drop").rename({"mean": "mean_drop", "sd": "sd_drop"})
-    opened = metrics.p_open(sub, by=(*MODEL_CELL, "task")).select(*MODEL_CELL, "task", "p_open")
+    opened = metrics.on_frame(metrics.p_open, sub, by=(*MODEL_CELL, "task")).select(*MODEL_CELL, "task", "p_open")
     order = names_like(pl.DataFrame({"task": tasks, "distractors": list(range(len(tasks)))},
                                     schema={"task": pl.String, "distractors": pl.Int64}), sub)
     out = means.join(order, on="task").join(opened, on=[*MODEL_CELL, "task"]).sort([*MODEL_CELL, "distractors"])
@@ -182,7 +184,7 @@ def scaling_table(gated: pl.DataFrame, *, evictor: str | None = None, rule: str 
     PAGE §5 (Eq. 4), App. A.6.4, Table 25.
     """
     sub, ev = one_evictor(gated, evictor)
-    rows = metrics.scaling_rows(sub).with_columns(pl.lit(ev).alias("evictor"))
+    rows = metrics.on_frame(metrics.scaling_rows, sub).with_columns(pl.lit(ev).alias("evictor"))
     for name in metrics.DILUTION_RULES:
         suffix = name.replace("-", "_")
         chosen = metrics.in_fit(name) & pl.col("rho").is_not_null()
@@ -245,10 +247,10 @@ def prediction_band(gated: pl.DataFrame, inputs: pl.DataFrame, *, fit_contexts: 
     if missing:
         raise ValueError(f"context(s) {missing} are not in the logs (logged: {sorted(logged)})")
     fit, ev = one_evictor(gated.filter(pl.col("context_length").is_in(fit_contexts)), evictor)
-    fit_rows = metrics.scaling_rows(fit)
+    fit_rows = metrics.on_frame(metrics.scaling_rows, fit)
     require_columns(inputs, [*by, "context_length", "full_score"], "prediction_band")
-    headroom = (inputs.filter(pl.col("context_length") == target).group_by(by)
-                .agg((1.0 - formulas.full_mean("full_score")).alias("headroom")))
+    headroom = metrics.on_frame(metrics.full_accuracy, inputs.filter(pl.col("context_length") == target), by=by,
+                                column="full_score").select(*by, (1.0 - pl.col("acc_full")).alias("headroom"))
     fittable = fit_rows.filter(pl.col("headroom") > 0).select(by).unique()
     headroom = headroom.join(fittable, on=by, how="semi")
     if headroom.height == 0:
@@ -294,7 +296,8 @@ def preregistered_table(gated: pl.DataFrame, inputs: pl.DataFrame, *, band: pl.D
     sub = gated.filter((pl.col("context_length") == target) & (pl.col("evictor") == ev))
     if sub.height == 0:
         raise ValueError(f"no {ev} outcomes at the target context {target} to check the band against")
-    measured = names_like(metrics.scaling_rows(sub, by=(*by, "context_length")), band)  # a frozen band's text
+    measured = names_like(metrics.on_frame(metrics.scaling_rows, sub, by=(*by, "context_length")),
+                          band)  # a frozen band's text
     out = band.with_columns(pl.col("context_length").cast(pl.Int64)).join(
         measured.select(*by, "task_class", "n", "rho", "low", "high"), on=by, how="left")
     out = out.with_columns(
@@ -326,9 +329,9 @@ def harm_table(gated: pl.DataFrame, *, evictor: str | None = None, by=("task", "
     read = [*input_key(sub), "evictor", *by, "budget", "score_full", "score_plain", "score_gated"]
     sub = sub.select(list(dict.fromkeys(read))).filter(formulas.EVICTED)  # the columns read, then the rows
     keys = [*by, "budget"]
-    g = metrics.harm_rate(sub, by=by, arm="gated", confidence_level=confidence_level).rename(
+    g = metrics.on_frame(metrics.harm_rate, sub, by=by, arm="gated", confidence_level=confidence_level).rename(
         {"harm": "harm_gated", "low": "gated_low", "high": "gated_high"})
-    p = metrics.harm_rate(sub, by=by, arm="plain", confidence_level=confidence_level).rename(
+    p = metrics.on_frame(metrics.harm_rate, sub, by=by, arm="plain", confidence_level=confidence_level).rename(
         {"harm": "harm_plain", "low": "plain_low", "high": "plain_high"})
     out = g.select(*keys, "n", "harm_gated", "gated_low", "gated_high").join(
         p.select(*keys, "harm_plain", "plain_low", "plain_high"), on=keys)
@@ -387,9 +390,10 @@ def random_control_table(gated: pl.DataFrame, *, scored: str = "snapkv", control
     arms = {"snapkv": scored, "random": control}
     rho = _paired_rho(gated, arms, confidence_level)
     keys = ["model", "context_length", "task_class", "task"]
-    acc = [one_evictor(gated, ev)[0].select(*keys, "budget", "score_full", "score_plain").filter(formulas.EVICTED)
-           .group_by(keys).agg(formulas.full_mean("score_full").alias("acc_full"),
-                               pl.col("score_plain").mean().alias(f"acc_{name}"))
+    read = [*INPUT_KEY, *keys, "evictor", "budget", "score_full", "score_plain", "score_gated"]
+    acc = [metrics.on_frame(metrics.accuracy, one_evictor(gated, ev)[0].select(list(dict.fromkeys(read)))
+                            .filter(formulas.EVICTED), by=keys)
+           .select(*keys, "acc_full", pl.col("acc_plain").alias(f"acc_{name}"))
            for name, ev in arms.items()]  # the columns read, then the rows
     out = rho.join(acc[0], on=keys).join(acc[1].drop("acc_full"), on=keys)
     return out.select("model", "context_length", "task", "task_class", "n", "acc_full", "acc_snapkv", "acc_random",
@@ -407,7 +411,7 @@ def _paired_rho(gated: pl.DataFrame, arms: dict[str, str], confidence_level: flo
     out = []
     for sub, name in zip(subs, arms):
         sub = sub.join(both, on=unit, how="semi")
-        rate = metrics.recovery_rate(sub, by=keys, confidence_level=confidence_level)
+        rate = metrics.on_frame(metrics.recovery_rate, sub, by=keys, confidence_level=confidence_level)
         out.append(rate.select(*keys, "n", pl.col("rho").alias(f"rho_{name}"), pl.col("low").alias(f"{name}_low"),
                                pl.col("high").alias(f"{name}_high")))
     return out[0].join(out[1].drop("n"), on=keys)

@@ -81,9 +81,11 @@ def pilot_sensitivity_table(logs, *, pilot_splits: Sequence[str] = PILOT_SPLITS,
         # tasks: the definition's (cell, task) rows with its τ; sub: its gated rows of the common inputs.
         # Every (cell, task) of the definition keeps its row: one whose inputs all lie in some held-out
         # pilot has n_evaluated 0 and null rates; τ is the definition's, set on its own pilot
-        po = metrics.p_open(sub, by=by_task).select(*by_task, "p_open", pl.col("n").alias("n_evaluated"))
-        d_task = metrics.delta(sub, by=by_task).select(*by_task, pl.col("delta").alias("delta_task"))
-        d_cell = metrics.delta(sub, by=MODEL_CELL).select(*MODEL_CELL, pl.col("delta").alias("delta_cell"))
+        po = metrics.on_frame(metrics.p_open, sub, by=by_task).select(*by_task, "p_open",
+                                                                       pl.col("n").alias("n_evaluated"))
+        d_task = metrics.on_frame(metrics.delta, sub, by=by_task).select(*by_task, pl.col("delta").alias("delta_task"))
+        d_cell = metrics.on_frame(metrics.delta, sub, by=MODEL_CELL).select(*MODEL_CELL,
+                                                                           pl.col("delta").alias("delta_cell"))
         out = tasks.join(left, on=[*MODEL_CELL, "task"], how="left")
         out = out.join(po, on=by_task, how="left").join(d_task, on=by_task, how="left")
         out = out.join(d_cell, on=list(MODEL_CELL), how="left")

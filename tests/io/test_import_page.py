@@ -403,7 +403,7 @@ def test_a_ruler_sweep_is_a_run_without_d_that_no_gate_replay_reads(tmp_path, ca
     assert main(["whatif", str(run)]) == 2
     assert "they have no D (a RULER sweep" in capsys.readouterr().err
     from pagestats import metrics, replay
-    rho = metrics.recovery_rate(replay.plain_outcomes(logs), arm="plain")
+    rho = metrics.recovery_rate(metrics.relation(replay.plain_outcomes(logs)), arm="plain")
     assert rho["k"].to_list() == [0] and rho["n"].to_list() == [3]  # full is right on every input: none recovers
 
 

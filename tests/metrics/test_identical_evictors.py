@@ -48,17 +48,17 @@ def brute(gated, by):
 
 @pytest.mark.parametrize("by", [("model", "context_length"), ("model", "context_length", "budget")])
 def test_identical_evictors_match_a_pairwise_loop(gated, by):
-    got = metrics.identical_evictors(gated, by=by)
+    got = metrics.identical_evictors(metrics.relation(gated), by=by)
     want = brute(gated, by)
     assert {(tuple(r[c] for c in by), r["evictor"]): r["same_as"] for r in got.to_dicts()} == want
     assert any(v for v in want.values()) and any(v is None for v in want.values())
 
 
 def test_the_cases_planted(gated):
-    cell = metrics.identical_evictors(gated)
+    cell = metrics.identical_evictors(metrics.relation(gated))
     assert set(cell.filter(pl.col("evictor") == "h2o")["same_as"]) == {"snapkv"}
     assert cell.filter(pl.col("evictor") == "pyramidkv")["same_as"].is_null().all()
-    at_b = metrics.identical_evictors(gated, by=("model", "context_length", "budget"))
+    at_b = metrics.identical_evictors(metrics.relation(gated), by=("model", "context_length", "budget"))
     small = at_b.filter(pl.col("budget") == 0.0625)
     assert set(small.filter(pl.col("evictor") == "pyramidkv")["same_as"]) == {"h2o, snapkv"}
 
@@ -68,7 +68,7 @@ def test_one_changed_outcome_breaks_the_identity(gated):
     changed = gated.with_row_index("_i").with_columns(
         pl.when(pl.col("_i") == row).then(1.0 - pl.col("score_plain")).otherwise(pl.col("score_plain"))
         .alias("score_plain")).drop("_i")
-    out = metrics.identical_evictors(changed)
+    out = metrics.identical_evictors(metrics.relation(changed))
     cell = changed.with_row_index("_i").filter(pl.col("_i") == row).select("model", "context_length").row(0)
     hit = out.filter((pl.col("model") == cell[0]) & (pl.col("context_length") == cell[1]))
     assert hit["same_as"].is_null().all()
@@ -76,8 +76,10 @@ def test_one_changed_outcome_breaks_the_identity(gated):
 
 def test_a_hash_collision_never_makes_two_evictors_identical(gated, monkeypatch):
     """Every row hashed to 0: every signature agrees, and the row-by-row comparison decides."""
-    monkeypatch.setattr(pl.Expr, "hash", lambda self, *a, **k: pl.lit(0, pl.UInt64))
-    got = metrics.identical_evictors(gated)
+    from pagestats.metrics import identity
+
+    monkeypatch.setattr(identity, "_row_hash", lambda cols: "CAST(0 AS UBIGINT)")
+    got = metrics.identical_evictors(metrics.relation(gated))
     want = brute(gated, ("model", "context_length"))
     assert {((r["model"], r["context_length"]), r["evictor"]): r["same_as"] for r in got.to_dicts()} == want
 

@@ -50,7 +50,7 @@ def _cell(rng, n, evictor):
 def test_matched_delta_equals_a_by_hand_computation():
     rng = np.random.default_rng(0)
     frame = pl.DataFrame(_cell(rng, 40, "a") + _cell(rng, 40, "b"))
-    out = metrics.matched_memory(frame, rng=np.random.default_rng(1), n_boot=400)
+    out = metrics.matched_memory(metrics.relation(frame), rng=np.random.default_rng(1), n_boot=400)
     assert out.height == 2
     for r in out.iter_rows(named=True):
         cell = frame.filter(pl.col("evictor") == r["evictor"])
@@ -73,14 +73,14 @@ def test_a_gate_that_never_opens_has_no_matched_gain():
     for r in rows:
         r["score_gated"] = next(x["score_plain"] for x in rows if x["input_id"] == r["input_id"] and x["budget"] == 1.0)
         r["n_kept_gated"] = 100
-    out = metrics.matched_memory(pl.DataFrame(rows), rng=np.random.default_rng(2), n_boot=200)
+    out = metrics.matched_memory(metrics.relation(pl.DataFrame(rows)), rng=np.random.default_rng(2), n_boot=200)
     assert out["delta_matched"][0] == pytest.approx(0.0, abs=1e-12) and out["kept_kv_gated"][0] == 1.0
 
 
 def test_a_cell_without_the_full_cache_is_refused():
     rows = [r for r in _cell(np.random.default_rng(0), 5, "a") if r["budget"] < 1]
     with pytest.raises(ValueError, match="budget 1.0"):
-        metrics.matched_memory(pl.DataFrame(rows), rng=np.random.default_rng(0), n_boot=10)
+        metrics.matched_memory(metrics.relation(pl.DataFrame(rows)), rng=np.random.default_rng(0), n_boot=10)
 
 
 def _big_cell(n):
@@ -91,9 +91,10 @@ def _big_cell(n):
 def test_distinct_rows_give_the_statistic_of_the_inputs_they_stand_for():
     """A resample over the distinct rows is the resample of the inputs grouped by row: for any input
     counts, Δ_matched from the inputs equals Δ_matched from the counts summed per distinct row."""
-    from pagestats.metrics.matched import _cell_arrays, _delta_matched, _resampled_rows
+    from pagestats.metrics.matched import _cells, _delta_matched, _resampled_rows
 
-    budgets, evicted, *matrices = _cell_arrays(_big_cell(800))
+    ((_, budgets, evicted, matrices),) = _cells(metrics.relation(_big_cell(800)),
+                                                ["model", "context_length", "evictor"])
     rows, counts = _resampled_rows(tuple(matrices))
     n = matrices[0].shape[0]
     assert len(counts) * 8 <= n and counts.sum() == n  # this cell is drawn over its distinct rows
@@ -113,9 +114,9 @@ def test_distinct_row_and_per_input_draws_give_one_interval(monkeypatch):
     from pagestats.metrics import matched
 
     frame = _big_cell(800)
-    distinct = metrics.matched_memory(frame, rng=np.random.default_rng(7), n_boot=4000)
+    distinct = metrics.matched_memory(metrics.relation(frame), rng=np.random.default_rng(7), n_boot=4000)
     monkeypatch.setattr(matched, "DISTINCT_ROWS_FACTOR", 10**9)  # every cell over its inputs
-    inputs = metrics.matched_memory(frame, rng=np.random.default_rng(8), n_boot=4000)
+    inputs = metrics.matched_memory(metrics.relation(frame), rng=np.random.default_rng(8), n_boot=4000)
     assert distinct["delta_matched"][0] == pytest.approx(inputs["delta_matched"][0], abs=1e-12)
     width = inputs["high"][0] - inputs["low"][0]
     assert width > 0
@@ -144,5 +145,6 @@ def test_rows_in_key_order_or_shuffled_give_the_same_bits():
     shuffled = frame.sample(fraction=1.0, shuffle=True, seed=9)
     assert sorting_order(ordered.filter(pl.col("evictor") == "a"), ["run_id", "task", "input_id", "budget"]) is None
     assert sorting_order(shuffled, ["run_id", "task", "input_id", "budget"]) is not None
-    got = [metrics.matched_memory(f, rng=np.random.default_rng(5), n_boot=300) for f in (ordered, shuffled)]
+    got = [metrics.matched_memory(metrics.relation(f), rng=np.random.default_rng(5), n_boot=300)
+           for f in (ordered, shuffled)]
     assert got[0].equals(got[1])

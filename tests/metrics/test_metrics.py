@@ -12,6 +12,8 @@ from scipy.stats import norm
 
 from pagestats import metrics, stats
 
+R = metrics.relation  # the rows of a hand-built frame as a DuckDB relation, the engine every metric runs on
+
 BUDGETS = (0.25, 0.5, 1.0)  # 1.0 is the audit row (plain == full)
 CELLS = (("m1", 4096), ("m2", 4096), ("m1", 16384))
 EVICTORS = ("snapkv", "h2o")
@@ -91,7 +93,7 @@ def test_recovery_rate_vs_loop():
     for (g, u), b in best.items():
         counts[g][0] += b > full[(g, u)]
         counts[g][1] += 1
-    got = as_dict(metrics.recovery_rate(FRAME), TASK_CELL, ["k", "n", "rho", "low", "high", "dilution_prone"])
+    got = as_dict(metrics.recovery_rate(R(FRAME)), TASK_CELL, ["k", "n", "rho", "low", "high", "dilution_prone"])
     assert set(got) == set(counts)
     for g, (k, n) in counts.items():
         row = got[g]
@@ -113,7 +115,7 @@ def test_harm_rate_vs_loop(arm):
     for r in ROWS:
         counts[(r["model"], r["task"], r["budget"])][0] += r[f"score_{arm}"] < r["score_full"]
         counts[(r["model"], r["task"], r["budget"])][1] += 1
-    got = as_dict(metrics.harm_rate(FRAME, by=by, arm=arm), (*by, "budget"), ["k", "n", "harm", "low", "high"])
+    got = as_dict(metrics.harm_rate(R(FRAME), by=by, arm=arm), (*by, "budget"), ["k", "n", "harm", "low", "high"])
     assert set(got) == set(counts)
     for g, (k, n) in counts.items():
         assert (got[g]["k"], got[g]["n"]) == (k, n)
@@ -127,7 +129,7 @@ def test_recovery_indicator_vs_loop(include_full):
         if r["budget"] < 1:
             best[unit(r)] = max(best[unit(r)], r["score_gated"])
             full[unit(r)] = r["score_full"]
-    got = metrics.recovery_indicator(FRAME, "gated", include_full=include_full)
+    got = metrics.recovery_indicator(R(FRAME), "gated", include_full=include_full)
     assert got.height == len(best)
     for r in got.iter_rows(named=True):
         u = (r["run_id"], r["task"], r["input_id"], r["evictor"])
@@ -151,7 +153,7 @@ def test_delta_vs_loop(by):
             g = tuple(r[c] for c in by)
             acc[g].append(r["score_gated"] - r["score_plain"])
             units[g].add(unit(r))
-    got = as_dict(metrics.delta(FRAME, by=by), by, ["delta", "n_inputs", "n_rows"])
+    got = as_dict(metrics.delta(R(FRAME), by=by), by, ["delta", "n_inputs", "n_rows"])
     assert set(got) == set(acc)
     for g, d in acc.items():
         assert got[g]["delta"] == pytest.approx(sum(d) / len(d))
@@ -160,7 +162,7 @@ def test_delta_vs_loop(by):
 
 def test_delta_bootstrap_vs_stats_on_loop_built_cells():
     by = ("model", "context_length", "evictor")
-    res = metrics.delta_bootstrap(FRAME, by=by, rng=np.random.default_rng(3), n_boot=400)
+    res = metrics.delta_bootstrap(R(FRAME), by=by, rng=np.random.default_rng(3), n_boot=400)
     # independent construction of the per-cell (inputs × budgets) matrices, cells in sorted order
     cells = defaultdict(lambda: defaultdict(dict))
     for r in ROWS:
@@ -175,14 +177,14 @@ def test_delta_bootstrap_vs_stats_on_loop_built_cells():
     np.testing.assert_allclose(res["high"], ref.high)
     np.testing.assert_allclose(res["p_value"], ref.p_value)
     np.testing.assert_allclose(res["p_adjusted"], stats.bh(ref.p_value).adjusted)
-    np.testing.assert_allclose(res["delta"], metrics.delta(FRAME, by=by)["delta"])
+    np.testing.assert_allclose(res["delta"], metrics.delta(R(FRAME), by=by)["delta"])
     assert res["n_budgets"].to_list() == [2] * len(keys)
 
 
 def test_delta_bootstrap_unbalanced_raises():
     frame = FRAME.filter(~((pl.col("input_id") == 0) & (pl.col("task") == "qa_1") & (pl.col("budget") == 0.25)))
     with pytest.raises(ValueError, match="budget sets"):
-        metrics.delta_bootstrap(frame, rng=np.random.default_rng(0), n_boot=10)
+        metrics.delta_bootstrap(R(frame), rng=np.random.default_rng(0), n_boot=10)
 
 
 # --------------------------------------------------------------------------- gate and memory
@@ -196,7 +198,7 @@ def test_p_open_vs_loop():
     for (m, c, *_), is_open in seen.items():
         counts[(m, c)][0] += is_open
         counts[(m, c)][1] += 1
-    got = as_dict(metrics.p_open(FRAME), ("model", "context_length"), ["k", "n", "p_open"])
+    got = as_dict(metrics.p_open(R(FRAME)), ("model", "context_length"), ["k", "n", "p_open"])
     for g, (k, n) in counts.items():
         assert (got[g]["k"], got[g]["n"]) == (k, n) and got[g]["p_open"] == pytest.approx(k / n)
     bad = FRAME.with_columns(
@@ -204,7 +206,7 @@ def test_p_open_vs_loop():
         .otherwise(pl.col("gate_open")).alias("gate_open")
     )
     with pytest.raises(ValueError, match="gate_open differs"):
-        metrics.p_open(bad)
+        metrics.p_open(R(bad))
 
 
 @pytest.mark.parametrize("arm", ["plain", "gated"])
@@ -218,13 +220,13 @@ def test_kept_kv_vs_loop(arm, by):
             acc[g].append(f)
             if r["gate_open"]:
                 acc_open[g].append(f)
-    got = as_dict(metrics.kept_kv(FRAME, by=by, arm=arm), by, ["kept_kv", "compression", "kept_kv_open", "n_rows"])
+    got = as_dict(metrics.kept_kv(R(FRAME), by=by, arm=arm), by, ["kept_kv", "compression", "kept_kv_open", "n_rows"])
     for g, v in acc.items():
         assert got[g]["kept_kv"] == pytest.approx(np.mean(v))
         assert got[g]["compression"] == pytest.approx(1 / np.mean(v))
         assert got[g]["kept_kv_open"] == pytest.approx(np.mean(acc_open[g]))
         assert got[g]["n_rows"] == len(v)
-    comp = metrics.compression(FRAME, by=by, arm=arm)
+    comp = metrics.compression(R(FRAME), by=by, arm=arm)
     np.testing.assert_allclose(comp["compression"], 1 / comp["kept_kv"])
 
 
@@ -273,11 +275,12 @@ def test_oracle_gap_vs_loop():
             g = (r["model"], r["context_length"], r["evictor"])
             acc[g][0].append(r["score_gated"] - r["score_plain"])
             acc[g][1].append(o["score_gated"] - o["score_plain"])
-    got = as_dict(metrics.oracle_gap(FRAME, pl.DataFrame(oracle_rows)), ("model", "context_length", "evictor"), ["gap"])
+    got = as_dict(metrics.oracle_gap(R(FRAME), R(pl.DataFrame(oracle_rows))), ("model", "context_length", "evictor"),
+                  ["gap"])
     for g, (p, o) in acc.items():
         assert got[g]["gap"] == pytest.approx(np.mean(p) - np.mean(o))
     with pytest.raises(ValueError, match="same cells"):
-        metrics.oracle_gap(FRAME, pl.DataFrame(oracle_rows).filter(pl.col("model") == "m1"))
+        metrics.oracle_gap(R(FRAME), R(pl.DataFrame(oracle_rows).filter(pl.col("model") == "m1")))
 
 
 # --------------------------------------------------------------------------- AUC
@@ -290,14 +293,14 @@ def test_auc_by_signal_vs_pair_count():
     groups = defaultdict(lambda: ([], []))
     for (m, c, *_), (d, cls) in inputs.items():
         groups[(m, c)][cls == "capacity-bound"].append(d)
-    got = as_dict(metrics.auc_by_signal(FRAME), ("model", "context_length"), ["auc", "n_capacity", "n_dilution"])
+    got = as_dict(metrics.auc_by_signal(R(FRAME)), ("model", "context_length"), ["auc", "n_capacity", "n_dilution"])
     for g, (dil, cap) in groups.items():
         pairs = [1.0 if x > y else 0.5 if x == y else 0.0 for x in dil for y in cap]
         assert got[g]["auc"] == pytest.approx(np.mean(pairs))
         assert (got[g]["n_capacity"], got[g]["n_dilution"]) == (len(cap), len(dil))
-    only = metrics.auc_by_signal(FRAME, capacity_tasks=["niah_multikey_3"], dilution_tasks=["vt"])
+    only = metrics.auc_by_signal(R(FRAME), capacity_tasks=["niah_multikey_3"], dilution_tasks=["vt"])
     assert only["n_dilution"].to_list() == [4, 4, 4]
-    none = metrics.auc_by_signal(FRAME.filter(pl.col("task") == "vt"))
+    none = metrics.auc_by_signal(R(FRAME.filter(pl.col("task") == "vt")))
     assert none["auc"].null_count() == none.height and none["n_capacity"].to_list() == [0, 0, 0]
 
 
@@ -306,14 +309,14 @@ def test_auc_by_signal_vs_pair_count():
 
 def test_scaling_rows_fit_and_band_vs_loop():
     snap = FRAME.filter(pl.col("evictor") == "snapkv")
-    rows = metrics.scaling_rows(snap)
+    rows = metrics.scaling_rows(R(snap))
     by = ("model", "context_length", "task")
     full = defaultdict(dict)
     for r in ROWS:
         if r["evictor"] == "snapkv":
             full[tuple(r[c] for c in by)][r["input_id"]] = r["score_full"]
     got = as_dict(rows, by, ["a_full", "headroom", "n", "rho", "ratio"])
-    rho = as_dict(metrics.recovery_rate(snap, by=by), by, ["rho"])
+    rho = as_dict(metrics.recovery_rate(R(snap), by=by), by, ["rho"])
     for g, per in full.items():
         a = np.mean(list(per.values()))
         assert got[g]["a_full"] == pytest.approx(a) and got[g]["headroom"] == pytest.approx(1 - a)
@@ -339,7 +342,7 @@ def test_scaling_rows_fit_and_band_vs_loop():
     with pytest.raises(ValueError, match="no fitting rows"):
         metrics.predict_band(fit_rows, pl.DataFrame({"task": ["niah_multikey_3"], "headroom": [0.5]}))
     with pytest.raises(ValueError, match="several evictors"):
-        metrics.scaling_rows(FRAME)
+        metrics.scaling_rows(R(FRAME))
 
 
 # --------------------------------------------------------------------------- input checking and empties
@@ -348,33 +351,35 @@ def test_scaling_rows_fit_and_band_vs_loop():
 def test_empty_selection_gives_empty_frames():
     empty = FRAME.filter(pl.col("task") == "no_such_task")
     for fn in (metrics.recovery_rate, metrics.harm_rate, metrics.delta, metrics.kept_kv, metrics.p_open):
-        out = fn(empty)
+        out = fn(R(empty))
         assert out.height == 0 and len(out.columns) > 0
-    assert metrics.delta_bootstrap(empty, rng=np.random.default_rng(0)).height == 0
-    assert metrics.auc_by_signal(empty).height == 0
-    assert metrics.recovery_indicator(empty).height == 0
+    assert metrics.delta_bootstrap(R(empty), rng=np.random.default_rng(0)).height == 0
+    assert metrics.auc_by_signal(R(empty)).height == 0
+    assert metrics.recovery_indicator(R(empty)).height == 0
 
 
 def test_input_errors():
     with pytest.raises(ValueError, match="missing columns"):
-        metrics.recovery_rate(FRAME.drop("score_full"))
+        metrics.recovery_rate(R(FRAME.drop("score_full")))
     with pytest.raises(ValueError, match="arm"):
-        metrics.recovery_rate(FRAME, arm="full")
+        metrics.recovery_rate(R(FRAME), arm="full")
     with pytest.raises(ValueError, match="duplicate"):
-        metrics.delta(pl.concat([FRAME, FRAME.head(1)]))
+        metrics.delta(R(pl.concat([FRAME, FRAME.head(1)])))
     draws = pl.concat([FRAME.with_columns(pl.lit(d).alias("pair_draw")) for d in (0, 1)])
     with pytest.raises(ValueError, match="pair_draw"):
-        metrics.p_open(draws)
-    per_draw = metrics.p_open(draws, by=("model", "pair_draw"))
+        metrics.p_open(R(draws))
+    per_draw = metrics.p_open(R(draws), by=("model", "pair_draw"))
     assert per_draw.height == 4
     with pytest.raises(TypeError):
         metrics.delta(ROWS)
+    with pytest.raises(TypeError):
+        metrics.delta(FRAME)
 
 
 def test_delta_bootstrap_shared_inputs():
     by = ("model", "context_length", "evictor")
     one_cell = FRAME.filter((pl.col("model") == "m1") & (pl.col("context_length") == 4096))
-    shared = metrics.delta_bootstrap(one_cell, by=by, rng=np.random.default_rng(4), n_boot=300, shared_inputs=True)
+    shared = metrics.delta_bootstrap(R(one_cell), by=by, rng=np.random.default_rng(4), n_boot=300, shared_inputs=True)
     # the two evictor cells hold the same inputs: rebuild them by loop and share one index stream
     mats = []
     for ev in sorted(EVICTORS):
@@ -387,7 +392,7 @@ def test_delta_bootstrap_shared_inputs():
     np.testing.assert_allclose(shared["low"], ref.low)
     np.testing.assert_allclose(shared["high"], ref.high)
     with pytest.raises(ValueError, match="same inputs"):
-        metrics.delta_bootstrap(FRAME.filter(pl.col("context_length") == 4096), by=by,
+        metrics.delta_bootstrap(R(FRAME.filter(pl.col("context_length") == 4096)), by=by,
                                 rng=np.random.default_rng(0), n_boot=10, shared_inputs=True)
 
 
@@ -398,6 +403,74 @@ def test_delta_bootstrap_refuses_units_with_different_budget_sets():
         pl.lit("m").alias("model"), pl.lit(4096).alias("context_length"), pl.lit("snapkv").alias("evictor"),
         pl.lit(0.0).alias("score_plain"), pl.lit(1.0).alias("score_gated"))
     with pytest.raises(ValueError, match="different budget sets"):
-        metrics.delta_bootstrap(frame, rng=np.random.default_rng(0), n_boot=10)
+        metrics.delta_bootstrap(R(frame), rng=np.random.default_rng(0), n_boot=10)
     balanced = frame.filter(pl.col("budget") == 0.5)
-    assert metrics.delta_bootstrap(balanced, rng=np.random.default_rng(0), n_boot=10)["delta"].item() == 1.0
+    assert metrics.delta_bootstrap(R(balanced), rng=np.random.default_rng(0), n_boot=10)["delta"].item() == 1.0
+
+
+# --------------------------------------------------------------------------- accuracy, and one SQL for the report and whatif
+
+
+@pytest.mark.parametrize("by", [("model", "evictor", "budget"), ("model", "context_length", "evictor")])
+def test_accuracy_vs_loop(by):
+    arms = defaultdict(lambda: defaultdict(list))
+    inputs = defaultdict(set)
+    for r in ROWS:  # every budget, the b = 1 audit rows included
+        g = tuple(r[c] for c in by)
+        for arm in ("full", "plain", "gated"):
+            arms[g][arm].append(r[f"score_{arm}"])
+        inputs[g].add((r["run_id"], r["task"], r["input_id"]))
+    got = as_dict(metrics.accuracy(R(FRAME), by=by), by, ["acc_full", "acc_plain", "acc_gated", "delta", "n_inputs"])
+    assert set(got) == set(arms)
+    for g, per in arms.items():
+        for arm, values in per.items():
+            assert got[g][f"acc_{arm}"] == pytest.approx(sum(values) / len(values), abs=1e-15)
+        assert got[g]["delta"] == pytest.approx(np.mean(per["gated"]) - np.mean(per["plain"]), abs=1e-15)
+        assert got[g]["n_inputs"] == len(inputs[g])
+
+
+def test_full_accuracy_counts_each_input_once():
+    full = defaultdict(dict)
+    for r in ROWS:
+        full[(r["model"], r["task"])][(r["run_id"], r["input_id"])] = r["score_full"]
+    got = as_dict(metrics.full_accuracy(R(FRAME), by=("model", "task")), ("model", "task"), ["acc_full", "n"])
+    for g, per in full.items():
+        assert got[g]["n"] == len(per)
+        assert got[g]["acc_full"] == pytest.approx(np.mean(list(per.values())), abs=1e-15)
+    unknown = FRAME.with_columns(pl.when(pl.col("input_id") == 0).then(None).otherwise(pl.col("score_full"))
+                                 .alias("score_full"))
+    assert metrics.full_accuracy(R(unknown), by=("model",))["acc_full"].is_null().all()
+
+
+def test_a_mean_does_not_depend_on_the_row_order():
+    """Exact means (formulas.mean): the same rows in another order give the same bits."""
+    shuffled = FRAME.sample(fraction=1.0, shuffle=True, seed=3)
+    for fn in (metrics.delta, metrics.accuracy, metrics.kept_kv):
+        assert fn(R(FRAME)).equals(fn(R(shuffled)))
+
+
+def test_the_replay_relation_and_the_whatif_read_one_sql():
+    """A metric over the replay's own ``gated`` relation equals the metric over the gated-outcome frame,
+    and accuracy, harm and kept-KV per what-if cell are the what-if table's numbers, bit for bit."""
+    from pagestats import replay, testing
+    from pagestats.replay.whatif import replay_whatif
+
+    logs = testing.synthetic_logs(models={"m6": (6, 3)}, evictors=("snapkv", "h2o"), tasks=("niah_multikey_3", "vt"),
+                                  n_inputs=7, budgets=(0.125, 0.5, 1.0), with_topk=False, with_text=False,
+                                  context_lengths=(4096,), seed=2)
+    cell = ["model", "context_length", "evictor", "task", "budget"]
+    with replay.Replay(logs) as session:
+        session.gated()
+        rel = session.con.table("gated")
+        acc = metrics.accuracy(rel, by=cell)
+        kept = metrics.kept_kv(rel, by=cell, include_full=True)
+        harm = metrics.harm_rate(rel, by=cell[:-1], arm="gated")
+        table = replay_whatif(session)
+    frame = replay.gated_outcomes(logs)
+    assert metrics.accuracy(R(frame), by=cell).equals(acc)
+    joined = table.join(acc, on=cell, suffix="_m").join(kept, on=cell).join(harm, on=cell)
+    assert joined.height == table.height > 0
+    for col in ("acc_full", "acc_plain", "acc_gated", "delta"):
+        assert (joined[col] == joined[f"{col}_m"]).all(), col
+    assert (joined["kept_kv"] == joined["kept_kv_right"]).all()
+    assert (joined["harm_gated"] == joined["harm"]).all()

@@ -49,8 +49,8 @@ def test_a_measure_still_rejects_repeated_rows():
                           "model": ["m"] * 2, "context_length": [4096] * 2, "budget": [0.5, 0.5],
                           "score_plain": [0.0, 1.0], "score_gated": [1.0, 1.0]})
     with pytest.raises(ValueError, match="duplicate rows"):
-        metrics.delta(frame)
-    assert metrics.delta(frame.head(1))["delta"].item() == 1.0
+        metrics.delta(metrics.relation(frame))
+    assert metrics.delta(metrics.relation(frame.head(1)))["delta"].item() == 1.0
 
 
 KEYS = (["input_id"], ["task"], ["input_id", "task"], ["input_id", "task", "budget"], ["budget", "task"])
@@ -80,7 +80,7 @@ def test_distinct_counts_per_group_as_a_measure_reads_them():
                           "evictor": ["snapkv"] * 6, "model": ["m", "m", "m", "m", "n", "n"],
                           "context_length": [4096] * 6, "budget": [0.25, 0.5, 0.25, 0.25, 0.25, 0.5],
                           "score_plain": [0.0] * 6, "score_gated": [1.0] * 6})
-    got = dict(metrics.delta(frame).select("model", "n_inputs").iter_rows())
+    got = dict(metrics.delta(metrics.relation(frame)).select("model", "n_inputs").iter_rows())
     brute = {}
     for row in frame.iter_rows(named=True):
         brute.setdefault(row["model"], set()).add((row["run_id"], row["task"], row["input_id"]))

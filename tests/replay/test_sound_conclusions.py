@@ -367,17 +367,17 @@ def test_no_variation_cells_leave_the_bh_family_and_n_inputs_counts_inputs(tmp_p
 
     logs = _unequal_logs(tmp_path)
     gated = gated_outcomes(logs, FixedTau(-1.0))  # the gate opens everywhere: gated ≡ plain, Δ ≡ 0
-    res = metrics.delta_bootstrap(gated, rng=np.random.default_rng(1), n_boot=200)
+    res = metrics.delta_bootstrap(metrics.relation(gated), rng=np.random.default_rng(1), n_boot=200)
     assert res["p_value"].is_nan().all() and (res["note"] == "no variation").all() and not res["rejected"].any()
     mixed = pl.concat([gated.filter(pl.col("evictor") == "h2o"),
                        gated_outcomes(logs, FixedTau(0.07)).filter(pl.col("evictor") == "snapkv")])
-    res = metrics.delta_bootstrap(mixed, rng=np.random.default_rng(1), n_boot=200)
+    res = metrics.delta_bootstrap(metrics.relation(mixed), rng=np.random.default_rng(1), n_boot=200)
     h2o = res.filter(pl.col("evictor") == "h2o").row(0, named=True)
     snap = res.filter(pl.col("evictor") == "snapkv").row(0, named=True)
     assert np.isnan(h2o["p_value"]) and np.isnan(h2o["p_adjusted"])
     assert snap["p_adjusted"] == pytest.approx(stats.bh(np.array([snap["p_value"]])).adjusted[0])  # a family of one
     # n_inputs counts distinct inputs, not input × evictor
-    by_task = metrics.delta(gated, by=("model", "task"))
+    by_task = metrics.delta(metrics.relation(gated), by=("model", "task"))
     assert dict(by_task.select("task", "n_inputs").rows()) == {"niah_multikey_3": 13, "vt": 13}
 
 

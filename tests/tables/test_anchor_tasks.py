@@ -102,7 +102,7 @@ def test_auc_by_signal_leaves_a_capacity_bound_task_outside_the_anchor_out(syn):
     from scipy.stats import mannwhitneyu
 
     gate = replay.gate(syn, FixedTau())
-    got = metrics.auc_by_signal(gate, capacity_tasks=[MK3])
+    got = metrics.auc_by_signal(metrics.relation(gate), capacity_tasks=[MK3])
     for r in got.to_dicts():
         cell = gate.filter((pl.col("model") == r["model"]) & (pl.col("context_length") == r["context_length"]))
         cap = cell.filter(pl.col("task") == MK3)["drop"].to_numpy()

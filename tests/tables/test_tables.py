@@ -674,8 +674,8 @@ def test_remaining_deltas_table_by_brute_force(syn, gated):
     assert list(dict.fromkeys(table["row"])) == ["calibrated τ (Table 20)", "capacity-bound anchor",
                                                  "showcase, plain at b = 0.125", "showcase, gated at b = 0.125"]
     sub = gated.filter((pl.col("evictor") == ev) & (pl.col("budget") < 1))
-    ref = metrics.delta_bootstrap(sub, by=["model", "context_length", "evictor"], rng=np.random.default_rng(7),
-                                  n_boot=200).sort("model", "context_length")
+    ref = metrics.delta_bootstrap(metrics.relation(sub), by=["model", "context_length", "evictor"],
+                                  rng=np.random.default_rng(7), n_boot=200).sort("model", "context_length")
     cal = table.filter(pl.col("row") == "calibrated τ (Table 20)")
     assert cal["estimate"].to_list() == pytest.approx(ref["delta"].to_list(), abs=1e-12)
     assert cal["low"].to_list() == pytest.approx(ref["low"].to_list(), abs=1e-12)

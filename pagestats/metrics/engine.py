@@ -1,0 +1,121 @@
+"""The engine every metric runs on: a DuckDB relation with the columns of the replay's ``gated``
+relation (:meth:`pagestats.replay.Replay.gated`), or some of them, and the checks a metric makes on it.
+
+A metric takes the relation and returns a polars frame: the SQL runs on the relation's own
+connection, the replay's when the relation is ``session.con.table("gated")``, and only the result
+rows reach polars. :func:`relation` puts a polars frame (a table's selection of the gated rows, a
+test's hand-built rows) on the metrics' connection, and :func:`on_frame` runs a metric over one.
+"""
+
+from __future__ import annotations
+
+import duckdb
+import numpy as np
+import polars as pl
+
+from pagestats import stats
+from pagestats.core.columns import names_like
+from pagestats.core.schema import INPUT_KEY
+from pagestats.io import duck
+
+#: The relation name a metric's SQL reads its rows from (:meth:`duckdb.DuckDBPyRelation.query`).
+ROWS = "_rows"
+
+_CONNECTION: list[duckdb.DuckDBPyConnection] = []
+
+
+def relation(frame: pl.DataFrame) -> duckdb.DuckDBPyRelation:
+    """``frame`` as a DuckDB relation (by reference: its columns are not copied), on one connection
+    kept for the process (:func:`pagestats.io.duck.connect`, the in-memory replay's memory limit)."""
+    if not isinstance(frame, pl.DataFrame):
+        raise TypeError(f"expected a polars DataFrame, got {type(frame).__name__}")
+    if not _CONNECTION:
+        _CONNECTION.append(duck.connect(memory_limit=duck.IN_MEMORY_REPLAY_LIMIT))
+    return _CONNECTION[0].from_arrow(frame)
+
+
+def on_frame(metric, frame: pl.DataFrame, *args, **kwargs) -> pl.DataFrame:
+    """``metric`` over the rows of a polars frame (:func:`relation`), its name columns typed as the
+    frame's (text comes back from SQL as :class:`polars.String`; :func:`pagestats.core.columns.names_like`)."""
+    return names_like(metric(relation(frame), *args, **kwargs), frame)
+
+
+def names(columns) -> str:
+    """Column names as a SQL list, each quoted."""
+    return ", ".join(f'"{c}"' for c in columns)
+
+
+def query(rows: duckdb.DuckDBPyRelation, sql: str) -> pl.DataFrame:
+    """``sql`` over ``rows`` (named :data:`ROWS` in it), as a polars frame."""
+    return rows.query(ROWS, sql).pl()
+
+
+def check(rows, cols, what: str) -> None:
+    """Raise a clear error when ``rows`` is not a DuckDB relation or lacks ``cols``."""
+    if not isinstance(rows, duckdb.DuckDBPyRelation):
+        raise TypeError(f"{what}: expected a DuckDB relation (pagestats.metrics.relation(frame)), "
+                        f"got {type(rows).__name__}")
+    missing = [c for c in cols if c not in rows.columns]
+    if missing:
+        raise ValueError(f"{what}: missing columns {missing}; the relation has {rows.columns}")
+
+
+def input_key(rows) -> list[str]:
+    """The columns that identify one input: :data:`INPUT_KEY`, plus ``pair_draw`` when present."""
+    return [*INPUT_KEY, *(["pair_draw"] if "pair_draw" in rows.columns else [])]
+
+
+def unit_key(rows) -> list[str]:
+    """A unit, one input under one evictor (the conventions of :mod:`pagestats.metrics`)."""
+    return [*input_key(rows), *(["evictor"] if "evictor" in rows.columns else [])]
+
+
+def uniq(*parts) -> list[str]:
+    return list(dict.fromkeys(c for part in parts for c in part))
+
+
+def group_by(by, what: str, rows) -> list[str]:
+    """``by`` as a list, checked: its columns are present, and a relation with several head-pair
+    draws (``pair_draw``) has it in ``by`` (else one input would count once per draw)."""
+    by = [by] if isinstance(by, str) else list(by)
+    check(rows, by, what)
+    if "pair_draw" in rows.columns and "pair_draw" not in by and \
+            query(rows, f"SELECT count(DISTINCT pair_draw) FROM {ROWS}").item() > 1:
+        raise ValueError(f"{what}: the rows hold several pair_draw values; add 'pair_draw' to by")
+    return by
+
+
+def refuse_repeats(rows, key, what: str, message: str = "duplicate rows for the same (input, evictor, budget)") -> None:
+    """Raise when two rows of ``rows`` hold the same ``key`` (nulls equal)."""
+    if query(rows, f"SELECT count(*) FROM (SELECT 1 FROM {ROWS} GROUP BY {names(key)} HAVING count(*) > 1)").item():
+        raise ValueError(f"{what}: {message}")
+
+
+def outcome_rows(rows, by, cols, what: str) -> list[str]:
+    """Check an outcome relation: ``by`` (:func:`group_by`), the unit key, ``budget`` and ``cols``
+    present, no (unit, budget) twice. Returns ``by`` as a list."""
+    by = group_by(by, what, rows)
+    key = [*unit_key(rows), "budget"]
+    check(rows, [*key, *cols], what)
+    refuse_repeats(rows, key, what)
+    return by
+
+
+def grouped(sql_by) -> str:
+    """``GROUP BY`` of the columns ``sql_by`` (nothing for none: one group)."""
+    return f"GROUP BY {names(sql_by)}" if sql_by else ""
+
+
+def with_wilson(df: pl.DataFrame, name: str, confidence_level: float) -> pl.DataFrame:
+    """Add ``name`` (= k/n), ``low`` and ``high`` from the ``k``/``n`` columns (Wilson interval,
+    :func:`pagestats.stats.wilson`); null where ``k`` is unknown (a full-KV outcome is,
+    :func:`pagestats.core.formulas.with_full`)."""
+    if df.height == 0:
+        return df.with_columns(pl.lit(None, pl.Float64).alias(c) for c in (name, "low", "high"))
+    known = df["k"].is_not_null().to_numpy()
+    out = {c: np.full(df.height, np.nan) for c in (name, "low", "high")}
+    if known.any():
+        iv = stats.wilson(df["k"].to_numpy()[known], df["n"].to_numpy()[known], confidence_level)
+        for c, v in ((name, iv.estimate), ("low", iv.low), ("high", iv.high)):
+            out[c][known] = np.atleast_1d(v)
+    return df.with_columns(pl.Series(c, v).fill_nan(None) for c, v in out.items())
