@@ -202,6 +202,9 @@ def main() -> int:
     ap.add_argument("--floor", action="store_true", help="also the floor: one scan of every value of inputs "
                     "and of outcomes, each in its own child, in every round")
     args = ap.parse_args()
+    # the children keep their bytecode, as a pip-installed package does: with PYTHONDONTWRITEBYTECODE set
+    # (this project's machines) every pagestats command would compile its imports again (~1.5 CPU s each)
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     import duckdb
     import polars as pl
 
