@@ -149,40 +149,23 @@ def logged_input_draws(con) -> list[int]:
 
 def whatif_table(logs, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec(), *,
                  input_draws: str | int | None = None) -> pl.DataFrame:
-    """Per (model, context_length, evictor, task, budget): accuracy, Δ, harm, p_open, kept-KV.
-
-    Parameters
-    ----------
-    logs : pagestats.io.Logs or pagestats.io.LogDB
-        In-memory logs, or a database of views over the parquet files (out of core).
-    policy : Policy
-        Gate policy (default fixed τ = 0.07).
-    profile : ProfileSpec
-        How D is recomputed (default: the logged D).
-
-    Returns
-    -------
-    polars.DataFrame
-        Exactly :data:`WHATIF_COLUMNS`, sorted by the five cell keys.
+    """Per (model, context_length, evictor, task, budget): accuracy, Δ, harm, p_open, kept-KV
+    (:data:`WHATIF_COLUMNS`, sorted by the five cell keys) under ``policy`` (default fixed τ = 0.07)
+    and ``profile`` (default: the logged D).
 
     Notes
     -----
-    Over the inputs x of the row's (model, context_length, task), at the row's evictor and
-    budget b: ``acc_full``, ``acc_plain``, ``acc_gated`` (gated per Eq. 2) and ``delta`` =
-    acc_gated − acc_plain; ``harm_*`` = Pr[A(b, x) < full_score(x)] (Table 27); ``p_open``;
-    ``kept_kv`` = mean n_kept/n_tokens of the gated arm. With head-pair draws each column is
-    computed per draw and averaged over the draws (equal weight); :data:`GATE_FREE` columns equal
-    the draw-free values.
+    Over the inputs x of the row's (model, context_length, task), at the row's evictor and budget b:
+    ``acc_*`` (the gated arm per Eq. 2), ``delta`` = acc_gated − acc_plain, ``harm_*`` =
+    Pr[A(b, x) < full_score(x)] (Table 27), ``p_open``, and ``kept_kv`` = mean n_kept/n_tokens of the
+    gated arm. With head-pair draws each column is the mean over the draws (equal weight).
 
-    ``input_draws`` says what to do with input draws (``inputs.draw``, e.g. a second draw of some
-    tasks): by default, when more than one is logged, each row is one draw's and a ``draw``
-    column (last) says which; ``"pooled"`` pools them on purpose (``draw`` is then null);
-    an integer keeps that draw's inputs only (the gate is still calibrated on every input).
+    ``input_draws``: by default, when several input draws are logged, each row is one draw's (a last
+    ``draw`` column); ``"pooled"`` pools them (``draw`` null); an integer keeps that draw's inputs (the
+    gate is still calibrated on every input).
 
-    ``degenerate`` is True on every row of a (model, context_length) cell whose gate is
-    open on none or on all of its inputs (over every head-pair draw): there the gate is no
-    gate, the "gated" arm is plain full-KV fallback (or plain eviction), and Δ measures the
-    threshold, not the profile (App. A.3.1). :func:`degenerate_messages` says why.
+    ``degenerate``: the gate of the row's (model, context_length) opens on none or on all of its inputs,
+    so the gated arm is a fallback and Δ measures the threshold, not the profile (App. A.3.1).
     """
     with Replay(logs, policy, profile) as session:
         return replay_whatif(session, input_draws=input_draws)
