@@ -346,8 +346,7 @@ class TaskOracle(Policy):
 
     @property
     def rule(self) -> str:
-        """The decision as SQL (evaluated by polars here and by DuckDB in :mod:`pagestats.replay.relations`,
-        as the formulas of :mod:`pagestats.core.formulas`)."""
+        """The decision as SQL."""
         return f"task_class <> {sql_string(self.capacity_class)}"
 
     def calibrate(self, con, source: str) -> str:
