@@ -195,7 +195,7 @@ def delta_bootstrap(
 
     Each group of ``by`` is a cell. SQL gives its (units × budgets b < 1) matrix of paired
     differences :data:`~pagestats.core.formulas.PAIRED_DIFFERENCE` (units, then budgets, in
-    ascending order) and its Δ (:func:`delta`, the same number as Table 2's); NumPy resamples the
+    ascending order) and its Δ (the SQL of :func:`delta`, the same number as Table 2's); NumPy resamples the
     units (:func:`pagestats.stats.cluster_bootstrap`, cells in ``by`` order, one ``rng``).
     Benjamini–Hochberg at ``q`` runs across all cells of the call (:func:`pagestats.stats.bh`).
     ``shared_inputs=True`` resamples the inputs jointly across cells (see
@@ -224,7 +224,8 @@ def delta_bootstrap(
     evicted = f"FROM {ROWS} WHERE {formulas.evicted()}"
     order = f"ORDER BY {names(by)}" if by else ""
     shape = query(rows, f"SELECT {names(by)}{', ' if by else ''}count(DISTINCT ({names(unit)})) AS _units, "
-                        f"count(DISTINCT budget) AS _budgets, count(*) AS _rows {evicted} {grouped(by)} {order}")
+                        f"count(DISTINCT budget) AS _budgets, count(*) AS _rows, "
+                        f"{formulas.mean(formulas.PAIRED_DIFFERENCE)} AS _delta {evicted} {grouped(by)} {order}")
     if shape.height and not by and shape["_rows"].item() == 0:
         shape = shape.clear()  # no rows: no cell
     # no (unit, budget) twice (engine.outcome_rows): units × budgets rows means every unit holds every budget
@@ -247,8 +248,7 @@ def delta_bootstrap(
     if not cells:
         return bootstrap_frame(keys, [], None, rng=rng, n_boot=n_boot, confidence_level=confidence_level, q=q,
                                shared_inputs=shared_inputs)
-    estimate = keys.join(delta(rows, by), on=by, how="left", nulls_equal=True, maintain_order="left")["delta"]
-    return bootstrap_frame(keys, cells, estimate.to_numpy(), rng=rng, n_boot=n_boot,
+    return bootstrap_frame(keys, cells, shape["_delta"].cast(pl.Float64).to_numpy(), rng=rng, n_boot=n_boot,
                            confidence_level=confidence_level, q=q, shared_inputs=shared_inputs)
 
 
