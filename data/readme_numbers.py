@@ -155,7 +155,7 @@ def blocks() -> dict[str, str]:
         ctx = Context(logs)
         lead = headline(ctx)
         at_b = ctx.gated.filter(pl.col("budget") == defaults.HEADLINE_BUDGET)
-        same = metrics.identical_evictors(metrics.equal_inputs(at_b)[0], by=("context_length",))
+        same = metrics.on_frame(metrics.identical_evictors, metrics.equal_inputs(at_b)[0], by=("context_length",))
         for (context,), part in lead.group_by(["context_length"], maintain_order=True):
             out[f"{mode}-{context}"] = table(part) + identical(same.filter(pl.col("context_length") == context))
     return out

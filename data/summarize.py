@@ -58,20 +58,22 @@ for name, policy in (("fixed τ = 0.07", FixedTau(0.07)), ("z-scored (θ = −0.
 g = replay.gated_outcomes(logs, FixedTau(0.07))
 print("## Harm rate Pr[A(b,x) < A_full(x)] at b = 0.0625 and 0.25, plain vs gated (τ = 0.07), per task\n")
 for arm in ("plain", "gated"):
-    h = metrics.harm_rate(g.filter(pl.col("budget").is_in([0.0625, 0.25])),
-                          by=("context_length", "evictor", "task"), arm=arm)
+    h = metrics.on_frame(metrics.harm_rate, g.filter(pl.col("budget").is_in([0.0625, 0.25])),
+                         by=("context_length", "evictor", "task"), arm=arm)
     print(f"### {arm}\n")
     print(h.filter(pl.col("evictor") == "snapkv"), "\n")
 
 print("## Evictors whose outcomes are identical on every input at a budget (Table 13's same_as)\n")
-same = metrics.identical_evictors(g, by=("model", "context_length", "budget")).filter(pl.col("same_as").is_not_null())
+same = metrics.on_frame(metrics.identical_evictors, g, by=("model", "context_length", "budget")).filter(
+    pl.col("same_as").is_not_null())
 classes = same.select("context_length", "budget", pl.concat_list(pl.col("evictor").cast(pl.String),
                                                                  pl.col("same_as").str.split(", ")).list.sort()
                       .list.join(" = ").alias("identical evictors")).unique()
 print(classes.sort("context_length", "budget", "identical evictors"), "\n")
 
 print("## ρ (Eq. 1) per (context, task), SnapKV, Wilson 95 %\n")
-print(metrics.recovery_rate(g.filter(pl.col("evictor") == "snapkv"), by=("context_length", "task")), "\n")
+print(metrics.on_frame(metrics.recovery_rate, g.filter(pl.col("evictor") == "snapkv"), by=("context_length", "task")),
+      "\n")
 
 # The query-agnostic runs (--mode query-agnostic: the context is prefilled and evicted before the
 # question is appended) are read apart: they never pool with the query-aware cells above.
@@ -88,7 +90,7 @@ if agnostic:
     d = tables.bootstrap_table(g, rng=np.random.default_rng(defaults.BOOTSTRAP_SEED)).drop("excludes_zero")
     cell = ["context_length", "evictor"]
     # harm per budget (Table 27), averaged over the budgets b < 1 (each holds the same inputs)
-    harm = [metrics.harm_rate(g.filter(pl.col("budget") < 1), by=cell, arm=arm)
+    harm = [metrics.on_frame(metrics.harm_rate, g.filter(pl.col("budget") < 1), by=cell, arm=arm)
             .group_by(cell).agg(pl.col("harm").mean().alias(f"harm_{arm}")) for arm in ("plain", "gated")]
     print(d.select([c for c in d.columns if c != "model"]).join(harm[0], on=cell).join(harm[1], on=cell)
           .sort("delta", descending=True), "\n")

@@ -28,7 +28,7 @@ import polars as pl
 from pagestats import stats
 from pagestats.core import defaults, formulas
 from pagestats.metrics import engine
-from pagestats.metrics.engine import ROWS, grouped, names, query, uniq
+from pagestats.metrics.engine import ROWS, grouped, names, query
 from pagestats.core.schema import INPUT_KEY
 
 __all__ = ["frontier_accuracy", "matched_memory"]
@@ -91,19 +91,23 @@ def frontier_accuracy(kept: np.ndarray, accuracy: np.ndarray, query: np.ndarray)
 
 
 def _cells(rows, by: list[str]):
-    """Per cell, in ``by`` order: its ``by`` values, its budgets (ascending), which of them are
-    eviction budgets (:func:`pagestats.core.formulas.evicted`), and its four (inputs × budgets) matrices,
-    inputs in key order: the plain and gated scores and kept fractions
-    (:func:`pagestats.core.formulas.kept_fraction`), read from SQL in that order."""
+    """Per cell: its ``by`` values, its budgets (ascending), which of them are eviction budgets
+    (:func:`pagestats.core.formulas.evicted`), and its four (inputs × budgets) matrices, inputs in key
+    order: the plain and gated scores and kept fractions (:func:`pagestats.core.formulas.kept_fraction`),
+    read from SQL in that order. The cells come in the order of their first input (run, task, input),
+    then of ``by``: the order the resamples are drawn in, whatever the order of the rows."""
     key = names(INPUT_KEY)
-    order = f"ORDER BY {names(by)}" if by else ""
-    shape = query(rows, f"SELECT {names(by)}{', ' if by else ''}count(DISTINCT ({key})) AS _inputs, "
-                        f"list_sort(list(DISTINCT budget)) AS _budgets, count(*) AS _rows "
-                        f"FROM {ROWS} {grouped(by)} {order}")
+    keys = ", ".join(f"c.{c}" for c in names(by).split(", ")) if by else ""
+    cells = (f"(SELECT {names(by)}{', ' if by else ''}min(({key})) AS _first, count(DISTINCT ({key})) AS _inputs, "
+             f"list_sort(list(DISTINCT budget)) AS _budgets, count(*) AS _rows FROM {ROWS} {grouped(by)})")
+    order = f"ORDER BY c._first{', ' if by else ''}{keys}"
+    shape = query(rows, f"SELECT * EXCLUDE (_first) FROM {cells} c {order}")
+    on = " AND ".join(f"r.{c} IS NOT DISTINCT FROM c.{c}" for c in names(by).split(", ")) if by else "true"
     values = query(rows, f"""
-        SELECT CAST(score_plain AS DOUBLE) AS plain, {formulas.kept_fraction("n_kept_plain")} AS kept_plain,
-            CAST(score_gated AS DOUBLE) AS gated, {formulas.kept_fraction("n_kept_gated")} AS kept_gated
-        FROM {ROWS} ORDER BY {names(uniq(by, INPUT_KEY, ["budget"]))}""")
+        SELECT CAST(r.score_plain AS DOUBLE) AS plain, {formulas.kept_fraction("r.n_kept_plain")} AS kept_plain,
+            CAST(r.score_gated AS DOUBLE) AS gated, {formulas.kept_fraction("r.n_kept_gated")} AS kept_gated
+        FROM {ROWS} r JOIN {cells} c ON {on}
+        {order}, {", ".join(f"r.{c}" for c in names([*INPUT_KEY, "budget"]).split(", "))}""")
     columns = [values[c].to_numpy() for c in ("plain", "kept_plain", "gated", "kept_gated")]
     start = 0
     for cell, n, budgets, n_rows in zip(shape.select(by).iter_rows(named=True), shape["_inputs"], shape["_budgets"],
@@ -153,8 +157,8 @@ def matched_memory(rows, by=("model", "context_length", "evictor"), *, rng: np.r
     by : sequence of str
         The cells.
     rng : numpy.random.Generator
-        Draws the resamples (one generator for all cells, in ``by`` order; the rows come from SQL,
-        the resampling is NumPy's).
+        Draws the resamples (one generator for all cells, in the order of :func:`_cells`: each cell's
+        first input, then ``by``); the rows come from SQL, the resampling is NumPy's.
 
     Returns
     -------
