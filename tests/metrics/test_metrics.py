@@ -474,3 +474,16 @@ def test_the_replay_relation_and_the_whatif_read_one_sql():
         assert (joined[col] == joined[f"{col}_m"]).all(), col
     assert (joined["kept_kv"] == joined["kept_kv_right"]).all()
     assert (joined["harm_gated"] == joined["harm"]).all()
+
+
+def test_on_frame_types_the_names_as_the_frame_holds_them():
+    """Text comes back from SQL as String; on_frame casts it to the frame's categorical, so that the
+    result joins the frame's own aggregates (polars joins no String key with a Categorical one)."""
+    cat = FRAME.with_columns(pl.col("model", "task").cast(pl.Categorical))
+    plain = metrics.delta(R(cat), by=("model", "task"))
+    assert plain.schema["model"] == pl.String
+    typed = metrics.on_frame(metrics.delta, cat, by=("model", "task"))
+    assert typed.schema["model"] == pl.Categorical and typed.schema["task"] == pl.Categorical
+    assert typed.cast({"model": pl.String, "task": pl.String}).equals(plain)
+    counts = cat.group_by("model", "task").agg(pl.len())
+    assert typed.join(counts, on=["model", "task"]).height == typed.height
