@@ -25,10 +25,13 @@ import pathlib
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 from collectors.hf import disable_progress_bars
-from collectors.run import CollectConfig, run_collection
 from collectors.writer import work_items
+
+if TYPE_CHECKING:
+    from collectors.run import CollectConfig
 
 
 class LaunchError(RuntimeError):
@@ -84,7 +87,13 @@ class _Progress:
 
 
 def _run_shard(cfg: CollectConfig, index: int, shards: int, progress) -> dict:
-    """Body of one shard's Ray task (transformers' own loading bars are off: the driver shows one bar)."""
+    """Body of one shard's Ray task (transformers' own loading bars are off: the driver shows one bar).
+
+    The collection loop (and torch) is imported here, not with the module: the progress actor's
+    worker process imports this module to build :class:`_Progress` and needs neither (torch's
+    import is ~3.7 s of CPU, in each launch's actor)."""
+    from collectors.run import run_collection
+
     disable_progress_bars()
 
     shard_cfg = dataclasses.replace(cfg, shard=(index, shards), progress=False)
