@@ -1,7 +1,7 @@
 """The real embedded SmolLM2-135M-Instruct through pagestats-collect, then `pagestats validate`.
 
 Slow (runs the 135M model on CPU): a few inputs at ~512 tokens, two evictors, every budget,
-a handful of generated tokens. The model is the embedded GGUF as the conftest's session fixture
+four generated tokens. The model is the embedded GGUF as the conftest's session fixture
 converted it (one GGUF load per session, checked in test_model.py), labelled with its name.
 """
 
@@ -22,7 +22,7 @@ def run_dir(tmp_path_factory, smollm2):
     out = tmp_path_factory.mktemp("smollm2") / "run"
     code = cli.main(["--model", str(smollm2), "--model-name", "SmolLM2-135M-Instruct",
                      "--tasks", "niah_single_1,vt", "--context-length", "512", "--n", "1",
-                     "--evictors", "snapkv,h2o", "--max-new-tokens", "8", "--allow-cut-answers", "--out", str(out), "--no-progress"])
+                     "--evictors", "snapkv,h2o", "--max-new-tokens", "4", "--allow-cut-answers", "--out", str(out), "--no-progress"])
     assert code == 0
     return out
 
