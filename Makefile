@@ -23,12 +23,14 @@ KVPRESS_TESTS ?= tests/collectors/test_kvpress.py tests/collectors/test_perhead.
 
 .PHONY: report test recollect bench gpu-env kvpress-env clean readme-numbers
 
-# Every command here lets Python keep the bytecode it compiles (__pycache__, ignored by git). Where the
-# environment sets PYTHONDONTWRITEBYTECODE (as this project's machines do), each new Python process would
-# compile torch, transformers, polars and pagestats from source again: `make test` starts hundreds (xdist
-# workers, CLI subprocesses, notebook kernels, Ray workers), and tests/cli/test_validate_cli.py alone took
-# 11.5 CPU s with it set and 5.2 s without.
+# Python keeps the bytecode it compiles, under the venv (.pycache; the source tree gets no __pycache__),
+# also where the environment sets PYTHONDONTWRITEBYTECODE (as this project's machines do; uv installs no
+# bytecode). Otherwise every new process (xdist workers, CLI subprocesses, notebook kernels, Ray workers:
+# over a hundred in make test) compiles torch, transformers, polars and pagestats from source again:
+# importing collectors.run, transformers, polars, pagestats.io and matplotlib took 18.0 CPU s without
+# bytecode and 9.2 s with it.
 unexport PYTHONDONTWRITEBYTECODE
+export PYTHONPYCACHEPREFIX := $(abspath $(VENV))/.pycache
 
 # Installs go through uv (pip install uv, into the venv), several times faster than pip. uv reads no pip
 # configuration, so pip's find-links (where a machine keeps local wheels, the CPU torch among them) are
@@ -96,16 +98,10 @@ notebooks: $(VENV)/.core
 # The two venvs install side by side (uv waits on downloads more than on the CPU). xdist's worksteal gives each
 # worker a contiguous half of the tests (a module's tests and its module fixtures stay on one worker) and moves
 # tests from the busier worker's queue to the idle one, for a suite whose tests take from 0.01 to 45 s.
-# The suite's processes (xdist workers, subprocesses, Ray workers, notebook kernels: over a hundred) write the bytecode
-# of what they import under their venv (PYTHONPYCACHEPREFIX), also where PYTHONDONTWRITEBYTECODE is set: without it,
-# each compiled torch, transformers and polars from source again (~9 s of CPU of an 18 s import, measured) and uv
-# installs no bytecode. The source tree gets no __pycache__.
 test:
 	$(MAKE) -j2 --no-print-directory $(VENV)/.full $(KVPRESS_VENV)/.done
-	PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(abspath $(VENV))/.pycache \
-	    $(PY) -m pytest -n 2 --dist worksteal --durations=15 tests
-	PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(abspath $(KVPRESS_VENV))/.pycache \
-	    $(KVPRESS_VENV)/bin/python -m pytest -n 2 --dist worksteal $(KVPRESS_TESTS)
+	$(PY) -m pytest -n 2 --dist worksteal --durations=15 tests
+	$(KVPRESS_VENV)/bin/python -m pytest -n 2 --dist worksteal $(KVPRESS_TESTS)
 
 recollect: $(VENV)/.full
 	$(VENV)/bin/pagestats-collect --tasks niah_single_1,niah_multikey_3 --context-length 512 \
