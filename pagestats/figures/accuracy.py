@@ -283,6 +283,7 @@ def accuracy_vs_kept_kv(gated: pl.DataFrame, *, evictor=None, context_length=Non
         arm_handles.append(Line2D([], [], color="0.2", marker="*", markersize=5, linestyle="none", label="full KV"))
         arm_handles.append(Line2D([], [], color="0.6", alpha=0.4, linewidth=3.5, label="frontier"))
         cell_handles, cell_labels = axis.get_legend_handles_labels()
-        fig.legend(handles=arm_handles + cell_handles, loc="outside lower center", ncols=3)
+        # two columns: three of (model, context) labels overflow the one panel's width
+        fig.legend(handles=arm_handles + cell_handles, loc="outside lower center", ncols=2)
     st.stamp(fig, n_inputs(sub), tau_text(sub))
     return fig
