@@ -149,36 +149,40 @@ def quickstart():
 
 def report_notebook():
     return [
-        new_markdown_cell("# Regenerate the paper's figures and tables\n\nEvery figure of the report's catalogue, drawn "
-                          "inline from the logs (an entry whose data are missing says why it is skipped), then a few "
-                          "tables typeset, then the whole report as one HTML page."),
+        new_markdown_cell("# Regenerate the paper's figures and tables\n\nThe whole report, written once from the logs "
+                          "(`report.build_report`, as `pagestats report LOGS --out DIR --no-pdf`): its headline, then "
+                          "every figure of the catalogue shown inline from the report's files (an entry whose data are "
+                          "missing says why it is skipped), then a few of its tables typeset. Each figure is drawn once, "
+                          "by the report; `pagestats.figures` draws any of them as a matplotlib figure (notebook 01)."),
         new_code_cell(SETUP),
-        new_code_cell('from pagestats import report\n'
-                      'from pagestats.report.context import Context\n\n'
+        new_markdown_cell("## The whole report, one page\n\n`report.build_report` writes every table and figure and "
+                          "`index.html`: the headline numbers first, every figure, every table with a glossary of its "
+                          "columns, the skipped entries, then the file hashes; `index.json` lists every output."),
+        new_code_cell('import json\n\n'
+                      'from pagestats import report\n\n'
                       'logs = load_logs()\n'
-                      'ctx = Context(logs)    # the replays, computed once for every entry\n'
-                      'for entry in report.catalogue():\n'
-                      '    if entry.kind != "figure":\n'
-                      '        continue\n'
-                      '    reason = next((r for r in (check(ctx) for check in entry.requires) if r), None)\n'
-                      '    if reason:\n'
-                      '        print(f"{entry.source} ({entry.name}) skipped: {reason}")\n'
-                      '        continue\n'
-                      '    made = entry.make(ctx)\n'
-                      '    for part, fig in made if isinstance(made, list) else [("", made)]:\n'
-                      '        display(Markdown(f"**{entry.source}** {part.replace(\'-\', \' \')} — {entry.caption}"), fig)'),
-        new_markdown_cell("## A few tables, typeset\n\nEach table is a tidy frame of numbers; `tables.to_gt` typesets it."),
-        new_code_cell('t2 = tables.delta_matrix_table(ctx.gated)\n'
-                      'tables.to_gt(t2, tables.LAYOUTS["tab02_delta_matrix"])'),
-        new_code_cell('t1 = tables.recovery_table(ctx.gated)\n'
-                      'tables.to_gt(t1.filter(pl.col("scope") == "pooled"), tables.LAYOUTS["tab01_recovery"])'),
-        new_markdown_cell("## The whole report, one page\n\n`report.build_report` (as `pagestats report LOGS --out DIR`) "
-                          "writes every table and figure and `index.html`: the headline numbers first, every figure, "
-                          "every table with a glossary of its columns, the skipped entries, then the file hashes."),
-        new_code_cell('out = Path(tempfile.mkdtemp(prefix="pagestats-report-"))\n'
-                      'index = Path(report.build_report(logs, out, formats=("png",)))\n'
+                      'out = Path(tempfile.mkdtemp(prefix="pagestats-report-"))\n'
+                      'index = Path(report.build_report(logs, out, formats=("png",)))    # the replays, computed once\n'
+                      'built = json.loads(index.with_name("index.json").read_text())\n'
                       'print("open", index.with_name("index.html"))\n'
                       'display(Markdown(index.read_text().split("## Figures")[0]))'),
+        new_markdown_cell("## Every figure of the catalogue"),
+        new_code_cell('from IPython.display import Image\n\n'
+                      'for entry in built["outputs"]:\n'
+                      '    if entry["kind"] != "figure":\n'
+                      '        continue\n'
+                      '    if entry["skipped"]:\n'
+                      '        print(f"{entry[\'source\']} ({entry[\'name\']}) skipped: {entry[\'skipped\']}")\n'
+                      '        continue\n'
+                      '    for file in entry["files"]:\n'
+                      '        part = Path(file).stem[len(entry["name"]) + 1:].replace("-", " ")\n'
+                      '        display(Markdown(f"**{entry[\'source\']}** {part} — {entry[\'caption\']}"), Image(filename=out / file))'),
+        new_markdown_cell("## A few tables, typeset\n\nEach table is a tidy frame of numbers (the report's CSV); "
+                          "`tables.to_gt` typesets it."),
+        new_code_cell('t2 = pl.read_csv(out / "tables" / "tab02_delta_matrix.csv")\n'
+                      'tables.to_gt(t2, tables.LAYOUTS["tab02_delta_matrix"])'),
+        new_code_cell('t1 = pl.read_csv(out / "tables" / "tab01_recovery.csv")\n'
+                      'tables.to_gt(t1.filter(pl.col("scope") == "pooled"), tables.LAYOUTS["tab01_recovery"])'),
     ]
 
 
