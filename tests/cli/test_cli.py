@@ -45,11 +45,17 @@ def test_every_option_has_help_with_its_default():
             assert "default" in text, f"{name} {action.option_strings[0]}: help does not state the default: {text!r}"
 
 
-def test_help_runs_for_every_command():
+def test_help_runs_for_every_command(capsys):
+    """Every command's --help exits 0 with its usage, here through main(); one through ``python -m
+    pagestats`` in a process of its own (the module entry point, nothing imported before it)."""
     for name in _subparsers():
-        out = subprocess.run([sys.executable, "-m", "pagestats", name, "--help"], capture_output=True, text=True,
-                             cwd=ROOT)
-        assert out.returncode == 0 and "usage: pagestats" in out.stdout, out.stderr
+        with pytest.raises(SystemExit) as exc:
+            main([name, "--help"])
+        out, err = capsys.readouterr()
+        assert exc.value.code == 0 and f"usage: pagestats {name}" in out, err
+    out = subprocess.run([sys.executable, "-m", "pagestats", "report", "--help"], capture_output=True, text=True,
+                         cwd=ROOT)
+    assert out.returncode == 0 and "usage: pagestats report" in out.stdout, out.stderr
 
 
 def test_nothing_cites_a_document_outside_the_repo():
