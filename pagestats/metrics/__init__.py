@@ -9,7 +9,8 @@ on the engine, :func:`on_frame` runs a metric over one). The aggregates are the 
 :mod:`pagestats.core.formulas`, the ones ``pagestats whatif`` reads; intervals and resampling are
 NumPy's (:mod:`pagestats.stats`). Functions over many groups return frames sorted by their ``by``
 columns. The scaling relation (Table 25, Fig. 9, Table 21) lives in :mod:`~pagestats.metrics.scaling`;
-rates (ρ, harm, r(x), p_open, AUC) in :mod:`~pagestats.metrics.rates`; accuracy, Δ, Δ(f), the oracle
+rates (ρ, harm, r(x), p_open, AUC) in :mod:`~pagestats.metrics.rates`; the task means of D in
+:mod:`~pagestats.metrics.signal`; accuracy, Δ, Δ(f), the oracle
 gap and Δ's bootstrap in :mod:`~pagestats.metrics.delta`; kept-KV, compression and batching in
 :mod:`~pagestats.metrics.memory`; Δ at matched memory in :mod:`~pagestats.metrics.matched`; the two
 sides a table contrasts (the capacity-bound anchor, NIAH-MK3, and the dilution-prone tasks) in
@@ -57,6 +58,7 @@ from pagestats.metrics.rates import (
 )
 from pagestats.metrics.scaling import DILUTION_RULES, in_fit, predict_band, scaling_fit, scaling_rows
 from pagestats.metrics.sides import anchor_name, capacity_side, dilution_side
+from pagestats.metrics.signal import task_means
 
 __all__ = [
     "relation",
@@ -72,6 +74,7 @@ __all__ = [
     "delta",
     "delta_bootstrap",
     "p_open",
+    "task_means",
     "kept_kv",
     "compression",
     "static_batching",

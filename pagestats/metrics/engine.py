@@ -91,6 +91,25 @@ def refuse_repeats(rows, key, what: str, message: str = "duplicate rows for the 
         raise ValueError(f"{what}: {message}")
 
 
+def per_input(rows, by, value: str) -> str:
+    """SQL of one row per input (and head-pair draw) of ``rows`` within each ``by`` group: its
+    ``by`` and input columns, ``value`` (the input's value, whatever row it is read from) and
+    ``_differs`` (its rows do not all hold one ``value``, a null counting as a value), in one
+    aggregation (per-input metrics on gated outcomes read every input once; :func:`refuse_differing`)."""
+    key = names(uniq(by, input_key(rows)))
+    v = f'"{value}"'
+    return (f"(SELECT {key}, any_value({v}) AS {v}, coalesce(min({v}) <> max({v}), false) OR count({v}) NOT IN "
+            f"(0, count(*)) AS _differs FROM {ROWS} GROUP BY {key})")
+
+
+def refuse_differing(out: pl.DataFrame, what: str, value: str) -> pl.DataFrame:
+    """``out`` without its ``_differs`` column (the number of inputs whose rows disagree on ``value``,
+    :func:`per_input`); raise when any input's do."""
+    if out.height and out["_differs"].sum():
+        raise ValueError(f"{what}: {value} differs between rows of the same input")
+    return out.drop("_differs")
+
+
 def outcome_rows(rows, by, cols, what: str) -> list[str]:
     """Check an outcome relation: ``by`` (:func:`group_by`), the unit key, ``budget`` and ``cols``
     present, no (unit, budget) twice. Returns ``by`` as a list."""

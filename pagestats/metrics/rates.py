@@ -141,13 +141,11 @@ def p_open(
         ``by`` columns, ``k`` (open inputs), ``n`` (inputs), ``p_open``, ``low``, ``high``.
     """
     by = engine.group_by(by, "p_open", rows)
-    key = uniq(by, engine.input_key(rows))
-    engine.check(rows, [*key, "gate_open"], "p_open")
-    inputs = f"(SELECT DISTINCT {names(key)}, gate_open FROM {ROWS})"
-    if query(rows, f"SELECT count(*) FROM (SELECT 1 FROM {inputs} GROUP BY {names(key)} HAVING count(*) > 1)").item():
-        raise ValueError("p_open: gate_open differs between rows of the same input")
-    out = query(rows, f"SELECT {names(by)}{', ' if by else ''}{formulas.OPEN_COUNT} AS k, count(*) AS n "
-                      f"FROM {inputs} {grouped(by)}")
+    engine.check(rows, [*uniq(by, engine.input_key(rows)), "gate_open"], "p_open")
+    out = query(rows, f"SELECT {names(by)}{', ' if by else ''}{formulas.OPEN_COUNT} AS k, count(*) AS n, "
+                      f"sum(CAST(_differs AS BIGINT)) AS _differs FROM {engine.per_input(rows, by, 'gate_open')} "
+                      f"{grouped(by)}")
+    out = engine.refuse_differing(out, "p_open", "gate_open")
     return engine.with_wilson(_counts(out, by), "p_open", confidence_level)
 
 

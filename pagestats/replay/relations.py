@@ -22,6 +22,7 @@ from pagestats.io.logs import INPUT_COLUMNS
 from pagestats.replay.pilot import register_functions
 from pagestats.replay.policies import Policy
 from pagestats.replay.spec import ProfileSpec
+from pagestats.replay.sqltext import relation_columns
 from pagestats.core.schema import INPUT_KEY
 
 #: The columns of the relation ``decisions`` (:func:`create_decisions`).
@@ -52,15 +53,18 @@ def logged_drops(con) -> list[str]:
 
 def register_drops(con, frame: pl.DataFrame) -> list[str]:
     """Create the relation ``drops`` on ``con`` from ``frame`` (D per input and head-pair draw, and any
-    other column after D: the a_ℓ list a Python policy reads) joined to the input columns; return its
-    draw columns (``["pair_draw"]`` or ``[]``)."""
+    other column after D: the logged D as ``reference_drop``, the a_ℓ list a Python policy reads) with
+    the input columns, joined from ``inputs`` where ``frame`` does not carry them; return its draw
+    columns (``["pair_draw"]`` or ``[]``)."""
     draw_columns = ["pair_draw"] if "pair_draw" in frame.columns else []
     con.register("_dropped", frame)
-    meta = ", ".join(f"i.{c}" for c in INPUT_COLUMNS if c not in (*INPUT_KEY, "drop"))
-    con.execute(
-        f"CREATE OR REPLACE TEMP VIEW drops AS SELECT {_KEY}, {'pair_draw, ' if draw_columns else ''}{meta}, "
-        f"d.* EXCLUDE ({_KEY}{', pair_draw' if draw_columns else ''}) FROM _dropped d JOIN inputs i USING ({_KEY})"
-    )
+    meta = [c for c in INPUT_COLUMNS if c not in (*INPUT_KEY, "drop")]
+    carried = [c for c in meta if c in frame.columns]
+    join = f" JOIN inputs i USING ({_KEY})" if len(carried) < len(meta) else ""
+    cols = ", ".join(f"{'d' if c in carried else 'i'}.{c}" for c in meta)
+    own = ", ".join([*INPUT_KEY, *draw_columns, *carried])
+    con.execute(f"CREATE OR REPLACE TEMP VIEW drops AS SELECT {_KEY}, {'pair_draw, ' if draw_columns else ''}{cols}, "
+                f"d.* EXCLUDE ({own}) FROM _dropped d{join}")
     return draw_columns
 
 
@@ -68,7 +72,7 @@ def create_calibrated(con, policy: Policy) -> str:
     """Create ``_calibrated`` on ``con``: every row of ``drops`` with ``tau``, ``gate_open`` and
     ``in_pilot`` (``policy.calibrate``); return the SQL condition of a held-out row."""
     source = "drops"
-    if "reference_drop" in policy.reads:  # the reference D: the logged one
+    if "reference_drop" in policy.reads and "reference_drop" not in relation_columns(con, source):  # the logged D
         con.execute(f"CREATE OR REPLACE TEMP VIEW _gate_source AS SELECT d.*, CAST(i.\"drop\" AS DOUBLE) AS "
                     f"reference_drop FROM drops d JOIN (SELECT {_KEY}, \"drop\" FROM inputs) i USING ({_KEY})")
         source = "_gate_source"

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import duckdb
 import polars as pl
 
-from pagestats.io.logs import LogTables
+from pagestats.io.logs import INPUT_COLUMNS, LogTables
 from pagestats.core import formulas
 from pagestats.replay import relations
 from pagestats.replay.frames import gated_from_decisions
@@ -20,7 +21,7 @@ from pagestats.replay.policies import FixedTau, Policy
 from pagestats.replay.spec import ProfileSpec, profile_drop, profile_drop_by_draw
 from pagestats.core.schema import INPUT_KEY
 
-#: Rows of head-pair draws calibrated at once by :func:`gate_by_draw` (bounds its memory).
+#: Rows of head-pair draws calibrated at once by :func:`decisions_by_draw` (bounds its memory).
 DRAW_BLOCK_ROWS = 4_000_000
 #: The columns of :meth:`Replay.pilot_composition`.
 PILOT_COLUMNS = ("model", "context_length", "run_id", "task", "n_pilot", "held_out", "tau")
@@ -249,39 +250,45 @@ def decision_frames(logs: LogTables, policies, profile: ProfileSpec = ProfileSpe
             yield logs.typed_names(relations.decision_frame(con, draw_columns, relations.create_calibrated(con, policy)))
 
 
-def gate_by_draw(logs: LogTables, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec()
-                 ) -> Iterator[pl.DataFrame]:
-    """:func:`gate` one head-pair draw at a time: the frame of draw ``d`` is the rows of
-    :func:`gate` with ``pair_draw == d`` (without head-pair draws, :func:`gate` itself, once).
+def decisions_by_draw(logs: LogTables, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec()
+                      ) -> Iterator[duckdb.DuckDBPyRelation]:
+    """The evaluated decisions (the relation ``decisions``: :data:`~pagestats.replay.relations.DECISION_COLUMNS`,
+    a held-out pilot left out) a block of head-pair draws at a time, for the metrics to aggregate
+    (:mod:`pagestats.metrics`, ``pair_draw`` in their ``by``); without head-pair draws, every
+    decision, once.
 
-    A policy's pilot is the same inputs in every draw and its τ is set per draw (the draw is
-    one of its calibration groups), so draws can be calibrated apart, about :data:`DRAW_BLOCK_ROWS`
-    rows at a time (Table 9 holds 20 draws of every input otherwise). A policy that may pool draws
-    (not ``per_draw``: a :class:`~pagestats.replay.policies.CustomPolicy`) is refused here.
+    A policy's pilot is the same inputs in every draw and its τ is set per draw (the draw is one of
+    its calibration groups), so draws can be calibrated apart, about :data:`DRAW_BLOCK_ROWS` rows at
+    a time (Table 9 holds 20 draws of every input otherwise). A block is a relation on the replay's
+    connection (a view: each query over it joins the block's D to the inputs and the pilot's τ
+    again), in no particular row order, replaced by the next: aggregate it before asking for the
+    next. A policy that may pool draws (not ``per_draw``: a :class:`~pagestats.replay.policies.CustomPolicy`)
+    is refused.
     """
     if not policy.per_draw and profile.has_draws:
-        raise TypeError(f"gate_by_draw: the policy {policy.name!r} sees every head-pair draw at once (a CustomPolicy "
-                        "may pool them); use gate()")
+        raise TypeError(f"decisions_by_draw: the policy {policy.name!r} sees every head-pair draw at once (a "
+                        "CustomPolicy may pool them); use gate()")
     with Replay(logs, policy, profile) as session:
         con, frames = session._connection(), session.frames()
         per_block = max(1, DRAW_BLOCK_ROWS // max(1, frames.inputs.height))
+        # the input columns ride beside D (no join of every block back to the inputs on their text keys)
+        carried = [c for c in INPUT_COLUMNS if c not in (*INPUT_KEY, "drop")]
+        if "reference_drop" in policy.reads:
+            carried.append(pl.col("drop").cast(pl.Float64).alias("reference_drop"))
 
-        def gates(block):
+        def decisions(block):
             draw_columns = session.register_drops(pl.concat(block))
-            out = logs.typed_names(relations.decision_frame(con, draw_columns, relations.create_calibrated(con, policy)))
-            out = out.filter(~pl.col("held_out")).drop("held_out")
-            if len(block) == 1:
-                return [out]
-            return [out.filter(pl.col("pair_draw") == d) for d in sorted(out["pair_draw"].unique().to_list())]
+            relations.create_decisions(con, draw_columns, relations.create_calibrated(con, policy))
+            return con.view("decisions")
 
         block: list[pl.DataFrame] = []
-        for prof in profile_drop_by_draw(frames, profile):
+        for prof in profile_drop_by_draw(frames, profile, columns=carried):
             block.append(prof)
             if len(block) == per_block:
-                yield from gates(block)
+                yield decisions(block)
                 block = []
         if block:
-            yield from gates(block)
+            yield decisions(block)
 
 
 def gated_outcomes(logs, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec(), *,

@@ -373,9 +373,9 @@ def _signal_statistic(inputs: pl.DataFrame, spec: ProfileSpec) -> pl.DataFrame:
     return out
 
 
-def _statistics(logs, profile: ProfileSpec):
-    """The checked, key-sorted inputs and, per model, its input keys and the statistic of
-    ``profile`` (shape (N,), or (draws, N) with head-pair draws)."""
+def _statistics(logs, profile: ProfileSpec, columns=()):
+    """The checked, key-sorted inputs and, per model, its input keys (and ``columns`` of the inputs)
+    and the statistic of ``profile`` (shape (N,), or (draws, N) with head-pair draws)."""
     if not isinstance(profile, ProfileSpec):
         raise TypeError(f"profile must be a ProfileSpec, got {type(profile).__name__}")
     inputs = logs.inputs
@@ -386,7 +386,7 @@ def _statistics(logs, profile: ProfileSpec):
     parts = []
     for model in sorted(inputs["model"].unique().to_list()):
         sub = inputs.filter(pl.col("model") == model)
-        parts.append((sub.select(INPUT_KEY), _model_statistic(logs, sub, model, profile)))
+        parts.append((sub.select(*INPUT_KEY, *columns), _model_statistic(logs, sub, model, profile)))
     return inputs, parts
 
 
@@ -441,17 +441,20 @@ def profile_drop(logs, profile: ProfileSpec = ProfileSpec()) -> pl.DataFrame:
     return _drop_frame(inputs, parts)
 
 
-def profile_drop_by_draw(logs, profile: ProfileSpec = ProfileSpec()) -> Iterator[pl.DataFrame]:
+def profile_drop_by_draw(logs, profile: ProfileSpec = ProfileSpec(), columns=()) -> Iterator[pl.DataFrame]:
     """:func:`profile_drop` one head-pair draw at a time (Table 9: 20 draws per fraction).
 
     D is computed once for every draw (an array of draws × inputs); the frame of draw ``d``
     is the rows of :func:`profile_drop` with ``pair_draw == d``, in the same order, so that a
     caller aggregating draw by draw never holds the input keys of every draw. Without
-    head-pair draws it yields :func:`profile_drop` itself, once.
+    head-pair draws it yields :func:`profile_drop` itself, once. ``columns`` (names or polars
+    expressions over the inputs) are carried beside the keys: the replay's decisions then need
+    no join back to the inputs.
     """
-    inputs, parts = _statistics(logs, profile)
+    inputs, parts = _statistics(logs, profile, columns)
     if parts is None:
-        yield _signal_statistic(inputs, profile)
+        signal = _signal_statistic(inputs, profile)
+        yield signal.join(inputs.select(*INPUT_KEY, *columns), on=INPUT_KEY, maintain_order="left") if columns else signal
         return
     if not profile.has_draws:
         yield _drop_frame(inputs, parts)

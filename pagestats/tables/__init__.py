@@ -13,7 +13,7 @@ Examples
 from __future__ import annotations
 
 from pagestats.core import defaults
-from pagestats.tables._common import ordering_margin, task_means
+from pagestats.tables._common import ordering_margin
 from pagestats.tables._render import (
     Layout,
     display_frame,
@@ -55,7 +55,7 @@ from pagestats.tables.subsampling import head_pair_table, k_sweep_table, layer_s
 __all__ = [
     "Layout", "LAYOUTS",
     "format_interval", "display_frame", "markdown_table", "to_gt", "to_markdown", "write_table",
-    "task_means", "ordering_margin",
+    "ordering_margin",
     "recovery_table", "per_layer_table", "random_control_table", "remaining_deltas_table", "drop_by_task_table", "distractor_sweep_table", "scaling_table", "prediction_band", "preregistered_table",
     "harm_table", "delta_matrix_table", "delta_by_task_table", "budget_axis_table", "oracle_gap_table",
     "best_evictor_table", "cross_cell_table", "compression_table", "batching_table", "bootstrap_table",

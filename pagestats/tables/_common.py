@@ -1,8 +1,8 @@
 """Small helpers shared by the table modules.
 
 Only what the engine (:mod:`pagestats.metrics`, :mod:`pagestats.stats`) does not provide
-lives here: per-task means of a per-input statistic, the *ordering margin* of
-Tables 5–6, 9 and 10 (the anchor NIAH-MK3 below the other side), the selection of one evictor's rows, and the gate at a recalibrated τ
+lives here: the *ordering margin* of Tables 5–6, 9 and 10 over the task means of D
+(:func:`pagestats.metrics.task_means`) (the anchor NIAH-MK3 below the other side), the selection of one evictor's rows, and the gate at a recalibrated τ
 beside every sweep of D (:func:`gate_at`, App. A.3.1). Everything else is called from the engine.
 """
 
@@ -44,27 +44,6 @@ def one_evictor(frame: pl.DataFrame, evictor: str | None) -> tuple[pl.DataFrame,
 def logged_evictor(logs, evictor: str | None) -> str:
     """The evictor a table of ``logs`` reads (default :func:`headline_evictor`); raises if it is not logged."""
     return one_evictor(logs.outcomes.select("evictor").unique(), evictor)[1]
-
-
-def input_rows(frame: pl.DataFrame) -> pl.DataFrame:
-    """One row per input (and head-pair draw) of a gate or gated-outcome frame."""
-    return frame.unique(subset=input_key(frame), keep="first", maintain_order=True)
-
-
-def task_means(frame: pl.DataFrame, value: str = "drop", by=MODEL_CELL) -> pl.DataFrame:
-    """Mean, SD (ddof=1) and count of a per-input ``value`` per (``by``, task, task_class).
-
-    Each input (and head-pair draw) counts once, so a gated-outcome frame gives the same
-    result as the gate frame it came from.
-    """
-    by = as_list(by)
-    require_columns(frame, [*by, *INPUT_KEY, "task_class", value], "task_means")
-    keys = [*by, "task", "task_class"]
-    out = input_rows(frame).group_by(keys).agg(
-        pl.col(value).mean().alias("mean"), pl.col(value).std(ddof=1).alias("sd"),
-        pl.len().cast(pl.Int64).alias("n"),
-    )
-    return out.sort(keys)
 
 
 def ordering_margin(means: pl.DataFrame, by=MODEL_CELL, *, value: str = "mean", exclude: Sequence[str] = (),
@@ -142,18 +121,21 @@ def gate_at(logs, spec: replay.ProfileSpec, recalibrate: str, tau: float, pilot_
         policy = replay.recalibrate(FixedTau(tau), recalibrate, pilot_n=pilot_n)
         fit = logs if small.height == 0 else dataclasses.replace(
             logs, inputs=logs.inputs.join(small.select("model"), on="model", how="anti"))
-        # draw by draw (head-pair draws, Table 9): per cell the sums that τ's mean and p_open need
-        t = pl.col("tau")
-        per_draw = [gate.group_by(list(MODEL_CELL)).agg(
-            t.sum().alias("_tau_sum"), t.min().alias("_tau_min"), t.max().alias("_tau_max"), pl.len().alias("_n_rows"),
-        ).join(metrics.on_frame(metrics.p_open, gate, by=MODEL_CELL).select(*MODEL_CELL, "k", "n"), on=list(MODEL_CELL))
-            for gate in replay.gate_by_draw(fit, policy, spec)]
-        sums = pl.concat(per_draw).group_by(list(MODEL_CELL)).agg(
+        # a block of head-pair draws at a time (Table 9): per cell the sums that τ's mean and p_open need
+        per_block = []
+        for block in replay.decisions_by_draw(fit, policy, spec):
+            by = [*MODEL_CELL, *(["pair_draw"] if "pair_draw" in block.columns else [])]
+            opened = metrics.p_open(block, by=by).group_by(list(MODEL_CELL)).agg(pl.col("k", "n").sum())
+            taus = metrics.engine.query(block, f"SELECT {metrics.engine.names(MODEL_CELL)}, min(tau) AS _tau_min, "
+                                               f"max(tau) AS _tau_max, sum(CAST(tau AS DECIMAL(38, 18))) AS _tau_sum, "
+                                               f"count(*) AS _n_rows FROM {metrics.engine.ROWS} GROUP BY ALL")
+            per_block.append(fit.typed_names(taus.join(opened, on=list(MODEL_CELL))))
+        sums = pl.concat(per_block).group_by(list(MODEL_CELL)).agg(
             pl.col("_tau_sum", "_n_rows", "k", "n").sum(), pl.col("_tau_min").min(), pl.col("_tau_max").max())
         out.append(sums.select(
             *MODEL_CELL,
             pl.when(pl.col("_tau_min") == pl.col("_tau_max")).then(pl.col("_tau_min"))
-            .otherwise(pl.col("_tau_sum") / pl.col("_n_rows")).alias("tau_gate"),
+            .otherwise(pl.col("_tau_sum").cast(pl.Float64) / pl.col("_n_rows")).alias("tau_gate"),
             (pl.col("k") / pl.col("n")).alias("p_open"),
         ).with_columns(formulas.expr(formulas.DEGENERATE).alias("degenerate"),
                        pl.lit(f"{recalibrate} (fixed τ = {tau})").alias("recalibration")))

@@ -18,7 +18,7 @@ from pagestats.core import defaults
 from pagestats.core.columns import MODEL_CELL, names_like
 from pagestats.replay.policies import FixedTau
 from pagestats.core.schema import INPUT_KEY
-from pagestats.tables._common import as_list, gate_at, ordering_margin, task_means
+from pagestats.tables._common import as_list, gate_at, ordering_margin
 
 __all__ = ["signal_names", "auc_table", "signal_ablation_table"]
 
@@ -134,7 +134,7 @@ def signal_ablation_table(logs, *, statistics: Sequence[str] | None = None, prof
     aucs = auc_table(frames, by=by, q=q, anchor=anchor)
     rows = []
     for s, frame in frames.items():
-        means = task_means(frame, "drop", by=by)
+        means = metrics.on_frame(metrics.task_means, frame, "drop", by=by)
         below = ordering_margin(means, by=by, anchor=anchor)
         above = ordering_margin(means.with_columns(-pl.col("mean")), by=by, anchor=anchor).select(
             *by, pl.col("ordered").alias("_above"))

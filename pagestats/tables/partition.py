@@ -16,7 +16,7 @@ from pagestats import metrics, stats
 from pagestats.core import defaults, formulas
 from pagestats.core.columns import MODEL_CELL, input_key, names_like, require_columns
 from pagestats.core.schema import INPUT_KEY
-from pagestats.tables._common import as_list, group_tau, one_evictor, task_means
+from pagestats.tables._common import as_list, group_tau, one_evictor
 
 __all__ = [
     "recovery_table",
@@ -106,7 +106,7 @@ def drop_by_task_table(gate: pl.DataFrame, *, confidence_level: float = defaults
     PAGE §4 "Boundary and Confound Analysis", Table 3; App. A.3.3, Table 24 (strict thirds).
     """
     require_columns(gate, [*MODEL_CELL, "task", "task_class", "drop", "gate_open", "tau"], "drop_by_task_table")
-    means = task_means(gate, "drop").rename({"mean": "mean_drop", "sd": "sd_drop"})
+    means = metrics.on_frame(metrics.task_means, gate, "drop").rename({"mean": "mean_drop", "sd": "sd_drop"})
     opened = metrics.on_frame(metrics.p_open, gate, by=(*MODEL_CELL, "task"), confidence_level=confidence_level)
     taus = gate.group_by([*MODEL_CELL, "task"]).agg(group_tau())
     out = means.join(opened.select(*MODEL_CELL, "task", "p_open", "low", "high"), on=[*MODEL_CELL, "task"])
@@ -145,7 +145,7 @@ def distractor_sweep_table(gate: pl.DataFrame, tasks: Sequence[str] = MULTIKEY_T
         raise ValueError("distractor_sweep_table: the gradient needs at least 2 tasks")
     require_columns(gate, [*MODEL_CELL, "task", "drop", "gate_open"], "distractor_sweep_table")
     sub = gate.filter(pl.col("task").is_in(tasks))
-    means = task_means(sub, "drop").rename({"mean": "mean_drop", "sd": "sd_drop"})
+    means = metrics.on_frame(metrics.task_means, sub, "drop").rename({"mean": "mean_drop", "sd": "sd_drop"})
     opened = metrics.on_frame(metrics.p_open, sub, by=(*MODEL_CELL, "task")).select(*MODEL_CELL, "task", "p_open")
     order = names_like(pl.DataFrame({"task": tasks, "distractors": list(range(len(tasks)))},
                                     schema={"task": pl.String, "distractors": pl.Int64}), sub)

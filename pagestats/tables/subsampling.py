@@ -14,12 +14,12 @@ from collections.abc import Sequence
 
 import polars as pl
 
-from pagestats import replay
+from pagestats import metrics, replay
 from pagestats.core import defaults
 from pagestats.core.columns import MODEL_CELL
 from pagestats.replay.policies import FixedTau
 from pagestats.replay.spec import resolve_layers
-from pagestats.tables._common import gate_at, ordering_margin, task_means
+from pagestats.tables._common import gate_at, ordering_margin
 
 __all__ = ["k_sweep_table", "head_pair_table", "layer_subset_table"]
 
@@ -45,7 +45,8 @@ def k_sweep_table(logs, *, ks=defaults.K_SWEEP, recalibrate: str = "z", tau: flo
     parts = []
     for k in (k for k in ks if k <= k_max):
         spec = replay.ProfileSpec(**{**profile.__dict__, "k": int(k)})
-        margins = ordering_margin(task_means(replay.gate(logs, FixedTau(), spec), "drop"), anchor=anchor)
+        means = metrics.on_frame(metrics.task_means, replay.gate(logs, FixedTau(), spec), "drop")
+        margins = ordering_margin(means, anchor=anchor)
         parts.append(margins.join(gate_at(logs, spec, recalibrate, tau, pilot_n), on=list(MODEL_CELL), how="left")
                      .with_columns(pl.lit(int(k), pl.Int64).alias("k")))
     if not parts:
@@ -87,9 +88,9 @@ def head_pair_table(logs, *, fractions: Sequence[float] = defaults.PAIR_FRACTION
     parts = []
     for f in fractions:
         spec = replay.ProfileSpec(**{**profile.__dict__, "pairs_fraction": float(f), "pair_draws": int(pair_draws), "seed": int(seed)})
-        by = [*MODEL_CELL, "pair_draw"]  # one draw's gate rows at a time: its margin per cell
-        margins = pl.concat([ordering_margin(task_means(gate, "drop", by=by), by=by, anchor=anchor)
-                             for gate in replay.gate_by_draw(logs, FixedTau(), spec)]).sort(by)
+        by = [*MODEL_CELL, "pair_draw"]  # a block of draws' decisions at a time: its margins per cell and draw
+        margins = pl.concat([ordering_margin(logs.typed_names(metrics.task_means(block, "drop", by=by)), by=by, anchor=anchor)
+                             for block in replay.decisions_by_draw(logs, FixedTau(), spec)]).sort(by)
         parts.append(margins.group_by(list(MODEL_CELL)).agg(
             pl.len().cast(pl.Int64).alias("n_draws"), pl.col("margin").mean().alias("margin_mean"),
             pl.col("margin").min().alias("margin_min"), pl.col("margin").max().alias("margin_max"),
@@ -138,8 +139,8 @@ def layer_subset_table(logs, *, subsets: Sequence = replay.LAYER_SUBSETS,
             try:
                 kept = len(resolve_layers(spec, n_layers))
                 sub = dataclasses.replace(logs, inputs=inputs.filter(pl.col("model") == model))
-                margins = ordering_margin(task_means(replay.gate(sub, FixedTau(), spec), "drop"), anchor=anchor,
-                                          others="other")
+                means = metrics.on_frame(metrics.task_means, replay.gate(sub, FixedTau(), spec), "drop")
+                margins = ordering_margin(means, anchor=anchor, others="other")
                 part = margins.with_columns(pl.lit(kept, pl.Int64).alias("n_layers"), pl.lit(None, pl.String).alias("note"))
                 part = part.join(gate_at(sub, spec, recalibrate, tau, pilot_n), on=list(MODEL_CELL), how="left")
             except ValueError as err:

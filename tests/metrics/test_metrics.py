@@ -209,6 +209,39 @@ def test_p_open_vs_loop():
         metrics.p_open(R(bad))
 
 
+def test_task_means_vs_loop():
+    """Mean and SD (ddof = 1) of D per (model, context, task) over each input once, against a loop
+    with the statistics module; a null D counts in n, not in the mean; a disagreeing input is refused."""
+    import statistics
+
+    seen = {}
+    for r in ROWS:
+        seen[(r["model"], r["context_length"], r["task"], r["task_class"], r["run_id"], r["input_id"])] = r["drop"]
+    values = defaultdict(list)
+    for (m, c, t, tc, *_), d in seen.items():
+        values[(m, c, t, tc)].append(d)
+    got = as_dict(metrics.task_means(R(FRAME)), ("model", "context_length", "task", "task_class"), ["mean", "sd", "n"])
+    assert set(got) == set(values)
+    for g, v in values.items():
+        assert got[g]["n"] == len(v)
+        assert got[g]["mean"] == pytest.approx(statistics.fmean(v), rel=1e-15, abs=1e-17)
+        if len(v) > 1:
+            assert got[g]["sd"] == pytest.approx(statistics.stdev(v), rel=1e-14)
+        else:  # fwe: one input, no SD
+            assert got[g]["sd"] is None
+    one_null = FRAME.with_columns(pl.when((pl.col("input_id") == 0) & (pl.col("task") == "qa_1")).then(None)
+                                  .otherwise(pl.col("drop")).alias("drop"))
+    out = metrics.task_means(R(one_null)).filter(pl.col("task") == "qa_1").sort("model", "context_length")
+    for m, c, mean, n in out.select("model", "context_length", "mean", "n").iter_rows():
+        v = values[(m, c, "qa_1", "dilution-prone")]
+        kept = [d for (mm, cc, t, _, _, i), d in seen.items() if (mm, cc, t) == (m, c, "qa_1") and i != 0]
+        assert n == len(v) and mean == pytest.approx(statistics.fmean(kept), rel=1e-15)
+    bad = FRAME.with_columns(pl.when((pl.col("budget") == 0.25) & (pl.col("input_id") == 0)).then(pl.col("drop") + 1)
+                             .otherwise(pl.col("drop")).alias("drop"))
+    with pytest.raises(ValueError, match="drop differs"):
+        metrics.task_means(R(bad))
+
+
 @pytest.mark.parametrize("arm", ["plain", "gated"])
 @pytest.mark.parametrize("by", [("model", "evictor"), ("model", "evictor", "budget")])
 def test_kept_kv_vs_loop(arm, by):

@@ -18,6 +18,7 @@ import polars.testing
 import pytest
 
 from pagestats.core import defaults
+from pagestats.core.schema import INPUT_KEY
 from pagestats.io import Logs
 from pagestats.core.profile import agreement_from_topk, drop_from_agreement
 from pagestats.replay import (
@@ -512,28 +513,32 @@ def test_topk_pair_jaccard_equals_python_sets(span):
 @pytest.mark.parametrize("policy", [FixedTau(0.05), ZScored(pilot_n=4, pilot_split="held-out"),
                                     Midpoint(n=3, by=("model",), capacity_tasks=("niah_multikey_3",),
                                              dilution_tasks=("vt",))])
-def test_gate_by_draw_is_gate_draw_by_draw(logs, monkeypatch, block_rows, policy):
-    """Table 9 replays draw by draw: each draw's frame equals the rows of that draw in the gate
-    of all draws at once (pilot, τ per draw, held-out inputs left out), in the same order."""
+def test_decisions_by_draw_are_the_gate_draw_by_draw(logs, monkeypatch, block_rows, policy):
+    """Table 9 replays a block of draws at a time: the blocks' rows, together, are the rows of the
+    gate of all draws at once (pilot, τ per draw, held-out inputs left out), each draw in one block."""
     import importlib
 
-    from pagestats.replay import gate_by_draw, profile_drop_by_draw
+    from pagestats.replay import decisions_by_draw, profile_drop_by_draw
 
     monkeypatch.setattr(importlib.import_module("pagestats.replay.session"), "DRAW_BLOCK_ROWS", block_rows)
     spec = ProfileSpec(pairs_fraction=0.4, pair_draws=5, seed=3)
     whole = gate(logs, policy, spec)
-    parts = list(gate_by_draw(logs, policy, spec))
-    assert len(parts) == 5
-    for d, part in enumerate(parts):
-        assert part.equals(whole.filter(pl.col("pair_draw") == d))
+    order = [*INPUT_KEY, "pair_draw"]
+    blocks = [logs.typed_names(block.pl()).sort(order) for block in decisions_by_draw(logs, policy, spec)]
+    assert len(blocks) == {1: 5, 80: 3, 10**9: 1}[block_rows]
+    draws = [set(b["pair_draw"].to_list()) for b in blocks]
+    assert sorted(d for ds in draws for d in ds) == list(range(5))  # each draw in one block
+    assert pl.concat(blocks).sort(["pair_draw", *INPUT_KEY]).select(whole.columns).equals(
+        whole.sort(["pair_draw", *INPUT_KEY]))
     prof = profile_drop(logs, spec)
     for d, part in enumerate(profile_drop_by_draw(logs, spec)):
         assert part.equals(prof.filter(pl.col("pair_draw") == d))
     # without draws: the gate itself, once
-    (only,) = gate_by_draw(logs, policy, ProfileSpec())
-    assert only.equals(gate(logs, policy, ProfileSpec()))
+    (only,) = [logs.typed_names(b.pl()) for b in decisions_by_draw(logs, policy, ProfileSpec())]
+    want = gate(logs, policy, ProfileSpec())
+    assert only.sort(INPUT_KEY).select(want.columns).equals(want.sort(INPUT_KEY))
     with pytest.raises(TypeError, match="CustomPolicy"):
-        next(gate_by_draw(logs, CustomPolicy(lambda f: f["drop"] >= 0.1, name="c"), spec))
+        next(decisions_by_draw(logs, CustomPolicy(lambda f: f["drop"] >= 0.1, name="c"), spec))
 
 
 @pytest.mark.parametrize("policy", [FixedTau(0.05), ZScored(pilot_n=4, pilot_split="held-out"), TaskOracle()])

@@ -186,7 +186,7 @@ def test_the_papers_bin_fraction_margins_on_its_released_yi_logs(tmp_path):
     paper = {0.25: -0.033, 1 / 3: -0.031, 0.5: -0.032}
     for fraction, printed in paper.items():
         gate = replay.gate(logs, FixedTau(), replay.ProfileSpec(bin_fraction=fraction))
-        means = tables.task_means(gate, "drop")
+        means = metrics.on_frame(metrics.task_means, gate, "drop")
         margin = tables.ordering_margin(means, others="other")["margin"][0]
         assert round(margin, 3) == printed, (fraction, margin)
         if fraction == 1 / 3:

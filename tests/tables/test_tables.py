@@ -608,7 +608,7 @@ def test_bad_input_errors(gated):
     with pytest.raises(ValueError, match="not in the outcomes"):
         tables.recovery_table(gated, evictor="nope")
     with pytest.raises(TypeError):
-        tables.task_means({"drop": [1.0]})
+        metrics.task_means({"drop": [1.0]})
 
 
 def test_registry_entries_and_skips(tmp_path):
