@@ -277,15 +277,16 @@ def policy_comparison(logs, gate: Gate) -> pl.DataFrame:
     cal = pl.DataFrame([tuple(k) for k in gate.pilot["calibration_inputs"]], schema=list(zip(INPUT_KEY, (
         logs.inputs.schema[c] for c in INPUT_KEY))), orient="row")
     recipes = [name for name in gated() if POLICIES[name].replay]  # the paper's: fixed, z, midpoint
-    policies = {**{name: policy_class(name)() for name in recipes}, "risk": replay.FixedTau(float(gate.tau))}
+    # (name, policy, the inputs it is not evaluated on besides its own held-out pilot)
+    policies = [*((name, policy_class(name)(), None) for name in recipes), ("risk", replay.FixedTau(float(gate.tau)), cal)]
     frames = []
-    for name, policy in policies.items():
+    for name, policy, calibration_inputs in policies:
         use, _ = policy.applicable(logs)
         if use.inputs.height == 0:
             continue
         g = replay.gated_outcomes(use, policy, evictor=gate.pilot["evictor"]).filter(pl.col("budget") == budget)
-        if name == "risk":
-            g = g.join(cal, on=list(INPUT_KEY), how="anti")
+        if calibration_inputs is not None:
+            g = g.join(calibration_inputs, on=list(INPUT_KEY), how="anti")
         harm = metrics.on_frame(metrics.harm_rate, g, by=MATRIX_CELL, arm="gated").select(
             *MATRIX_CELL, "harm", pl.col("n").alias("n_inputs"))
         opened = metrics.on_frame(metrics.p_open, g, by=MATRIX_CELL).select(*MATRIX_CELL, "p_open")

@@ -77,3 +77,27 @@ def test_bad_usage_is_one_line_exit_2(runs, tmp_path, capsys, argv, text):
     err = capsys.readouterr().err
     assert rc == 2 and text in err and err.count("\n") == 1, err
     assert not out.exists()
+
+
+def test_policy_comparison_evaluates_the_risk_gate_outside_its_calibration_inputs(runs, tmp_path, capsys):
+    """The risk row: harm and p_open over the inputs outside the gate's calibration set, counted here
+    from the synthetic frames; the fixed τ row: over every input."""
+    from pagestats.deploy.gatefile import Gate
+    from pagestats.deploy.risk import policy_comparison
+    from pagestats.io import load
+
+    s, paths = runs
+    rc, err, _ = _calibrate_risk(paths, tmp_path / "gate.json", capsys, "0.3", "0.1", "60")
+    assert rc == 0, err
+    gate = Gate.from_file(tmp_path / "gate.json")
+    out = policy_comparison(load(paths), gate)
+    key = ["run_id", "task", "input_id"]
+    cal = pl.DataFrame(gate.pilot["calibration_inputs"], schema=key, orient="row")
+    rows = s.inputs.select(*key, "drop", "full_score").join(
+        s.outcomes.filter((pl.col("evictor") == "snapkv") & (pl.col("budget") == 0.125)).select(*key, "score"), on=key)
+    for policy, tau, evaluated in (("risk", gate.tau, rows.join(cal, on=key, how="anti")), ("fixed", 0.07, rows)):
+        opened = evaluated["drop"] >= tau
+        harmed = opened & (evaluated["score"] < evaluated["full_score"])
+        row = out.filter(pl.col("policy") == policy).row(0, named=True)
+        assert row["n_inputs"] == evaluated.height
+        assert row["p_open"] == pytest.approx(opened.mean()) and row["harm"] == pytest.approx(harmed.mean())
