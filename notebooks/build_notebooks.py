@@ -259,7 +259,7 @@ def depth_notebook():
         new_code_cell('if logs.topk is not None and logs.topk.height:\n'
                       '    for k in (8, 16, 32):\n'
                       '        g = replay.gate(logs, FixedTau(), replay.ProfileSpec(k=k))\n'
-                      '        m = tables.ordering_margin(tables.task_means(g))\n'
+                      '        m = tables.ordering_margin(metrics.on_frame(metrics.task_means, g, "drop"))\n'
                       '        print(f"k={k}:", m.select("model", "context_length", "margin").rows())\n'
                       'else:\n'
                       '    print("skipped: these logs have no topk table")'),
