@@ -9,6 +9,8 @@ test's hand-built rows) on the metrics' connection, and :func:`on_frame` runs a 
 
 from __future__ import annotations
 
+import weakref
+
 import duckdb
 import numpy as np
 import polars as pl
@@ -85,10 +87,19 @@ def group_by(by, what: str, rows) -> list[str]:
     return by
 
 
+#: Per relation, the keys it was found to hold once each (:func:`refuse_repeats`): a relation's rows do
+#: not change, so the metrics over one relation (one :func:`relation` of a table's rows) check a key once.
+_NO_REPEATS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def refuse_repeats(rows, key, what: str, message: str = "duplicate rows for the same (input, evictor, budget)") -> None:
-    """Raise when two rows of ``rows`` hold the same ``key`` (nulls equal)."""
+    """Raise when two rows of ``rows`` hold the same ``key`` (nulls equal); checked once per relation and key."""
+    checked = _NO_REPEATS.setdefault(rows, set())
+    if tuple(key) in checked:
+        return
     if query(rows, f"SELECT count(*) FROM (SELECT 1 FROM {ROWS} GROUP BY {names(key)} HAVING count(*) > 1)").item():
         raise ValueError(f"{what}: {message}")
+    checked.add(tuple(key))
 
 
 def per_input(rows, by, value: str) -> str:

@@ -13,7 +13,7 @@ import polars as pl
 
 from pagestats import metrics, replay
 from pagestats.core import defaults
-from pagestats.core.columns import MODEL_CELL, rows_where
+from pagestats.core.columns import MODEL_CELL, names_like, rows_where
 from pagestats.replay.pilot import PILOT_SPLITS
 from pagestats.replay.policies import ZScored
 from pagestats.core.schema import INPUT_KEY
@@ -81,11 +81,10 @@ def pilot_sensitivity_table(logs, *, pilot_splits: Sequence[str] = PILOT_SPLITS,
         # tasks: the definition's (cell, task) rows with its τ; sub: its gated rows of the common inputs.
         # Every (cell, task) of the definition keeps its row: one whose inputs all lie in some held-out
         # pilot has n_evaluated 0 and null rates; τ is the definition's, set on its own pilot
-        po = metrics.on_frame(metrics.p_open, sub, by=by_task).select(*by_task, "p_open",
-                                                                       pl.col("n").alias("n_evaluated"))
-        d_task = metrics.on_frame(metrics.delta, sub, by=by_task).select(*by_task, pl.col("delta").alias("delta_task"))
-        d_cell = metrics.on_frame(metrics.delta, sub, by=MODEL_CELL).select(*MODEL_CELL,
-                                                                           pl.col("delta").alias("delta_cell"))
+        rows = metrics.relation(sub)  # one relation: its outcome rows' key is checked once for both Δs
+        po = names_like(metrics.p_open(rows, by=by_task), sub).select(*by_task, "p_open", pl.col("n").alias("n_evaluated"))
+        d_task = names_like(metrics.delta(rows, by=by_task), sub).select(*by_task, pl.col("delta").alias("delta_task"))
+        d_cell = names_like(metrics.delta(rows, by=MODEL_CELL), sub).select(*MODEL_CELL, pl.col("delta").alias("delta_cell"))
         out = tasks.join(left, on=[*MODEL_CELL, "task"], how="left")
         out = out.join(po, on=by_task, how="left").join(d_task, on=by_task, how="left")
         out = out.join(d_cell, on=list(MODEL_CELL), how="left")

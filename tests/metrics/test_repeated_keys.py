@@ -53,6 +53,32 @@ def test_a_measure_still_rejects_repeated_rows():
     assert metrics.delta(metrics.relation(frame.head(1)))["delta"].item() == 1.0
 
 
+def test_one_relation_is_checked_once_and_a_repeat_every_time(monkeypatch):
+    """The metrics over one relation check its key once; a relation that repeats it is refused by
+    every metric, and another relation of the same rows is checked again."""
+    from pagestats.metrics import engine
+
+    frame = pl.DataFrame({"run_id": ["r", "r"], "task": ["t", "t"], "input_id": [0, 1], "evictor": ["snapkv"] * 2,
+                          "model": ["m"] * 2, "context_length": [4096] * 2, "budget": [0.5, 0.5], "n_tokens": [10, 10],
+                          "score_full": [1.0, 1.0], "score_plain": [0.0, 1.0], "score_gated": [1.0, 1.0]})
+    checks = []
+    query = engine.query
+    monkeypatch.setattr(engine, "query", lambda rows, sql: (checks.append(sql) if "HAVING count(*) > 1" in sql
+                                                             else None) or query(rows, sql))
+    rows = metrics.relation(frame)
+    metrics.delta(rows)
+    metrics.delta(rows, by=["model"])
+    metrics.harm_rate(rows, by=["model"])
+    assert len(checks) == 1
+    metrics.delta(metrics.relation(frame))
+    assert len(checks) == 2
+    repeated = metrics.relation(frame.vstack(frame.head(1)))
+    for _ in range(2):
+        with pytest.raises(ValueError, match="duplicate rows"):
+            metrics.delta(repeated)
+    assert len(checks) == 4
+
+
 KEYS = (["input_id"], ["task"], ["input_id", "task"], ["input_id", "task", "budget"], ["budget", "task"])
 
 
