@@ -291,7 +291,7 @@ def test_report_table21_labels_post_hoc_and_shows_a_frozen_band(tmp_path, capsys
                  "--out", str(band)]) == 0
     digest = capsys.readouterr().out.strip()
     assert main(["report", *before, *later, "--out", str(tmp_path / "frozen"), "--prereg", str(band),
-                 "--prereg-sha256", digest]) == 0
+                 "--prereg-sha256", digest, "--no-pdf"]) == 0
     frozen = pl.read_csv(tmp_path / "frozen" / "tables" / "tab21_preregistered.csv")
     assert frozen["status"][0].startswith("pre-registered (frozen ")
     assert main(["report", *before, *later, "--out", str(tmp_path / "bad"), "--prereg", str(band),
