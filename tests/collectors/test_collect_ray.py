@@ -67,7 +67,9 @@ def test_cli_retries_a_shard_killed_mid_run(model_dir, reference, tmp_path, monk
 
 @pytest.fixture
 def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": ROOT}})
+    """A running local cluster of one CPU: its shards queue on one worker process, which imports torch and the
+    collector once for all of them (a second CPU started a second worker: ~5 s of CPU more, on a 2-core machine)."""
+    ray.init(num_cpus=1, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": ROOT}})
     yield
     ray.shutdown()
 
