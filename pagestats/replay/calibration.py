@@ -117,11 +117,32 @@ def pilot_moments(source: str, pilot: str, by, groups, columns: dict[str, str]) 
             f"SEMI JOIN {pilot} p ON {join_on([*by, *INPUT_KEY], 's', 'p')} GROUP BY {quoted(groups)}")
 
 
-def store_calibration(con, source: str, pilot: str, tau: str) -> None:
-    """Materialise the pilot inputs (``_pilot_units``) and the threshold per group
-    (``_pilot_tau``) on ``con``: small tables, joined back to every row by :func:`decision_query`."""
-    con.execute(f"CREATE OR REPLACE TEMP TABLE _pilot_units AS {pilot}")
+#: The table by which a connection whose ``drops`` keep one set of inputs from one calibration to the
+#: next (:func:`pagestats.replay.decisions_by_draw`: blocks of head-pair draws of the same inputs) keeps
+#: the pilot too: it holds the query that made ``_pilot_units`` (:func:`keep_pilots`, :func:`store_calibration`).
+KEPT_PILOT = "_kept_pilot"
+
+
+def keep_pilots(con) -> None:
+    """Declare that ``drops`` on ``con`` will keep its inputs: a pilot drawn by the same query is drawn once."""
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {KEPT_PILOT} (query VARCHAR)")
+
+
+def store_calibration(con, source: str, pilot: str, tau: str) -> bool:
+    """Materialise the pilot inputs (``_pilot_units``) and the threshold per group (``_pilot_tau``)
+    on ``con``: small tables, joined back to every row by :func:`decision_query`. The pilot is kept,
+    not drawn again, when :func:`keep_pilots` was declared on ``con`` and the same query drew it.
+    Returns whether the pilot was drawn (a caller checks the groups' sizes then)."""
+    kept = con.sql("SELECT count(*) FROM duckdb_tables() WHERE temporary AND table_name = ?", params=[KEPT_PILOT]
+                   ).fetchall()[0][0]
+    drawn = not kept or not con.sql(f"SELECT count(*) FROM {KEPT_PILOT} WHERE query = ?", params=[pilot]).fetchall()[0][0]
+    if drawn:
+        con.execute(f"CREATE OR REPLACE TEMP TABLE _pilot_units AS {pilot}")
+        if kept:
+            con.execute(f"DELETE FROM {KEPT_PILOT}")
+            con.execute(f"INSERT INTO {KEPT_PILOT} VALUES (?)", [pilot])
     con.execute(f"CREATE OR REPLACE TEMP TABLE _pilot_tau AS {tau}")
+    return drawn
 
 
 def refuse_one_input_pilots(con) -> None:
@@ -149,10 +170,10 @@ def standardised(policy, con, source: str, columns, moments: dict[str, str], tau
     them; returns what :meth:`Policy.calibrate` returns."""
     by = group_columns(columns, policy.pilot_by, f"{type(policy).__name__}.pilot_by")
     groups = [*by, *draw_columns(columns)]
-    refuse_small_groups(con, source, by, policy.pilot_n, policy.pilot_split)
     stats = pilot_moments(source, "_pilot_units", by, groups, moments)
-    store_calibration(con, source, pilot_query(source, by, policy.pilot_n, policy.pilot_split, policy.seed),
-                      f"SELECT *, {tau_sql} AS tau FROM ({stats})")
+    if store_calibration(con, source, pilot_query(source, by, policy.pilot_n, policy.pilot_split, policy.seed),
+                         f"SELECT *, {tau_sql} AS tau FROM ({stats})"):
+        refuse_small_groups(con, source, by, policy.pilot_n, policy.pilot_split)
     refuse_one_input_pilots(con)
     return decision_query(source, groups, [*by, *INPUT_KEY])
 

@@ -17,6 +17,7 @@ from pagestats.io.logs import INPUT_COLUMNS, LogTables
 from pagestats.core import formulas
 from pagestats.replay import relations
 from pagestats.replay.frames import gated_from_decisions
+from pagestats.replay.calibration import keep_pilots
 from pagestats.replay.policies import FixedTau, Policy
 from pagestats.replay.spec import ProfileSpec, profile_drop, profile_drop_by_draw
 from pagestats.core.schema import INPUT_KEY
@@ -271,8 +272,9 @@ def decisions_by_draw(logs: LogTables, policy: Policy = FixedTau(), profile: Pro
     with Replay(logs, policy, profile) as session:
         con, frames = session._connection(), session.frames()
         per_block = max(1, DRAW_BLOCK_ROWS // max(1, frames.inputs.height))
+        keep_pilots(con)  # every block holds every input: its pilot is drawn once
         # the input columns ride beside D (no join of every block back to the inputs on their text keys)
-        carried = [c for c in INPUT_COLUMNS if c not in (*INPUT_KEY, "drop")]
+        carried = [c for c in INPUT_COLUMNS if c not in (*INPUT_KEY, "drop") and c in frames.inputs.columns]
         if "reference_drop" in policy.reads:
             carried.append(pl.col("drop").cast(pl.Float64).alias("reference_drop"))
 

@@ -524,7 +524,12 @@ def test_decisions_by_draw_are_the_gate_draw_by_draw(logs, monkeypatch, block_ro
     spec = ProfileSpec(pairs_fraction=0.4, pair_draws=5, seed=3)
     whole = gate(logs, policy, spec)
     order = [*INPUT_KEY, "pair_draw"]
+    calibration = importlib.import_module("pagestats.replay.calibration")
+    drawn, store = [], calibration.store_calibration
+    monkeypatch.setattr(calibration, "store_calibration", lambda *a: drawn.append(store(*a)) or drawn[-1])
     blocks = [logs.typed_names(block.pl()).sort(order) for block in decisions_by_draw(logs, policy, spec)]
+    if isinstance(policy, ZScored):  # the pilot is drawn in the first block and kept for the others
+        assert drawn == [True] + [False] * (len(blocks) - 1)
     assert len(blocks) == {1: 5, 80: 3, 10**9: 1}[block_rows]
     draws = [set(b["pair_draw"].to_list()) for b in blocks]
     assert sorted(d for ds in draws for d in ds) == list(range(5))  # each draw in one block
