@@ -51,6 +51,9 @@ def test_cli_retries_a_shard_killed_mid_run(model_dir, reference, tmp_path, monk
     token.touch()  # the first shard attempt to reach its second part deletes it and dies mid-part
     monkeypatch.setenv(CRASH_ENV, f"1@{token}")
     monkeypatch.setenv("PYTHONPATH", ROOT)
+    # the local instance the CLI starts has one CPU (Ray reads its resources from this variable): the shards
+    # queue on one worker process at a time, two in all with the retry's, where two CPUs started three
+    monkeypatch.setenv("RAY_OVERRIDE_RESOURCES", json.dumps({"CPU": 1}))
     out = tmp_path / "run"
     assert not ray.is_initialized()
     code = cli.main(["--model", str(model_dir), "--out", str(out), *RUN,
