@@ -24,9 +24,10 @@ __all__ = ["signal_names", "auc_table", "signal_ablation_table"]
 
 
 def _by_statistic(logs, statistic: str, profile: replay.ProfileSpec) -> pl.DataFrame:
-    """The gate frame of ``logs`` with ``drop`` holding ``statistic`` (the policy is irrelevant)."""
+    """The inputs of ``logs`` with ``drop`` holding ``statistic``: the columns of the gate frame the
+    ablation reads (the policy is irrelevant; Tables 5–6 hold one such frame per statistic at once)."""
     spec = replay.ProfileSpec(**{**profile.__dict__, "statistic": statistic})
-    return replay.gate(logs, FixedTau(), spec)
+    return replay.gate(logs, FixedTau(), spec).select(*INPUT_KEY, *MODEL_CELL, "task_class", "drop")
 
 
 def signal_names(logs) -> list[str]:
