@@ -261,8 +261,8 @@ def decisions_by_draw(logs: LogTables, policy: Policy = FixedTau(), profile: Pro
     A policy's pilot is the same inputs in every draw and its τ is set per draw (the draw is one of
     its calibration groups), so draws can be calibrated apart, about :data:`DRAW_BLOCK_ROWS` rows at
     a time (Table 9 holds 20 draws of every input otherwise). A block is a relation on the replay's
-    connection (a view: each query over it joins the block's D to the inputs and the pilot's τ
-    again), in no particular row order, replaced by the next: aggregate it before asking for the
+    connection (a view: each query over it reads the block's D, which carries the input columns, and
+    joins the pilot's τ again), in no particular row order, replaced by the next: aggregate it before asking for the
     next. A policy that may pool draws (not ``per_draw``: a :class:`~pagestats.replay.policies.CustomPolicy`)
     is refused.
     """
