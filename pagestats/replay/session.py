@@ -262,9 +262,9 @@ def decisions_by_draw(logs: LogTables, policy: Policy = FixedTau(), profile: Pro
     its calibration groups), so draws can be calibrated apart, about :data:`DRAW_BLOCK_ROWS` rows at
     a time (Table 9 holds 20 draws of every input otherwise). A block is a relation on the replay's
     connection (a view: each query over it reads the block's D, which carries the input columns, and
-    joins the pilot's τ again), in no particular row order, replaced by the next: aggregate it before asking for the
-    next. A policy that may pool draws (not ``per_draw``: a :class:`~pagestats.replay.policies.CustomPolicy`)
-    is refused.
+    joins the pilot's τ again), in no particular row order, replaced by the next: aggregate it before
+    asking for the next. A policy that may pool draws (not ``per_draw``: a
+    :class:`~pagestats.replay.policies.CustomPolicy`) is refused.
     """
     if not policy.per_draw and profile.has_draws:
         raise TypeError(f"decisions_by_draw: the policy {policy.name!r} sees every head-pair draw at once (a "
