@@ -357,7 +357,7 @@ def _model_statistic(logs, sub: pl.DataFrame, model: str, spec: ProfileSpec) -> 
     return out
 
 
-def _signal_statistic(inputs: pl.DataFrame, spec: ProfileSpec) -> pl.DataFrame:
+def _signal_statistic(inputs: pl.DataFrame, spec: ProfileSpec, columns=()) -> pl.DataFrame:
     name = spec.statistic.removeprefix("signals.")
     if spec.layers not in (None, "all") or spec.pairs_fraction is not None or spec.k is not None:
         raise ValueError(f"statistic {spec.statistic!r} is a stored signal; layers/pairs/k do not apply to it")
@@ -366,7 +366,7 @@ def _signal_statistic(inputs: pl.DataFrame, spec: ProfileSpec) -> pl.DataFrame:
     fields = [f.name for f in inputs.schema["signals"].fields]
     if name not in fields:
         raise ValueError(f"unknown statistic {spec.statistic!r}: not one of {STATISTICS} nor a signals field {fields}")
-    out = inputs.select(*INPUT_KEY, pl.col("signals").struct.field(name).cast(pl.Float64).alias("drop"))
+    out = inputs.select(*INPUT_KEY, *columns, pl.col("signals").struct.field(name).cast(pl.Float64).alias("drop"))
     bad = out.filter(pl.col("drop").is_null() | pl.col("drop").is_nan())
     if bad.height:
         raise ValueError(f"signal {name!r} is null/NaN for {bad.height} input(s), e.g. {bad.select(INPUT_KEY).row(0)}")
@@ -453,8 +453,7 @@ def profile_drop_by_draw(logs, profile: ProfileSpec = ProfileSpec(), columns=())
     """
     inputs, parts = _statistics(logs, profile, columns)
     if parts is None:
-        signal = _signal_statistic(inputs, profile)
-        yield signal.join(inputs.select(*INPUT_KEY, *columns), on=INPUT_KEY, maintain_order="left") if columns else signal
+        yield _signal_statistic(inputs, profile, columns)
         return
     if not profile.has_draws:
         yield _drop_frame(inputs, parts)
