@@ -32,7 +32,6 @@ from pagestats.replay.policies import (
 from pagestats.replay.session import (
     PILOT_COLUMNS,
     Replay,
-    decision_frames,
     decisions_by_draw,
     gate,
     gated_outcomes,
@@ -66,7 +65,6 @@ __all__ = [
     "Replay",
     "TaskOracle",
     "ZScored",
-    "decision_frames",
     "decisions_by_draw",
     "gate",
     "gated_from_decisions",

@@ -156,17 +156,24 @@ class Replay:
     def decisions_relation(self) -> list[str]:
         """Create the relations ``decisions`` and ``held_out``, refused (:class:`UnknownFullError`) where an
         input has no D or the gate closes on an input without its full-KV outcome; return their draw columns."""
-        def make():
-            draw_columns, held = self._calibrated()
-            con = self._connection()
-            relations.create_decisions(con, draw_columns, held)
-            _refuse_no_drop(con.sql("SELECT run_id, count(DISTINCT (task, input_id)) FROM decisions WHERE gate_open "
-                                    "IS NULL GROUP BY run_id ORDER BY run_id").fetchall())
-            _refuse_unknown_full(con.sql("SELECT run_id, count(DISTINCT (task, input_id)) FROM decisions WHERE NOT "
-                                         "gate_open AND full_score IS NULL GROUP BY run_id ORDER BY run_id").fetchall())
-            return draw_columns
+        return self._once("decisions", lambda: self._decisions(*self._calibrated()))
 
-        return self._once("decisions", make)
+    def decide(self, policy: Policy) -> list[str]:
+        """Create ``decisions`` and ``held_out`` as :meth:`decisions_relation` does, for ``policy`` on this
+        replay's D (computed once): the policies of a comparison decided in turn (Table N1's pilot
+        definitions). They replace the session's own relations, which are made again when next asked for."""
+        for name in ("calibrated", "decisions", "gated"):
+            self._done.pop(name, None)
+        return self._decisions(self.drops_relation(), relations.create_calibrated(self._connection(), policy))
+
+    def _decisions(self, draw_columns: list[str], held: str) -> list[str]:
+        con = self._connection()
+        relations.create_decisions(con, draw_columns, held)
+        _refuse_no_drop(con.sql("SELECT run_id, count(DISTINCT (task, input_id)) FROM decisions WHERE gate_open "
+                                "IS NULL GROUP BY run_id ORDER BY run_id").fetchall())
+        _refuse_unknown_full(con.sql("SELECT run_id, count(DISTINCT (task, input_id)) FROM decisions WHERE NOT "
+                                     "gate_open AND full_score IS NULL GROUP BY run_id ORDER BY run_id").fetchall())
+        return draw_columns
 
     def gated(self) -> list[str]:
         """Create the relation ``gated``; return its draw columns."""
@@ -237,18 +244,6 @@ def gate(logs: LogTables, policy: Policy = FixedTau(), profile: ProfileSpec = Pr
     with Replay(logs, policy, profile) as session:
         decided = session.decision_frame()
     return decided.filter(~pl.col("held_out")).drop("held_out")
-
-
-def decision_frames(logs: LogTables, policies, profile: ProfileSpec = ProfileSpec()) -> Iterator[pl.DataFrame]:
-    """:meth:`Replay.decision_frame` of each policy of ``policies`` in turn, on one D computed once
-    (Table N1 compares 19 pilot definitions), in one row order (input, then head-pair draw)."""
-    policies = list(policies)
-    # the replay's drops carry the a_ℓ list when any policy reads it
-    first = next((p for p in policies if "agreement" in p.reads), policies[0])
-    with Replay(logs, first, profile) as session:
-        draw_columns, con = session.drops_relation(), session._connection()
-        for policy in policies:
-            yield logs.typed_names(relations.decision_frame(con, draw_columns, relations.create_calibrated(con, policy)))
 
 
 def decisions_by_draw(logs: LogTables, policy: Policy = FixedTau(), profile: ProfileSpec = ProfileSpec()

@@ -12,13 +12,15 @@ from collections.abc import Sequence
 import polars as pl
 
 from pagestats import metrics, replay
-from pagestats.core import defaults
-from pagestats.core.columns import MODEL_CELL, names_like, rows_where
-from pagestats.replay.pilot import PILOT_SPLITS
-from pagestats.replay.policies import ZScored
+from pagestats.core import defaults, formulas
+from pagestats.core.columns import MODEL_CELL
 from pagestats.core.schema import INPUT_KEY
-from pagestats.replay.pilot import pilot_need
-from pagestats.tables._common import group_tau, inputs_per, logged_evictor
+from pagestats.metrics.engine import names
+from pagestats.replay import relations
+from pagestats.replay.pilot import PILOT_SPLITS, pilot_need
+from pagestats.replay.policies import ZScored
+from pagestats.replay.sqltext import join_on, sql_string
+from pagestats.tables._common import inputs_per, logged_evictor
 
 __all__ = ["pilot_sensitivity_table"]
 
@@ -71,26 +73,7 @@ def pilot_sensitivity_table(logs, *, pilot_splits: Sequence[str] = PILOT_SPLITS,
     """
     reference = reference if reference is not None else ZScored(theta_z=theta_z)
     by_task = [*MODEL_CELL, "task", "task_class"]
-    unit = [*MODEL_CELL, "task", *(c for c in INPUT_KEY if c != "task")]
     ev = logged_evictor(logs, evictor)
-    # the evictor's input keys and outcome rows: the units a replay of that evictor evaluates, less its held-out pilot
-    ev_outcomes = rows_where(logs.outcomes, pl.col("evictor") == ev)  # the outcomes themselves when one evictor
-    logged = ev_outcomes.select(INPUT_KEY).unique()
-
-    def summary(tasks, sub, ev, left):
-        # tasks: the definition's (cell, task) rows with its τ; sub: its gated rows of the common inputs.
-        # Every (cell, task) of the definition keeps its row: one whose inputs all lie in some held-out
-        # pilot has n_evaluated 0 and null rates; τ is the definition's, set on its own pilot
-        rows = metrics.relation(sub)  # one relation: its outcome rows' key is checked once for both Δs
-        po = names_like(metrics.p_open(rows, by=by_task), sub).select(*by_task, "p_open", pl.col("n").alias("n_evaluated"))
-        d_task = names_like(metrics.delta(rows, by=by_task), sub).select(*by_task, pl.col("delta").alias("delta_task"))
-        d_cell = names_like(metrics.delta(rows, by=MODEL_CELL), sub).select(*MODEL_CELL, pl.col("delta").alias("delta_cell"))
-        out = tasks.join(left, on=[*MODEL_CELL, "task"], how="left")
-        out = out.join(po, on=by_task, how="left").join(d_task, on=by_task, how="left")
-        out = out.join(d_cell, on=list(MODEL_CELL), how="left")
-        out = out.with_columns(pl.col("n_left_out").fill_null(0), pl.col("n_evaluated").fill_null(0).cast(pl.Int64))
-        return out.with_columns((pl.col("p_open") < 0.5).alias("closed_call"), pl.lit(ev).alias("evictor"))
-
     definitions = []
     for split in pilot_splits:
         for grp in pilot_by:
@@ -101,50 +84,70 @@ def pilot_sensitivity_table(logs, *, pilot_splits: Sequence[str] = PILOT_SPLITS,
                                     ZScored(theta_z=theta_z, pilot_n=int(n), pilot_by=tuple(grp), pilot_split=split, seed=seed)))
     if not definitions:
         raise ValueError("pilot_sensitivity_table: no pilot definition fits the logs")
-    # two passes, so that one replay's gated rows are held at a time: every definition decides once (D computed
-    # once for all), keeping its decisions and the inputs it evaluates (one row per input); the definitions put
-    # on their common inputs; then each replay's gated rows of the evictor, on those inputs
     policies = [reference, *(policy for *_, policy in definitions)]
-    decision_cols = ["tau", "gate_open", "held_out"]
-    base, decisions, units = None, [], []
-    for frame in replay.decision_frames(logs, policies, profile):
-        if base is None:
-            base = frame.drop(decision_cols)
-        elif not frame.select(unit).equals(base.select(unit)):  # pragma: no cover - decide keeps the row order
-            raise AssertionError("pilot_sensitivity_table: the decisions of two definitions are not in one row order")
-        decisions.append(frame.select(decision_cols))
-        units.append(frame.filter(~pl.col("held_out")).select(unit).unique().join(logged, on=list(INPUT_KEY),
-                                                                                      how="semi"))
-    common, left = metrics.same_inputs(*units, by=[*MODEL_CELL, "task"])
-    common = common[0].select(INPUT_KEY)
-    del units
-    # an input outside the common set is left out of a definition's Δ and p_open as its held-out pilot is
-    # (gated_from_decisions drops held-out inputs): one pass over the outcomes, no copy of them
-    key = pl.struct(INPUT_KEY)
-    outside = ~base.select(key.is_in(common.select(key).to_series().implode())).to_series()
-
-    def summarised(i, lo):
-        decided = pl.concat([base, decisions[i]], how="horizontal")
-        # τ per cell over the definition's evaluated rows (each input's τ on each of its outcome rows, as
-        # group_tau reads them) and its (cell, task) rows, from narrow gated rows let go before the wide ones
-        narrow = replay.gated_from_decisions(ev_outcomes, decided, (*by_task, "tau"))
-        tau = narrow.group_by(list(MODEL_CELL)).agg(group_tau())
-        tasks = narrow.select(by_task).unique().join(tau, on=list(MODEL_CELL), how="left")
-        del narrow
-        decided = decided.with_columns(pl.col("held_out") | outside)
-        return summary(tasks, replay.gated_from_decisions(ev_outcomes, decided, replay.DELTA_COLUMNS), ev, lo)
-
-    ref = summarised(0, left[0]).select(*by_task, pl.col("closed_call").alias("_ref"))
+    first = next((p for p in policies if "agreement" in p.reads), policies[0])  # D carries the a_ℓ list if read
+    with replay.Replay(logs, first, profile) as session:
+        summaries = _summaries(session, policies, ev, by_task)
+    ref = summaries[0].select(*by_task, pl.col("closed_call").alias("_ref"))
     parts = [
-        summarised(i, lo).with_columns(pl.lit(split).alias("pilot_split"), pl.lit(label).alias("pilot_by"),
-                                       pl.lit(n, pl.Int64).alias("pilot_n"))
-        for i, ((split, label, n, _), lo) in enumerate(zip(definitions, left[1:]), start=1)
+        part.with_columns(pl.lit(split).alias("pilot_split"), pl.lit(label).alias("pilot_by"),
+                          pl.lit(n, pl.Int64).alias("pilot_n"))
+        for (split, label, n, _), part in zip(definitions, summaries[1:])
     ]
     out = pl.concat(parts).join(ref, on=by_task, how="left")
     out = out.with_columns((pl.col("closed_call") != pl.col("_ref")).alias("flips"))
     out = out.with_columns(pl.col("flips").sum().over(by_task).cast(pl.Int64).alias("n_flipping_definitions"))
-    return out.select("pilot_split", "pilot_by", "pilot_n", *by_task, "evictor", "tau", "n_evaluated", "n_left_out", "p_open",
-                      "closed_call",
-                      "flips", "n_flipping_definitions", "delta_task", "delta_cell").sort(
-                          ["pilot_split", "pilot_by", "pilot_n", *by_task])
+    return logs.typed_names(out.select(
+        "pilot_split", "pilot_by", "pilot_n", *by_task, "evictor", "tau", "n_evaluated", "n_left_out", "p_open",
+        "closed_call", "flips", "n_flipping_definitions", "delta_task", "delta_cell").sort(
+            ["pilot_split", "pilot_by", "pilot_n", *by_task]))
 
+
+def _summaries(session: replay.Replay, policies, ev: str, by_task: list[str]) -> list[pl.DataFrame]:
+    """Per policy, its (cell, task) rows of the table: τ, the inputs left out, p_open, the call and Δ,
+    each policy decided on the session's D in turn and its gated rows (Eq. 2) left in SQL.
+
+    Two passes over the policies: the first keeps each one's held-out pilot (a few rows per group), so
+    that the second evaluates every policy on the inputs none of them holds out (the common inputs,
+    the rule of :func:`pagestats.metrics.same_inputs`); a pilot is drawn again in the second pass, the
+    same inputs (the draw is a function of the seed), which is checked."""
+    con = session.con
+    key = names(INPUT_KEY)
+    con.execute(f"CREATE OR REPLACE TEMP VIEW _evictor_outcomes AS SELECT * FROM outcomes WHERE evictor = {sql_string(ev)}")
+    con.execute(f"CREATE OR REPLACE TEMP TABLE _held_by AS SELECT 0 AS definition, {key} FROM inputs LIMIT 0")
+    for i, policy in enumerate(policies):
+        draw_columns = session.decide(policy)
+        con.execute(f"INSERT INTO _held_by SELECT {i}, {key} FROM held_out")
+    # the inputs of the evictor's outcomes that some pilot holds out: left out of every policy's numbers
+    con.execute(f"CREATE OR REPLACE TEMP TABLE _left_out AS SELECT DISTINCT {key}, i.model, i.context_length "
+                f"FROM _held_by h JOIN inputs i USING ({key}) SEMI JOIN _evictor_outcomes o USING ({key})")
+    cell = names(MODEL_CELL)
+    out = []
+    for i, policy in enumerate(policies):
+        session.decide(policy)
+        if con.sql(f"SELECT count(*) FROM ((SELECT {key} FROM held_out EXCEPT SELECT {key} FROM _held_by "
+                   f"WHERE definition = {i}) UNION ALL (SELECT {key} FROM _held_by WHERE definition = {i} "
+                   f"EXCEPT SELECT {key} FROM held_out))").fetchall()[0][0]:  # pragma: no cover - a pilot is a function of its seed
+            raise AssertionError(f"pilot_sensitivity_table: the pilot of {policy.name} was not drawn alike twice")
+        # τ per cell and the (cell, task) rows over the policy's own evaluated rows (each input's τ on each of
+        # its outcome rows, as formulas.group_tau reads them); τ is the definition's, set on its own pilot
+        own = con.sql(relations.gated_query(draw_columns, outcomes="_evictor_outcomes"))
+        tau = metrics.engine.query(own, f"SELECT {cell}, {formulas.group_tau()} AS tau FROM {metrics.engine.ROWS} "
+                                        "GROUP BY ALL")
+        tasks = metrics.engine.query(own, f"SELECT DISTINCT {names(by_task)} FROM {metrics.engine.ROWS}")
+        left = con.sql(f"SELECT {cell}, task, count(*) AS n_left_out FROM _left_out l WHERE NOT EXISTS (SELECT 1 "
+                       f"FROM held_out h WHERE {join_on(INPUT_KEY, 'h', 'l')}) GROUP BY ALL").pl()
+        # its gated rows of the common inputs: one relation, whose outcome key is checked once for both Δs
+        rows = con.sql(relations.gated_query(draw_columns, outcomes="_evictor_outcomes", held_out="_left_out"))
+        po = metrics.p_open(rows, by=by_task).select(*by_task, "p_open", pl.col("n").alias("n_evaluated"))
+        d_task = metrics.delta(rows, by=by_task).select(*by_task, pl.col("delta").alias("delta_task"))
+        d_cell = metrics.delta(rows, by=MODEL_CELL).select(*MODEL_CELL, pl.col("delta").alias("delta_cell"))
+        # every (cell, task) of the policy keeps its row: one whose inputs all lie in some held-out pilot
+        # has n_evaluated 0 and null rates
+        summary = tasks.join(tau, on=list(MODEL_CELL), how="left").join(left, on=[*MODEL_CELL, "task"], how="left")
+        summary = summary.join(po, on=by_task, how="left").join(d_task, on=by_task, how="left")
+        summary = summary.join(d_cell, on=list(MODEL_CELL), how="left")
+        summary = summary.with_columns(pl.col("n_left_out").fill_null(0).cast(pl.Int64),
+                                       pl.col("n_evaluated").fill_null(0).cast(pl.Int64))
+        out.append(summary.with_columns((pl.col("p_open") < 0.5).alias("closed_call"), pl.lit(ev).alias("evictor")))
+    return out
