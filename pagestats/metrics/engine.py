@@ -102,6 +102,13 @@ def refuse_repeats(rows, key, what: str, message: str = "duplicate rows for the 
     checked.add(tuple(key))
 
 
+def known_unique(rows, key) -> None:
+    """Record that ``rows`` holds each ``key`` once, known from how it was made rather than by a scan:
+    gated rows that join outcome rows checked by :func:`refuse_repeats` to one decision per input (and
+    head-pair draw). The metrics over ``rows`` then do not check ``key`` again."""
+    _NO_REPEATS.setdefault(rows, set()).add(tuple(key))
+
+
 def per_input(rows, by, value: str) -> str:
     """SQL of one row per input (and head-pair draw) of ``rows`` within each ``by`` group: its
     ``by`` and input columns, ``value`` (the input's value, whatever row it is read from) and

@@ -118,31 +118,36 @@ def pilot_moments(source: str, pilot: str, by, groups, columns: dict[str, str]) 
 
 
 #: The table by which a connection whose ``drops`` keep one set of inputs from one calibration to the
-#: next (:func:`pagestats.replay.decisions_by_draw`: blocks of head-pair draws of the same inputs) keeps
-#: the pilot too: it holds the query that made ``_pilot_units`` (:func:`keep_pilots`, :func:`store_calibration`).
+#: next (blocks of head-pair draws of the same inputs, :func:`pagestats.replay.decisions_by_draw`; the
+#: policies of a comparison decided in turn, Table N1) keeps its pilots: per query that drew a pilot
+#: into ``_pilot_units``, the table that keeps a copy (:func:`keep_pilots`, :func:`store_calibration`).
 KEPT_PILOT = "_kept_pilot"
 
 
 def keep_pilots(con) -> None:
-    """Declare that ``drops`` on ``con`` will keep its inputs: a pilot drawn by the same query is drawn once."""
-    con.execute(f"CREATE OR REPLACE TEMP TABLE {KEPT_PILOT} (query VARCHAR)")
+    """Declare that ``drops`` on ``con`` will keep its inputs: a pilot drawn by a query that drew one
+    before is that one, not drawn again."""
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {KEPT_PILOT} (query VARCHAR, kept VARCHAR)")
 
 
 def store_calibration(con, source: str, pilot: str, tau: str) -> bool:
     """Materialise the pilot inputs (``_pilot_units``) and the threshold per group (``_pilot_tau``)
     on ``con``: small tables, joined back to every row by :func:`decision_query`. The pilot is kept,
-    not drawn again, when :func:`keep_pilots` was declared on ``con`` and the same query drew it.
+    not drawn again, when :func:`keep_pilots` was declared on ``con`` and the same query drew one.
     Returns whether the pilot was drawn (a caller checks the groups' sizes then)."""
     kept = con.sql("SELECT count(*) FROM duckdb_tables() WHERE temporary AND table_name = ?", params=[KEPT_PILOT]
                    ).fetchall()[0][0]
-    drawn = not kept or not con.sql(f"SELECT count(*) FROM {KEPT_PILOT} WHERE query = ?", params=[pilot]).fetchall()[0][0]
-    if drawn:
+    copy = con.sql(f"SELECT kept FROM {KEPT_PILOT} WHERE query = ?", params=[pilot]).fetchall() if kept else []
+    if copy:
+        con.execute(f"CREATE OR REPLACE TEMP TABLE _pilot_units AS SELECT * FROM {copy[0][0]}")
+    else:
         con.execute(f"CREATE OR REPLACE TEMP TABLE _pilot_units AS {pilot}")
         if kept:
-            con.execute(f"DELETE FROM {KEPT_PILOT}")
-            con.execute(f"INSERT INTO {KEPT_PILOT} VALUES (?)", [pilot])
+            name = f"{KEPT_PILOT}_{con.sql(f'SELECT count(*) FROM {KEPT_PILOT}').fetchall()[0][0]}"
+            con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS SELECT * FROM _pilot_units")
+            con.execute(f"INSERT INTO {KEPT_PILOT} VALUES (?, ?)", [pilot, name])
     con.execute(f"CREATE OR REPLACE TEMP TABLE _pilot_tau AS {tau}")
-    return drawn
+    return not copy
 
 
 def refuse_one_input_pilots(con) -> None:

@@ -17,6 +17,7 @@ from pagestats.core.columns import MODEL_CELL
 from pagestats.core.schema import INPUT_KEY
 from pagestats.metrics.engine import names
 from pagestats.replay import relations
+from pagestats.replay.calibration import keep_pilots
 from pagestats.replay.pilot import PILOT_SPLITS, pilot_need
 from pagestats.replay.policies import ZScored
 from pagestats.replay.sqltext import join_on, sql_string
@@ -109,11 +110,16 @@ def _summaries(session: replay.Replay, policies, ev: str, by_task: list[str]) ->
 
     Two passes over the policies: the first keeps each one's held-out pilot (a few rows per group), so
     that the second evaluates every policy on the inputs none of them holds out (the common inputs,
-    the rule of :func:`pagestats.metrics.same_inputs`); a pilot is drawn again in the second pass, the
-    same inputs (the draw is a function of the seed), which is checked."""
+    the rule of :func:`pagestats.metrics.same_inputs`). Each pilot is drawn once
+    (:func:`pagestats.replay.calibration.keep_pilots`: the second pass finds the first's), and the
+    evictor's outcome rows are checked for a repeated key once: each policy's gated rows join them to
+    one decision per input (:func:`pagestats.metrics.engine.known_unique`)."""
     con = session.con
     key = names(INPUT_KEY)
+    keep_pilots(con)
     con.execute(f"CREATE OR REPLACE TEMP VIEW _evictor_outcomes AS SELECT * FROM outcomes WHERE evictor = {sql_string(ev)}")
+    metrics.engine.refuse_repeats(con.view("_evictor_outcomes"), [*INPUT_KEY, "evictor", "budget"],
+                                  "pilot_sensitivity_table")
     con.execute(f"CREATE OR REPLACE TEMP TABLE _held_by AS SELECT 0 AS definition, {key} FROM inputs LIMIT 0")
     for i, policy in enumerate(policies):
         draw_columns = session.decide(policy)
@@ -123,12 +129,8 @@ def _summaries(session: replay.Replay, policies, ev: str, by_task: list[str]) ->
                 f"FROM _held_by h JOIN inputs i USING ({key}) SEMI JOIN _evictor_outcomes o USING ({key})")
     cell = names(MODEL_CELL)
     out = []
-    for i, policy in enumerate(policies):
+    for policy in policies:
         session.decide(policy)
-        if con.sql(f"SELECT count(*) FROM ((SELECT {key} FROM held_out EXCEPT SELECT {key} FROM _held_by "
-                   f"WHERE definition = {i}) UNION ALL (SELECT {key} FROM _held_by WHERE definition = {i} "
-                   f"EXCEPT SELECT {key} FROM held_out))").fetchall()[0][0]:  # pragma: no cover - a pilot is a function of its seed
-            raise AssertionError(f"pilot_sensitivity_table: the pilot of {policy.name} was not drawn alike twice")
         # τ per cell and the (cell, task) rows over the policy's own evaluated rows (each input's τ on each of
         # its outcome rows, as formulas.group_tau reads them); τ is the definition's, set on its own pilot
         own = con.sql(relations.gated_query(draw_columns, outcomes="_evictor_outcomes"))
@@ -137,8 +139,9 @@ def _summaries(session: replay.Replay, policies, ev: str, by_task: list[str]) ->
         tasks = metrics.engine.query(own, f"SELECT DISTINCT {names(by_task)} FROM {metrics.engine.ROWS}")
         left = con.sql(f"SELECT {cell}, task, count(*) AS n_left_out FROM _left_out l WHERE NOT EXISTS (SELECT 1 "
                        f"FROM held_out h WHERE {join_on(INPUT_KEY, 'h', 'l')}) GROUP BY ALL").pl()
-        # its gated rows of the common inputs: one relation, whose outcome key is checked once for both Δs
+        # its gated rows of the common inputs, one relation read by p_open and both Δs
         rows = con.sql(relations.gated_query(draw_columns, outcomes="_evictor_outcomes", held_out="_left_out"))
+        metrics.engine.known_unique(rows, [*metrics.engine.unit_key(rows), "budget"])
         po = metrics.p_open(rows, by=by_task).select(*by_task, "p_open", pl.col("n").alias("n_evaluated"))
         d_task = metrics.delta(rows, by=by_task).select(*by_task, pl.col("delta").alias("delta_task"))
         d_cell = metrics.delta(rows, by=MODEL_CELL).select(*MODEL_CELL, pl.col("delta").alias("delta_cell"))
