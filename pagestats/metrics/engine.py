@@ -105,7 +105,9 @@ def refuse_repeats(rows, key, what: str, message: str = "duplicate rows for the 
 def known_unique(rows, key) -> None:
     """Record that ``rows`` holds each ``key`` once, known from how it was made rather than by a scan:
     gated rows that join outcome rows checked by :func:`refuse_repeats` to one decision per input (and
-    head-pair draw). The metrics over ``rows`` then do not check ``key`` again."""
+    head-pair draw); decisions, one row per input and draw. The metrics over ``rows`` then do not
+    check ``key`` again, and with the input key (:func:`input_key`) read each row as one input's
+    (:func:`per_input`)."""
     _NO_REPEATS.setdefault(rows, set()).add(tuple(key))
 
 
@@ -113,9 +115,13 @@ def per_input(rows, by, value: str) -> str:
     """SQL of one row per input (and head-pair draw) of ``rows`` within each ``by`` group: its
     ``by`` and input columns, ``value`` (the input's value, whatever row it is read from) and
     ``_differs`` (its rows do not all hold one ``value``, a null counting as a value), in one
-    aggregation (per-input metrics on gated outcomes read every input once; :func:`refuse_differing`)."""
+    aggregation (per-input metrics on gated outcomes read every input once; :func:`refuse_differing`).
+    Rows known to hold one row per input (:func:`known_unique` of the input key: a block of
+    decisions) are read as they are."""
     key = names(uniq(by, input_key(rows)))
     v = f'"{value}"'
+    if tuple(input_key(rows)) in _NO_REPEATS.get(rows, ()):  # one row per input already: nothing to gather
+        return f"(SELECT {key}, {v}, false AS _differs FROM {ROWS})"
     return (f"(SELECT {key}, any_value({v}) AS {v}, coalesce(min({v}) <> max({v}), false) OR count({v}) NOT IN "
             f"(0, count(*)) AS _differs FROM {ROWS} GROUP BY {key})")
 

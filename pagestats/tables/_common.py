@@ -98,6 +98,15 @@ def inputs_per(logs, by: Sequence[str]) -> pl.DataFrame:
     return logs.inputs.group_by(list(by)).agg(pl.struct(*INPUT_KEY).n_unique().alias("n"))
 
 
+def decision_blocks(logs, policy, spec: replay.ProfileSpec):
+    """:func:`pagestats.replay.decisions_by_draw`, each block recorded as one row per input and
+    head-pair draw (its contract; :func:`pagestats.metrics.engine.known_unique`), so that a metric
+    over it reads each row as one input's instead of gathering them."""
+    for block in replay.decisions_by_draw(logs, policy, spec):
+        metrics.engine.known_unique(block, metrics.engine.input_key(block))
+        yield block
+
+
 def gate_at(logs, spec: replay.ProfileSpec, recalibrate: str, tau: float, pilot_n: int) -> pl.DataFrame:
     """Per (model, context): the gate at the fixed τ carried to the statistic of ``spec``
     (:func:`pagestats.replay.recalibrate`, App. A.3.1: "any sweep of a parameter that rescales D
@@ -123,7 +132,7 @@ def gate_at(logs, spec: replay.ProfileSpec, recalibrate: str, tau: float, pilot_
             logs, inputs=logs.inputs.join(small.select("model"), on="model", how="anti"))
         # a block of head-pair draws at a time (Table 9): per cell the sums that τ's mean and p_open need
         per_block = []
-        for block in replay.decisions_by_draw(fit, policy, spec):
+        for block in decision_blocks(fit, policy, spec):
             by = [*MODEL_CELL, *(["pair_draw"] if "pair_draw" in block.columns else [])]
             opened = metrics.p_open(block, by=by).group_by(list(MODEL_CELL)).agg(pl.col("k", "n").sum())
             taus = metrics.engine.query(block, f"SELECT {metrics.engine.names(MODEL_CELL)}, min(tau) AS _tau_min, "

@@ -19,7 +19,7 @@ from pagestats.core import defaults
 from pagestats.core.columns import MODEL_CELL
 from pagestats.replay.policies import FixedTau
 from pagestats.replay.spec import resolve_layers
-from pagestats.tables._common import gate_at, ordering_margin
+from pagestats.tables._common import decision_blocks, gate_at, ordering_margin
 
 __all__ = ["k_sweep_table", "head_pair_table", "layer_subset_table"]
 
@@ -90,7 +90,7 @@ def head_pair_table(logs, *, fractions: Sequence[float] = defaults.PAIR_FRACTION
         spec = replay.ProfileSpec(**{**profile.__dict__, "pairs_fraction": float(f), "pair_draws": int(pair_draws), "seed": int(seed)})
         by = [*MODEL_CELL, "pair_draw"]  # a block of draws' decisions at a time: its margins per cell and draw
         margins = pl.concat([ordering_margin(logs.typed_names(metrics.task_means(block, "drop", by=by)), by=by, anchor=anchor)
-                             for block in replay.decisions_by_draw(logs, FixedTau(), spec)]).sort(by)
+                             for block in decision_blocks(logs, FixedTau(), spec)]).sort(by)
         parts.append(margins.group_by(list(MODEL_CELL)).agg(
             pl.len().cast(pl.Int64).alias("n_draws"), pl.col("margin").mean().alias("margin_mean"),
             pl.col("margin").min().alias("margin_min"), pl.col("margin").max().alias("margin_max"),

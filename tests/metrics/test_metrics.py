@@ -9,6 +9,7 @@ import numpy as np
 import polars as pl
 import pytest
 from scipy.stats import norm
+from polars.testing import assert_frame_equal
 
 from pagestats import metrics, stats
 
@@ -240,6 +241,24 @@ def test_task_means_vs_loop():
                              .otherwise(pl.col("drop")).alias("drop"))
     with pytest.raises(ValueError, match="drop differs"):
         metrics.task_means(R(bad))
+
+
+def test_rows_known_one_per_input_are_read_as_they_are():
+    """A relation recorded as one row per input (engine.known_unique of the input key: a block of
+    decisions) gives the task means and p_open of the same rows gathered per input; a gated relation
+    with several rows per input still gathers them (its numbers are the per-input ones)."""
+    from pagestats.metrics import engine
+
+    decisions = FRAME.select("run_id", "task", "input_id", "model", "context_length", "task_class", "drop",
+                             "gate_open").unique(["run_id", "task", "input_id"], keep="first", maintain_order=True)
+    assert decisions.height < FRAME.height
+    marked = R(decisions)
+    engine.known_unique(marked, engine.input_key(marked))
+    assert "GROUP BY" not in engine.per_input(marked, ["model"], "drop")
+    for metric, args in ((metrics.task_means, ("drop",)), (metrics.p_open, ())):
+        assert_frame_equal(metric(marked, *args), metric(R(decisions), *args))
+    assert_frame_equal(metrics.task_means(marked, "drop"), metrics.task_means(R(FRAME), "drop"))
+    assert "GROUP BY" in engine.per_input(R(FRAME), ["model"], "drop")
 
 
 @pytest.mark.parametrize("arm", ["plain", "gated"])
