@@ -124,25 +124,31 @@ def _summaries(session: replay.Replay, policies, ev: str, by_task: list[str]) ->
     for i, policy in enumerate(policies):
         draw_columns = session.decide(policy)
         con.execute(f"INSERT INTO _held_by SELECT {i}, {key} FROM held_out")
-    # the inputs of the evictor's outcomes that some pilot holds out: left out of every policy's numbers
+    # the inputs of the evictor's outcomes, and those of them that some pilot holds out: left out of every
+    # policy's numbers
+    con.execute(f"CREATE OR REPLACE TEMP TABLE _logged AS SELECT DISTINCT {key} FROM _evictor_outcomes")
     con.execute(f"CREATE OR REPLACE TEMP TABLE _left_out AS SELECT DISTINCT {key}, i.model, i.context_length "
-                f"FROM _held_by h JOIN inputs i USING ({key}) SEMI JOIN _evictor_outcomes o USING ({key})")
-    cell = names(MODEL_CELL)
+                f"FROM _held_by h JOIN inputs i USING ({key}) SEMI JOIN _logged o USING ({key})")
+    cell, tasks_by = names(MODEL_CELL), names(by_task)
     out = []
     for policy in policies:
         session.decide(policy)
-        # τ per cell and the (cell, task) rows over the policy's own evaluated rows (each input's τ on each of
-        # its outcome rows, as formulas.group_tau reads them); τ is the definition's, set on its own pilot
+        # over the policy's own evaluated rows, in one scan: its (cell, task) rows and τ per cell (each input's
+        # τ on each of its outcome rows, as formulas.group_tau reads them), τ the definition's, set on its pilot
         own = con.sql(relations.gated_query(draw_columns, outcomes="_evictor_outcomes"))
-        tau = metrics.engine.query(own, f"SELECT {cell}, {formulas.group_tau()} AS tau FROM {metrics.engine.ROWS} "
-                                        "GROUP BY ALL")
-        tasks = metrics.engine.query(own, f"SELECT DISTINCT {names(by_task)} FROM {metrics.engine.ROWS}")
+        rows = metrics.engine.query(own, f"SELECT {tasks_by}, {formulas.group_tau()} AS tau, grouping(task) AS _cell "
+                                         f"FROM {metrics.engine.ROWS} GROUP BY GROUPING SETS (({cell}), ({tasks_by}))")
+        tau = rows.filter(pl.col("_cell") == 1).select(*MODEL_CELL, "tau")
+        tasks = rows.filter(pl.col("_cell") == 0).select(by_task)
         left = con.sql(f"SELECT {cell}, task, count(*) AS n_left_out FROM _left_out l WHERE NOT EXISTS (SELECT 1 "
                        f"FROM held_out h WHERE {join_on(INPUT_KEY, 'h', 'l')}) GROUP BY ALL").pl()
-        # its gated rows of the common inputs, one relation read by p_open and both Δs
+        # p_open over its decisions of the common inputs (one row per input: the evaluated inputs of the
+        # evictor less every held-out pilot); Δ over its gated rows of them, one relation for both Δs
+        common = con.sql(f"SELECT * FROM decisions SEMI JOIN _logged USING ({key}) ANTI JOIN _left_out USING ({key})")
+        metrics.engine.known_unique(common, metrics.engine.input_key(common))
+        po = metrics.p_open(common, by=by_task).select(*by_task, "p_open", pl.col("n").alias("n_evaluated"))
         rows = con.sql(relations.gated_query(draw_columns, outcomes="_evictor_outcomes", held_out="_left_out"))
         metrics.engine.known_unique(rows, [*metrics.engine.unit_key(rows), "budget"])
-        po = metrics.p_open(rows, by=by_task).select(*by_task, "p_open", pl.col("n").alias("n_evaluated"))
         d_task = metrics.delta(rows, by=by_task).select(*by_task, pl.col("delta").alias("delta_task"))
         d_cell = metrics.delta(rows, by=MODEL_CELL).select(*MODEL_CELL, pl.col("delta").alias("delta_cell"))
         # every (cell, task) of the policy keeps its row: one whose inputs all lie in some held-out pilot
