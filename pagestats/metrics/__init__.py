@@ -47,7 +47,7 @@ from pagestats.metrics.delta import (
 )
 from pagestats.metrics.engine import on_frame, relation
 from pagestats.metrics.identity import identical_evictors
-from pagestats.metrics.matched import frontier_accuracy, matched_memory
+from pagestats.metrics.matched import MatchedCells, frontier_accuracy, matched_cells, matched_memory
 from pagestats.metrics.memory import compression, full_cache_gib, kept_kv, kv_bytes_per_token, static_batching
 from pagestats.metrics.rates import (
     auc_by_signal,
@@ -63,7 +63,7 @@ from pagestats.metrics.signal import task_means
 __all__ = [
     "relation",
     "on_frame",
-    "frontier_accuracy", "matched_memory",
+    "MatchedCells", "frontier_accuracy", "matched_cells", "matched_memory",
     "accuracy",
     "full_accuracy",
     "equal_inputs",

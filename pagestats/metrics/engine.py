@@ -9,6 +9,7 @@ test's hand-built rows) on the metrics' connection, and :func:`on_frame` runs a 
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 
 import duckdb
@@ -26,14 +27,40 @@ ROWS = "_rows"
 _CONNECTION: list[duckdb.DuckDBPyConnection] = []
 
 
+#: Within :func:`one_relation_per_frame`: id(frame) -> (a weak reference to the frame, its relation).
+_REUSED: list[dict] = []
+
+
 def relation(frame: pl.DataFrame) -> duckdb.DuckDBPyRelation:
     """``frame`` as a DuckDB relation (by reference: its columns are not copied), on one connection
-    kept for the process (:func:`pagestats.io.duck.connect`, the in-memory replay's memory limit)."""
+    kept for the process (:func:`pagestats.io.duck.connect`, the in-memory replay's memory limit);
+    within :func:`one_relation_per_frame`, the same relation each time for the same frame."""
     if not isinstance(frame, pl.DataFrame):
         raise TypeError(f"expected a polars DataFrame, got {type(frame).__name__}")
     if not _CONNECTION:
         _CONNECTION.append(duck.connect(memory_limit=duck.IN_MEMORY_REPLAY_LIMIT))
-    return _CONNECTION[0].from_arrow(frame)
+    if not _REUSED:
+        return _CONNECTION[0].from_arrow(frame)
+    reused, key = _REUSED[-1], id(frame)
+    if key in reused and reused[key][0]() is frame:
+        return reused[key][1]
+    rel = _CONNECTION[0].from_arrow(frame)
+    # the entry goes when the frame does (the relation holds its columns, not the frame)
+    reused[key] = (weakref.ref(frame, lambda _, key=key: reused.pop(key, None)), rel)
+    return rel
+
+
+@contextlib.contextmanager
+def one_relation_per_frame():
+    """Within: :func:`relation` hands out one relation per frame, so the metrics over one frame check
+    its keys once (:func:`refuse_repeats`) and read its columns once. A frame changed in place
+    (polars' ``__setitem__``, ``replace_column``) would keep its old relation: only code that never
+    does so runs within (the report: :func:`pagestats.report.build_report`)."""
+    _REUSED.append({})
+    try:
+        yield
+    finally:
+        _REUSED.pop()
 
 
 def on_frame(metric, frame: pl.DataFrame, *args, **kwargs) -> pl.DataFrame:

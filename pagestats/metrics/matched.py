@@ -22,6 +22,10 @@ recomputed on each resample), and Benjamini–Hochberg runs across the cells of 
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import CancelledError
+from dataclasses import dataclass
+
 import numpy as np
 import polars as pl
 
@@ -31,7 +35,7 @@ from pagestats.metrics import engine
 from pagestats.metrics.engine import ROWS, grouped, names, query
 from pagestats.core.schema import INPUT_KEY
 
-__all__ = ["frontier_accuracy", "matched_memory"]
+__all__ = ["MatchedCells", "frontier_accuracy", "matched_cells", "matched_memory"]
 
 #: The resample is drawn over the distinct rows of a cell (an input's plain and gated scores and kept
 #: fractions at every budget) when they are at most 1/8 of its inputs; otherwise over the inputs.
@@ -39,6 +43,10 @@ __all__ = ["frontier_accuracy", "matched_memory"]
 #: row instead of per input, which is what lets a cell of 1M inputs (about 78,000 distinct rows on
 #: the synthetic release) resample at all.
 DISTINCT_ROWS_FACTOR = 8
+
+#: The four per-budget quantities of a cell's matrix, side by side (:func:`_cells`): the plain and gated
+#: arms' scores and kept fractions.
+VALUES = ("plain", "kept_plain", "gated", "kept_gated")
 
 #: Accuracies within this of each other are equal on the frontier (means of multiples of 1/m carry
 #: last-bit noise, so exact comparisons would keep dominated points).
@@ -92,9 +100,9 @@ def frontier_accuracy(kept: np.ndarray, accuracy: np.ndarray, query: np.ndarray)
 
 def _cells(rows, by: list[str]):
     """Per cell: its ``by`` values, its budgets (ascending), which of them are eviction budgets
-    (:func:`pagestats.core.formulas.evicted`), and its four (inputs × budgets) matrices, inputs in key
-    order: the plain and gated scores and kept fractions (:func:`pagestats.core.formulas.kept_fraction`),
-    read from SQL in that order. The cells come in the order of their first input (run, task, input),
+    (:func:`pagestats.core.formulas.evicted`), and its (inputs × 4 budgets) matrix, inputs in key
+    order: side by side, the plain and gated scores and kept fractions per budget
+    (:func:`pagestats.core.formulas.kept_fraction`), in :data:`VALUES` order, read from SQL. The cells come in the order of their first input (run, task, input),
     then of ``by``: the order the resamples are drawn in, whatever the order of the rows."""
     key = names(INPUT_KEY)
     keys = ", ".join(f"c.{c}" for c in names(by).split(", ")) if by else ""
@@ -108,36 +116,36 @@ def _cells(rows, by: list[str]):
             CAST(r.score_gated AS DOUBLE) AS gated, {formulas.kept_fraction("r.n_kept_gated")} AS kept_gated
         FROM {ROWS} r JOIN {cells} c ON {on}
         {order}, {", ".join(f"r.{c}" for c in names([*INPUT_KEY, "budget"]).split(", "))}""")
-    columns = [values[c].to_numpy() for c in ("plain", "kept_plain", "gated", "kept_gated")]
+    columns = [values[c].to_numpy() for c in VALUES]
     start = 0
     for cell, n, budgets, n_rows in zip(shape.select(by).iter_rows(named=True), shape["_inputs"], shape["_budgets"],
                                         shape["_rows"]):
         budgets = np.asarray(budgets, dtype=np.float64)
         if n_rows != n * budgets.size:
             raise ValueError("matched_memory: a cell's inputs do not all carry the same budgets")
-        matrices = [c[start:start + n_rows].reshape(n, budgets.size) for c in columns]
+        values = np.hstack([c[start:start + n_rows].reshape(n, budgets.size) for c in columns])
         start += n_rows
-        yield cell, budgets, budgets < 1, matrices
+        yield cell, budgets, budgets < 1, values
 
 
-def _resampled_rows(matrices: tuple[np.ndarray, ...]) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
-    """``(matrices, counts)`` a cell's resamples are drawn over (:func:`pagestats.stats.resample_counts`):
-    its distinct rows across the four (inputs × budgets) matrices with their multiplicities, when
-    there are at most 1/:data:`DISTINCT_ROWS_FACTOR` as many as inputs; else the inputs, one each."""
-    n, m = matrices[0].shape
-    rows, counts = np.unique(np.hstack(matrices), axis=0, return_counts=True)
-    if len(counts) * DISTINCT_ROWS_FACTOR > n:
-        return matrices, np.ones(n)
-    return tuple(rows[:, i * m : (i + 1) * m] for i in range(len(matrices))), counts
+def _resampled_rows(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(values, counts)`` a cell's resamples are drawn over (:func:`pagestats.stats.resample_counts`):
+    the distinct rows of its (inputs × 4 budgets) matrix with their multiplicities, when there are at
+    most 1/:data:`DISTINCT_ROWS_FACTOR` as many as inputs; else the inputs, one each."""
+    rows, counts = np.unique(values, axis=0, return_counts=True)
+    if len(counts) * DISTINCT_ROWS_FACTOR > len(values):
+        return values, np.ones(len(values))
+    return rows, counts
 
 
-def _delta_matched(weights, evicted, plain, kept_plain, gated, kept_gated) -> tuple[np.ndarray, ...]:
+def _delta_matched(weights, evicted, values) -> tuple[np.ndarray, ...]:
     """Δ_matched per resample (rows of ``weights``: input counts) and the means it is built from
-    (``evicted``: which budgets, columns of the matrices, are eviction budgets)."""
-    total = weights.sum(axis=1, keepdims=True)
-    mp, kp = stats.weighted_sums(weights, plain) / total, stats.weighted_sums(weights, kept_plain) / total
-    mg = (stats.weighted_sums(weights, gated) / total)[:, evicted]
-    kg = (stats.weighted_sums(weights, kept_gated) / total)[:, evicted]
+    (``evicted``: which budgets are eviction budgets; ``values``: a cell's matrix, :func:`_cells`).
+    The four means come from one fixed-order product (:func:`pagestats.stats.weighted_sums`): each
+    is summed over the inputs in their order, as four products of one matrix each would sum it."""
+    means = stats.weighted_sums(weights, values) / weights.sum(axis=1, keepdims=True)
+    mp, kp, mg, kg = np.split(means, len(VALUES), axis=1)
+    mg, kg = mg[:, evicted], kg[:, evicted]
     matched = frontier_accuracy(kp, mp, kg)
     return (mg - matched).mean(axis=1), mg.mean(axis=1), kg.mean(axis=1), matched.mean(axis=1), \
         (mg - mp[:, evicted]).mean(axis=1)
@@ -168,30 +176,58 @@ def matched_memory(rows, by=("model", "context_length", "evictor"), *, rng: np.r
         b < 1), ``delta_matched`` with ``low``, ``high``, ``p_value``, ``p_adjusted``, and
         ``delta_nominal`` (Δ at the same nominal budget, for comparison).
     """
+    return matched_cells(rows, by).resample(rng=rng, n_boot=n_boot, confidence_level=confidence_level, q=q)
+
+
+def matched_cells(rows, by=("model", "context_length", "evictor")) -> MatchedCells:
+    """The cells of :func:`matched_memory`, read from ``rows`` (its parameters) and checked; their
+    :meth:`MatchedCells.resample` is the rest of it, in NumPy alone (the report runs it on a second
+    thread while its replays run on the first: :meth:`pagestats.report.Context.start_matched_memory`)."""
     by = list(by)
     engine.check(rows, [*by, *INPUT_KEY, "budget", "n_tokens", "score_plain", "n_kept_plain", "score_gated",
                         "n_kept_gated"], "matched_memory")
     engine.refuse_repeats(rows, [*by, *INPUT_KEY, "budget"], "matched_memory",
                           "duplicate rows for the same (cell, input, budget)")
-    out = []
-    replicates = []
-    alpha = 1.0 - confidence_level
-    for cell, budgets, evicted, (plain, kept_plain, gated, kept_gated) in _cells(rows, by):
-        n = plain.shape[0]
+    cells = []
+    for cell, budgets, evicted, values in _cells(rows, by):
         if not evicted.any() or not (budgets == 1.0).any():
             raise ValueError("matched_memory: a cell needs budget 1.0 (the full cache) and budgets b < 1")
-        point = _delta_matched(np.ones((1, n)), evicted, plain, kept_plain, gated, kept_gated)
-        matrices, counts = _resampled_rows((plain, kept_plain, gated, kept_gated))
-        boot = np.concatenate([_delta_matched(chunk, evicted, *matrices)[0]
-                               for chunk in stats.resample_counts(counts, n_boot, rng)])
-        replicates.append(boot)
-        low, high = np.quantile(boot, [alpha / 2, 1 - alpha / 2])
-        out.append({**cell, "n_inputs": n, "kept_kv_gated": float(point[2][0]),
-                    "acc_gated": float(point[1][0]), "acc_plain_matched": float(point[3][0]),
-                    "delta_matched": float(point[0][0]), "low": float(low), "high": float(high),
-                    "delta_nominal": float(point[4][0])})
-    if not out:
+        point = _delta_matched(np.ones((1, values.shape[0])), evicted, values)
+        cells.append((cell, values.shape[0], evicted, point, *_resampled_rows(values)))
+    if not cells:
         raise ValueError("matched_memory: no cells")
-    p = stats.bootstrap_pvalue(np.vstack(replicates))
-    adjusted = stats.bh(p, q=q).adjusted
-    return pl.DataFrame(out).with_columns(pl.Series("p_value", p), pl.Series("p_adjusted", adjusted))
+    return MatchedCells(cells)
+
+
+@dataclass(frozen=True)
+class MatchedCells:
+    """The cells of one :func:`matched_memory` call, in :func:`_cells` order: per cell its ``by``
+    values, inputs, eviction budgets, point estimates (:func:`_delta_matched`) and the rows its
+    resamples are drawn over, with their counts (:func:`_resampled_rows`)."""
+
+    cells: list
+
+    def resample(self, *, rng: np.random.Generator, n_boot: int = defaults.N_BOOTSTRAP,
+                 confidence_level: float = defaults.CONFIDENCE_LEVEL, q: float = defaults.FDR_Q,
+                 stop: threading.Event | None = None) -> pl.DataFrame:
+        """:func:`matched_memory`'s table (its parameters); ``stop``, once set (by another thread),
+        ends the resampling between two chunks with :class:`concurrent.futures.CancelledError`."""
+        out = []
+        replicates = []
+        alpha = 1.0 - confidence_level
+        for cell, n, evicted, point, distinct, counts in self.cells:
+            boot = []
+            for chunk in stats.resample_counts(counts, n_boot, rng):
+                if stop is not None and stop.is_set():
+                    raise CancelledError("matched_memory: stopped")
+                boot.append(_delta_matched(chunk, evicted, distinct)[0])
+            boot = np.concatenate(boot)
+            replicates.append(boot)
+            low, high = np.quantile(boot, [alpha / 2, 1 - alpha / 2])
+            out.append({**cell, "n_inputs": n, "kept_kv_gated": float(point[2][0]),
+                        "acc_gated": float(point[1][0]), "acc_plain_matched": float(point[3][0]),
+                        "delta_matched": float(point[0][0]), "low": float(low), "high": float(high),
+                        "delta_nominal": float(point[4][0])})
+        p = stats.bootstrap_pvalue(np.vstack(replicates))
+        adjusted = stats.bh(p, q=q).adjusted
+        return pl.DataFrame(out).with_columns(pl.Series("p_value", p), pl.Series("p_adjusted", adjusted))

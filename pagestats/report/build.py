@@ -15,6 +15,7 @@ and every skip reason).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 
 import dataclasses
@@ -31,6 +32,7 @@ from tqdm.auto import tqdm
 import pagestats
 from pagestats.core import defaults
 from pagestats.core.columns import names_like
+from pagestats.metrics import engine
 from pagestats.replay import ZScored, pilot_composition
 from pagestats.report.conformance import conformance
 from pagestats.report.context import Context, Entry, needs_inputs
@@ -170,7 +172,7 @@ def build_report(logs, out, *, policy=None, profile=None, entries: Sequence[Entr
     problem = report_problem(out, "out")
     if problem:
         raise ValueError(problem)
-    with staged_directory(out) as staging:
+    with staged_directory(out) as staging, engine.one_relation_per_frame():  # no frame changes in place
         _build_into(logs, staging, policy=policy, profile=profile, entries=entries, formats=formats, prereg=prereg,
                     dilution_rule=dilution_rule, headline_evictor=headline_evictor, see_also=see_also)
     return str(Path(out) / "index.md")
@@ -222,16 +224,19 @@ def _build_into(logs, out, *, policy=None, profile=None, entries: Sequence[Entry
                   headline_evictor=headline_evictor)
     todo = list(catalogue() if entries is None else entries)
     done: dict[int, Outcome] = {}
-    with tqdm(run_order(todo), desc="report", unit="entry", file=sys.stderr, disable=None) as bar:
+    with tqdm(run_order(todo), desc="report", unit="entry", file=sys.stderr, disable=None) as bar, \
+            contextlib.closing(ctx):
         for i in bar:
             entry = todo[i]
             bar.set_postfix_str(entry.name)
+            if entry.reads_gated and logs.outcomes.height:  # Table N3's resampling runs beside these
+                ctx.start_matched_memory()
             try:
                 done[i] = _run_entry(entry, ctx, out, formats)
             except _EmptyOutput as err:
                 done[i] = Outcome(entry.name, entry.kind, entry.source, entry.caption, [], str(err))
+        lead = headline(ctx) if logs.outcomes.height else pl.DataFrame()  # reads Table N3's resampling
     outcomes = [done[i] for i in range(len(todo))]  # catalogue order
-    lead = headline(ctx) if logs.outcomes.height else pl.DataFrame()
     marks = ctx.decode_limited.group_by("model", "context_length").agg(
         pl.col("task").unique().sort().str.join(", ").alias("decode_limited"))
     if lead.height:

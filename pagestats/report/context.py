@@ -10,7 +10,9 @@ from __future__ import annotations
 import dataclasses
 
 import functools
+import threading
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,6 +69,8 @@ class Context:
         if headline_evictor is not None and headline_evictor not in logged:
             raise HeadlineEvictorError(headline_evictor, logged)
         self._headline_evictor = headline_evictor
+        self._matched: Future | None = None  # start_matched_memory
+        self._stop = threading.Event()
 
     @functools.cached_property
     def gate(self) -> pl.DataFrame:
@@ -110,20 +114,49 @@ class Context:
     @functools.cached_property
     def matched_memory(self) -> pl.DataFrame:
         """Δ at matched memory per (model, context, evictor) (:func:`pagestats.metrics.matched_memory`),
-        the evictors of a (model, context) on the same inputs as Table 28, with Table 28's seed."""
+        the evictors of a (model, context) on the same inputs as Table 28, with Table 28's seed;
+        the resampling started by :meth:`start_matched_memory` when it was called."""
+        if self._matched is None:
+            return self._matched_memory_later()()
+        return self._matched.result()
+
+    def _matched_memory_later(self) -> Callable[..., pl.DataFrame]:
+        """:attr:`matched_memory` in two steps: the gated rows are read and checked now
+        (:func:`pagestats.metrics.matched_cells`); the function returned resamples them."""
         rows, _ = metrics.equal_inputs(self.gated, by=["model", "context_length"])
         by = ["model", "context_length", "evictor"]
         both = (rows.group_by(by).agg((pl.col("budget") == 1.0).any().alias("full"),
                                       formulas.EVICTED.any().alias("evicted"))
                 .filter(pl.col("full") & pl.col("evicted")).select(by))
         if both.height == 0:
-            return pl.DataFrame(schema={**rows.select(by).schema, "n_inputs": pl.Int64,
-                                        **{c: pl.Float64 for c in ("kept_kv_gated", "acc_gated", "acc_plain_matched",
-                                                                   "delta_matched", "low", "high", "delta_nominal",
-                                                                   "p_value", "p_adjusted")}})
+            empty = pl.DataFrame(schema={**rows.select(by).schema, "n_inputs": pl.Int64,
+                                         **{c: pl.Float64 for c in ("kept_kv_gated", "acc_gated", "acc_plain_matched",
+                                                                    "delta_matched", "low", "high", "delta_nominal",
+                                                                    "p_value", "p_adjusted")}})
+            return lambda stop=None: empty
         if both.height != rows.select(by).n_unique():  # else every cell: no copy
             rows = rows.join(both, on=by, how="semi")
-        return metrics.on_frame(metrics.matched_memory, rows, by=by, rng=np.random.default_rng(defaults.BOOTSTRAP_SEED))
+        cells, like = metrics.matched_cells(metrics.relation(rows), by=by), rows.select(by).clear()
+        return lambda stop=None: names_like(cells.resample(rng=np.random.default_rng(defaults.BOOTSTRAP_SEED),
+                                                           stop=stop), like)
+
+    def start_matched_memory(self) -> None:
+        """Read :attr:`matched_memory`'s rows now and resample them on a second thread, beside the
+        entries that follow (its 10,000 resamples are NumPy's alone, about a minute at 1M inputs,
+        while the replays wait on DuckDB). The report calls this once, when it builds the gated
+        rows; the numbers are those of the one-thread call (the same generator, drawn in the same
+        order). An error in reading the rows is raised here; one in the resampling where
+        :attr:`matched_memory` is read. :meth:`close` stops the resampling."""
+        if self._matched is not None or "matched_memory" in self.__dict__:
+            return
+        resample = self._matched_memory_later()
+        pool = ThreadPoolExecutor(1, thread_name_prefix="pagestats-matched-memory")
+        self._matched = pool.submit(resample, self._stop)
+        pool.shutdown(wait=False)  # the thread ends with its one task
+
+    def close(self) -> None:
+        """Stop a resampling :meth:`start_matched_memory` started and not yet read (a report that failed)."""
+        self._stop.set()
 
     @functools.cached_property
     def decode_limited(self) -> pl.DataFrame:

@@ -93,18 +93,16 @@ def test_distinct_rows_give_the_statistic_of_the_inputs_they_stand_for():
     counts, Δ_matched from the inputs equals Δ_matched from the counts summed per distinct row."""
     from pagestats.metrics.matched import _cells, _delta_matched, _resampled_rows
 
-    ((_, budgets, evicted, matrices),) = _cells(metrics.relation(_big_cell(800)),
-                                                ["model", "context_length", "evictor"])
-    rows, counts = _resampled_rows(tuple(matrices))
-    n = matrices[0].shape[0]
+    ((_, budgets, evicted, values),) = _cells(metrics.relation(_big_cell(800)),
+                                              ["model", "context_length", "evictor"])
+    distinct, counts = _resampled_rows(values)
+    n = values.shape[0]
     assert len(counts) * 8 <= n and counts.sum() == n  # this cell is drawn over its distinct rows
-    stacked = np.hstack(matrices)
-    distinct = np.hstack(rows)
-    which = np.array([np.flatnonzero((distinct == r).all(axis=1))[0] for r in stacked])  # input → its row
+    which = np.array([np.flatnonzero((distinct == r).all(axis=1))[0] for r in values])  # input → its row
     assert (np.bincount(which, minlength=len(counts)) == counts).all()
     per_input = np.random.default_rng(4).multinomial(n, np.full(n, 1 / n), size=50)
     per_row = np.stack([np.bincount(which, weights=c, minlength=len(counts)) for c in per_input])
-    for got, want in zip(_delta_matched(per_row, evicted, *rows), _delta_matched(per_input, evicted, *matrices)):
+    for got, want in zip(_delta_matched(per_row, evicted, distinct), _delta_matched(per_input, evicted, values)):
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
 
 
@@ -148,3 +146,17 @@ def test_rows_in_key_order_or_shuffled_give_the_same_bits():
     got = [metrics.matched_memory(metrics.relation(f), rng=np.random.default_rng(5), n_boot=300)
            for f in (ordered, shuffled)]
     assert got[0].equals(got[1])
+
+
+def test_one_product_over_the_four_matrices_sums_as_four_products():
+    """_delta_matched takes the four means from one product over the side-by-side matrix: each
+    column is summed over the inputs in their order, bit for bit the product of its own matrix."""
+    from pagestats import stats
+
+    rng = np.random.default_rng(12)
+    for n, m in ((450, 9), (78_000, 9), (31, 3)):
+        values = rng.random((n, 4 * m))
+        weights = rng.multinomial(n, np.full(n, 1 / n), size=3).astype(np.float64)
+        apart = np.hstack([stats.weighted_sums(weights, np.ascontiguousarray(values[:, i * m:(i + 1) * m]))
+                           for i in range(4)])
+        assert np.array_equal(stats.weighted_sums(weights, values), apart)

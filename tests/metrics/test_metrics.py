@@ -261,6 +261,32 @@ def test_rows_known_one_per_input_are_read_as_they_are():
     assert "GROUP BY" in engine.per_input(R(FRAME), ["model"], "drop")
 
 
+def test_one_relation_per_frame_within_and_a_new_one_outside():
+    """Within engine.one_relation_per_frame a frame gets one relation (its keys checked once), another
+    frame with the same rows its own, and a frame's entry goes with the frame; outside, every call
+    makes a new relation. A frame with repeated keys is refused by every metric, within or not."""
+    import gc
+
+    from pagestats.metrics import engine
+
+    frame, twin = FRAME.clone(), FRAME.clone()
+    assert engine.relation(frame) is not engine.relation(frame)
+    doubled = pl.concat([FRAME, FRAME.head(1)])
+    with engine.one_relation_per_frame():
+        rel = engine.relation(frame)
+        assert engine.relation(frame) is rel and engine.relation(twin) is not rel
+        assert_frame_equal(metrics.on_frame(metrics.delta, frame, by=["model"]),
+                           metrics.delta(R(FRAME), by=["model"]))
+        for _ in range(2):
+            with pytest.raises(ValueError, match="duplicate rows"):
+                metrics.on_frame(metrics.delta, doubled, by=["model"])
+        n = len(engine._REUSED[-1])
+        del twin
+        gc.collect()
+        assert len(engine._REUSED[-1]) == n - 1
+    assert not engine._REUSED and engine.relation(frame) is not rel
+
+
 @pytest.mark.parametrize("arm", ["plain", "gated"])
 @pytest.mark.parametrize("by", [("model", "evictor"), ("model", "evictor", "budget")])
 def test_kept_kv_vs_loop(arm, by):

@@ -109,6 +109,29 @@ def test_requirements_on_context(tmp_path):
     assert ctx.headline_evictor == "snapkv"
 
 
+def test_matched_memory_resampled_beside_the_entries_is_the_one_thread_table(tmp_path):
+    """Context.start_matched_memory reads Table N3's rows at once and resamples them on a second
+    thread: the table is bit for bit the one computed in line; close() stops a resampling under way."""
+    import threading
+    from concurrent.futures import CancelledError
+
+    import numpy as np
+
+    from pagestats import metrics
+
+    logs = _load(tmp_path, context_lengths=(4096, 16384))
+    in_line = report.Context(logs).matched_memory
+    ctx = report.Context(logs)
+    ctx.start_matched_memory()
+    assert in_line.height == 4 and ctx._matched is not None
+    assert_frame_equal(ctx.matched_memory, in_line)
+    cells = metrics.matched_cells(metrics.relation(report.Context(logs).gated))
+    stop = threading.Event()
+    stop.set()  # what Context.close does
+    with pytest.raises(CancelledError):
+        cells.resample(rng=np.random.default_rng(0), n_boot=10, stop=stop)
+
+
 def test_empty_output_is_skipped_not_written(tmp_path):
     logs = _load(tmp_path, context_lengths=(4096,))
     empty_fig = report.Entry("x_empty", "figure", "none", lambda ctx: Figure().add_subplot())
