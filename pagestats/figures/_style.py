@@ -66,6 +66,17 @@ LATE_COLOR = "#9467bd"
 TAU_COLOR = "0.3"
 
 
+#: A scatter of more markers than this is drawn as an image inside a vector file (PDF), at the
+#: figure's dpi; fewer stay vector. Fig. 2 at 1M inputs draws a million dots (one per input).
+RASTER_MARKERS = 50_000
+
+
+def many_markers(n: int) -> bool:
+    """Whether a scatter of ``n`` markers is rasterized in a PDF (:data:`RASTER_MARKERS`); the PNG is
+    the same either way."""
+    return n > RASTER_MARKERS
+
+
 def class_color(task_class: str) -> str:
     return CLASS_COLOR.get(task_class, "0.4")
 

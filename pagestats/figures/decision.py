@@ -118,7 +118,7 @@ def decision_frontier(data: pl.DataFrame, *, tau: float | None = defaults.TAU, a
                     continue
                 color = colors[ev]
                 axis.scatter(e["kept_kv"].to_numpy(), e["accuracy"].to_numpy(), s=2, color=color, alpha=0.12,
-                             linewidths=0, zorder=1)
+                             linewidths=0, zorder=1, rasterized=st.many_markers(e.height))
                 front = e.filter(pl.col("on_frontier")).sort("kept_kv")
                 axis.plot(front["kept_kv"].to_numpy(), front["accuracy"].to_numpy(), color=color, linewidth=1.1,
                           drawstyle="steps-post", zorder=3, label=st.plain_text(ev) if ev is not None else "frontier")

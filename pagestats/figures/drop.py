@@ -109,7 +109,7 @@ def drop_by_task(gate: pl.DataFrame, *, tau: float | None = defaults.TAU, ax=Non
                      color=[st.class_color(c) for c in means["task_class"].to_list()], alpha=0.22,
                      edgecolor="none", zorder=1)
             axis.scatter(x + jitter, sub["drop"].to_numpy(), s=3, c=colors, alpha=0.6, linewidths=0,
-                         zorder=2)
+                         zorder=2, rasterized=st.many_markers(len(x)))
             if tau is not None:
                 axis.axhline(tau, color=st.TAU_COLOR, linestyle="--", linewidth=0.8, zorder=3)
             axis.axhline(0.0, color="0.8", linewidth=0.5, zorder=0)

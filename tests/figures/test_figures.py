@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from pathlib import Path
 from collections import defaultdict
 
 import numpy as np
@@ -103,6 +104,22 @@ def test_drop_by_task_renders(gated, tmp_path):
     assert isinstance(fig, Figure) and len(fig.axes) == 2
     _assert_axes_labelled(fig.axes[0])
     assert [p.rsplit(".", 1)[1] for p in _render(fig, tmp_path, "fig2", ("png", "pdf"))] == ["png", "pdf"]
+
+
+def test_many_dots_are_an_image_in_the_pdf_and_the_png_is_unchanged(gated, tmp_path, monkeypatch):
+    """Fig. 2 with more dots than RASTER_MARKERS: its PDF holds them as images (each panel its own),
+    with fewer as vector paths; the PNG is byte-identical either way."""
+    from pagestats.figures import _style
+
+    gate = gated.unique(subset=["run_id", "task", "input_id"])
+    written = {}
+    for limit in (10**9, 3):
+        monkeypatch.setattr(_style, "RASTER_MARKERS", limit)
+        written[limit] = [Path(p).read_bytes() for p in
+                          _render(F.drop_by_task(gate), tmp_path / str(limit), "fig2", ("png", "pdf"))]
+    (png_vector, pdf_vector), (png_raster, pdf_raster) = written[10**9], written[3]
+    assert png_vector == png_raster
+    assert pdf_vector.count(b"/Subtype /Image") == 0 and pdf_raster.count(b"/Subtype /Image") >= 2  # each with its alpha mask
 
 
 # --------------------------------------------------------------------------- Fig. 3
