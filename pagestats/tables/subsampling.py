@@ -139,7 +139,8 @@ def layer_subset_table(logs, *, subsets: Sequence = replay.LAYER_SUBSETS,
             try:
                 kept = len(resolve_layers(spec, n_layers))
                 sub = dataclasses.replace(logs, inputs=inputs.filter(pl.col("model") == model))
-                means = metrics.on_frame(metrics.task_means, replay.gate(sub, FixedTau(), spec), "drop")
+                means = pl.concat([sub.typed_names(metrics.task_means(block, "drop"))  # one block: no pair draws
+                                   for block in decision_blocks(sub, FixedTau(), spec)])
                 margins = ordering_margin(means, anchor=anchor, others="other")
                 part = margins.with_columns(pl.lit(kept, pl.Int64).alias("n_layers"), pl.lit(None, pl.String).alias("note"))
                 part = part.join(gate_at(sub, spec, recalibrate, tau, pilot_n), on=list(MODEL_CELL), how="left")
