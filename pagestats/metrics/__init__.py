@@ -37,6 +37,7 @@ from __future__ import annotations
 from pagestats.metrics.delta import (
     accuracy,
     delta,
+    deltas,
     delta_bootstrap,
     delta_of_f,
     equal_inputs,
@@ -72,6 +73,7 @@ __all__ = [
     "harm_rate",
     "recovery_indicator",
     "delta",
+    "deltas",
     "delta_bootstrap",
     "p_open",
     "task_means",

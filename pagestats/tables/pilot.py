@@ -143,14 +143,15 @@ def _summaries(session: replay.Replay, policies, ev: str, by_task: list[str]) ->
         left = con.sql(f"SELECT {cell}, task, count(*) AS n_left_out FROM _left_out l WHERE NOT EXISTS (SELECT 1 "
                        f"FROM held_out h WHERE {join_on(INPUT_KEY, 'h', 'l')}) GROUP BY ALL").pl()
         # p_open over its decisions of the common inputs (one row per input: the evaluated inputs of the
-        # evictor less every held-out pilot); Δ over its gated rows of them, one relation for both Δs
+        # evictor less every held-out pilot); Δ over its gated rows of them, both Δs in one scan
         common = con.sql(f"SELECT * FROM decisions SEMI JOIN _logged USING ({key}) ANTI JOIN _left_out USING ({key})")
         metrics.engine.known_unique(common, metrics.engine.input_key(common))
         po = metrics.p_open(common, by=by_task).select(*by_task, "p_open", pl.col("n").alias("n_evaluated"))
         rows = con.sql(relations.gated_query(draw_columns, outcomes="_evictor_outcomes", held_out="_left_out"))
         metrics.engine.known_unique(rows, [*metrics.engine.unit_key(rows), "budget"])
-        d_task = metrics.delta(rows, by=by_task).select(*by_task, pl.col("delta").alias("delta_task"))
-        d_cell = metrics.delta(rows, by=MODEL_CELL).select(*MODEL_CELL, pl.col("delta").alias("delta_cell"))
+        d_task, d_cell = metrics.deltas(rows, [by_task, MODEL_CELL])
+        d_task = d_task.select(*by_task, pl.col("delta").alias("delta_task"))
+        d_cell = d_cell.select(*MODEL_CELL, pl.col("delta").alias("delta_cell"))
         # every (cell, task) of the policy keeps its row: one whose inputs all lie in some held-out pilot
         # has n_evaluated 0 and null rates
         summary = tasks.join(tau, on=list(MODEL_CELL), how="left").join(left, on=[*MODEL_CELL, "task"], how="left")

@@ -161,6 +161,17 @@ def test_delta_vs_loop(by):
         assert (got[g]["n_inputs"], got[g]["n_rows"]) == (len(units[g]), len(d))
 
 
+def test_deltas_by_several_groupings_in_one_scan_are_each_delta():
+    """metrics.deltas(rows, groupings) is delta(rows, by=g) for each g, bit for bit, whatever the
+    groupings' order, overlap or repeats."""
+    groupings = [TASK_CELL, ("model", "context_length"), ("evictor",), TASK_CELL, ()]
+    got = metrics.deltas(R(FRAME), groupings)
+    assert len(got) == len(groupings)
+    for by, frame in zip(groupings, got):
+        assert_frame_equal(frame, metrics.delta(R(FRAME), by=by))
+    assert frame.height == 1 and frame["n_rows"].item() == sum(r["budget"] < 1 for r in ROWS)
+
+
 def test_delta_bootstrap_vs_stats_on_loop_built_cells():
     by = ("model", "context_length", "evictor")
     res = metrics.delta_bootstrap(R(FRAME), by=by, rng=np.random.default_rng(3), n_boot=400)
