@@ -27,40 +27,41 @@ ROWS = "_rows"
 _CONNECTION: list[duckdb.DuckDBPyConnection] = []
 
 
-#: Within :func:`one_relation_per_frame`: id(frame) -> (a weak reference to the frame, its relation).
-_REUSED: list[dict] = []
+#: Within :func:`checked_once_per_frame`: id(frame) -> (a weak reference to the frame, the keys found
+#: unique in it), the set each of the frame's relations shares (:data:`_NO_REPEATS`).
+_FRAME_KEYS: list[dict] = []
 
 
 def relation(frame: pl.DataFrame) -> duckdb.DuckDBPyRelation:
-    """``frame`` as a DuckDB relation (by reference: its columns are not copied), on one connection
-    kept for the process (:func:`pagestats.io.duck.connect`, the in-memory replay's memory limit);
-    within :func:`one_relation_per_frame`, the same relation each time for the same frame."""
+    """``frame`` as a DuckDB relation (by reference: its numeric columns are not copied; its
+    categorical ones are, about 10 bytes a row), on one connection kept for the process
+    (:func:`pagestats.io.duck.connect`, the in-memory replay's memory limit); within
+    :func:`checked_once_per_frame`, the keys found unique in one relation of the frame count for all."""
     if not isinstance(frame, pl.DataFrame):
         raise TypeError(f"expected a polars DataFrame, got {type(frame).__name__}")
     if not _CONNECTION:
         _CONNECTION.append(duck.connect(memory_limit=duck.IN_MEMORY_REPLAY_LIMIT))
-    if not _REUSED:
-        return _CONNECTION[0].from_arrow(frame)
-    reused, key = _REUSED[-1], id(frame)
-    if key in reused and reused[key][0]() is frame:
-        return reused[key][1]
     rel = _CONNECTION[0].from_arrow(frame)
-    # the entry goes when the frame does (the relation holds its columns, not the frame)
-    reused[key] = (weakref.ref(frame, lambda _, key=key: reused.pop(key, None)), rel)
+    if _FRAME_KEYS:
+        memo, key = _FRAME_KEYS[-1], id(frame)
+        if key not in memo or memo[key][0]() is not frame:  # the entry goes when the frame does
+            memo[key] = (weakref.ref(frame, lambda _, key=key: memo.pop(key, None)), set())
+        _NO_REPEATS[rel] = memo[key][1]
     return rel
 
 
 @contextlib.contextmanager
-def one_relation_per_frame():
-    """Within: :func:`relation` hands out one relation per frame, so the metrics over one frame check
-    its keys once (:func:`refuse_repeats`) and read its columns once. A frame changed in place
-    (polars' ``__setitem__``, ``replace_column``) would keep its old relation: only code that never
-    does so runs within (the report: :func:`pagestats.report.build_report`)."""
-    _REUSED.append({})
+def checked_once_per_frame():
+    """Within: the metrics over one frame (each through its own :func:`relation`) check a key of it
+    for repeats once (:func:`refuse_repeats`). A frame changed in place (polars' ``__setitem__``,
+    ``replace_column``) would keep its old record: only code that never does so runs within (the
+    report: :func:`pagestats.report.build_report`). The relations are not kept: each holds a copy
+    of the frame's categorical columns (90 MB for 9M rows and one column)."""
+    _FRAME_KEYS.append({})
     try:
         yield
     finally:
-        _REUSED.pop()
+        _FRAME_KEYS.pop()
 
 
 def on_frame(metric, frame: pl.DataFrame, *args, **kwargs) -> pl.DataFrame:

@@ -172,7 +172,7 @@ def build_report(logs, out, *, policy=None, profile=None, entries: Sequence[Entr
     problem = report_problem(out, "out")
     if problem:
         raise ValueError(problem)
-    with staged_directory(out) as staging, engine.one_relation_per_frame():  # no frame changes in place
+    with staged_directory(out) as staging, engine.checked_once_per_frame():  # no frame changes in place
         _build_into(logs, staging, policy=policy, profile=profile, entries=entries, formats=formats, prereg=prereg,
                     dilution_rule=dilution_rule, headline_evictor=headline_evictor, see_also=see_also)
     return str(Path(out) / "index.md")

@@ -23,11 +23,11 @@ from pagestats.tables._common import as_list, gate_at, ordering_margin
 __all__ = ["signal_names", "auc_table", "signal_ablation_table"]
 
 
-def _by_statistic(logs, statistic: str, profile: replay.ProfileSpec) -> pl.DataFrame:
-    """The inputs of ``logs`` with ``drop`` holding ``statistic``: the columns of the gate frame the
-    ablation reads (the policy is irrelevant; Tables 5–6 hold one such frame per statistic at once)."""
+def _by_statistic(logs, statistic: str, profile: replay.ProfileSpec) -> pl.Series:
+    """``statistic`` per input of ``logs``, as the ``drop`` column of the gate frame (the policy is
+    irrelevant), in its input order (:func:`pagestats.replay.gate`)."""
     spec = replay.ProfileSpec(**{**profile.__dict__, "statistic": statistic})
-    return replay.gate(logs, FixedTau(), spec).select(*INPUT_KEY, *MODEL_CELL, "task_class", "drop")
+    return replay.gate(logs, FixedTau(), spec)["drop"]
 
 
 def signal_names(logs) -> list[str]:
@@ -130,8 +130,12 @@ def signal_ablation_table(logs, *, statistics: Sequence[str] | None = None, prof
     """
     names = list(statistics) if statistics is not None else signal_names(logs)
     by = list(MODEL_CELL)
-    base = _by_statistic(logs, "drop", profile).select(*INPUT_KEY, pl.col("drop").alias("_d"))
-    frames = {s: _by_statistic(logs, s, profile) for s in names}
+    # the input columns once, each statistic beside them as ``drop`` (the gate frame's input order):
+    # Tables 5–6 hold every statistic at once (at 1M inputs, a copy of the keys per statistic was the
+    # report's peak)
+    d_spec = replay.ProfileSpec(**{**profile.__dict__, "statistic": "drop"})
+    inputs = replay.gate(logs, FixedTau(), d_spec).select(*INPUT_KEY, *MODEL_CELL, "task_class", "drop")
+    frames = {s: inputs if s == "drop" else inputs.with_columns(_by_statistic(logs, s, profile)) for s in names}
     aucs = auc_table(frames, by=by, q=q, anchor=anchor)
     rows = []
     for s, frame in frames.items():
@@ -142,7 +146,7 @@ def signal_ablation_table(logs, *, statistics: Sequence[str] | None = None, prof
         minus = ordering_margin(means, by=by, exclude=exclude_from_margin, anchor=anchor).select(
             *by, pl.col("margin").alias("margin_minus"))
         mono = _mk_monotone(means, by, mk_tasks)
-        joined = frame.join(base, on=list(INPUT_KEY))
+        joined = frame.with_columns(inputs["drop"].alias("_d"))  # the same inputs in the same order
         corr = []
         for (model, ctx), part in joined.group_by(by, maintain_order=True):
             x, y = part["drop"].to_numpy(), part["_d"].to_numpy()

@@ -272,30 +272,37 @@ def test_rows_known_one_per_input_are_read_as_they_are():
     assert "GROUP BY" in engine.per_input(R(FRAME), ["model"], "drop")
 
 
-def test_one_relation_per_frame_within_and_a_new_one_outside():
-    """Within engine.one_relation_per_frame a frame gets one relation (its keys checked once), another
-    frame with the same rows its own, and a frame's entry goes with the frame; outside, every call
-    makes a new relation. A frame with repeated keys is refused by every metric, within or not."""
+def test_keys_checked_once_per_frame_within_and_per_relation_outside(monkeypatch):
+    """Within engine.checked_once_per_frame a key of a frame is checked for repeats once, whatever
+    relation of it a metric reads, another frame with the same rows is checked itself, and a frame's
+    record goes with the frame; outside, each relation is checked. A frame with repeated keys is
+    refused by every metric, within or not."""
     import gc
 
     from pagestats.metrics import engine
 
+    scans = []
+    query = engine.query
+    monkeypatch.setattr(engine, "query", lambda rows, sql: (scans.append(sql) if "HAVING count(*) > 1" in sql
+                                                            else None) or query(rows, sql))
     frame, twin = FRAME.clone(), FRAME.clone()
-    assert engine.relation(frame) is not engine.relation(frame)
     doubled = pl.concat([FRAME, FRAME.head(1)])
-    with engine.one_relation_per_frame():
-        rel = engine.relation(frame)
-        assert engine.relation(frame) is rel and engine.relation(twin) is not rel
-        assert_frame_equal(metrics.on_frame(metrics.delta, frame, by=["model"]),
-                           metrics.delta(R(FRAME), by=["model"]))
+    want = metrics.delta(R(FRAME), by=["model"])
+    for _ in range(2):
+        assert_frame_equal(metrics.on_frame(metrics.delta, frame, by=["model"]), want)
+    assert len(scans) == 3
+    with engine.checked_once_per_frame():
+        for f in (frame, frame, twin, frame):
+            assert_frame_equal(metrics.on_frame(metrics.delta, f, by=["model"]), want)
+        assert len(scans) == 5
         for _ in range(2):
             with pytest.raises(ValueError, match="duplicate rows"):
                 metrics.on_frame(metrics.delta, doubled, by=["model"])
-        n = len(engine._REUSED[-1])
+        n = len(engine._FRAME_KEYS[-1])
         del twin
         gc.collect()
-        assert len(engine._REUSED[-1]) == n - 1
-    assert not engine._REUSED and engine.relation(frame) is not rel
+        assert len(engine._FRAME_KEYS[-1]) == n - 1
+    assert not engine._FRAME_KEYS
 
 
 @pytest.mark.parametrize("arm", ["plain", "gated"])
