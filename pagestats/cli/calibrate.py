@@ -10,7 +10,7 @@ from pagestats.deploy.calibrate import ModelChoiceError, ThresholdCountError, ca
 from pagestats.cli.calibrate_risk import add_risk_options, load_logs, reads_harm_labels, risk_usage_problem, run_risk
 from pagestats.cli.options import MAX_PILOT, MAX_SEED, add_midpoint_tasks, add_mode, number, policy_from_args
 from pagestats.io.validation.problems import one_line
-from pagestats.core.registry import gated
+from pagestats.core.registry import deployable
 from pagestats.replay.pilot import PILOT_SPLITS
 
 
@@ -23,7 +23,7 @@ def add_parser(sub) -> None:
     add_mode(p)  # the gate records it; a deployment in the other mode is refused (collectors.deploy)
     pol = p.add_mutually_exclusive_group()
     pol.add_argument("--tau", type=number(-1.0, 1.0, name="--tau"), help=f"fixed threshold τ (default: {defaults.TAU})")
-    pol.add_argument("--policy", choices=gated(),
+    pol.add_argument("--policy", choices=deployable(),
                      help="gate policy (default: fixed, τ = 0.07); risk: τ certified by Learn then Test on the "
                      "held-out pilot (harm at --budget ≤ --alpha with probability ≥ 1 − --delta)")
     p.add_argument("--theta", type=number(-1e3, 1e3, name="--theta"), default=None,

@@ -37,7 +37,7 @@ def replayed() -> list[str]:
     return [name for name, entry in POLICIES.items() if entry.replay]
 
 
-def gated() -> list[str]:
+def deployable() -> list[str]:
     """The short names a gate file holds (``calibrate`` takes)."""
     return [name for name, entry in POLICIES.items() if entry.gate]
 

@@ -16,7 +16,7 @@ import numpy as np
 import polars as pl
 
 from pagestats.deploy.gatefile import Gate
-from pagestats.core.registry import gated
+from pagestats.core.registry import deployable
 from pagestats.replay.calibration import calibration
 
 
@@ -91,7 +91,7 @@ def calibrate(logs, policy, *, model: str | None = None, files=None) -> Gate:
     logs : pagestats.io.Logs
         Validated logs.
     policy : pagestats.replay.Policy
-        A policy a gate file holds (:func:`pagestats.core.registry.gated`).
+        A policy a gate file holds (:func:`pagestats.core.registry.deployable`).
     model : str, optional
         The model to calibrate for; required when the logs hold several.
     files : sequence of paths, optional
@@ -113,9 +113,9 @@ def calibrate(logs, policy, *, model: str | None = None, files=None) -> Gate:
     ValueError
         One line: an unknown model, a policy without a threshold, or statistics that differ between runs.
     """
-    if policy.short not in gated():
+    if policy.short not in deployable():
         raise ValueError(f"calibrate: policy {policy.name!r} has no threshold a gate file holds; use "
-                         f"{', '.join(gated())}")
+                         f"{', '.join(deployable())}")
     inputs = logs.inputs
     models = sorted(inputs["model"].unique().to_list())
     if model is None:

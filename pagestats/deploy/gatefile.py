@@ -20,7 +20,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 
 from pagestats.core import defaults
-from pagestats.core.registry import gated
+from pagestats.core.registry import deployable
 import hashlib
 
 #: Version of the ``gate.json`` layout.
@@ -42,7 +42,7 @@ class Gate:
     tau : float
         The threshold τ.
     policy : str
-        The short name of the policy that set τ (:func:`pagestats.core.registry.gated`): ``"fixed"``, ``"z"``
+        The short name of the policy that set τ (:func:`pagestats.core.registry.deployable`): ``"fixed"``, ``"z"``
         (τ = μ + θ_z σ, App. A.3.4), ``"midpoint"`` (Eq. 5) or ``"risk"`` (harm at a budget ≤ A with
         probability ≥ 1 − δ, :func:`pagestats.deploy.risk.risk_gate`).
     model : str or None
@@ -96,8 +96,8 @@ class Gate:
     def __post_init__(self):
         if isinstance(self.tau, bool) or not isinstance(self.tau, (int, float)) or not math.isfinite(self.tau):
             raise ValueError(f"gate: tau must be a finite number, got {self.tau!r}")
-        if self.policy not in gated():
-            raise ValueError(f"gate: policy must be one of {', '.join(gated())}, got {self.policy!r}")
+        if self.policy not in deployable():
+            raise ValueError(f"gate: policy must be one of {', '.join(deployable())}, got {self.policy!r}")
         for name in ("window", "k"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

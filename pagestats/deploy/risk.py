@@ -30,7 +30,7 @@ from pagestats.core import defaults, formulas
 from pagestats.deploy.calibrate import _model_source, _n_layers, _prompt_style, _statistic, logs_sha256
 from pagestats.core.columns import MATRIX_CELL
 from pagestats.deploy.gatefile import Gate
-from pagestats.core.registry import POLICIES, gated, policy_class
+from pagestats.core.registry import POLICIES, deployable, policy_class
 from pagestats.replay.calibration import Policy, calibration, decision_query, stored_groups
 from pagestats.replay.pilot import pilot_query, refuse_small_groups
 from pagestats.replay.sqltext import group_columns, join_on, quoted, relation_columns, sql_string
@@ -276,7 +276,7 @@ def policy_comparison(logs, gate: Gate) -> pl.DataFrame:
     budget = float(gate.pilot["budget"])
     cal = pl.DataFrame([tuple(k) for k in gate.pilot["calibration_inputs"]], schema=list(zip(INPUT_KEY, (
         logs.inputs.schema[c] for c in INPUT_KEY))), orient="row")
-    recipes = [name for name in gated() if POLICIES[name].replay]  # the paper's: fixed, z, midpoint
+    recipes = [name for name in deployable() if POLICIES[name].replay]  # the paper's: fixed, z, midpoint
     # (name, policy, the inputs it is not evaluated on besides its own held-out pilot)
     policies = [*((name, policy_class(name)(), None) for name in recipes), ("risk", replay.FixedTau(float(gate.tau)), cal)]
     frames = []

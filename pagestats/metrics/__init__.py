@@ -1,7 +1,7 @@
 """The paper's metrics, each written once as SQL over a relation of gated outcomes.
 
 A metric takes a DuckDB relation with the columns of the replay's ``gated`` relation
-(:meth:`pagestats.replay.Replay.gated`: one row per input, evictor and budget, ``run_id, task,
+(:meth:`pagestats.replay.Replay.gated_relation`: one row per input, evictor and budget, ``run_id, task,
 input_id, [pair_draw], model, context_length, task_class, evictor, budget, n_tokens, drop, tau,
 gate_open, score_full, score_plain, score_gated, n_kept_plain, n_kept_gated``), or some of them,
 and returns a polars frame (:mod:`~pagestats.metrics.engine`; :func:`relation` puts a polars frame

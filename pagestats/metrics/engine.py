@@ -1,5 +1,5 @@
 """The engine every metric runs on: a DuckDB relation with the columns of the replay's ``gated``
-relation (:meth:`pagestats.replay.Replay.gated`), or some of them, and the checks a metric makes on it.
+relation (:meth:`pagestats.replay.Replay.gated_relation`), or some of them, and the checks a metric makes on it.
 
 A metric takes the relation and returns a polars frame: the SQL runs on the relation's own
 connection, the replay's when the relation is ``session.con.table("gated")``, and only the result

@@ -175,7 +175,7 @@ class Replay:
                                      "gate_open AND full_score IS NULL GROUP BY run_id ORDER BY run_id").fetchall())
         return draw_columns
 
-    def gated(self) -> list[str]:
+    def gated_relation(self) -> list[str]:
         """Create the relation ``gated``; return its draw columns."""
         def make():
             draw_columns = self.decisions_relation()

@@ -556,7 +556,7 @@ def test_the_replay_relation_and_the_whatif_read_one_sql():
                                   context_lengths=(4096,), seed=2)
     cell = ["model", "context_length", "evictor", "task", "budget"]
     with replay.Replay(logs) as session:
-        session.gated()
+        session.gated_relation()
         rel = session.con.table("gated")
         acc = metrics.accuracy(rel, by=cell)
         kept = metrics.kept_kv(rel, by=cell, include_full=True)

@@ -44,8 +44,8 @@ def test_the_registry_says_which_policies_need_harm_labels():
 
 def test_the_command_line_and_the_gate_file_read_the_registry():
     assert _choices("whatif") == _choices("report") == registry.replayed() == ["fixed", "z", "midpoint", "oracle"]
-    assert _choices("calibrate") == registry.gated() == ["fixed", "z", "midpoint", "risk"]
-    for name in registry.gated():
+    assert _choices("calibrate") == registry.deployable() == ["fixed", "z", "midpoint", "risk"]
+    for name in registry.deployable():
         assert Gate(tau=0.1, policy=name).policy == name
     with pytest.raises(ValueError, match="policy must be one of fixed, z, midpoint, risk, got 'oracle'"):
         Gate(tau=0.1, policy="oracle")

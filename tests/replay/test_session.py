@@ -100,7 +100,7 @@ def test_gated_relation_holds_the_rows_of_gated_outcomes(written, policy, profil
     for source in (logs, db):
         with Replay(source, policy, profile) as session:
             frame = session.gated_outcomes()
-            draw = session.gated()
+            draw = session.gated_relation()
             order = ", ".join(["run_id", "task", "input_id", *draw, "evictor", "budget"])
             rows = session.con.sql(f"SELECT {', '.join(frame.columns)} FROM gated ORDER BY {order}").pl()
         assert rows.height == frame.height > 0
