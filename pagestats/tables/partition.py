@@ -72,9 +72,10 @@ def recovery_table(gated: pl.DataFrame, *, evictor: str | None = None,
     side = (pl.when(metrics.capacity_side(anchor)).then(pl.lit(defaults.CAPACITY_BOUND))
             .when(metrics.dilution_side(anchor)).then(pl.lit(defaults.DILUTION_PRONE)).alias("_side"))
     read = list(dict.fromkeys([*input_key(sub), "evictor", "task_class", "budget", "score_plain", "score_full"]))
-    sided = sub.select(read).with_columns(side).filter(pl.col("_side").is_not_null())
-    pooled = metrics.on_frame(metrics.recovery_rate, sided, by=("_side",), confidence_level=confidence_level).rename(
-        {"_side": "task_class"})
+    # the rows of neither side form a group of their own, dropped after: a filter would copy the rows
+    sided = sub.select(read).with_columns(side)
+    pooled = metrics.on_frame(metrics.recovery_rate, sided, by=("_side",), confidence_level=confidence_level).filter(
+        pl.col("_side").is_not_null()).rename({"_side": "task_class"})
     cells = cells.with_columns(pl.lit("cell").alias("scope"))
     pooled = pooled.with_columns(
         pl.lit("pooled").alias("scope"), pl.lit(None, pl.String).alias("model"),
