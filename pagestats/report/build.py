@@ -252,13 +252,13 @@ def _build_into(logs, out, *, policy=None, profile=None, entries: Sequence[Entry
         "see_also": [{"text": text, "href": href} for text, href in see_also],
         "schema_version": _schema_versions(logs),
         "files": [
-            {"path": f.path, "table": f.table, "sha256": f.sha256, "rows": f.rows} for f in getattr(logs, "files", [])
+            {"path": f.path, "table": f.table, "sha256": f.sha256, "rows": f.rows} for f in logs.files
         ],
-        "runs": sorted(getattr(logs, "manifests", {}) or {}),
+        "runs": sorted(logs.manifests),
         "n_inputs": logs.inputs.height,
         "n_outcomes": logs.outcomes.height,
-        "exclusions": list(getattr(logs, "exclusions", []) or []) + _control_lines(ctx) + _unknown_full_lines(ctx),
-        "mode": getattr(logs, "mode", defaults.MODE),  # the collection mode of every run (docs/SCHEMA.md)
+        "exclusions": list(logs.exclusions) + _control_lines(ctx) + _unknown_full_lines(ctx),
+        "mode": logs.mode,  # the collection mode of every run (docs/SCHEMA.md)
         "policy": _describe(ctx.policy),
         "profile": _describe(ctx.profile),
         "headline_evictor": ctx.headline_evictor if logs.outcomes.height else None,
@@ -327,5 +327,5 @@ def _pilots(ctx: Context) -> list[dict]:
 
 
 def _schema_versions(logs) -> list:
-    manifests = getattr(logs, "manifests", {}) or {}
+    manifests = logs.manifests
     return sorted({m.get("schema_version") for m in manifests.values() if isinstance(m, dict)} - {None})

@@ -165,7 +165,7 @@ class Context:
         when the logs hold no files (built in memory: nothing to read the text from)."""
         empty = pl.DataFrame(schema={"model": pl.String, "context_length": pl.Int64, "task": pl.String,
                                      "run": pl.String})
-        files = [f for f in getattr(self.logs, "files", []) if f.table == "inputs"]
+        files = [f for f in self.logs.files if f.table == "inputs"]
         if not files:
             return empty
         flagged = flagged_tasks(decode_profile(files, arms=False))
@@ -306,7 +306,7 @@ def needs_cache_size(ctx: Context) -> str | None:
     """Every run has a manifest whose ``model`` entry gives the KV bytes per token, and the runs of
     one (model, context_length) agree on it (the GiB axis of the decision figure,
     :func:`pagestats.metrics.full_cache_gib`)."""
-    manifests = getattr(ctx.logs, "manifests", {}) or {}
+    manifests = ctx.logs.manifests
     for run_id in sorted(ctx.logs.inputs["run_id"].unique().to_list()):
         if run_id not in manifests:
             return f"run {run_id!r} has no manifest, so its KV cache size is unknown"
@@ -368,7 +368,7 @@ def needs_agreement(ctx: Context) -> str | None:
 
 
 def needs_topk(ctx: Context) -> str | None:
-    topk = getattr(ctx.logs, "topk", None)
+    topk = ctx.logs.topk
     if topk is None or topk.height == 0:
         return "no topk table in the logs (collect with stored top-k indices)"
     return None

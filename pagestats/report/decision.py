@@ -50,7 +50,7 @@ def decision_data(ctx: Context) -> pl.DataFrame:
         if "pair_draw" in curve.columns:
             curve = curve.group_by(*keys, "tau").agg(pl.col("delta", "kept_kv", "p_open").mean())
         gib = None
-        if getattr(ctx.logs, "manifests", None):
+        if ctx.logs.manifests:
             gib = metrics.full_cache_gib(ctx.logs.inputs, ctx.logs.manifests)
         _CACHE[ctx] = decision_frontier_data(curve, accuracy, gib)
     return _CACHE[ctx]

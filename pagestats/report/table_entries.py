@@ -160,7 +160,7 @@ def _tab30(ctx):
     """Table 30 on every input draw, its rows marked where the decode limit may have cut a draw's full-KV
     answers (:func:`pagestats.io.decoding.flagged_tasks` over the inputs files of every draw)."""
     logs = ctx.all_logs
-    files = [f for f in getattr(logs, "files", []) if f.table == "inputs"]
+    files = [f for f in logs.files if f.table == "inputs"]
     limited = flagged_tasks(decode_profile(files, arms=False)).select("run_id", "task") if files else None
     return draw_replicates_table(replay.gated_outcomes(logs, ctx.policy, ctx.profile, evictor=ctx.headline_evictor),
                                  logs.inputs.select("run_id", "draw").unique(), evictor=ctx.headline_evictor,
