@@ -142,7 +142,7 @@ class Context:
 
     def start_matched_memory(self) -> None:
         """Read :attr:`matched_memory`'s rows now and resample them on a second thread, beside the
-        entries that follow (its 10,000 resamples are NumPy's alone, about a minute at 1M inputs,
+        entries that follow (its 10,000 resamples are NumPy's alone, about two minutes at 1M inputs,
         while the replays wait on DuckDB). The report calls this once, when it builds the gated
         rows; the numbers are those of the one-thread call (the same generator, drawn in the same
         order). An error in reading the rows is raised here; one in the resampling where
