@@ -34,8 +34,8 @@ _FRAME_KEYS: list[dict] = []
 
 def relation(frame: pl.DataFrame) -> duckdb.DuckDBPyRelation:
     """``frame`` as a DuckDB relation (by reference: its numeric columns are not copied; its
-    categorical ones are, about 10 bytes a row), on one connection kept for the process
-    (:func:`pagestats.io.duck.connect`, the in-memory replay's memory limit); within
+    categorical ones are: 70–100 MB for two of them at 9M rows, measured), on one connection kept
+    for the process (:func:`pagestats.io.duck.connect`, the in-memory replay's memory limit); within
     :func:`checked_once_per_frame`, the keys found unique in one relation of the frame count for all."""
     if not isinstance(frame, pl.DataFrame):
         raise TypeError(f"expected a polars DataFrame, got {type(frame).__name__}")
@@ -56,7 +56,7 @@ def checked_once_per_frame():
     for repeats once (:func:`refuse_repeats`). A frame changed in place (polars' ``__setitem__``,
     ``replace_column``) would keep its old record: only code that never does so runs within (the
     report: :func:`pagestats.report.build_report`). The relations are not kept: each holds a copy
-    of the frame's categorical columns (90 MB for 9M rows and one column)."""
+    of the frame's categorical columns (70–100 MB for two of them at 9M rows)."""
     _FRAME_KEYS.append({})
     try:
         yield
