@@ -181,23 +181,11 @@ def deltas(rows, groupings) -> list[pl.DataFrame]:
     frame i is ``delta(rows, by=groupings[i])``, the same exact means (Table N1 reads Δ per task and
     per cell of 9M gated rows for each of its 19 pilot definitions)."""
     groupings = [engine.outcome_rows(rows, by, ["score_gated", "score_plain"], "delta") for by in groupings]
-    cols = uniq(*groupings)
-    sets = list(dict.fromkeys(tuple(g) for g in groupings))
-    group = (f"GROUP BY GROUPING SETS ({', '.join(f'({names(g)})' for g in sets)})" if len(sets) > 1
-             else grouped(groupings[0]))
-    mark = f", grouping({names(cols)}) AS _set" if len(sets) > 1 else ""
-    out = query(rows, f"""
-        SELECT {names(cols)}{", " if cols else ""}{formulas.mean(formulas.PAIRED_DIFFERENCE)} AS delta,
-            count(DISTINCT ({names(engine.input_key(rows))})) AS n_inputs, count(*) AS n_rows{mark}
-        FROM {ROWS} WHERE {formulas.evicted()} {group}""")
-    out = out.with_columns(pl.col("delta").cast(pl.Float64), pl.col("n_inputs", "n_rows").cast(pl.Int64))
-
-    def of(by) -> pl.DataFrame:  # grouping() sets the bit of each column the set leaves out, first column highest
-        part = out if len(sets) == 1 else out.filter(pl.col("_set") == sum(
-            1 << (len(cols) - 1 - i) for i, c in enumerate(cols) if c not in by))
-        return part.select(*by, "delta", "n_inputs", "n_rows").sort(by)
-
-    return [of(by) for by in groupings]
+    parts = engine.by_groupings(rows, groupings, f"{formulas.mean(formulas.PAIRED_DIFFERENCE)} AS delta, "
+                                f"count(DISTINCT ({names(engine.input_key(rows))})) AS n_inputs, count(*) AS n_rows",
+                                where=f"WHERE {formulas.evicted()}")
+    return [part.with_columns(pl.col("delta").cast(pl.Float64), pl.col("n_inputs", "n_rows").cast(pl.Int64))
+            .select(*by, "delta", "n_inputs", "n_rows").sort(by) for part, by in zip(parts, groupings)]
 
 
 def delta_bootstrap(

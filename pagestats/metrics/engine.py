@@ -80,6 +80,27 @@ def query(rows: duckdb.DuckDBPyRelation, sql: str) -> pl.DataFrame:
     return rows.query(ROWS, sql).pl()
 
 
+def by_groupings(rows, groupings, aggregates: str, where: str = "") -> list[pl.DataFrame]:
+    """``aggregates`` (SQL select items, each named) over ``rows`` grouped by each of ``groupings``
+    (lists of columns), in one scan: GROUPING SETS, or a plain GROUP BY for one. Frame i holds the
+    columns of ``groupings[i]`` and the aggregates, one row per group, in no particular order."""
+    cols = uniq(*groupings)
+    sets = list(dict.fromkeys(tuple(g) for g in groupings))
+    lead = f"{names(cols)}, " if cols else ""
+    if len(sets) == 1:
+        out = query(rows, f"SELECT {lead}{aggregates} FROM {ROWS} {where} {grouped(cols)}")
+        return [out] * len(groupings)
+    out = query(rows, f"SELECT {lead}{aggregates}, grouping({names(cols)}) AS _set FROM {ROWS} {where} "
+                      f"GROUP BY GROUPING SETS ({', '.join(f'({names(g)})' for g in sets)})")
+    values = [c for c in out.columns if c not in (*cols, "_set")]
+
+    def of(by) -> pl.DataFrame:  # grouping() sets the bit of each column the set leaves out, the first highest
+        mask = sum(1 << (len(cols) - 1 - i) for i, c in enumerate(cols) if c not in by)
+        return out.filter(pl.col("_set") == mask).select(*by, *values)
+
+    return [of(g) for g in groupings]
+
+
 def check(rows, cols, what: str) -> None:
     """Raise a clear error when ``rows`` is not a DuckDB relation or lacks ``cols``."""
     if not isinstance(rows, duckdb.DuckDBPyRelation):

@@ -102,8 +102,9 @@ def _cells(rows, by: list[str]):
     """Per cell: its ``by`` values, its budgets (ascending), which of them are eviction budgets
     (:func:`pagestats.core.formulas.evicted`), and its (inputs × 4 budgets) matrix, inputs in key
     order: side by side, the plain and gated scores and kept fractions per budget
-    (:func:`pagestats.core.formulas.kept_fraction`), in :data:`VALUES` order, read from SQL. The cells come in the order of their first input (run, task, input),
-    then of ``by``: the order the resamples are drawn in, whatever the order of the rows."""
+    (:func:`pagestats.core.formulas.kept_fraction`), in :data:`VALUES` order, read from SQL. The cells
+    come in the order of their first input (run, task, input), then of ``by``: the order the
+    resamples are drawn in, whatever the order of the rows."""
     key = names(INPUT_KEY)
     keys = ", ".join(f"c.{c}" for c in names(by).split(", ")) if by else ""
     cells = (f"(SELECT {names(by)}{', ' if by else ''}min(({key})) AS _first, count(DISTINCT ({key})) AS _inputs, "

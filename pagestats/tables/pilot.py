@@ -129,17 +129,15 @@ def _summaries(session: replay.Replay, policies, ev: str, by_task: list[str]) ->
     con.execute(f"CREATE OR REPLACE TEMP TABLE _logged AS SELECT DISTINCT {key} FROM _evictor_outcomes")
     con.execute(f"CREATE OR REPLACE TEMP TABLE _left_out AS SELECT DISTINCT {key}, i.model, i.context_length "
                 f"FROM _held_by h JOIN inputs i USING ({key}) SEMI JOIN _logged o USING ({key})")
-    cell, tasks_by = names(MODEL_CELL), names(by_task)
+    cell = names(MODEL_CELL)
     out = []
     for policy in policies:
         session.decide(policy)
         # over the policy's own evaluated rows, in one scan: its (cell, task) rows and τ per cell (each input's
         # τ on each of its outcome rows, as formulas.group_tau reads them), τ the definition's, set on its pilot
         own = con.sql(relations.gated_query(draw_columns, outcomes="_evictor_outcomes"))
-        rows = metrics.engine.query(own, f"SELECT {tasks_by}, {formulas.group_tau()} AS tau, grouping(task) AS _cell "
-                                         f"FROM {metrics.engine.ROWS} GROUP BY GROUPING SETS (({cell}), ({tasks_by}))")
-        tau = rows.filter(pl.col("_cell") == 1).select(*MODEL_CELL, "tau")
-        tasks = rows.filter(pl.col("_cell") == 0).select(by_task)
+        tau, tasks = metrics.engine.by_groupings(own, [list(MODEL_CELL), by_task], f"{formulas.group_tau()} AS tau")
+        tasks = tasks.select(by_task)
         left = con.sql(f"SELECT {cell}, task, count(*) AS n_left_out FROM _left_out l WHERE NOT EXISTS (SELECT 1 "
                        f"FROM held_out h WHERE {join_on(INPUT_KEY, 'h', 'l')}) GROUP BY ALL").pl()
         # p_open over its decisions of the common inputs (one row per input: the evaluated inputs of the

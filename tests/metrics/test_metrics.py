@@ -172,6 +172,19 @@ def test_deltas_by_several_groupings_in_one_scan_are_each_delta():
     assert frame.height == 1 and frame["n_rows"].item() == sum(r["budget"] < 1 for r in ROWS)
 
 
+def test_by_groupings_is_one_group_by_per_grouping():
+    """engine.by_groupings in one scan gives, per grouping, the rows of its own GROUP BY query."""
+    from pagestats.metrics import engine
+
+    rel = R(FRAME)
+    groupings = [["model"], ["model", "evictor", "budget"], ["model"]]
+    got = engine.by_groupings(rel, groupings, "count(*) AS n, max(score_plain) AS top", where="WHERE budget < 1")
+    for by, frame in zip(groupings, got):
+        want = engine.query(rel, f"SELECT {engine.names(by)}, count(*) AS n, max(score_plain) AS top "
+                                 f"FROM {engine.ROWS} WHERE budget < 1 GROUP BY ALL")
+        assert_frame_equal(frame.sort(by), want.sort(by), check_dtypes=False)
+
+
 def test_delta_bootstrap_vs_stats_on_loop_built_cells():
     by = ("model", "context_length", "evictor")
     res = metrics.delta_bootstrap(R(FRAME), by=by, rng=np.random.default_rng(3), n_boot=400)
