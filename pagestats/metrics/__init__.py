@@ -41,12 +41,13 @@ from pagestats.metrics.delta import (
     delta_bootstrap,
     delta_of_f,
     equal_inputs,
+    evicted_on_equal_inputs,
     full_accuracy,
     same_inputs,
     oracle_gap,
     task_oracle,
 )
-from pagestats.metrics.engine import on_frame, relation
+from pagestats.metrics.engine import on_frame, on_rows, relation
 from pagestats.metrics.identity import identical_evictors
 from pagestats.metrics.matched import MatchedCells, frontier_accuracy, matched_cells, matched_memory
 from pagestats.metrics.memory import compression, full_cache_gib, kept_kv, kv_bytes_per_token, static_batching
@@ -64,10 +65,12 @@ from pagestats.metrics.signal import task_means
 __all__ = [
     "relation",
     "on_frame",
+    "on_rows",
     "MatchedCells", "frontier_accuracy", "matched_cells", "matched_memory",
     "accuracy",
     "full_accuracy",
     "equal_inputs",
+    "evicted_on_equal_inputs",
     "same_inputs",
     "recovery_rate",
     "harm_rate",

@@ -67,7 +67,13 @@ def checked_once_per_frame():
 def on_frame(metric, frame: pl.DataFrame, *args, **kwargs) -> pl.DataFrame:
     """``metric`` over the rows of a polars frame (:func:`relation`), its name columns typed as the
     frame's (text comes back from SQL as :class:`polars.String`; :func:`pagestats.core.columns.names_like`)."""
-    return names_like(metric(relation(frame), *args, **kwargs), frame)
+    return on_rows(metric, relation(frame), frame, *args, **kwargs)
+
+
+def on_rows(metric, rows: duckdb.DuckDBPyRelation, like: pl.DataFrame, *args, **kwargs) -> pl.DataFrame:
+    """``metric`` over the relation ``rows`` (some rows of the frame ``like``), its name columns typed as
+    ``like``'s (:func:`on_frame`)."""
+    return names_like(metric(rows, *args, **kwargs), like)
 
 
 def names(columns) -> str:

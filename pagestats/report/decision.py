@@ -12,9 +12,10 @@ import numpy as np
 import polars as pl
 
 from pagestats import metrics, replay
-from pagestats.core import defaults, formulas
-from pagestats.core.columns import distinct_rows, input_key, names_like, rows_where
+from pagestats.core import defaults
+from pagestats.core.columns import distinct_rows, input_key, names_like
 from pagestats.figures import decision_frontier, decision_frontier_data
+from pagestats.metrics.engine import ROWS, names, query
 from pagestats.report.context import Context
 from pagestats.core.schema import INPUT_KEY
 from pagestats.tables import LAYOUTS
@@ -34,14 +35,14 @@ def decision_data(ctx: Context) -> pl.DataFrame:
     if ctx not in _CACHE:
         tau0 = ctx.fixed_tau if ctx.fixed_tau is not None else defaults.TAU
         keys = ("model", "context_length", "evictor", "budget")
-        # the evictors of a (model, context) on the same inputs, as Table 2 (metrics.equal_inputs)
-        # the columns read, then the rows (a filter copies every column it keeps)
-        read = [*input_key(ctx.gated), *keys, "score_full", "score_plain", "score_gated"]
-        gated, _ = metrics.equal_inputs(rows_where(ctx.gated.select(read), formulas.EVICTED))
-        accuracy = metrics.on_frame(metrics.accuracy, gated, list(keys))
+        # the columns read; the rows b < 1, the evictors of a (model, context) on the same inputs, as Table 2
+        read = ctx.gated.select(*input_key(ctx.gated), *keys, "score_full", "score_plain", "score_gated")
+        gated = metrics.evicted_on_equal_inputs(read)
+        accuracy = metrics.on_rows(metrics.accuracy, gated, read, list(keys))
         unit = [*INPUT_KEY, "evictor"]
-        units, like = distinct_rows(gated, unit), gated.head(0)
-        del gated  # not held beside the τ curve's query (at 1M inputs: 8M rows)
+        units = names_like(query(gated, f"SELECT DISTINCT {names(unit)} FROM {ROWS}"), read)
+        like = read.head(0)
+        del gated, read
         outcomes = ctx.logs.outcomes
         if units.height != distinct_rows(outcomes, unit).height:  # else every unit: no copy
             outcomes = outcomes.join(units, on=unit, how="semi")

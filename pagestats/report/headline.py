@@ -12,8 +12,8 @@ import numpy as np
 import polars as pl
 
 from pagestats import metrics
-from pagestats.core import defaults, formulas
-from pagestats.core.columns import MATRIX_CELL, MODEL_CELL, input_key, rows_where
+from pagestats.core import defaults
+from pagestats.core.columns import MATRIX_CELL, MODEL_CELL, input_key, names_like
 from pagestats.report.context import Context
 from pagestats.report.paper import PAPER_VALUES
 
@@ -50,33 +50,36 @@ def headline(ctx: Context) -> pl.DataFrame:
     the harm rates over every task and budget b < 1 (how much each evictor loses overall). p_open =
     share of the cell's inputs on which the gate opens.
     """
-    # the columns the measures below read, then the rows (the filter copies what it keeps; not D nor τ)
-    read = [*input_key(ctx.gated), *MATRIX_CELL, "task_class", "budget", "n_tokens", "gate_open", "score_full",
-            "score_plain", "score_gated", "n_kept_plain", "n_kept_gated"]
-    rows = rows_where(ctx.gated.select(list(dict.fromkeys(read))), formulas.EVICTED)
-    if rows.height == 0:
+    # the columns the measures below read; the rows b < 1 as a relation over them (not a copy)
+    read = ctx.gated.select(list(dict.fromkeys([
+        *input_key(ctx.gated), *MATRIX_CELL, "task_class", "budget", "n_tokens", "gate_open", "score_full",
+        "score_plain", "score_gated", "n_kept_plain", "n_kept_gated"])))
+    rows = metrics.evicted_on_equal_inputs(read, by=list(MODEL_CELL))
+    if not rows.limit(1).fetchall():
         return pl.DataFrame()
-    rows, _ = metrics.equal_inputs(rows, by=list(MODEL_CELL))
-    by = list(MATRIX_CELL) + (["pair_draw"] if "pair_draw" in rows.columns else [])
-    boot = metrics.on_frame(metrics.delta_bootstrap,
-                            rows.filter(pl.col("pair_draw") == 0) if "pair_draw" in rows.columns else rows,
-                            list(MATRIX_CELL), rng=np.random.default_rng(defaults.BOOTSTRAP_SEED))
 
-    def harm(frame: pl.DataFrame, arm: str, name: str) -> pl.DataFrame:
-        """The arm's harm rate (Table 27) over every budget of ``frame``: harmed rows / rows."""
-        per_budget = metrics.on_frame(metrics.harm_rate, frame, by, arm).group_by(by).agg(pl.col("k", "n").sum())
+    def run(metric, relation, *args, **kwargs) -> pl.DataFrame:
+        return metrics.on_rows(metric, relation, read, *args, **kwargs)
+
+    by = list(MATRIX_CELL) + (["pair_draw"] if "pair_draw" in read.columns else [])
+    boot = run(metrics.delta_bootstrap, rows.filter("pair_draw = 0") if "pair_draw" in read.columns else rows,
+               list(MATRIX_CELL), rng=np.random.default_rng(defaults.BOOTSTRAP_SEED))
+
+    def harm(relation, arm: str, name: str) -> pl.DataFrame:
+        """The arm's harm rate (Table 27) over every budget of ``relation``: harmed rows / rows."""
+        per_budget = run(metrics.harm_rate, relation, by, arm).group_by(by).agg(pl.col("k", "n").sum())
         return per_budget.select(*by, (pl.col("k") / pl.col("n")).alias(name), pl.col("n"))
 
-    pooled = (metrics.on_frame(metrics.kept_kv, rows, by).select(*by, "kept_kv")
+    pooled = (run(metrics.kept_kv, rows, by).select(*by, "kept_kv")
               .join(harm(rows, "plain", "harm_plain_all").drop("n"), on=by)
               .join(harm(rows, "gated", "harm_gated_all").drop("n"), on=by))
-    at_b = rows.filter(pl.col("budget") == defaults.HEADLINE_BUDGET)
-    capacity_rows = at_b.filter(metrics.capacity_side(defaults.ANCHOR_TASKS))  # Table 27's cell: NIAH-MK3 alone
+    at_b = names_like(rows.filter(f"budget = {defaults.HEADLINE_BUDGET}").pl(), read)  # one budget's rows
+    capacity_rows = metrics.relation(at_b.filter(metrics.capacity_side(defaults.ANCHOR_TASKS)))  # Table 27's cell
     capacity = (harm(capacity_rows, "plain", "harm_plain").rename({"n": "n_capacity"})
                 .join(harm(capacity_rows, "gated", "harm_gated").drop("n"), on=by))
     memory = metrics.on_frame(metrics.kept_kv, at_b, by).select(*by, pl.col("kept_kv").alias("kept_kv_budget"),
-                                              pl.col("kept_kv_open").alias("kept_open"))
-    opened = metrics.on_frame(metrics.p_open, rows, by).select(*by, "p_open")
+                                                                pl.col("kept_kv_open").alias("kept_open"))
+    opened = run(metrics.p_open, rows, by).select(*by, "p_open")
     per = (pooled.join(opened, on=by).join(capacity, on=by, how="left").join(memory, on=by, how="left")
            .with_columns(pl.col("n_capacity").fill_null(0)))
     if "pair_draw" in by:  # a head-pair replay: every value is the mean over the draws

@@ -86,11 +86,12 @@ def ordering_margin(means: pl.DataFrame, by=MODEL_CELL, *, value: str = "mean", 
     return out.select(cols).sort(by) if by else out.select(cols)
 
 
-def same_as(gated: pl.DataFrame, by) -> pl.DataFrame:
+def same_as(rows, like: pl.DataFrame, by) -> pl.DataFrame:
     """``by`` (with ``evictor``) and ``same_as``: the evictors whose outcomes equal the row's on every
-    evicting row of the group (:func:`pagestats.metrics.identical_evictors`)."""
+    evicting row of the group (:func:`pagestats.metrics.identical_evictors`), over the relation ``rows``
+    of gated rows of ``like`` (:func:`pagestats.metrics.on_rows`)."""
     group = [c for c in by if c != "evictor"]
-    return metrics.on_frame(metrics.identical_evictors, gated, by=group).select(*group, "evictor", "same_as")
+    return metrics.on_rows(metrics.identical_evictors, rows, like, by=group).select(*group, "evictor", "same_as")
 
 
 def inputs_per(logs, by: Sequence[str]) -> pl.DataFrame:

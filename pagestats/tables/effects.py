@@ -77,7 +77,8 @@ def delta_matrix_table(gated: pl.DataFrame, *, anchor: Sequence[str] | None = de
     """
     by = list(MATRIX_CELL)
     gated, left = metrics.equal_inputs(gated)
-    full = metrics.on_frame(metrics.delta, gated, by=by)
+    rows = metrics.relation(gated)
+    full = metrics.on_rows(metrics.delta, rows, gated, by=by)
     rest_rows = _rest(gated, by, ["budget", "score_gated", "score_plain"], anchor)
     rest = (metrics.on_frame(metrics.delta, rest_rows, by=by).select(*by, pl.col("delta").alias("delta_rest"))
             if rest_rows.height else None)
@@ -88,7 +89,7 @@ def delta_matrix_table(gated: pl.DataFrame, *, anchor: Sequence[str] | None = de
     else:
         out = out.with_columns(pl.lit(None, pl.Float64).alias("delta_rest"))
     out = (out.join(_rest_open(gated, by, anchor), on=by, how="left").join(left, on=by, how="left")
-           .join(same_as(gated, by), on=by, how="left"))
+           .join(same_as(rows, gated, by), on=by, how="left"))
     return out.select(*by, "delta", "delta_rest", "n_inputs", "n_left_out", "p_open_rest", "identical",
                       "same_as").sort(by)
 
@@ -135,12 +136,12 @@ def budget_axis_table(gated: pl.DataFrame) -> pl.DataFrame:
     require_columns(gated, [*by, "score_full", "score_plain", "score_gated"], "budget_axis_table")
     read = [*input_key(gated), *by, "score_full", "score_plain", "score_gated", "n_kept_plain", "n_kept_gated", "n_tokens",
             "gate_open"]
-    # the columns read, then the rows; the evictors on the same inputs
-    rows, _ = metrics.equal_inputs(gated.select(read).filter(formulas.EVICTED))
-    acc = metrics.on_frame(metrics.accuracy, rows, by=by).drop("delta", "n_inputs")
-    d = metrics.on_frame(metrics.delta, rows, by=by).select(*by, "delta", "n_inputs")
-    kept = metrics.on_frame(metrics.kept_kv, rows, by=by).select(*by, pl.col("kept_kv").alias("kept_kv_gated"))
-    out = acc.join(d, on=by).join(kept, on=by).join(same_as(rows, by), on=by, how="left")
+    read = gated.select(read)  # the columns read; the rows b < 1, the evictors on the same inputs, not a copy
+    rows = metrics.evicted_on_equal_inputs(read)
+    acc = metrics.on_rows(metrics.accuracy, rows, read, by=by).drop("delta", "n_inputs")
+    d = metrics.on_rows(metrics.delta, rows, read, by=by).select(*by, "delta", "n_inputs")
+    kept = metrics.on_rows(metrics.kept_kv, rows, read, by=by).select(*by, pl.col("kept_kv").alias("kept_kv_gated"))
+    out = acc.join(d, on=by).join(kept, on=by).join(same_as(rows, read, by), on=by, how="left")
     return out.select(*by, "n_inputs", "acc_full", "acc_plain", "acc_gated", "delta", "kept_kv_gated", "same_as").sort(by)
 
 

@@ -54,11 +54,12 @@ def bootstrap_table(gated: pl.DataFrame, *, rng: np.random.Generator, by=MATRIX_
     left = None
     if "evictor" in by:  # cells that differ by evictor are compared on the same inputs
         sub, left = metrics.equal_inputs(sub, by=[c for c in by if c != "evictor"])
-    out = metrics.on_frame(metrics.delta_bootstrap, sub, by=by, rng=rng, n_boot=n_boot,
-                           confidence_level=confidence_level, q=q)
+    rows = metrics.relation(sub)
+    out = metrics.on_rows(metrics.delta_bootstrap, rows, sub, by=by, rng=rng, n_boot=n_boot,
+                          confidence_level=confidence_level, q=q)
     if left is not None:
         out = (out.join(left, on=[c for c in left.columns if c != "n_left_out"], how="left")
-               .join(same_as(sub, by), on=by, how="left"))
+               .join(same_as(rows, sub, by), on=by, how="left"))
     return out.with_columns(((pl.col("low") > 0) | (pl.col("high") < 0)).alias("excludes_zero"))
 
 

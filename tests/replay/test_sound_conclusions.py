@@ -362,6 +362,24 @@ def test_evictor_comparison_uses_identical_input_sets(tmp_path):
             assert r["n_left_out"] == (10 if ev == "snapkv" else 0)
 
 
+def test_evicted_on_equal_inputs_is_the_relation_of_the_filtered_common_rows(tmp_path):
+    """The relation the headline, Table 13 and the decision frontier read instead of a polars copy:
+    the rows b < 1 whose input every evictor of the cell holds, by brute force over Python sets."""
+    from pagestats import metrics
+
+    gated = gated_outcomes(_unequal_logs(tmp_path), FixedTau())
+    key = ["run_id", "task", "input_id"]
+    evicted = gated.filter(pl.col("budget") < 1)
+    held = [set(evicted.filter(pl.col("evictor") == ev).select(key).rows()) for ev in ("snapkv", "h2o")]
+    common = held[0] & held[1]
+    assert len(common) == 16 and len(held[0]) == 26  # ten of snapkv's inputs are left out
+    want = sorted(r for r in evicted.rows() if tuple(r[evicted.columns.index(c)] for c in key) in common)
+    got = metrics.evicted_on_equal_inputs(gated)
+    assert sorted(got.pl().rows()) == want and got.columns == gated.columns
+    one = gated.filter(pl.col("evictor") == "snapkv")  # one evictor: every row b < 1, none left out
+    assert sorted(metrics.evicted_on_equal_inputs(one).pl().rows()) == sorted(one.filter(pl.col("budget") < 1).rows())
+
+
 def test_no_variation_cells_leave_the_bh_family_and_n_inputs_counts_inputs(tmp_path):
     from pagestats import metrics, stats
 
