@@ -112,7 +112,7 @@ def _prereg(args, logs, excluded: list[str] = ()) -> int:
                 "fit_contexts": fit, "target_context": target, "evictor": band["evictor"][0], "by": ["model", "task"],
                 "fit_runs": sorted(runs.filter(pl.col("context_length").is_in(fit))["run_id"].to_list()),
                 "headroom_runs": sorted(at_target["run_id"].to_list()),
-                "files": [{"path": f.path, "sha256": f.sha256} for f in getattr(logs, "files", [])],
+                "files": [{"path": f.path, "sha256": f.sha256} for f in logs.files],
             }
             digest = freeze_band(band, meta, args.out)
             print_lines(excluded)

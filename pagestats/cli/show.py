@@ -20,7 +20,7 @@ import polars as pl
 from pagestats.cli.logs import bad_logs_line
 from pagestats.cli.options import number
 from pagestats.core import defaults
-from pagestats.io import LogError, load
+from pagestats.io import LogError, Logs, load
 from pagestats.io.validation.problems import one_line
 from pagestats.replay import FixedTau, Policy, ProfileSpec, gate
 
@@ -55,10 +55,10 @@ def parse_input_spec(spec: str, logs) -> tuple[str, str, int]:
     return run_id, task, input_id
 
 
-def run_names(logs) -> dict[str, str]:
+def run_names(logs: Logs) -> dict[str, str]:
     """Every name a run answers to (its run_id, and the name of its directory) → run_id."""
     names = {run_id: run_id for run_id in logs.inputs["run_id"].unique().to_list()}
-    for run_id, folder in (getattr(logs, "run_dirs", None) or {}).items():
+    for run_id, folder in logs.run_dirs.items():
         names.setdefault(os.path.basename(os.path.normpath(folder)), run_id)
     return names
 

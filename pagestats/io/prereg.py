@@ -23,6 +23,7 @@ import polars as pl
 
 from pagestats.core import formulas
 from pagestats.core.schema import utc_time
+from pagestats.io.logs import Logs
 
 __all__ = [
     "BAND_KIND", "PreregistrationError", "check_frozen_before", "freeze_band", "is_sha256", "load_band", "target_runs", "verified_band",
@@ -133,7 +134,7 @@ def check_frozen_before(meta: dict, manifests: dict, run_ids) -> None:
                                        f"(created {created}) whose outcomes it would be checked on")
 
 
-def target_runs(logs, context_length: int, evictor: str) -> list[str]:
+def target_runs(logs: Logs, context_length: int, evictor: str) -> list[str]:
     """The runs that hold eviction outcomes (b < 1) of ``evictor`` at ``context_length``: the
     measurement a band at that context is checked on."""
     runs = logs.inputs.filter(pl.col("context_length") == int(context_length)).select("run_id").unique()
@@ -141,7 +142,7 @@ def target_runs(logs, context_length: int, evictor: str) -> list[str]:
     return sorted(rows["run_id"].unique().to_list())
 
 
-def verified_band(logs, path, sha256: str):
+def verified_band(logs: Logs, path, sha256: str):
     """:func:`load_band`, then :func:`check_frozen_before` against the runs of :func:`target_runs`;
     return ``(meta, band)``. Raises :class:`PreregistrationError` on any failed check."""
     meta, band = load_band(path, sha256)
@@ -149,5 +150,5 @@ def verified_band(logs, path, sha256: str):
     if not runs:
         raise PreregistrationError(f"no {meta['evictor']} eviction outcomes at {meta['target_context']} tokens "
                                    "in the logs to check the band against")
-    check_frozen_before(meta, getattr(logs, "manifests", {}) or {}, runs)
+    check_frozen_before(meta, logs.manifests, runs)
     return meta, band

@@ -277,8 +277,7 @@ class Midpoint(Policy):
         return frame_query(frame, lambda con, source: self.shortfall_query(source, by))
 
     def applicable(self, logs):
-        """``logs`` (a :class:`pagestats.io.Logs` or another dataclass with ``inputs``,
-        ``outcomes`` and ``topk``) restricted to the calibration groups where the recipe
+        """``logs`` (a :class:`pagestats.io.Logs`) restricted to the calibration groups where the recipe
         applies, and the :meth:`shortfall` rows (with their ``note``) of the groups left out. The
         logs are ``logs`` itself, not a copy, when no group is left out."""
         short = names_like(self.shortfall(with_task_class(logs.inputs)), logs.inputs)  # read back from SQL
@@ -287,9 +286,9 @@ class Midpoint(Policy):
         if kept.height == logs.inputs.height:  # every group applies (a semi join keeps the rows' order)
             return logs, short.filter(pl.col("note").is_not_null())
         keys = kept.select(INPUT_KEY)
-        topk = getattr(logs, "topk", None)
+        topk = None if logs.topk is None else logs.topk.join(keys, on=INPUT_KEY, how="semi")
         sub = dataclasses.replace(logs, inputs=kept, outcomes=logs.outcomes.join(keys, on=INPUT_KEY, how="semi"),
-                                  **({} if topk is None else {"topk": topk.join(keys, on=INPUT_KEY, how="semi")}))
+                                  topk=topk)
         return sub, short.filter(pl.col("note").is_not_null())
 
     def calibrate(self, con, source: str) -> str:

@@ -89,7 +89,7 @@ def head_pair_table(logs, *, fractions: Sequence[float] = defaults.PAIR_FRACTION
     for f in fractions:
         spec = replay.ProfileSpec(**{**profile.__dict__, "pairs_fraction": float(f), "pair_draws": int(pair_draws), "seed": int(seed)})
         by = [*MODEL_CELL, "pair_draw"]  # a block of draws' decisions at a time: its margins per cell and draw
-        margins = pl.concat([ordering_margin(logs.typed_names(metrics.task_means(block, "drop", by=by)), by=by, anchor=anchor)
+        margins = pl.concat([ordering_margin(logs.typed_names(metrics.task_means(block, "drop", by=by, sd=False)), by=by, anchor=anchor)
                              for block in decision_blocks(logs, FixedTau(), spec)]).sort(by)
         parts.append(margins.group_by(list(MODEL_CELL)).agg(
             pl.len().cast(pl.Int64).alias("n_draws"), pl.col("margin").mean().alias("margin_mean"),
@@ -138,18 +138,21 @@ def layer_subset_table(logs, *, subsets: Sequence = replay.LAYER_SUBSETS,
             cell = cells.filter(pl.col("model") == model)
             try:
                 kept = len(resolve_layers(spec, n_layers))
-                sub = dataclasses.replace(logs, inputs=inputs.filter(pl.col("model") == model))
-                means = pl.concat([sub.typed_names(metrics.task_means(block, "drop"))  # one block: no pair draws
-                                   for block in decision_blocks(sub, FixedTau(), spec)])
-                margins = ordering_margin(means, anchor=anchor, others="other")
-                part = margins.with_columns(pl.lit(kept, pl.Int64).alias("n_layers"), pl.lit(None, pl.String).alias("note"))
-                part = part.join(gate_at(sub, spec, recalibrate, tau, pilot_n), on=list(MODEL_CELL), how="left")
-            except ValueError as err:
-                part = cell.with_columns(pl.lit(None, pl.Int64).alias("n_layers"), pl.lit(str(err)).alias("note"),
+            except ValueError as err:  # a subset this model cannot form: fewer than 2 layers, an index past its last
+                kept, note = None, str(err)
+            if kept is None:
+                part = cell.with_columns(pl.lit(None, pl.Int64).alias("n_layers"), pl.lit(note).alias("note"),
                                          *(pl.lit(None, pl.Float64).alias(c) for c in ("capacity_max", "dilution_min", "margin")),
                                          pl.lit(None, pl.Boolean).alias("ordered"),
                                          pl.lit(None, pl.Float64).alias("tau_gate"), pl.lit(None, pl.Float64).alias("p_open"),
                                          pl.lit(None, pl.Boolean).alias("degenerate"), pl.lit(None, pl.String).alias("recalibration"))
+            else:
+                sub = dataclasses.replace(logs, inputs=inputs.filter(pl.col("model") == model))
+                means = pl.concat([sub.typed_names(metrics.task_means(block, "drop", sd=False))  # one block: no pair draws
+                                   for block in decision_blocks(sub, FixedTau(), spec)])
+                margins = ordering_margin(means, anchor=anchor, others="other")
+                part = margins.with_columns(pl.lit(kept, pl.Int64).alias("n_layers"), pl.lit(None, pl.String).alias("note"))
+                part = part.join(gate_at(sub, spec, recalibrate, tau, pilot_n), on=list(MODEL_CELL), how="left")
             parts.append(part.with_columns(pl.lit(name).alias("layers")).select(
                 "layers", *MODEL_CELL, "n_layers", "margin", "ordered", "capacity_max", "dilution_min", "note",
                 "tau_gate", "p_open", "degenerate", "recalibration"))

@@ -265,6 +265,12 @@ def test_task_means_vs_loop():
                              .otherwise(pl.col("drop")).alias("drop"))
     with pytest.raises(ValueError, match="drop differs"):
         metrics.task_means(R(bad))
+    # sd=False (Tables 9–10 read only the means): the same means and n, bit for bit, without an sd column
+    lean = metrics.task_means(R(FRAME), sd=False)
+    assert lean.columns == ["model", "context_length", "task", "task_class", "mean", "n"]
+    assert lean.equals(metrics.task_means(R(FRAME)).drop("sd"))
+    with pytest.raises(ValueError, match="drop differs"):
+        metrics.task_means(R(bad), sd=False)
 
 
 def test_rows_known_one_per_input_are_read_as_they_are():
