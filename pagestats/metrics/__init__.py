@@ -59,7 +59,7 @@ from pagestats.metrics.rates import (
     recovery_rate,
 )
 from pagestats.metrics.scaling import DILUTION_RULES, in_fit, predict_band, scaling_fit, scaling_rows
-from pagestats.metrics.sides import anchor_name, capacity_side, dilution_side
+from pagestats.metrics.sides import anchor_name, capacity_side, capacity_sql, dilution_side
 from pagestats.metrics.signal import task_means
 
 __all__ = [
@@ -96,6 +96,7 @@ __all__ = [
     "predict_band",
     "identical_evictors",
     "capacity_side",
+    "capacity_sql",
     "dilution_side",
     "anchor_name",
 ]

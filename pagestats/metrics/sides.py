@@ -15,17 +15,26 @@ from collections.abc import Sequence
 
 import polars as pl
 
-from pagestats.core import defaults
+from pagestats.core import defaults, formulas
+from pagestats.replay.sqltext import sql_string
 
-__all__ = ["capacity_side", "dilution_side", "anchor_name"]
+__all__ = ["capacity_sql", "capacity_side", "dilution_side", "anchor_name"]
+
+
+def capacity_sql(anchor: Sequence[str] | None = defaults.ANCHOR_TASKS) -> str:
+    """The capacity-bound side as SQL, true on its rows: the tasks of ``anchor``, or, with ``None``,
+    the rows whose ``task_class`` is capacity-bound (a relation's filter; :func:`capacity_side` is
+    the same text in polars)."""
+    if anchor is None:
+        return f"task_class = {sql_string(defaults.CAPACITY_BOUND)}"
+    if not anchor:
+        raise ValueError("an anchor names at least one task (None: the capacity-bound class)")
+    return f"task IN ({', '.join(sql_string(t) for t in anchor)})"
 
 
 def capacity_side(anchor: Sequence[str] | None = defaults.ANCHOR_TASKS) -> pl.Expr:
-    """True on the rows of the capacity-bound side: the tasks of ``anchor``, or, with ``None``,
-    the rows whose ``task_class`` is capacity-bound."""
-    if anchor is None:
-        return pl.col("task_class") == defaults.CAPACITY_BOUND
-    return pl.col("task").is_in(list(anchor))
+    """:func:`capacity_sql` as a polars expression."""
+    return formulas.expr(capacity_sql(anchor))
 
 
 def dilution_side(anchor: Sequence[str] | None = defaults.ANCHOR_TASKS) -> pl.Expr:

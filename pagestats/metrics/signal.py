@@ -27,8 +27,9 @@ def task_means(rows, value: str = "drop", by=MODEL_CELL, *, sd: bool = True) -> 
     polars.DataFrame
         ``by``, ``task``, ``task_class``, ``mean`` and ``sd`` (over the non-null values; ``sd`` null
         below two) and ``n`` (the inputs, one with a null value included), sorted by the group.
-        With ``sd=False`` no ``sd`` column: its exact sum is a second pass over the inputs, about
-        a third of Table 9's time at 1M inputs, where the margins read only the means.
+        With ``sd=False`` no ``sd`` column: its exact sum is a second pass over the inputs (about a
+        third of Table 9's time at 1M inputs), which the ordering margins (Tables 5–6, 9, 10, the
+        k sweep) do not read.
     """
     by = engine.group_by(by, "task_means", rows)
     keys = uniq(by, ["task", "task_class"])

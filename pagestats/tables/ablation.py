@@ -139,7 +139,7 @@ def signal_ablation_table(logs, *, statistics: Sequence[str] | None = None, prof
     aucs = auc_table(frames, by=by, q=q, anchor=anchor)
     rows = []
     for s, frame in frames.items():
-        means = metrics.on_frame(metrics.task_means, frame, "drop", by=by)
+        means = metrics.on_frame(metrics.task_means, frame, "drop", by=by, sd=False)  # the margins read the means
         below = ordering_margin(means, by=by, anchor=anchor)
         above = ordering_margin(means.with_columns(-pl.col("mean")), by=by, anchor=anchor).select(
             *by, pl.col("ordered").alias("_above"))

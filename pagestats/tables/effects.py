@@ -27,19 +27,16 @@ __all__ = [
     "batching_table",
 ]
 
-def _rest(gated: pl.DataFrame, by, cols, anchor) -> pl.DataFrame:
-    """The rows of the inputs outside the anchor, with only ``by``, the input key and ``cols`` (a
-    filter copies every column it keeps: at 1M inputs the gated rows are a gigabyte)."""
-    keep = dict.fromkeys([*by, *input_key(gated), *cols, "task_class"])
-    return gated.select(list(keep)).filter(~metrics.capacity_side(anchor))
+def _rest(rows, anchor):
+    """The rows of the relation ``rows`` (gated rows) of the inputs outside the anchor: a filter in
+    DuckDB, not a polars copy (at 1M inputs the gated rows are a gigabyte)."""
+    return rows.filter(f"NOT ({metrics.capacity_sql(anchor)})")
 
 
-def _rest_open(gated: pl.DataFrame, by, anchor) -> pl.DataFrame:
-    """Gate-open fraction over the inputs outside the anchor in each group, and whether it is 1."""
-    rest = _rest(gated, by, ["gate_open"], anchor)
-    if rest.height == 0:
-        return pl.DataFrame(schema={**{c: gated.schema[c] for c in by}, "p_open_rest": pl.Float64, "identical": pl.Boolean})
-    po = metrics.on_frame(metrics.p_open, rest, by=by)
+def _rest_open(rows, like: pl.DataFrame, by, anchor) -> pl.DataFrame:
+    """Gate-open fraction over the inputs outside the anchor in each group of the relation ``rows``
+    (gated rows of ``like``), and whether it is 1."""
+    po = metrics.on_rows(metrics.p_open, _rest(rows, anchor), like, by=by)
     return po.select(*by, pl.col("p_open").alias("p_open_rest"), (pl.col("k") == pl.col("n")).alias("identical"))
 
 
@@ -79,16 +76,10 @@ def delta_matrix_table(gated: pl.DataFrame, *, anchor: Sequence[str] | None = de
     gated, left = metrics.equal_inputs(gated)
     rows = metrics.relation(gated)
     full = metrics.on_rows(metrics.delta, rows, gated, by=by)
-    rest_rows = _rest(gated, by, ["budget", "score_gated", "score_plain"], anchor)
-    rest = (metrics.on_frame(metrics.delta, rest_rows, by=by).select(*by, pl.col("delta").alias("delta_rest"))
-            if rest_rows.height else None)
-    del rest_rows
-    out = full.select(*by, "delta", "n_inputs")
-    if rest is not None:
-        out = out.join(rest, on=by, how="left")
-    else:
-        out = out.with_columns(pl.lit(None, pl.Float64).alias("delta_rest"))
-    out = (out.join(_rest_open(gated, by, anchor), on=by, how="left").join(left, on=by, how="left")
+    rest = metrics.on_rows(metrics.delta, _rest(rows, anchor), gated, by=by)  # no row outside: a null delta_rest
+    out = (full.select(*by, "delta", "n_inputs").join(rest.select(*by, pl.col("delta").alias("delta_rest")), on=by,
+                                                      how="left")
+           .join(_rest_open(rows, gated, by, anchor), on=by, how="left").join(left, on=by, how="left")
            .join(same_as(rows, gated, by), on=by, how="left"))
     return out.select(*by, "delta", "delta_rest", "n_inputs", "n_left_out", "p_open_rest", "identical",
                       "same_as").sort(by)
@@ -108,9 +99,10 @@ def delta_by_task_table(gated: pl.DataFrame, *, anchor: Sequence[str] | None = d
     """
     by = [*MATRIX_CELL, "task", "task_class"]
     gated, _ = metrics.equal_inputs(gated)  # the evictors of a cell on the same inputs, as Table 2
-    d = metrics.on_frame(metrics.delta, gated, by=by)
-    po = metrics.on_frame(metrics.p_open, gated, by=[*MODEL_CELL, "task"]).select(*MODEL_CELL, "task", "p_open")
-    out = d.join(po, on=[*MODEL_CELL, "task"], how="left").join(_rest_open(gated, list(MATRIX_CELL), anchor),
+    rows = metrics.relation(gated)
+    d = metrics.on_rows(metrics.delta, rows, gated, by=by)
+    po = metrics.on_rows(metrics.p_open, rows, gated, by=[*MODEL_CELL, "task"]).select(*MODEL_CELL, "task", "p_open")
+    out = d.join(po, on=[*MODEL_CELL, "task"], how="left").join(_rest_open(rows, gated, list(MATRIX_CELL), anchor),
                                                                 on=list(MATRIX_CELL), how="left")
     return out.select(*by, "delta", "n_inputs", "p_open", "identical").sort(by)
 

@@ -45,7 +45,7 @@ def k_sweep_table(logs, *, ks=defaults.K_SWEEP, recalibrate: str = "z", tau: flo
     parts = []
     for k in (k for k in ks if k <= k_max):
         spec = replay.ProfileSpec(**{**profile.__dict__, "k": int(k)})
-        means = metrics.on_frame(metrics.task_means, replay.gate(logs, FixedTau(), spec), "drop")
+        means = metrics.on_frame(metrics.task_means, replay.gate(logs, FixedTau(), spec), "drop", sd=False)
         margins = ordering_margin(means, anchor=anchor)
         parts.append(margins.join(gate_at(logs, spec, recalibrate, tau, pilot_n), on=list(MODEL_CELL), how="left")
                      .with_columns(pl.lit(int(k), pl.Int64).alias("k")))

@@ -300,10 +300,11 @@ def test_keys_checked_once_per_frame_within_and_per_relation_outside(monkeypatch
 
     from pagestats.metrics import engine
 
-    scans = []
-    query = engine.query
+    scans = []  # checks of a key: a frame's relation's on the frame (repeats_a_key), others in SQL
+    query, on_frame = engine.query, engine.repeats_a_key
     monkeypatch.setattr(engine, "query", lambda rows, sql: (scans.append(sql) if "HAVING count(*) > 1" in sql
                                                             else None) or query(rows, sql))
+    monkeypatch.setattr(engine, "repeats_a_key", lambda frame, key: scans.append(key) or on_frame(frame, key))
     frame, twin = FRAME.clone(), FRAME.clone()
     doubled = pl.concat([FRAME, FRAME.head(1)])
     want = metrics.delta(R(FRAME), by=["model"])

@@ -61,10 +61,11 @@ def test_one_relation_is_checked_once_and_a_repeat_every_time(monkeypatch):
     frame = pl.DataFrame({"run_id": ["r", "r"], "task": ["t", "t"], "input_id": [0, 1], "evictor": ["snapkv"] * 2,
                           "model": ["m"] * 2, "context_length": [4096] * 2, "budget": [0.5, 0.5], "n_tokens": [10, 10],
                           "score_full": [1.0, 1.0], "score_plain": [0.0, 1.0], "score_gated": [1.0, 1.0]})
-    checks = []
-    query = engine.query
+    checks = []  # a whole frame's relation is checked on the frame (repeats_a_key), another in SQL
+    query, on_frame = engine.query, engine.repeats_a_key
     monkeypatch.setattr(engine, "query", lambda rows, sql: (checks.append(sql) if "HAVING count(*) > 1" in sql
                                                              else None) or query(rows, sql))
+    monkeypatch.setattr(engine, "repeats_a_key", lambda frame, key: checks.append(key) or on_frame(frame, key))
     rows = metrics.relation(frame)
     metrics.delta(rows)
     metrics.delta(rows, by=["model"])
@@ -77,6 +78,15 @@ def test_one_relation_is_checked_once_and_a_repeat_every_time(monkeypatch):
         with pytest.raises(ValueError, match="duplicate rows"):
             metrics.delta(repeated)
     assert len(checks) == 4
+    assert all(isinstance(c, list) for c in checks)  # each of them on the frame
+    # rows of a relation (a filter in DuckDB) are checked in SQL, with the same answer
+    for relation, refused in ((repeated.filter("budget < 1"), True), (rows.filter("budget < 1"), False)):
+        if refused:
+            with pytest.raises(ValueError, match="duplicate rows"):
+                metrics.delta(relation)
+        else:
+            assert metrics.delta(relation)["delta"].item() == 0.5
+    assert [isinstance(c, str) for c in checks[4:]] == [True, True]
 
 
 KEYS = (["input_id"], ["task"], ["input_id", "task"], ["input_id", "task", "budget"], ["budget", "task"])

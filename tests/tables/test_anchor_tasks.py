@@ -60,6 +60,16 @@ def test_table2_without_the_anchor_keeps_multiquery(gated):
         assert r["identical"] == all(opened.values())
 
 
+def test_table2_of_the_anchor_alone_has_no_rest(gated):
+    """Logs of the anchor's task only: Δ is the anchor's, and nothing is left outside it."""
+    t = tables.delta_matrix_table(gated.filter(pl.col("task") == MK3))
+    assert t.height == 4 and t["delta_rest"].is_null().all() and t["p_open_rest"].is_null().all()
+    assert t["identical"].is_null().all()
+    for r in t.to_dicts():
+        cell = dict(model=r["model"], context_length=r["context_length"], evictor=r["evictor"], task=MK3)
+        assert r["delta"] == pytest.approx(_delta(_evicted(gated, **cell)), abs=1e-12)
+
+
 def test_table1_pools_the_anchor_against_the_dilution_prone_tasks(gated):
     t = tables.recovery_table(gated, evictor="snapkv")
     pooled = {r["task_class"]: r for r in t.filter(pl.col("scope") == "pooled").to_dicts()}
