@@ -31,6 +31,9 @@ _CONNECTION: list[duckdb.DuckDBPyConnection] = []
 #: unique in it), the set each of the frame's relations shares (:data:`_NO_REPEATS`).
 _FRAME_KEYS: list[dict] = []
 
+#: Per relation of a whole polars frame (:func:`relation`), that frame: :func:`refuse_repeats` checks it there.
+_FRAME_OF: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
 
 def relation(frame: pl.DataFrame) -> duckdb.DuckDBPyRelation:
     """``frame`` as a DuckDB relation (by reference: its numeric columns are not copied; its
@@ -142,9 +145,6 @@ def group_by(by, what: str, rows) -> list[str]:
         raise ValueError(f"{what}: the rows hold several pair_draw values; add 'pair_draw' to by")
     return by
 
-
-#: Per relation of a whole polars frame (:func:`relation`), that frame: :func:`refuse_repeats` checks it there.
-_FRAME_OF: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 #: Per relation, the keys it was found to hold once each (:func:`refuse_repeats`): a relation's rows do
 #: not change, so the metrics over one relation (one :func:`relation` of a table's rows) check a key once.
