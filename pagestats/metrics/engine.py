@@ -10,6 +10,7 @@ test's hand-built rows) on the metrics' connection, and :func:`on_frame` runs a 
 from __future__ import annotations
 
 import contextlib
+import threading
 import weakref
 
 import duckdb
@@ -24,7 +25,9 @@ from pagestats.io import duck
 #: The relation name a metric's SQL reads its rows from (:meth:`duckdb.DuckDBPyRelation.query`).
 ROWS = "_rows"
 
-_CONNECTION: list[duckdb.DuckDBPyConnection] = []
+#: The connection of :func:`relation`, one per thread (a DuckDB connection is not thread-safe; the
+#: report runs some tables on a second thread, :attr:`pagestats.report.Entry.beside`).
+_CONNECTION = threading.local()
 
 
 #: Within :func:`checked_once_per_frame`: id(frame) -> (a weak reference to the frame, the keys found
@@ -38,13 +41,13 @@ _FRAME_OF: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def relation(frame: pl.DataFrame) -> duckdb.DuckDBPyRelation:
     """``frame`` as a DuckDB relation (by reference: its numeric columns are not copied; its
     categorical ones are: 70–100 MB for two of them at 9M rows, measured), on one connection kept
-    for the process (:func:`pagestats.io.duck.connect`, the in-memory replay's memory limit); within
+    for the thread (:func:`pagestats.io.duck.connect`, the in-memory replay's memory limit); within
     :func:`checked_once_per_frame`, the keys found unique in one relation of the frame count for all."""
     if not isinstance(frame, pl.DataFrame):
         raise TypeError(f"expected a polars DataFrame, got {type(frame).__name__}")
-    if not _CONNECTION:
-        _CONNECTION.append(duck.connect(memory_limit=duck.IN_MEMORY_REPLAY_LIMIT))
-    rel = _CONNECTION[0].from_arrow(frame)
+    if not hasattr(_CONNECTION, "con"):
+        _CONNECTION.con = duck.connect(memory_limit=duck.IN_MEMORY_REPLAY_LIMIT)
+    rel = _CONNECTION.con.from_arrow(frame)
     _FRAME_OF[rel] = frame
     if _FRAME_KEYS:
         memo, key = _FRAME_KEYS[-1], id(frame)

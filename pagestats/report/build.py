@@ -23,6 +23,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,6 +109,22 @@ def _skip_reason(entry: Entry, ctx: Context) -> str | None:
         if reason:
             return reason
     return None
+
+
+def _outcome(entry: Entry, ctx: Context, out: Path, formats: Sequence[str]) -> Outcome:
+    """:func:`_run_entry`, an output without data recorded as the entry's skip reason."""
+    try:
+        return _run_entry(entry, ctx, out, formats)
+    except _EmptyOutput as err:
+        return Outcome(entry.name, entry.kind, entry.source, entry.caption, [], str(err))
+
+
+def _raise_failed(pending: dict[int, Future]) -> None:
+    """Raise the error of an entry run beside (:attr:`Entry.beside`) that has failed, so that the
+    report stops at once rather than when it would have read the entry's outcome."""
+    for future in pending.values():
+        if future.done():
+            future.result()
 
 
 def _run_entry(entry: Entry, ctx: Context, out: Path, formats: Sequence[str] = FIGURE_FORMATS) -> Outcome:
@@ -224,17 +241,29 @@ def _build_into(logs, out, *, policy=None, profile=None, entries: Sequence[Entry
                   headline_evictor=headline_evictor)
     todo = list(catalogue() if entries is None else entries)
     done: dict[int, Outcome] = {}
-    with tqdm(run_order(todo), desc="report", unit="entry", file=sys.stderr, disable=None) as bar, \
+    beside = ThreadPoolExecutor(1, thread_name_prefix="pagestats-beside")
+    with tqdm(total=len(todo), desc="report", unit="entry", file=sys.stderr, disable=None) as bar, \
             contextlib.closing(ctx):
-        for i in bar:
-            entry = todo[i]
-            bar.set_postfix_str(entry.name)
-            if entry.reads_gated and logs.outcomes.height:  # Table N3's resampling runs beside these
-                ctx.start_matched_memory()
-            try:
-                done[i] = _run_entry(entry, ctx, out, formats)
-            except _EmptyOutput as err:
-                done[i] = Outcome(entry.name, entry.kind, entry.source, entry.caption, [], str(err))
+        try:
+            pending = {i: beside.submit(_outcome, todo[i], ctx, out, formats)
+                       for i in run_order(todo) if todo[i].beside}
+            for future in pending.values():
+                future.add_done_callback(lambda _: bar.update())
+            for i in run_order(todo):
+                entry = todo[i]
+                if i in pending:
+                    continue
+                _raise_failed(pending)
+                if entry.reads_gated:  # the entries beside end before the gated rows are built
+                    done.update((j, future.result()) for j, future in pending.items())
+                    if logs.outcomes.height:  # Table N3's resampling runs beside these
+                        ctx.start_matched_memory()
+                bar.set_postfix_str(entry.name)
+                done[i] = _outcome(entry, ctx, out, formats)
+                bar.update()
+            done.update((j, future.result()) for j, future in pending.items())
+        finally:
+            beside.shutdown(cancel_futures=True)  # a failed report waits for the entry running beside
         lead = headline(ctx) if logs.outcomes.height else pl.DataFrame()  # reads Table N3's resampling
     outcomes = [done[i] for i in range(len(todo))]  # catalogue order
     marks = ctx.decode_limited.group_by("model", "context_length").agg(

@@ -415,3 +415,14 @@ class Entry:
     #: (:func:`pagestats.report.build.run_order`). Leave it True unless the entry never reads them:
     #: the order only changes which entries run beside the rows, never a number.
     reads_gated: bool = True
+    #: whether the report runs ``make`` on a second thread, beside the main thread's entries that do
+    #: not read the gated rows (:func:`pagestats.report.build_report`): for a long table that waits on
+    #: one DuckDB thread and holds little memory (Tables 9 and N1: 95 and 112 s, +0.1 and +0.3 GiB at
+    #: 1M inputs, docs/PERFORMANCE.md). Its numbers are the same either way: each replay has a
+    #: connection of its own, on one thread. A figure cannot (pyplot is one per process), nor an entry
+    #: that reads the gated rows (they are built once the entries beside have ended).
+    beside: bool = False
+
+    def __post_init__(self):
+        if self.beside and (self.kind != "table" or self.reads_gated):
+            raise ValueError(f"entry {self.name}: only a table that does not read the gated rows runs beside")
