@@ -3,7 +3,9 @@
 One process opens the database (``pagestats index RUN --db FILE``), loads it as the report does
 (:meth:`pagestats.io.LogDB.load`), builds the report's :class:`~pagestats.report.context.Context`
 and renders each catalogue entry into a temporary folder (PNG only) in the report's order
-(:func:`pagestats.report.build.run_order`), as :func:`pagestats.report.build_report` does. Before each step the kernel's peak-RSS mark is reset
+(:func:`pagestats.report.build.run_order`), as :func:`pagestats.report.build_report` does, one at a time (the
+report runs an entry with ``beside`` names on a second thread beside them: here each step is one entry's own).
+Before each step the kernel's peak-RSS mark is reset
 (``/proc/self/clear_refs``, value 5, Linux ≥ 4.0), so that each step's ``peak_gib`` is the most
 resident memory the process held *during that step* (the frames it keeps from earlier steps
 included), and ``rss_after_gib`` what it still holds after. CPU is the process's user + system

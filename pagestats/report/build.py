@@ -119,12 +119,43 @@ def _outcome(entry: Entry, ctx: Context, out: Path, formats: Sequence[str]) -> O
         return Outcome(entry.name, entry.kind, entry.source, entry.caption, [], str(err))
 
 
-def _raise_failed(pending: dict[int, Future]) -> None:
-    """Raise the error of an entry run beside (:attr:`Entry.beside`) that has failed, so that the
-    report stops at once rather than when it would have read the entry's outcome."""
-    for future in pending.values():
-        if future.done():
-            future.result()
+def _run_entries(todo: list[Entry], ctx: Context, out: Path, formats: Sequence[str], bar, *,
+                 resample: bool) -> dict[int, Outcome]:
+    """Every entry's outcome, by index into ``todo``, run in :func:`run_order`, each entry with
+    ``beside`` names on a second thread while the main thread runs those entries (it starts with the
+    first of them and ends before any other starts), so that only entries that hold little memory
+    share the process (:attr:`~pagestats.report.context.Entry.beside`). A failed entry fails the report
+    once the entry running beside has ended; the entries waiting to run beside never start. ``resample``:
+    start Table N3's resampling with the first entry that reads the gated rows."""
+    names = {e.name: e for e in todo}
+    for entry in todo:
+        for name in entry.beside:
+            if name in names and names[name].reads_gated:
+                raise ValueError(f"entry {entry.name} runs beside {name}, which reads the gated rows")
+    waiting = {i for i, e in enumerate(todo) if any(n in names for n in e.beside)}
+    running: dict[int, Future] = {}
+    done: dict[int, Outcome] = {}
+    pool = ThreadPoolExecutor(1, thread_name_prefix="pagestats-beside")
+    try:
+        for i in run_order(todo):
+            entry = todo[i]
+            if i in done or i in waiting or i in running:
+                continue
+            for j in [j for j in running if entry.name not in todo[j].beside]:  # it ends before this starts
+                done[j] = running.pop(j).result()
+            for j in sorted(j for j in waiting if entry.name in todo[j].beside):
+                waiting.remove(j)
+                running[j] = pool.submit(_outcome, todo[j], ctx, out, formats)
+                running[j].add_done_callback(lambda _: bar.update())
+            if entry.reads_gated and resample:  # Table N3's resampling runs beside these
+                ctx.start_matched_memory()
+            bar.set_postfix_str(entry.name)
+            done[i] = _outcome(entry, ctx, out, formats)
+            bar.update()
+        done.update((j, future.result()) for j, future in running.items())
+    finally:
+        pool.shutdown(cancel_futures=True)  # a failed report waits for the entry running beside
+    return done
 
 
 def _run_entry(entry: Entry, ctx: Context, out: Path, formats: Sequence[str] = FIGURE_FORMATS) -> Outcome:
@@ -240,30 +271,9 @@ def _build_into(logs, out, *, policy=None, profile=None, entries: Sequence[Entry
     ctx = Context(logs, policy=policy, profile=profile, prereg=prereg, dilution_rule=dilution_rule,
                   headline_evictor=headline_evictor)
     todo = list(catalogue() if entries is None else entries)
-    done: dict[int, Outcome] = {}
-    beside = ThreadPoolExecutor(1, thread_name_prefix="pagestats-beside")
     with tqdm(total=len(todo), desc="report", unit="entry", file=sys.stderr, disable=None) as bar, \
             contextlib.closing(ctx):
-        try:
-            pending = {i: beside.submit(_outcome, todo[i], ctx, out, formats)
-                       for i in run_order(todo) if todo[i].beside}
-            for future in pending.values():
-                future.add_done_callback(lambda _: bar.update())
-            for i in run_order(todo):
-                entry = todo[i]
-                if i in pending:
-                    continue
-                _raise_failed(pending)
-                if entry.reads_gated:  # the entries beside end before the gated rows are built
-                    done.update((j, future.result()) for j, future in pending.items())
-                    if logs.outcomes.height:  # Table N3's resampling runs beside these
-                        ctx.start_matched_memory()
-                bar.set_postfix_str(entry.name)
-                done[i] = _outcome(entry, ctx, out, formats)
-                bar.update()
-            done.update((j, future.result()) for j, future in pending.items())
-        finally:
-            beside.shutdown(cancel_futures=True)  # a failed report waits for the entry running beside
+        done = _run_entries(todo, ctx, out, formats, bar, resample=logs.outcomes.height > 0)
         lead = headline(ctx) if logs.outcomes.height else pl.DataFrame()  # reads Table N3's resampling
     outcomes = [done[i] for i in range(len(todo))]  # catalogue order
     marks = ctx.decode_limited.group_by("model", "context_length").agg(

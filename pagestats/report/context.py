@@ -415,14 +415,16 @@ class Entry:
     #: (:func:`pagestats.report.build.run_order`). Leave it True unless the entry never reads them:
     #: the order only changes which entries run beside the rows, never a number.
     reads_gated: bool = True
-    #: whether the report runs ``make`` on a second thread, beside the main thread's entries that do
-    #: not read the gated rows (:func:`pagestats.report.build_report`): for a long table that waits on
-    #: one DuckDB thread and holds little memory (Tables 9 and N1: 95 and 112 s, +0.1 and +0.3 GiB at
-    #: 1M inputs, docs/PERFORMANCE.md). Its numbers are the same either way: each replay has a
-    #: connection of its own, on one thread. A figure cannot (pyplot is one per process), nor an entry
-    #: that reads the gated rows (they are built once the entries beside have ended).
-    beside: bool = False
+    #: the entries (by name) this one runs beside: the report runs ``make`` on a second thread while
+    #: its main thread runs them, from the first of them on, and waits for it before any other
+    #: (:func:`pagestats.report.build_report`); without them among the report's entries it runs in its
+    #: place. For a long table that waits on one DuckDB thread, beside entries that hold little memory:
+    #: Table N1 beside Tables 9 and 10 (115, 104 and 28 s; at most +0.9, +0.1 and +0.2 GiB at 1M
+    #: inputs, docs/PERFORMANCE.md). The numbers are those of one thread: each replay has a connection
+    #: of its own, on one thread. A figure cannot run beside (pyplot is one per process), nor an entry
+    #: that reads the gated rows, nor beside one.
+    beside: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.beside and (self.kind != "table" or self.reads_gated):
-            raise ValueError(f"entry {self.name}: only a table that does not read the gated rows runs beside")
+            raise ValueError(f"entry {self.name}: only a table that does not read the gated rows runs beside others")

@@ -222,7 +222,7 @@ def _entries() -> tuple[Entry, ...]:
               lambda c: t("tab09_head_pairs", head_pair_table(c.logs, profile=c.profile)),
               (_needs_pair_jaccard, both, _needs_anchor),
               f"Margin (smallest dilution-prone task mean of D minus that of {_ANCHOR}) over 20 random head-pair "
-              "subsets per fraction.", reads_gated=False, beside=True),
+              "subsets per fraction.", reads_gated=False),
         Entry("tab10_layers", "table", "Table 10",
               lambda c: t("tab10_layers", layer_subset_table(c.logs, profile=c.profile)),
               (needs_agreement, both, _needs_anchor),
@@ -304,7 +304,8 @@ def _entries() -> tuple[Entry, ...]:
         Entry("tabN1_pilot_sensitivity", "table", "New table",
               lambda c: t("tabN1_pilot_sensitivity", pilot_sensitivity_table(c.logs, evictor=c.headline_evictor, profile=c.profile)),
               (ev, needs_agreement, needs_pilot_groups, _needs_pilot),
-              "z-scored gate under pilot first/random/held-out × per model/per cell × sizes; call flips.", reads_gated=False, beside=True),
+              "z-scored gate under pilot first/random/held-out × per model/per cell × sizes; call flips.", reads_gated=False,
+              beside=("tab09_head_pairs", "tab10_layers")),
         Entry("tabN2_decision_frontier", "table", "New table", decision_table, (ev, needs_cache_size),
               "The accuracy–memory frontier over τ and budgets per evictor: kept KV as a fraction and in GiB "
               "per sequence."),

@@ -693,37 +693,42 @@ def test_run_order_puts_the_entries_without_gated_rows_first_and_the_index_keeps
     assert [o["name"] for o in meta["outputs"]] == [e.name for e in entries]
 
 
-def _traced(entry, threads: dict):
-    """``entry`` recording the name of the thread its ``make`` runs on in ``threads``."""
-    import dataclasses
-    import threading
-
-    def make(ctx):
-        threads[entry.name] = threading.current_thread().name
-        return entry.make(ctx)
-
-    return dataclasses.replace(entry, make=make)
-
-
-def test_tables_run_beside_on_a_second_thread_write_the_files_of_the_one_thread_report(tmp_path):
-    """Entry.beside: Tables 9 and N1 run on a second thread while the main thread runs the other
-    entries without gated rows (and then one that reads them); every file of the report, the index
+def test_a_table_run_beside_others_on_a_second_thread_writes_the_files_of_the_one_thread_report(tmp_path):
+    """Entry.beside: Table N1 runs on a second thread while the main thread runs Tables 9 and 10, and
+    every other entry runs before it starts or after it ends; every file of the report, the index
     included, is that of the report that runs them all on one thread."""
     import dataclasses
+    import threading
+    import time
 
     logs = _load(tmp_path, context_lengths=(4096, 16384), with_topk=True,
                  tasks=("niah_multikey_1", "niah_multikey_2", "niah_multikey_3", "vt", "fwe"), n_inputs=25)
-    threads: dict[str, str] = {}
-    entries = [_traced(e, threads) for e in report.catalogue() if not e.reads_gated or e.name == "tab02_delta_matrix"]
-    beside = {e.name for e in entries if e.beside}
-    assert beside == {"tab09_head_pairs", "tabN1_pilot_sensitivity"}
+    spans: dict[str, tuple[str, float, float]] = {}
+
+    def traced(entry):
+        def make(ctx):
+            start = time.perf_counter()
+            try:
+                return entry.make(ctx)
+            finally:
+                spans[entry.name] = (threading.current_thread().name, start, time.perf_counter())
+        return dataclasses.replace(entry, make=make)
+
+    entries = [traced(e) for e in report.catalogue() if not e.reads_gated or e.name == "tab02_delta_matrix"]
+    assert {e.name: e.beside for e in entries if e.beside} == {
+        "tabN1_pilot_sensitivity": ("tab09_head_pairs", "tab10_layers")}
     two = Path(report.build_report(logs, tmp_path / "two", formats=("png",), entries=entries)).parent
-    assert {n for n, t in threads.items() if t.startswith("pagestats-beside")} == beside
-    assert {t for n, t in threads.items() if n not in beside} == {"MainThread"}
+    thread, start, end = spans.pop("tabN1_pilot_sensitivity")
+    assert thread.startswith("pagestats-beside")
+    assert {t for t, _, _ in spans.values()} == {"MainThread"}
+    assert spans["tab09_head_pairs"][1] <= start  # it starts with Table 9
+    for name, (_, s, e) in spans.items():  # nothing else overlaps it
+        assert name in ("tab09_head_pairs", "tab10_layers") or e <= start or s >= end, name
     outputs = {o["name"]: o for o in json.loads((two / "index.json").read_text())["outputs"]}
-    assert all(outputs[n]["files"] and outputs[n]["skipped"] is None for n in beside)
+    assert all(outputs[n]["files"] and outputs[n]["skipped"] is None
+               for n in ("tabN1_pilot_sensitivity", "tab09_head_pairs", "tab10_layers"))
     one = Path(report.build_report(logs, tmp_path / "one", formats=("png",),
-                                   entries=[dataclasses.replace(e, beside=False) for e in entries])).parent
+                                   entries=[dataclasses.replace(e, beside=()) for e in entries])).parent
     files = sorted(p.relative_to(one) for p in one.rglob("*") if p.is_file() and p.suffix != ".png")
     assert files == sorted(p.relative_to(two) for p in two.rglob("*") if p.is_file() and p.suffix != ".png")
     assert len(files) > 20
@@ -731,32 +736,45 @@ def test_tables_run_beside_on_a_second_thread_write_the_files_of_the_one_thread_
         assert (two / f).read_bytes() == (one / f).read_bytes(), f
 
 
-def test_only_a_table_without_gated_rows_runs_beside():
+def test_only_a_table_without_gated_rows_runs_beside_others_and_only_beside_such_entries(tmp_path):
     make = lambda ctx: pl.DataFrame({"a": [1]})  # noqa: E731
-    with pytest.raises(ValueError, match="only a table that does not read the gated rows runs beside"):
-        report.Entry("f", "figure", "Figure 1", make, reads_gated=False, beside=True)
-    with pytest.raises(ValueError, match="only a table that does not read the gated rows runs beside"):
-        report.Entry("t", "table", "Table 1", make, beside=True)
-    assert all(e.kind == "table" and not e.reads_gated for e in report.catalogue() if e.beside)
+    with pytest.raises(ValueError, match="only a table that does not read the gated rows runs beside others"):
+        report.Entry("f", "figure", "Figure 1", make, reads_gated=False, beside=("t",))
+    with pytest.raises(ValueError, match="only a table that does not read the gated rows runs beside others"):
+        report.Entry("t", "table", "Table 1", make, beside=("u",))
+    entries = [report.Entry("t", "table", "Table 1", make, reads_gated=False, beside=("g",)),
+               report.Entry("g", "table", "Table 2", make)]
+    with pytest.raises(ValueError, match="entry t runs beside g, which reads the gated rows"):
+        report.build_report(_load(tmp_path), tmp_path / "out", entries=entries)
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_entry_beside_others_without_them_runs_in_its_place(tmp_path):
+    import threading
+
+    threads = []
+
+    def make(ctx):
+        threads.append(threading.current_thread().name)
+        return pl.DataFrame({"a": [1]})
+
+    entries = [report.Entry("t", "table", "Table 1", make, reads_gated=False, beside=("absent",))]
+    index = report.build_report(_load(tmp_path), tmp_path / "out", entries=entries)
+    assert threads == ["MainThread"]
+    assert json.loads(Path(index).with_name("index.json").read_text())["outputs"][0]["files"] == [
+        "tables/t.csv", "tables/t.md"]
 
 
 def test_an_entry_beside_that_fails_fails_the_report_and_leaves_no_report(tmp_path):
-    import threading
-
     logs = _load(tmp_path)
-    failed = threading.Event()
 
     def boom(ctx):
-        failed.set()
         raise RuntimeError("boom beside")
 
-    def main(ctx):
-        assert failed.wait(10)
-        return pl.DataFrame({"a": [1]})
-
-    entries = [report.Entry("beside_boom", "table", "Table 1", boom, reads_gated=False, beside=True),
-               report.Entry("main_1", "table", "Table 2", main, reads_gated=False),
-               report.Entry("main_2", "table", "Table 3", main, reads_gated=False)]
+    make = lambda ctx: pl.DataFrame({"a": [1]})  # noqa: E731
+    entries = [report.Entry("beside_boom", "table", "Table 1", boom, reads_gated=False, beside=("main_1",)),
+               report.Entry("main_1", "table", "Table 2", make, reads_gated=False),
+               report.Entry("main_2", "table", "Table 3", make, reads_gated=False)]
     with pytest.raises(RuntimeError, match="boom beside"):
         report.build_report(logs, tmp_path / "out", entries=entries)
     assert not (tmp_path / "out").exists()
@@ -764,7 +782,7 @@ def test_an_entry_beside_that_fails_fails_the_report_and_leaves_no_report(tmp_pa
 
 def test_a_failed_report_waits_for_the_entry_beside_and_starts_no_other(tmp_path):
     """The main thread's error ends the report once the entry running beside has ended (it writes
-    into the staged report, which the failure removes); the entries queued beside never start."""
+    into the staged report, which the failure removes); the entries waiting to run beside never start."""
     import threading
     import time
 
@@ -785,8 +803,8 @@ def test_a_failed_report_waits_for_the_entry_beside_and_starts_no_other(tmp_path
         assert started.wait(10)
         raise RuntimeError("boom main")
 
-    entries = [report.Entry("slow", "table", "Table 1", slow, reads_gated=False, beside=True),
-               report.Entry("queued", "table", "Table 2", queued, reads_gated=False, beside=True),
+    entries = [report.Entry("slow", "table", "Table 1", slow, reads_gated=False, beside=("boom",)),
+               report.Entry("queued", "table", "Table 2", queued, reads_gated=False, beside=("boom",)),
                report.Entry("boom", "table", "Table 3", boom, reads_gated=False)]
     with pytest.raises(RuntimeError, match="boom main"):
         report.build_report(logs, tmp_path / "out", entries=entries)
