@@ -418,11 +418,11 @@ class Entry:
     #: the entries (by name) this one runs beside: the report runs ``make`` on a second thread while
     #: its main thread runs them, from the first of them on, and waits for it before any other
     #: (:func:`pagestats.report.build_report`); without them among the report's entries it runs in its
-    #: place. For a long table that waits on one DuckDB thread, beside entries that hold little memory:
-    #: Table N1 beside Tables 9 and 10 (115, 104 and 28 s; at most +0.9, +0.1 and +0.2 GiB at 1M
-    #: inputs, docs/PERFORMANCE.md). The numbers are those of one thread: each replay has a connection
-    #: of its own, on one thread. A figure cannot run beside (pyplot is one per process), nor an entry
-    #: that reads the gated rows, nor beside one.
+    #: place. For a long table that waits on one DuckDB thread: Table N1 beside Tables 9 and 10 (at 1M
+    #: inputs about 110, 80 and 25 s alone, N1 and Table 9 each 1.3 GiB above the loaded logs; the pairs
+    #: measured, and those that would pass 4 GiB, in docs/PERFORMANCE.md). The numbers are those of one
+    #: thread: each replay has a connection of its own, on one thread. A figure cannot run beside
+    #: others (pyplot is one per process), nor an entry that reads the gated rows, nor beside one.
     beside: tuple[str, ...] = ()
 
     def __post_init__(self):
