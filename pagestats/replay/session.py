@@ -22,8 +22,9 @@ from pagestats.replay.policies import FixedTau, Policy
 from pagestats.replay.spec import ProfileSpec, profile_drop, profile_drop_by_draw
 from pagestats.core.schema import INPUT_KEY
 
-#: Rows of head-pair draws calibrated at once by :func:`decisions_by_draw` (bounds its memory).
-DRAW_BLOCK_ROWS = 4_000_000
+#: Rows of head-pair draws calibrated at once by :func:`decisions_by_draw` (bounds its memory: Table 9 at
+#: 1M inputs 1.05 GiB above the loaded logs with 2M, 1.34 with 4M, the time alike; docs/PERFORMANCE.md).
+DRAW_BLOCK_ROWS = 2_000_000
 #: The columns of :meth:`Replay.pilot_composition`.
 PILOT_COLUMNS = ("model", "context_length", "run_id", "task", "n_pilot", "held_out", "tau")
 
