@@ -123,15 +123,16 @@ def _run_entries(todo: list[Entry], ctx: Context, out: Path, formats: Sequence[s
                  resample: bool) -> dict[int, Outcome]:
     """Every entry's outcome, by index into ``todo``, run in :func:`run_order`, each entry with
     ``beside`` names on a second thread while the main thread runs those entries (it starts with the
-    first of them and ends before any other starts), so that only entries that hold little memory
-    share the process (:attr:`~pagestats.report.context.Entry.beside`). A failed entry fails the report
+    first of them and ends before any other starts), so that only the entries measured together share
+    the process (:attr:`~pagestats.report.context.Entry.beside`). A failed entry fails the report
     once the entry running beside has ended; the entries waiting to run beside never start. ``resample``:
     start Table N3's resampling with the first entry that reads the gated rows."""
     names = {e.name: e for e in todo}
     for entry in todo:
         for name in entry.beside:
-            if name in names and names[name].reads_gated:
-                raise ValueError(f"entry {entry.name} runs beside {name}, which reads the gated rows")
+            if name in names and (names[name].reads_gated or names[name].beside):
+                raise ValueError(f"entry {entry.name} runs beside {name}, which "
+                                 + ("reads the gated rows" if names[name].reads_gated else "runs beside others itself"))
     waiting = {i for i, e in enumerate(todo) if any(n in names for n in e.beside)}
     running: dict[int, Future] = {}
     done: dict[int, Outcome] = {}
@@ -143,16 +144,18 @@ def _run_entries(todo: list[Entry], ctx: Context, out: Path, formats: Sequence[s
                 continue
             for j in [j for j in running if entry.name not in todo[j].beside]:  # it ends before this starts
                 done[j] = running.pop(j).result()
+                bar.update()
             for j in sorted(j for j in waiting if entry.name in todo[j].beside):
                 waiting.remove(j)
                 running[j] = pool.submit(_outcome, todo[j], ctx, out, formats)
-                running[j].add_done_callback(lambda _: bar.update())
             if entry.reads_gated and resample:  # Table N3's resampling runs beside these
                 ctx.start_matched_memory()
             bar.set_postfix_str(entry.name)
             done[i] = _outcome(entry, ctx, out, formats)
             bar.update()
-        done.update((j, future.result()) for j, future in running.items())
+        for j, future in running.items():
+            done[j] = future.result()
+            bar.update()
     finally:
         pool.shutdown(cancel_futures=True)  # a failed report waits for the entry running beside
     return done

@@ -27,7 +27,8 @@ def _by_statistic(logs, statistic: str, profile: replay.ProfileSpec) -> pl.Serie
     """``statistic`` per input of ``logs``, as the ``drop`` column of the gate frame (the policy is
     irrelevant), in its input order (:func:`pagestats.replay.gate`), in memory of its own: a column of a
     DuckDB result keeps the whole result alive (its chunks hold every column: 160 MB per statistic at
-    1M inputs, where the column is 8 MB), so it is copied into one chunk."""
+    1M inputs, where the column is 8 MB), so it is copied into one chunk (a result of one chunk, about
+    130,000 rows or fewer, is kept as it is)."""
     spec = replay.ProfileSpec(**{**profile.__dict__, "statistic": statistic})
     return replay.gate(logs, FixedTau(), spec)["drop"].rechunk()
 

@@ -738,6 +738,7 @@ def test_a_table_run_beside_others_on_a_second_thread_writes_the_files_of_the_on
 
 def test_only_a_table_without_gated_rows_runs_beside_others_and_only_beside_such_entries(tmp_path):
     make = lambda ctx: pl.DataFrame({"a": [1]})  # noqa: E731
+    logs = _load(tmp_path)
     with pytest.raises(ValueError, match="only a table that does not read the gated rows runs beside others"):
         report.Entry("f", "figure", "Figure 1", make, reads_gated=False, beside=("t",))
     with pytest.raises(ValueError, match="only a table that does not read the gated rows runs beside others"):
@@ -745,7 +746,13 @@ def test_only_a_table_without_gated_rows_runs_beside_others_and_only_beside_such
     entries = [report.Entry("t", "table", "Table 1", make, reads_gated=False, beside=("g",)),
                report.Entry("g", "table", "Table 2", make)]
     with pytest.raises(ValueError, match="entry t runs beside g, which reads the gated rows"):
-        report.build_report(_load(tmp_path), tmp_path / "out", entries=entries)
+        report.build_report(logs, tmp_path / "out", entries=entries)
+    assert not (tmp_path / "out").exists()
+    entries = [report.Entry("t", "table", "Table 1", make, reads_gated=False, beside=("u",)),
+               report.Entry("u", "table", "Table 2", make, reads_gated=False, beside=("v",)),
+               report.Entry("v", "table", "Table 3", make, reads_gated=False)]
+    with pytest.raises(ValueError, match="entry t runs beside u, which runs beside others itself"):
+        report.build_report(logs, tmp_path / "out", entries=entries)
     assert not (tmp_path / "out").exists()
 
 
