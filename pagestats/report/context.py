@@ -419,8 +419,8 @@ class Entry:
     #: its main thread runs them, from the first of them on, and waits for it before any other
     #: (:func:`pagestats.report.build_report`); without them among the report's entries it runs in its
     #: place. For a long table that waits on one DuckDB thread: Table N1 beside Tables 9 and 10 (at 1M
-    #: inputs about 110, 80 and 25 s alone, N1 and Table 9 each 1.3 GiB above the loaded logs; the pairs
-    #: measured, and those that would pass 4 GiB, in docs/PERFORMANCE.md). The numbers are those of one
+    #: inputs about 110, 85 and 25 s alone; N1 1.25 GiB and Table 9 1.05 GiB above the loaded logs; the
+    #: pairs measured, and those that would pass 4 GiB, in docs/PERFORMANCE.md). The numbers are those of one
     #: thread: each replay has a connection of its own, on one thread. A figure cannot run beside
     #: others (pyplot is one per process), nor an entry that reads the gated rows, nor beside one.
     beside: tuple[str, ...] = ()
