@@ -139,9 +139,7 @@ def layer_subset_table(logs, *, subsets: Sequence = replay.LAYER_SUBSETS,
             try:
                 kept = len(resolve_layers(spec, n_layers))
             except ValueError as err:  # a subset this model cannot form: fewer than 2 layers, an index past its last
-                kept, note = None, str(err)
-            if kept is None:
-                part = cell.with_columns(pl.lit(None, pl.Int64).alias("n_layers"), pl.lit(note).alias("note"),
+                part = cell.with_columns(pl.lit(None, pl.Int64).alias("n_layers"), pl.lit(str(err)).alias("note"),
                                          *(pl.lit(None, pl.Float64).alias(c) for c in ("capacity_max", "dilution_min", "margin")),
                                          pl.lit(None, pl.Boolean).alias("ordered"),
                                          pl.lit(None, pl.Float64).alias("tau_gate"), pl.lit(None, pl.Float64).alias("p_open"),
